@@ -1,0 +1,99 @@
+"""The one module that imports CuPy: array-module selection and GPU pinning.
+
+Numerics code never imports this module to decide anything: it takes ``xp`` from its arrays
+(:func:`get_array_module`).  ``select()`` is called once at start-up by the CLI.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+
+log = logging.getLogger("scalesgd")
+
+DEVICES = ("cpu", "gpu", "auto")
+
+
+class BackendError(RuntimeError):
+    """The requested device cannot be used (e.g. ``--device gpu`` without CuPy or a GPU)."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The array module in use and, on GPU, the CUDA device this rank is pinned to."""
+
+    xp: ModuleType
+    name: str                  # "numpy" or "cupy"
+    device_id: int | None      # CUDA device ordinal, None on CPU
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.device_id is not None
+
+
+def _try_cupy():
+    """Returns (cupy module, number of GPUs) or (None, reason string)."""
+    try:
+        import cupy  # noqa: PLC0415 - the one place CuPy is imported
+    except Exception as exc:  # ImportError, or a broken CUDA install raising at import
+        return None, f"CuPy not importable ({type(exc).__name__}: {exc})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return None, f"no usable CUDA device ({exc})"
+    if n < 1:
+        return None, "no CUDA device"
+    return cupy, n
+
+
+def select(device: str = "auto", local_rank: int = 0) -> Backend:
+    """Resolves ``cpu|gpu|auto`` to a Backend; on GPU pins device ``local_rank % n_gpus``.
+
+    ``auto`` falls back to NumPy with one log line saying why; ``gpu`` raises BackendError instead.
+    """
+    if device not in DEVICES:
+        raise BackendError(f"device: expected one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "cpu":
+        return Backend(np, "numpy", None)
+    cupy, info = _try_cupy()
+    if cupy is None:
+        if device == "gpu":
+            raise BackendError(f"--device gpu: {info}")
+        log.info("device auto: using NumPy on the CPU: %s", info)
+        return Backend(np, "numpy", None)
+    dev = local_rank % info
+    cupy.cuda.Device(dev).use()
+    return Backend(cupy, "cupy", dev)
+
+
+def get_array_module(*arrays) -> ModuleType:
+    """``cupy`` if any argument is a CuPy array, else ``numpy`` (without importing CuPy)."""
+    for a in arrays:
+        mod = type(a).__module__
+        if mod.startswith("cupy"):
+            import cupy  # noqa: PLC0415 - already imported by whoever made the array
+            return cupy
+    return np
+
+
+def to_numpy(a) -> np.ndarray:
+    """Host copy of an xp array (no-op for NumPy): only at I/O boundaries."""
+    if isinstance(a, np.ndarray):
+        return a
+    return a.get()
+
+
+def blas_threads_for(local_size: int, cores: int | None = None) -> int:
+    """Threads per rank so that ranks-per-node x threads does not exceed the node's cores."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(1, local_size))
+
+
+def set_blas_threads(n: int) -> None:
+    """Caps BLAS/OpenMP threads of this process at ``n`` (threadpoolctl, effective at run time)."""
+    from threadpoolctl import threadpool_limits  # noqa: PLC0415
+    threadpool_limits(limits=n)

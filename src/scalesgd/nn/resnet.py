@@ -1,0 +1,249 @@
+"""ResNets built from the forward/backward pairs of :mod:`layers`, on one flat ParamSet.
+
+- ImageNet stem (7x7/2 conv, BN, ReLU, 3x3/2 max-pool): ResNet-18/34 (basic blocks), ResNet-50
+  (bottleneck, expansion 4, stride on the 3x3 conv as in torchvision).
+- CIFAR stem (3x3/1 conv, BN, ReLU): ResNet-20/32/56 (basic blocks, widths 16/32/64).
+- Shortcuts are identity when shapes match, else a projection (1x1 conv with the block's stride + BN).
+- ``width``: multiplier on every stage width (and the stem); ``num_classes``: any.
+
+A module is a small object with ``specs()`` (the tensors it owns), ``bind(ps)`` (take views into a
+ParamSet), ``forward(x, train) -> (out, cache)`` and ``backward(dout, cache) -> dx``.  Backward runs
+in exact reverse order of forward.  Activations are NHWC: ``x: (N, H, W, 3)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import layers as L
+from .params import ParamSet, TensorSpec
+
+
+@dataclass(frozen=True)
+class Arch:
+    stem: str                   # "imagenet" | "cifar"
+    block: str                  # "basic" | "bottleneck"
+    stages: tuple[int, ...]     # blocks per stage
+    widths: tuple[int, ...]     # base width of each stage
+
+
+ARCHS = {
+    "resnet18": Arch("imagenet", "basic", (2, 2, 2, 2), (64, 128, 256, 512)),
+    "resnet34": Arch("imagenet", "basic", (3, 4, 6, 3), (64, 128, 256, 512)),
+    "resnet50": Arch("imagenet", "bottleneck", (3, 4, 6, 3), (64, 128, 256, 512)),
+    "resnet20": Arch("cifar", "basic", (3, 3, 3), (16, 32, 64)),
+    "resnet32": Arch("cifar", "basic", (5, 5, 5), (16, 32, 64)),
+    "resnet56": Arch("cifar", "basic", (9, 9, 9), (16, 32, 64)),
+}
+
+
+class Conv:
+    def __init__(self, name: str, cin: int, cout: int, k: int, stride: int = 1, need_dx: bool = True):
+        self.name, self.cin, self.cout, self.k, self.stride = name, cin, cout, k, stride
+        self.pad = k // 2
+        self.need_dx = need_dx       # False for the stem: no gradient w.r.t. the images
+
+    def specs(self):
+        return [TensorSpec(f"{self.name}.weight", (self.k, self.k, self.cin, self.cout),
+                           "kaiming_fan_out", decay=True)], []
+
+    def bind(self, ps: ParamSet):
+        self.w, self.dw = ps.p[f"{self.name}.weight"], ps.g[f"{self.name}.weight"]
+
+    def forward(self, x, train):
+        return L.conv2d_forward(x, self.w, self.stride, self.pad)
+
+    def backward(self, dout, cache):
+        return L.conv2d_backward(dout, cache, self.dw, need_dx=self.need_dx)
+
+
+class BatchNorm:
+    """BatchNorm2d over NHWC channels, optionally followed by ReLU (applied in place)."""
+
+    def __init__(self, name: str, c: int, relu: bool, zero_gamma: bool = False):
+        self.name, self.c, self.relu, self.zero_gamma = name, c, relu, zero_gamma
+
+    def specs(self):
+        n = self.name
+        params = [TensorSpec(f"{n}.weight", (self.c,), "zeros" if self.zero_gamma else "ones", decay=False),
+                  TensorSpec(f"{n}.bias", (self.c,), "zeros", decay=False)]
+        buffers = [TensorSpec(f"{n}.running_mean", (self.c,), "zeros"),
+                   TensorSpec(f"{n}.running_var", (self.c,), "ones")]
+        return params, buffers
+
+    def bind(self, ps: ParamSet):
+        n = self.name
+        self.gamma, self.beta = ps.p[f"{n}.weight"], ps.p[f"{n}.bias"]
+        self.dgamma, self.dbeta = ps.g[f"{n}.weight"], ps.g[f"{n}.bias"]
+        self.rmean, self.rvar = ps.b[f"{n}.running_mean"], ps.b[f"{n}.running_var"]
+
+    def forward(self, x, train):
+        out, cache = L.batchnorm_forward(x, self.gamma, self.beta, self.rmean, self.rvar, train)
+        if self.relu:
+            out, _ = L.relu_forward(out, inplace=True)
+        return out, (cache, out if self.relu else None)
+
+    def backward(self, dout, cache):
+        bn_cache, relu_out = cache
+        if relu_out is not None:
+            dout = L.relu_backward(dout, relu_out)
+        return L.batchnorm_backward(dout, bn_cache, self.dgamma, self.dbeta)
+
+
+class Sequence:
+    """Modules applied in order; backward in exact reverse order."""
+
+    def __init__(self, *mods):
+        self.mods = list(mods)
+
+    def children(self):
+        return self.mods
+
+    def forward(self, x, train):
+        caches = []
+        for m in self.mods:
+            x, c = m.forward(x, train)
+            caches.append(c)
+        return x, caches
+
+    def backward(self, dout, caches):
+        for m, c in zip(reversed(self.mods), reversed(caches)):
+            dout = m.backward(dout, c)
+        return dout
+
+
+class ResidualBlock:
+    """out = relu(main(x) + shortcut(x)); main is conv-bn-relu-conv-bn (basic) or the 3-conv bottleneck."""
+
+    def __init__(self, name: str, cin: int, width: int, stride: int, kind: str, zero_gamma: bool):
+        exp = 4 if kind == "bottleneck" else 1
+        cout = width * exp
+        if kind == "basic":
+            self.main = Sequence(Conv(f"{name}.conv1", cin, width, 3, stride),
+                                 BatchNorm(f"{name}.bn1", width, relu=True),
+                                 Conv(f"{name}.conv2", width, width, 3, 1),
+                                 BatchNorm(f"{name}.bn2", width, relu=False, zero_gamma=zero_gamma))
+        else:
+            self.main = Sequence(Conv(f"{name}.conv1", cin, width, 1, 1),
+                                 BatchNorm(f"{name}.bn1", width, relu=True),
+                                 Conv(f"{name}.conv2", width, width, 3, stride),
+                                 BatchNorm(f"{name}.bn2", width, relu=True),
+                                 Conv(f"{name}.conv3", width, cout, 1, 1),
+                                 BatchNorm(f"{name}.bn3", cout, relu=False, zero_gamma=zero_gamma))
+        self.shortcut = None
+        if stride != 1 or cin != cout:
+            self.shortcut = Sequence(Conv(f"{name}.downsample.0", cin, cout, 1, stride),
+                                     BatchNorm(f"{name}.downsample.1", cout, relu=False))
+        self.cout = cout
+
+    def children(self):
+        return [self.main] + ([self.shortcut] if self.shortcut else [])
+
+    def forward(self, x, train):
+        h, main_c = self.main.forward(x, train)       # h is a fresh array: safe to add into
+        if self.shortcut is not None:
+            s, sc_c = self.shortcut.forward(x, train)
+            h += s
+        else:
+            sc_c = None
+            h += x
+        out, _ = L.relu_forward(h, inplace=True)
+        return out, (main_c, sc_c, out)
+
+    def backward(self, dout, cache):
+        main_c, sc_c, out = cache
+        d = L.relu_backward(dout, out)
+        dx = self.main.backward(d, main_c)             # leaves d intact (BN backward does not clobber)
+        dx += self.shortcut.backward(d, sc_c) if self.shortcut is not None else d
+        return dx
+
+
+class Head:
+    """Global average pool + linear classifier."""
+
+    def __init__(self, cin: int, num_classes: int):
+        self.cin, self.k = cin, num_classes
+
+    def specs(self):
+        return [TensorSpec("fc.weight", (self.cin, self.k), "linear_uniform", True, self.cin),
+                TensorSpec("fc.bias", (self.k,), "linear_uniform", False, self.cin)], []
+
+    def bind(self, ps: ParamSet):
+        self.w, self.b = ps.p["fc.weight"], ps.p["fc.bias"]
+        self.dw, self.db = ps.g["fc.weight"], ps.g["fc.bias"]
+
+    def forward(self, x, train):
+        pooled, x_shape = L.avgpool_forward(x)
+        logits, lc = L.linear_forward(pooled, self.w, self.b)
+        return logits, (x_shape, lc)
+
+    def backward(self, dout, cache):
+        x_shape, lc = cache
+        return L.avgpool_backward(L.linear_backward(dout, lc, self.dw, self.db), x_shape)
+
+
+class MaxPool:
+    def forward(self, x, train):
+        return L.maxpool_forward(x, 3, 2, 1)
+
+    def backward(self, dout, cache):
+        return L.maxpool_backward(dout, cache)
+
+
+def _leaves(mod):
+    if hasattr(mod, "children"):
+        for c in mod.children():
+            yield from _leaves(c)
+    else:
+        yield mod
+
+
+class ResNet:
+    """A whole ResNet bound to one ParamSet.  ``forward(x, train)``, ``backward(dlogits, cache)``."""
+
+    def __init__(self, name: str, num_classes: int = 1000, width: float = 1.0,
+                 zero_init_residual: bool = False, xp=None, dtype="float32"):
+        if name not in ARCHS:
+            raise ValueError(f"unknown model {name!r}; choose from {', '.join(ARCHS)}")
+        if xp is None:
+            import numpy as xp  # noqa: PLC0415
+        arch = ARCHS[name]
+        self.name, self.num_classes, self.width = name, num_classes, width
+        widths = [max(1, round(w * width)) for w in arch.widths]
+        stem_w = widths[0]
+        if arch.stem == "imagenet":
+            stem = [Conv("conv1", 3, stem_w, 7, 2, need_dx=False), BatchNorm("bn1", stem_w, relu=True),
+                    MaxPool()]
+        else:
+            stem = [Conv("conv1", 3, stem_w, 3, 1, need_dx=False), BatchNorm("bn1", stem_w, relu=True)]
+        blocks, cin = [], stem_w
+        for si, (nblocks, w) in enumerate(zip(arch.stages, widths)):
+            for bi in range(nblocks):
+                stride = 2 if (bi == 0 and si > 0) else 1
+                blk = ResidualBlock(f"layer{si + 1}.{bi}", cin, w, stride, arch.block, zero_init_residual)
+                blocks.append(blk)
+                cin = blk.cout
+        self.net = Sequence(*stem, *blocks, Head(cin, num_classes))
+        self.stem_conv = stem[0]
+        pspecs, bspecs = [], []
+        for m in _leaves(self.net):
+            if hasattr(m, "specs"):
+                p, b = m.specs()
+                pspecs += p
+                bspecs += b
+        self.ps = ParamSet(pspecs, bspecs, xp, dtype)
+        for m in _leaves(self.net):
+            if hasattr(m, "bind"):
+                m.bind(self.ps)
+
+    @property
+    def num_params(self) -> int:
+        return self.ps.num_params
+
+    def forward(self, x, train: bool):
+        """x: (N, H, W, 3) -> logits (N, num_classes), cache for backward."""
+        return self.net.forward(x, train)
+
+    def backward(self, dlogits, cache, need_dx: bool = False):
+        """Fills ``ps.grads``; returns dL/dx (N, H, W, 3) when need_dx (for gradient checks)."""
+        self.stem_conv.need_dx = need_dx
+        return self.net.backward(dlogits, cache)

@@ -1,0 +1,259 @@
+"""Data package: shard format, digits dataset, DALI loaders. Real HDF5, real JPEGs, real DALI."""
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from PIL import Image
+
+from scalesgd.data import DataError, ShardError, ShardSet
+from scalesgd.data.demo import build_digits, default_data_dir
+from scalesgd.data.pipeline import Loader, train_indices, val_indices
+from scalesgd.data.shards import content_id, write_manifest, write_split
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+# ----------------------------------------------------------------------------- helpers
+def _jpeg(rng, size=16):
+    """A random RGB JPEG of (size, size)."""
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def make_dataset(root, n=40, num_classes=10, shards=2, seed=0, bad=None):
+    """A small train split of n random JPEGs; ``bad`` index gets a JPEG cut at half."""
+    rng = np.random.default_rng(seed)
+    samples = [(_jpeg(rng), i % num_classes) for i in range(n)]
+    if bad is not None:
+        data, label = samples[bad]
+        samples[bad] = (data[:len(data) // 2], label)
+    did = content_id({"train": samples}, num_classes)
+    entry = write_split(root, "train", samples, shards, did, num_classes)
+    classes = [{"index": c, "wnid": f"n{c:08d}", "name": f"class{c}"} for c in range(num_classes)]
+    write_manifest(root, name="synthetic", dataset_id=did, classes=classes,
+                   splits={"train": entry}, options={"seed": seed})
+    return Path(root)
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    return build_digits(tmp_path_factory.mktemp("digits"), image_size=32, seed=0)
+
+
+# ----------------------------------------------------------------------------- digits + format
+def test_build_digits_counts_and_reuse(digits):
+    train, val = ShardSet.open(digits, "train"), ShardSet.open(digits, "val")
+    assert train.num_samples + val.num_samples == 1797
+    assert 340 <= val.num_samples <= 380
+    assert len(train.shard_paths) == 2 and len(val.shard_paths) == 1
+    assert train.num_classes == 10 and train.class_names == [str(c) for c in range(10)]
+    assert set(np.unique(train.labels)) == set(range(10)) == set(np.unique(val.labels))
+    files = sorted(digits.iterdir())
+    mtimes = [f.stat().st_mtime_ns for f in files]
+    assert build_digits(digits, image_size=32, seed=0) == digits
+    assert sorted(digits.iterdir()) == files
+    assert [f.stat().st_mtime_ns for f in files] == mtimes
+    train.verify()
+    val.verify()
+
+
+def test_read_back_decodes(digits):
+    train = ShardSet.open(digits, "train")
+    for g in (0, 719, train.num_samples - 1):
+        data, label = train.read(g)
+        assert data.dtype == np.uint8 and data[:2].tolist() == [0xFF, 0xD8]
+        assert label == train.labels[g]
+        assert Image.open(io.BytesIO(data.tobytes())).size == (32, 32)
+    path, local = train.locate(train.num_samples - 1)
+    assert path.name == "train-00001-of-00002.h5" and local == train.num_samples - 1 - 719
+    with pytest.raises(IndexError):
+        train.read(train.num_samples)
+
+
+def test_default_data_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("SCALESGD_DATA", str(tmp_path))
+    assert default_data_dir() == tmp_path
+    monkeypatch.delenv("SCALESGD_DATA")
+    assert default_data_dir(64).name == "digits-64"
+
+
+def test_concurrent_builds_do_not_corrupt(tmp_path):
+    code = "import sys; from scalesgd.data.demo import build_digits; build_digits(sys.argv[1], 16)"
+    env = {**os.environ, "PYTHONPATH": SRC}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env)
+             for _ in range(2)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    assert not [f for f in tmp_path.iterdir() if f.name.startswith(".")]
+    for split in ("train", "val"):
+        ShardSet.open(tmp_path, split).verify()
+
+
+def test_missing_manifest(tmp_path):
+    with pytest.raises(ShardError, match=r"manifest\.json: manifest not found"):
+        ShardSet.open(tmp_path, "train")
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(ShardError, match="cannot parse manifest"):
+        ShardSet.open(tmp_path, "train")
+
+
+def test_missing_shard(tmp_path):
+    root = make_dataset(tmp_path)
+    (root / "train-00001-of-00002.h5").unlink()
+    with pytest.raises(ShardError, match=r"train-00001-of-00002\.h5: .*missing"):
+        ShardSet.open(root, "train")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "header"])
+def test_corrupt_shard(tmp_path, damage):
+    root = make_dataset(tmp_path)
+    path = root / "train-00000-of-00002.h5"
+    raw = path.read_bytes()
+    path.write_bytes(raw[:len(raw) // 2] if damage == "truncate" else b"\0" * 64 + raw[64:])
+    with pytest.raises(ShardError, match=r"train-00000-of-00002\.h5: not a readable HDF5"):
+        ShardSet.open(root, "train")
+    with pytest.raises(ShardError, match="sha256"):
+        ShardSet(root, "train", *_raw_parts(root)).verify()
+
+
+def _raw_parts(root):
+    """Constructor arguments of an unvalidated ShardSet, to reach verify() on a bad file."""
+    import json
+    m = json.loads((root / "manifest.json").read_text())
+    shards = m["splits"]["train"]["shards"]
+    counts = np.array([s["count"] for s in shards])
+    return m, [root / s["file"] for s in shards], counts, np.zeros(counts.sum(), np.int64)
+
+
+def test_label_out_of_range(tmp_path):
+    root = make_dataset(tmp_path, num_classes=10)
+    with h5py.File(root / "train-00001-of-00002.h5", "r+") as f:
+        f["labels"][7] = 12
+    with pytest.raises(ShardError, match=r"train-00001-of-00002\.h5\[7\]: label 12 not in \[0, 10\)"):
+        ShardSet.open(root, "train")
+    with pytest.raises(ValueError, match=r"\[3\]: label 12"):
+        write_split(tmp_path / "w", "train", [(b"x", 1)] * 3 + [(b"x", 12)], 1, "id", 10)
+
+
+def test_equal_length_samples_round_trip(tmp_path):
+    samples = [(bytes([i, 1, 2, 3]), i % 3) for i in range(5)]      # all 4 bytes long
+    entry = write_split(tmp_path, "val", samples, 2, "id0", 3)
+    classes = [{"index": c, "wnid": str(c), "name": str(c)} for c in range(3)]
+    write_manifest(tmp_path, name="t", dataset_id="id0", classes=classes,
+                   splits={"val": entry}, options={})
+    val = ShardSet.open(tmp_path, "val")
+    assert [c["count"] for c in entry["shards"]] == [2, 3]
+    assert [val.read(i)[0].tolist() for i in range(5)] == [list(d) for d, _ in samples]
+    assert val.labels.tolist() == [lab for _, lab in samples]
+
+
+def test_shard_from_other_dataset(tmp_path):
+    a, b = make_dataset(tmp_path / "a", seed=0), make_dataset(tmp_path / "b", seed=1)
+    (b / "train-00001-of-00002.h5").replace(a / "train-00001-of-00002.h5")
+    with pytest.raises(ShardError, match=r"train-00001-of-00002\.h5: attribute dataset_id="):
+        ShardSet.open(a, "train")
+
+
+# ----------------------------------------------------------------------------- loaders
+def test_index_math():
+    n, bs = 1000, 32
+    for epoch in range(3):
+        parts = [train_indices(n, bs, r, 3, 7, epoch) for r in range(3)]
+        assert all(p.size == (n // (3 * bs)) * bs for p in parts)
+        assert len(set(np.concatenate(parts).tolist())) == sum(p.size for p in parts)
+    assert not np.array_equal(train_indices(n, bs, 0, 3, 7, 0), train_indices(n, bs, 0, 3, 7, 1))
+    assert np.array_equal(np.concatenate([val_indices(n, r, 3) for r in range(3)]), np.arange(n))
+
+
+def test_train_loader_shapes_and_sharding(digits):
+    train = ShardSet.open(digits, "train")
+    loaders = [Loader(train, batch_size=32, image_size=28, train=True, scale=(28, 36),
+                      mean=(128,) * 3, std=(64,) * 3, rank=r, world=2, seed=3) for r in range(2)]
+    assert loaders[0].steps_per_epoch == loaders[1].steps_per_epoch == train.num_samples // 64
+    for epoch in range(2):
+        idx = [ld.indices(epoch) for ld in loaders]
+        assert idx[0].size == idx[1].size == loaders[0].steps_per_epoch * 32
+        assert not set(idx[0].tolist()) & set(idx[1].tolist())
+        batches = list(loaders[0].epoch(epoch))
+        assert len(batches) == loaders[0].steps_per_epoch
+        x, y = batches[0]
+        assert x.shape == (32, 28, 28, 3) and x.dtype == np.float32
+        assert y.shape == (32,) and y.dtype == np.int64 and 0 <= y.min() and y.max() < 10
+        assert np.array_equal(np.concatenate([b[1] for b in batches]), train.labels[idx[0]])
+    assert not set(loaders[0].indices(0).tolist()) == set(loaders[0].indices(1).tolist())
+
+
+def test_train_loader_resume_and_abandon(digits):
+    train = ShardSet.open(digits, "train")
+    ld = Loader(train, batch_size=64, image_size=24, train=True, augment="rrc", layout="NCHW")
+    x, y = next(iter(ld.epoch(4)))                      # resume at 4, abandon mid-epoch
+    assert x.shape == (64, 3, 24, 24) and np.array_equal(y, train.labels[ld.indices(4)[:64]])
+    for epoch in (5, 6):
+        ys = [y for _, y in ld.epoch(epoch)]
+        assert np.array_equal(np.concatenate(ys), train.labels[ld.indices(epoch)])
+    ld.close()
+
+
+def test_val_loader_covers_every_sample_once(digits):
+    val = ShardSet.open(digits, "val")
+    for world in (1, 2):
+        got = []
+        for rank in range(world):
+            ld = Loader(val, batch_size=64, image_size=32, train=False, rank=rank, world=world)
+            sizes = [len(y) for _, y in ld.epoch(0)]
+            assert len(sizes) == ld.steps_per_epoch and sum(sizes) == ld.indices(0).size
+            assert all(s == 64 for s in sizes[:-1]) and sizes[-1] <= 64
+            got.append(np.concatenate([y for _, y in ld.epoch(1)]))
+        assert np.array_equal(np.concatenate(got), val.labels)
+
+
+def _pil_center(data, resize, crop):
+    """Reference: PIL decode -> RGB -> bilinear resize -> centre crop; (crop, crop, 3) float."""
+    im = Image.open(io.BytesIO(data.tobytes())).convert("RGB").resize((resize, resize),
+                                                                      Image.BILINEAR)
+    o = (resize - crop) // 2
+    return np.asarray(im.crop((o, o, o + crop, o + crop)), dtype=np.float32)
+
+
+def test_center_normalisation_matches_pil(digits):
+    val = ShardSet.open(digits, "val")
+    common = dict(batch_size=16, image_size=24, train=False, val_resize=28)
+    raw = Loader(val, mean=(0,) * 3, std=(1,) * 3, **common)
+    norm = Loader(val, mean=(100, 110, 120), std=(50, 60, 70), **common)
+    x, _ = next(iter(raw.epoch(0)))
+    xn, _ = next(iter(norm.epoch(0)))
+    ref = np.stack([_pil_center(val.read(i)[0], 28, 24) for i in range(16)])
+    assert np.abs(x - ref).mean() < 4.0                 # resampling filters differ slightly
+    expect = (x - np.array([100, 110, 120])) / np.array([50, 60, 70])
+    np.testing.assert_allclose(xn, expect, atol=1e-4)
+
+
+def test_bad_jpeg_raises_data_error(tmp_path):
+    root = make_dataset(tmp_path, n=40, bad=23)         # shard 1 holds 20..39 -> local 3
+    shards = ShardSet.open(root, "train")
+    for train in (True, False):
+        ld = Loader(shards, batch_size=8, image_size=16, train=train, augment="center")
+        with pytest.raises(DataError, match=r"train-00001-of-00002\.h5\[3\]: cannot decode JPEG"):
+            list(ld.epoch(0))
+
+
+def test_unreadable_shard_after_open_raises_data_error(tmp_path):
+    root = make_dataset(tmp_path, n=40)
+    shards = ShardSet.open(root, "train")
+    (root / "train-00000-of-00002.h5").write_bytes(b"garbage")
+    ld = Loader(shards, batch_size=8, image_size=16, train=False)
+    with pytest.raises(DataError, match=r"train-00000-of-00002\.h5\[0\]: cannot read sample"):
+        list(ld.epoch(0))
+
+
+def test_bad_arguments(digits):
+    val = ShardSet.open(digits, "val")
+    with pytest.raises(ValueError, match="multiscale"):
+        Loader(val, batch_size=8, image_size=32, train=True, scale=(16, 40))
+    with pytest.raises(ValueError, match="no full step"):
+        Loader(val, batch_size=256, image_size=32, train=True, world=2)

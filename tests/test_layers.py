@@ -1,0 +1,149 @@
+"""Every layer's backward against float64 central finite differences."""
+import numpy as np
+import pytest
+
+from scalesgd.nn import layers as L
+
+from gradcheck import numeric_grad, rel_error, sample_idx
+
+TOL = 1e-7
+rng = np.random.default_rng(1234)
+
+
+def rand(*shape):
+    return rng.standard_normal(shape)
+
+
+def check_input_and_param_grads(forward, backward, inputs: dict, out_shape, n_checks=60):
+    """forward(**inputs) -> out; backward(dout) -> dict name -> analytic grad; loss = sum(out * R)."""
+    R = rand(*out_shape)
+
+    def loss():
+        return float(np.sum(forward(**inputs) * R))
+
+    grads = backward(R.copy())
+    for name, g in grads.items():
+        x = inputs[name]
+        idx = sample_idx(x.size, n_checks)
+        num = numeric_grad(loss, x, idx)
+        err = rel_error(g.reshape(-1)[idx], num)
+        assert err < TOL, f"{name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("k,stride,pad,hw", [(3, 1, 1, 7), (3, 2, 1, 7), (3, 2, 1, 8), (1, 1, 0, 5),
+                                             (1, 2, 0, 6), (7, 2, 3, 11), (3, 1, 0, 6), (5, 1, 2, 6)])
+def test_conv2d(k, stride, pad, hw):
+    x, w = rand(2, hw, hw + 1, 3), rand(k, k, 3, 4)
+    out, cache = L.conv2d_forward(x, w, stride, pad)
+
+    def backward(d):
+        dw = np.zeros_like(w)
+        dx = L.conv2d_backward(d, cache, dw)
+        return {"x": dx, "w": dw}
+
+    check_input_and_param_grads(lambda x, w: L.conv2d_forward(x, w, stride, pad)[0], backward,
+                                {"x": x, "w": w}, out.shape)
+
+
+def test_conv2d_matches_direct_sum():
+    """The NHWC/HWIO im2col convolution equals the textbook 7-loop definition."""
+    x, w = rand(1, 5, 6, 2), rand(3, 3, 2, 3)
+    out, _ = L.conv2d_forward(x, w, 2, 1)
+    xp_ = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    ref = np.zeros_like(out)
+    for oh in range(out.shape[1]):
+        for ow in range(out.shape[2]):
+            patch = xp_[0, 2 * oh:2 * oh + 3, 2 * ow:2 * ow + 3, :]
+            ref[0, oh, ow] = np.einsum("ijc,ijcf->f", patch, w)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_batchnorm_train(relu):
+    x = rand(4, 3, 3, 5) * 2 + 1
+    gamma, beta = rand(5), rand(5)
+
+    def fwd(x, gamma, beta):
+        out, _ = L.batchnorm_forward(x, gamma, beta, np.zeros(5), np.ones(5), True)
+        return np.maximum(out, 0) if relu else out
+
+    out, cache = L.batchnorm_forward(x, gamma, beta, np.zeros(5), np.ones(5), True)
+
+    def backward(d):
+        if relu:
+            d = L.relu_backward(d, np.maximum(out, 0))
+        dg, db = np.zeros(5), np.zeros(5)
+        dx = L.batchnorm_backward(d, cache, dg, db)
+        return {"x": dx, "gamma": dg, "beta": db}
+
+    check_input_and_param_grads(fwd, backward, {"x": x, "gamma": gamma, "beta": beta}, out.shape)
+
+
+def test_batchnorm_statistics_and_eval():
+    x = rand(8, 4, 4, 3) * 3 + 2
+    rm, rv = np.zeros(3), np.ones(3)
+    gamma, beta = np.array([1.0, 2.0, 0.5]), np.array([0.0, -1.0, 3.0])
+    out, _ = L.batchnorm_forward(x, gamma, beta, rm, rv, True)
+    x2 = x.reshape(-1, 3)
+    mean, var = x2.mean(0), x2.var(0)
+    np.testing.assert_allclose(out.reshape(-1, 3), (x2 - mean) / np.sqrt(var + 1e-5) * gamma + beta,
+                               rtol=1e-10)
+    # running stats: momentum 0.1, unbiased variance (PyTorch semantics)
+    np.testing.assert_allclose(rm, 0.1 * mean, rtol=1e-12)
+    np.testing.assert_allclose(rv, 0.9 + 0.1 * x2.var(0, ddof=1), rtol=1e-12)
+    # eval mode uses the running statistics, not the batch's, and leaves them untouched
+    rm0, rv0 = rm.copy(), rv.copy()
+    ev, cache = L.batchnorm_forward(x, gamma, beta, rm, rv, False)
+    assert cache is None
+    np.testing.assert_allclose(ev.reshape(-1, 3), (x2 - rm0) / np.sqrt(rv0 + 1e-5) * gamma + beta,
+                               rtol=1e-10)
+    np.testing.assert_array_equal(rm, rm0)
+    np.testing.assert_array_equal(rv, rv0)
+
+
+def test_relu():
+    x = rand(3, 4, 4, 2)
+    x[np.abs(x) < 1e-3] = 0.5          # keep away from the kink
+    out, cache = L.relu_forward(x.copy())
+    check_input_and_param_grads(lambda x: np.maximum(x, 0),
+                                lambda d: {"x": L.relu_backward(d, cache)}, {"x": x}, out.shape)
+
+
+def test_maxpool():
+    x = rand(2, 9, 8, 3)               # continuous random values: no ties
+    out, cache = L.maxpool_forward(x)
+    assert out.shape == (2, 5, 4, 3)
+    check_input_and_param_grads(lambda x: L.maxpool_forward(x)[0],
+                                lambda d: {"x": L.maxpool_backward(d, cache)}, {"x": x}, out.shape)
+
+
+def test_avgpool_and_linear():
+    x, w, b = rand(3, 4, 5, 6), rand(6, 7), rand(7)
+
+    def fwd(x, w, b):
+        return L.linear_forward(L.avgpool_forward(x)[0], w, b)[0]
+
+    pooled, shape = L.avgpool_forward(x)
+    out, lc = L.linear_forward(pooled, w, b)
+
+    def backward(d):
+        dw, db = np.zeros_like(w), np.zeros_like(b)
+        dx = L.avgpool_backward(L.linear_backward(d, lc, dw, db), shape)
+        return {"x": dx, "w": dw, "b": db}
+
+    check_input_and_param_grads(fwd, backward, {"x": x, "w": w, "b": b}, out.shape)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_softmax_cross_entropy(smoothing):
+    logits, labels = rand(5, 4) * 3, np.array([0, 3, 1, 1, 2])
+    loss, grad, pred = L.softmax_cross_entropy(logits, labels, smoothing)
+    # closed form
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    q = np.full_like(p, smoothing / 4)
+    q[np.arange(5), labels] += 1 - smoothing
+    assert loss == pytest.approx(-(q * np.log(p)).sum(1).mean(), rel=1e-12)
+    np.testing.assert_array_equal(pred, logits.argmax(1))
+    num = numeric_grad(lambda: L.softmax_cross_entropy(logits, labels, smoothing)[0], logits)
+    assert rel_error(grad, num) < TOL

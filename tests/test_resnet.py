@@ -1,0 +1,93 @@
+"""Whole-network checks: parameter counts, flat-buffer aliasing, end-to-end gradients."""
+import numpy as np
+import pytest
+
+from scalesgd.nn import layers as L
+from scalesgd.nn.resnet import ARCHS, ResNet
+
+from gradcheck import numeric_grad, rel_error, sample_idx
+
+
+@pytest.mark.parametrize("name,count", [("resnet18", 11_689_512), ("resnet34", 21_797_672),
+                                        ("resnet50", 25_557_032)])
+def test_parameter_counts_match_reference(name, count):
+    assert ResNet(name, 1000).num_params == count
+
+
+def test_cifar_resnets_have_expected_depth():
+    # 6n + 2 layers: conv1 + 3 stages x n blocks x 2 convs + fc
+    for name, n in [("resnet20", 3), ("resnet32", 5), ("resnet56", 9)]:
+        m = ResNet(name, 10)
+        convs = [s for s in m.ps.layout.specs if s.name.endswith(".weight") and len(s.shape) == 4
+                 and "downsample" not in s.name]
+        assert len(convs) + 1 == 6 * n + 2
+    assert set(ARCHS) == {"resnet18", "resnet34", "resnet50", "resnet20", "resnet32", "resnet56"}
+
+
+def test_unknown_model_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown model 'resnet19'"):
+        ResNet("resnet19")
+
+
+def test_views_alias_the_flat_buffers():
+    m = ResNet("resnet20", 10, width=0.5)
+    ps = m.ps
+    for views, flat in [(ps.p, ps.params), (ps.g, ps.grads), (ps.b, ps.buffers)]:
+        for name, v in views.items():
+            assert np.shares_memory(v, flat), name
+            v[...] = 7.0
+        assert np.all(flat == 7.0)            # every element belongs to exactly one view
+    total = sum(v.size for v in ps.p.values())
+    assert total == ps.params.size == m.num_params
+    # writing the flat buffer is seen through the layer's view, and vice versa
+    ps.params[:] = np.arange(ps.params.size, dtype=ps.params.dtype)
+    off0, off1 = ps.layout.offsets["fc.bias"]
+    np.testing.assert_array_equal(ps.p["fc.bias"], np.arange(off0, off1))
+
+
+def test_init_is_deterministic_and_he_scaled():
+    a, b = ResNet("resnet20", 10), ResNet("resnet20", 10)
+    a.ps.initialize(3)
+    b.ps.initialize(3)
+    np.testing.assert_array_equal(a.ps.params, b.ps.params)
+    w = a.ps.p["layer3.0.conv2.weight"]              # 3x3x64x64, fan_out = 576
+    assert np.std(w) == pytest.approx(np.sqrt(2 / 576), rel=0.05)
+    assert np.all(a.ps.p["bn1.weight"] == 1) and np.all(a.ps.b["bn1.running_var"] == 1)
+    z = ResNet("resnet20", 10, zero_init_residual=True)
+    z.ps.initialize(3)
+    assert np.all(z.ps.p["layer1.0.bn2.weight"] == 0) and np.all(z.ps.p["layer1.0.bn1.weight"] == 1)
+
+
+@pytest.mark.parametrize("name,width,hw", [("resnet20", 0.25, 8), ("resnet18", 1 / 16, 32),
+                                           ("resnet50", 1 / 16, 64)])
+def test_whole_network_gradients_float64(name, width, hw):
+    """Parameter and input gradients of a small ResNet (train mode, loss = CE) vs finite differences."""
+    m = ResNet(name, 5, width=width, dtype="float64")
+    m.ps.initialize(0)
+    rng = np.random.default_rng(0)
+    m.ps.params += 0.1 * rng.standard_normal(m.ps.params.size)   # break symmetries (BN gamma=1, beta=0)
+    x = rng.standard_normal((3, hw, hw, 3))
+    y = np.array([0, 4, 2])
+
+    def loss():
+        logits, _ = m.forward(x, True)
+        return L.softmax_cross_entropy(logits, y, 0.1)[0]
+
+    logits, cache = m.forward(x, True)
+    _, dlogits, _ = L.softmax_cross_entropy(logits, y, 0.1)
+    dx = m.backward(dlogits, cache, need_dx=True)
+    idx = sample_idx(m.ps.params.size, 80)
+    assert rel_error(m.ps.grads[idx], numeric_grad(loss, m.ps.params, idx)) < 1e-7
+    xi = sample_idx(x.size, 30, seed=1)
+    assert rel_error(dx.reshape(-1)[xi], numeric_grad(loss, x, xi)) < 1e-7
+
+
+def test_eval_mode_is_batch_independent():
+    m = ResNet("resnet20", 10, width=0.25, dtype="float64")
+    m.ps.initialize(0)
+    x = np.random.default_rng(0).standard_normal((4, 8, 8, 3))
+    for _ in range(3):
+        m.forward(x, True)                           # populate running statistics
+    full, _ = m.forward(x, False)
+    one, _ = m.forward(x[:1], False)
+    np.testing.assert_allclose(one, full[:1], rtol=1e-10)
