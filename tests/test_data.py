@@ -228,7 +228,7 @@ def test_center_normalisation_matches_pil(digits):
     x, _ = next(iter(raw.epoch(0)))
     xn, _ = next(iter(norm.epoch(0)))
     ref = np.stack([_pil_center(val.read(i)[0], 28, 24) for i in range(16)])
-    assert np.abs(x - ref).mean() < 4.0                 # resampling filters differ slightly
+    assert np.abs(x - ref).mean() < 1.0                 # measured 0.19 (0..255 units)
     expect = (x - np.array([100, 110, 120])) / np.array([50, 60, 70])
     np.testing.assert_allclose(xn, expect, atol=1e-4)
 
@@ -257,3 +257,11 @@ def test_bad_arguments(digits):
         Loader(val, batch_size=8, image_size=32, train=True, scale=(16, 40))
     with pytest.raises(ValueError, match="no full step"):
         Loader(val, batch_size=256, image_size=32, train=True, world=2)
+
+
+def test_imports_have_no_side_effects():
+    code = ("import sys, scalesgd.data, scalesgd.data.demo, scalesgd.data.pipeline; "
+            "print([m for m in ('nvidia.dali', 'mpi4py', 'cupy', 'sklearn') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": SRC},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr

@@ -1,0 +1,65 @@
+"""SGD with momentum / Nesterov and L2 weight decay, on the flat buffers (PyTorch semantics).
+
+For every element, with learning rate ``lr``, momentum ``mu``, decay ``wd`` and decay mask ``m``:
+
+    d   = g + wd * m * p
+    buf = mu * buf + d                        (buf starts at zero, so the first buf is d)
+    p  -= lr * (d + mu * buf)   if nesterov  else  lr * buf
+
+The update runs over the whole flat buffer in a handful of in-place passes; nothing is allocated per
+step except one scratch array created once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..backend import get_array_module
+
+
+@dataclass(frozen=True)
+class SGDConfig:
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 1e-4
+    decay_bn_and_bias: bool = False   # False: BN gamma/beta and biases get no weight decay
+
+
+class SGD:
+    """Owns the momentum buffer (same layout as params) for one replica."""
+
+    def __init__(self, params, cfg: SGDConfig, decay_mask=None):
+        xp = get_array_module(params)
+        self.cfg = cfg
+        self.momentum = xp.zeros_like(params)
+        self._scratch = xp.empty_like(params)
+        self.decay_mask = None if cfg.decay_bn_and_bias else decay_mask
+
+    def reset(self) -> None:
+        """Zeroes the momentum (fresh optimizer state, e.g. after a warm start)."""
+        self.momentum[...] = 0
+
+    def step(self, params, grads, lr: float) -> None:
+        """Updates ``params`` in place from ``grads`` (both flat, same layout)."""
+        xp = get_array_module(params)
+        c, buf, d = self.cfg, self.momentum, self._scratch
+        if c.weight_decay:
+            if self.decay_mask is None:
+                xp.multiply(params, c.weight_decay, out=d)
+            else:
+                xp.multiply(params, self.decay_mask, out=d)
+                d *= c.weight_decay
+            d += grads
+        else:
+            d[...] = grads
+        if c.momentum:
+            buf *= c.momentum
+            buf += d
+            if c.nesterov:                # p -= lr*d + lr*mu*buf, in two in-place passes
+                d *= lr
+                params -= d
+                xp.multiply(buf, lr * c.momentum, out=d)
+            else:
+                xp.multiply(buf, lr, out=d)
+        else:
+            d *= lr
+        params -= d
