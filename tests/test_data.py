@@ -179,9 +179,10 @@ def test_train_loader_shapes_and_sharding(digits):
         idx = [ld.indices(epoch) for ld in loaders]
         assert idx[0].size == idx[1].size == loaders[0].steps_per_epoch * 32
         assert not set(idx[0].tolist()) & set(idx[1].tolist())
-        batches = list(loaders[0].epoch(epoch))
+        batches = [(x, y, x.copy()) for x, y in loaders[0].epoch(epoch)]
         assert len(batches) == loaders[0].steps_per_epoch
-        x, y = batches[0]
+        assert all(np.array_equal(x, x0) for x, _, x0 in batches)   # zero-copy views stay valid
+        x, y, _ = batches[0]
         assert x.shape == (32, 28, 28, 3) and x.dtype == np.float32
         assert y.shape == (32,) and y.dtype == np.int64 and 0 <= y.min() and y.max() < 10
         assert np.array_equal(np.concatenate([b[1] for b in batches]), train.labels[idx[0]])

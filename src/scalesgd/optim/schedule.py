@@ -18,7 +18,7 @@ class ScheduleConfig:
     gamma: float = 0.1
     warmup_epochs: float = 0.0             # linear warm-up from warmup_start_factor * peak to peak
     warmup_start_factor: float = 0.1
-    epochs: float = 90.0                   # horizon of the cosine schedule
+    epochs: float = 90.0                   # horizon of the cosine schedule (the CLI: 0 = train.epochs)
     final_lr_factor: float = 0.0           # cosine ends at final_lr_factor * peak
     linear_scaling: bool = False           # peak = lr * global_batch / reference_batch (Goyal et al.)
     reference_batch: int = 256

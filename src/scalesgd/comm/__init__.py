@@ -1,0 +1,1 @@
+"""The only package that imports mpi4py."""

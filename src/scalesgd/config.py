@@ -1,0 +1,224 @@
+"""Typed, frozen, validated configuration: TOML file sections + command-line overrides.
+
+A config has five sections, each a frozen dataclass: ``[model]``, ``[data]``, ``[optim]``,
+``[schedule]``, ``[train]``.  Every field is also a command-line flag named after it (``--batch-size``,
+``--lr``, ``--nesterov/--no-nesterov``...); field names are unique across sections.  Precedence:
+defaults < ``--config FILE.toml`` < flags.  Unknown keys, wrong types and out-of-range values raise
+:class:`ConfigError` naming the key.  The defaults are the built-in demo (ResNet-20 on the digits).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .nn.resnet import ARCHS
+from .optim.schedule import SCHEDULES, ScheduleConfig
+from .optim.sgd import SGDConfig
+
+METHODS = ("single",)           # the distributed methods register here as they land
+AUGMENTS = ("multiscale", "rrc", "center")
+
+
+class ConfigError(ValueError):
+    """A bad key or value; the message names the key (``section.key``) and the cause."""
+
+
+def _f(default, help: str, choices=None, lo=None, hi=None, lo_open=False):
+    meta = {"help": help, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open}
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: tuple(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = _f("resnet20", "network architecture", choices=tuple(ARCHS))
+    width: float = _f(1.0, "multiplier on every stage width", lo=0, lo_open=True)
+    zero_init_residual: bool = _f(False, "zero-init the last BN gamma of each residual block")
+    dtype: str = _f("float32", "parameter and activation dtype", choices=("float32", "float64"))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    data: str = _f("", "dataset directory with manifest.json; empty = built-in digits (built on first use)")
+    image_size: int = _f(32, "side of the square training/validation crops (pixels)", lo=8)
+    batch_size: int = _f(64, "minibatch per worker", lo=1)
+    augment: str = _f("multiscale", "training augmentation", choices=AUGMENTS)
+    scale: tuple[float, float] = _f((32.0, 40.0), "multiscale: shorter side ~ U[lo, hi] pixels; "
+                                    "rrc: crop area fraction ~ U[lo, hi]", lo=0, lo_open=True)
+    flip: bool = _f(False, "random horizontal flips in training")
+    val_resize: int = _f(0, "validation: shorter side before the centre crop (0 = image_size*256/224)",
+                         lo=0)
+    mean: tuple[float, float, float] = _f((123.675, 116.28, 103.53), "per-channel mean (0-255 units)")
+    std: tuple[float, float, float] = _f((58.395, 57.12, 57.375), "per-channel std (0-255 units)",
+                                         lo=0, lo_open=True)
+    data_threads: int = _f(0, "DALI CPU threads per rank (0 = cores / ranks on the node)", lo=0)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    method: str = _f("single", "training method", choices=METHODS)
+    epochs: int = _f(12, "epochs to train", lo=1)
+    seed: int = _f(0, "seed of the initial weights, data order and augmentation", lo=0)
+    device: str = _f("auto", "cpu, gpu, or auto (GPU when CuPy sees one)", choices=("cpu", "gpu", "auto"))
+    label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy", lo=0, hi=0.99)
+    log_every: int = _f(10, "steps between log lines", lo=1)
+    run_dir: str = _f("", "where results go (empty = runs/<time>-<method>-<model>)")
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": SGDConfig, "schedule": ScheduleConfig,
+            "train": TrainConfig}
+# fields of the imported optimizer/schedule dataclasses: help text and ranges live here
+EXTRA_META = {
+    "momentum": {"help": "momentum coefficient", "lo": 0, "hi": 1},
+    "nesterov": {"help": "Nesterov momentum"},
+    "weight_decay": {"help": "L2 weight decay", "lo": 0},
+    "decay_bn_and_bias": {"help": "also apply weight decay to BN parameters and biases"},
+    "lr": {"help": "base learning rate", "lo": 0},
+    "schedule": {"help": "learning-rate schedule", "choices": SCHEDULES},
+    "milestones": {"help": "step schedule: epochs where lr is multiplied by gamma", "lo": 0},
+    "gamma": {"help": "step schedule: decay factor", "lo": 0},
+    "warmup_epochs": {"help": "linear warm-up length (epochs)", "lo": 0},
+    "warmup_start_factor": {"help": "warm-up starts at this fraction of the peak rate", "lo": 0, "hi": 1},
+    "epochs": {"help": "cosine schedule horizon (epochs; 0 = train.epochs)", "lo": 0},
+    "final_lr_factor": {"help": "cosine schedule ends at this fraction of the peak", "lo": 0, "hi": 1},
+    "linear_scaling": {"help": "scale lr by global batch / reference_batch"},
+    "reference_batch": {"help": "batch the base lr is quoted for (linear scaling)", "lo": 1},
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: SGDConfig = field(default_factory=SGDConfig)
+    schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(schedule="cosine", epochs=0.0))
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def fields_of(section: str):
+    """(dataclass field, metadata) for every field of a section (the schedule's 'epochs' is
+    exposed as ``cosine_epochs`` on the command line to keep flag names unique)."""
+    for f in dataclasses.fields(SECTIONS[section]):
+        meta = dict(f.metadata) or EXTRA_META.get(f.name, {})
+        yield f, meta
+
+
+def flag_name(section: str, name: str) -> str:
+    return "cosine_epochs" if (section, name) == ("schedule", "epochs") else name
+
+
+def _coerce(key: str, value, typ):
+    """Checks/converts one TOML or flag value to the field's declared type."""
+    origin = typing.get_origin(typ)
+    if origin is tuple:
+        args = typing.get_args(typ)
+        if isinstance(value, str):
+            value = [v for v in value.replace(" ", "").split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        elem = args[0]
+        if args[-1] is not Ellipsis and len(value) != len(args):
+            raise ConfigError(f"{key}: expected {len(args)} values, got {len(value)}")
+        return tuple(_coerce(key, v, elem) for v in value)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if typ is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if typ is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {typ} for {key}")
+
+
+def _check_range(key: str, value, meta: dict):
+    vals = value if isinstance(value, tuple) else (value,)
+    choices, lo, hi = meta.get("choices"), meta.get("lo"), meta.get("hi")
+    for v in vals:
+        if choices and v not in choices:
+            raise ConfigError(f"{key}: expected one of {', '.join(map(str, choices))}, got {v!r}")
+        if lo is not None and (v <= lo if meta.get("lo_open") else v < lo):
+            raise ConfigError(f"{key}: must be {'>' if meta.get('lo_open') else '>='} {lo}, got {v!r}")
+        if hi is not None and v > hi:
+            raise ConfigError(f"{key}: must be <= {hi}, got {v!r}")
+
+
+def _section(name: str, values: dict):
+    hints = typing.get_type_hints(SECTIONS[name])
+    known = {f.name: meta for f, meta in fields_of(name)}
+    out = {}
+    for k, v in values.items():
+        if k not in known:
+            raise ConfigError(f"{name}.{k}: unknown key (known: {', '.join(sorted(known))})")
+        v = _coerce(f"{name}.{k}", v, hints[k])
+        _check_range(f"{name}.{k}", v, known[k])
+        out[k] = v
+    return dataclasses.replace(getattr(Config(), name), **out)   # the demo's defaults underneath
+
+
+def build(file_values: dict | None = None, overrides: dict | None = None) -> Config:
+    """Config from nested ``{section: {key: value}}`` dicts: file values, then overrides on top."""
+    merged: dict[str, dict] = {s: {} for s in SECTIONS}
+    for source in (file_values or {}), (overrides or {}):
+        for sec, vals in source.items():
+            if sec not in SECTIONS:
+                raise ConfigError(f"{sec}: unknown section (known: {', '.join(SECTIONS)})")
+            if not isinstance(vals, dict):
+                raise ConfigError(f"{sec}: expected a table of keys, got {vals!r}")
+            merged[sec].update(vals)
+    cfg = Config(**{s: _section(s, v) for s, v in merged.items()})
+    return _cross_checks(cfg)
+
+
+def _cross_checks(cfg: Config) -> Config:
+    lo, hi = cfg.data.scale
+    if lo > hi:
+        raise ConfigError(f"data.scale: lower bound {lo} is above upper bound {hi}")
+    if cfg.data.augment == "rrc" and hi > 1:
+        raise ConfigError(f"data.scale: rrc takes area fractions in (0, 1], got {cfg.data.scale}")
+    if cfg.data.augment == "multiscale" and lo < cfg.data.image_size:
+        raise ConfigError(f"data.scale: multiscale shorter side {lo} is below data.image_size "
+                          f"{cfg.data.image_size}")
+    if list(cfg.schedule.milestones) != sorted(cfg.schedule.milestones):
+        raise ConfigError(f"schedule.milestones: must be increasing, got {cfg.schedule.milestones}")
+    if cfg.schedule.epochs == 0:        # cosine horizon defaults to the training length
+        cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule,
+                                                                    epochs=float(cfg.train.epochs)))
+    return cfg
+
+
+def load_toml(path: str | Path) -> dict:
+    """Reads a TOML job file; a missing file or bad syntax is a ConfigError naming the file."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: malformed TOML: {exc}") from None

@@ -1,0 +1,110 @@
+"""The built-in dataset: scikit-learn's handwritten digits as JPEG shards.
+
+1,797 8x8 grayscale images (values 0..16, 10 classes) are scaled to 0..255, upsampled to
+``image_size`` with PIL bicubic, encoded as grayscale JPEG (quality 95) and split into a fixed,
+stratified train/val split drawn from ``seed``. Built once; later calls reuse the directory.
+"""
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .shards import (MANIFEST_NAME, ShardError, content_id, read_manifest, write_manifest,
+                     write_split)
+
+DIGITS_VERSION = 1
+JPEG_QUALITY = 95
+
+
+def default_data_dir(image_size: int = 32) -> Path:
+    """``$SCALESGD_DATA`` if set, else ``~/.cache/scalesgd/digits-<image_size>``."""
+    env = os.environ.get("SCALESGD_DATA")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "scalesgd" / f"digits-{image_size}"
+
+
+def digits_options(image_size: int, seed: int, val_fraction: float,
+                   train_shards: int, val_shards: int) -> dict:
+    """The options recorded in the manifest; a build is reused only if they match exactly."""
+    return {"source": "sklearn.datasets.load_digits", "version": DIGITS_VERSION,
+            "image_size": int(image_size), "seed": int(seed), "val_fraction": float(val_fraction),
+            "train_shards": int(train_shards), "val_shards": int(val_shards),
+            "jpeg_quality": JPEG_QUALITY, "resample": "bicubic", "mode": "L"}
+
+
+def build_digits(out_dir=None, image_size: int = 32, seed: int = 0, *, val_fraction: float = 0.2,
+                 train_shards: int = 2, val_shards: int = 1) -> Path:
+    """Build (or reuse) the digits dataset in ``out_dir``; returns the directory.
+
+    Reuse check is cheap: manifest parses, its options match, every listed shard file exists.
+    Concurrent builders are safe: each file is replaced atomically and the content (hence the
+    dataset_id and every byte) is deterministic; the manifest is written last.
+    """
+    out_dir = Path(out_dir) if out_dir is not None else default_data_dir(image_size)
+    options = digits_options(image_size, seed, val_fraction, train_shards, val_shards)
+    if _reusable(out_dir, options):
+        return out_dir
+    images, labels = _load_digits()
+    encoded = [encode_jpeg(img, image_size) for img in images]
+    train_idx, val_idx = stratified_split(labels, val_fraction, seed)
+    splits = {"train": [(encoded[i], int(labels[i])) for i in train_idx],
+              "val": [(encoded[i], int(labels[i])) for i in val_idx]}
+    dataset_id = content_id(splits, num_classes=10)
+    entries = {"train": write_split(out_dir, "train", splits["train"], train_shards, dataset_id, 10),
+               "val": write_split(out_dir, "val", splits["val"], val_shards, dataset_id, 10)}
+    classes = [{"index": c, "wnid": str(c), "name": str(c)} for c in range(10)]
+    write_manifest(out_dir, name="digits", dataset_id=dataset_id, classes=classes,
+                   splits=entries, options=options)
+    return out_dir
+
+
+def _reusable(out_dir: Path, options: dict) -> bool:
+    if not (out_dir / MANIFEST_NAME).is_file():
+        return False
+    try:
+        manifest = read_manifest(out_dir)
+    except ShardError:
+        return False
+    if manifest.get("options") != options:
+        return False
+    files = [sh["file"] for s in ("train", "val") for sh in manifest["splits"].get(s, {}).get(
+        "shards", [])]
+    return bool(files) and all((out_dir / f).is_file() for f in files)
+
+
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """Returns images (1797, 8, 8) uint8 in 0..255 and labels (1797,) int64."""
+    from sklearn.datasets import load_digits      # slow import, only when building
+    d = load_digits()
+    images = np.rint(d.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
+    return images, d.target.astype(np.int64)
+
+
+def encode_jpeg(image: np.ndarray, image_size: int) -> bytes:
+    """(h, w) uint8 grayscale -> JPEG bytes of an (image_size, image_size) bicubic upsample."""
+    from PIL import Image
+    pil = Image.fromarray(image, mode="L").resize((image_size, image_size), Image.BICUBIC)
+    buf = io.BytesIO()
+    pil.save(buf, format="JPEG", quality=JPEG_QUALITY, optimize=False, progressive=False)
+    return buf.getvalue()
+
+
+def stratified_split(labels: np.ndarray, val_fraction: float, seed: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Per class, ``round(val_fraction * n_c)`` samples to val, drawn with ``seed``.
+
+    Returns (train_idx, val_idx), each sorted ascending, disjoint, covering all samples.
+    """
+    rng = np.random.default_rng(seed)
+    val = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        k = int(round(val_fraction * members.size))
+        val.append(rng.permutation(members)[:k])
+    val_idx = np.sort(np.concatenate(val))
+    train_idx = np.setdiff1d(np.arange(labels.size), val_idx)
+    return train_idx, val_idx
