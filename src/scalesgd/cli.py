@@ -1,0 +1,149 @@
+"""Command line: flags generated from the config dataclasses, TOML job files, one-line errors.
+
+``python -m src.main [--config jobs/X.toml] [--flag value ...]``; ``--dry-run`` prints the resolved
+config and the model's parameter count.  User errors (bad flag or key, missing/corrupt data, unknown
+model, wrong rank count) print one line ``scalesgd: error: ...`` and exit non-zero; with several ranks
+the whole job is aborted so no rank hangs.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import time
+import typing
+from pathlib import Path
+
+from . import backend as backend_mod
+from . import config as C
+
+EXIT_USAGE, EXIT_ERROR = 2, 1
+
+
+def make_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="scalesgd", description="Train a ResNet with distributed SGD over MPI "
+        "(defaults: the built-in digits demo).", argument_default=argparse.SUPPRESS)
+    ap.add_argument("--config", help="TOML job file (sections [model] [data] [optim] [schedule] [train]); "
+                    "flags override it")
+    ap.add_argument("--dry-run", action="store_true", help="print the resolved config and the "
+                    "parameter count, then exit")
+    defaults = C.Config()
+    for section in C.SECTIONS:
+        group = ap.add_argument_group(f"[{section}]")
+        hints = typing.get_type_hints(C.SECTIONS[section])
+        for f, meta in C.fields_of(section):
+            flag = "--" + C.flag_name(section, f.name).replace("_", "-")
+            default = getattr(getattr(defaults, section), f.name)
+            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+            helptext = f"{meta.get('help', '')} (default: {shown!s})".replace("%", "%%")
+            kw = dict(dest=f"{section}.{f.name}", help=helptext)
+            if hints[f.name] is bool:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            else:
+                group.add_argument(flag, metavar=f.name.upper(), **kw)
+    return ap
+
+
+def resolve_config(args: argparse.Namespace) -> C.Config:
+    """Defaults < TOML file < flags, validated (ConfigError names the key)."""
+    file_values = C.load_toml(args.config) if getattr(args, "config", None) else {}
+    overrides: dict[str, dict] = {}
+    for dest, value in vars(args).items():
+        if "." in dest:
+            section, key = dest.split(".", 1)
+            overrides.setdefault(section, {})[key] = value
+    return C.build(file_values, overrides)
+
+
+def _user_errors():
+    from .data.shards import DataError
+    from .methods.single import MethodError
+    from .comm.topology import TopologyError
+    return (C.ConfigError, DataError, MethodError, TopologyError, backend_mod.BackendError,
+            ValueError, OSError)
+
+
+def _num_classes_for_dry_run(cfg: C.Config) -> int:
+    from .data.shards import read_manifest
+    if not cfg.data.data:
+        return 10                      # the built-in digits
+    return int(read_manifest(Path(cfg.data.data))["num_classes"])
+
+
+def dry_run(cfg: C.Config) -> None:
+    from .nn.resnet import ResNet
+    n_cls = _num_classes_for_dry_run(cfg)
+    model = ResNet(cfg.model.model, n_cls, cfg.model.width, cfg.model.zero_init_residual)
+    print(cfg.to_json())
+    print(f"model {cfg.model.model} (width {cfg.model.width}, {n_cls} classes): "
+          f"{model.num_params:,} parameters")
+
+
+def _data_root(cfg: C.Config) -> Path:
+    if cfg.data.data:
+        return Path(cfg.data.data)
+    from .data.demo import build_digits, default_data_dir
+    return build_digits(default_data_dir())
+
+
+def _run_dir(cfg: C.Config) -> Path:
+    if cfg.train.run_dir:
+        return Path(cfg.train.run_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{cfg.train.method}-{cfg.model.model}"
+
+
+def run(cfg: C.Config, topo) -> dict:
+    from . import methods
+    from .io.files import write_json_atomic
+    from .train import loop
+    method = methods.create(cfg.train.method, topo)          # refuses a wrong rank count first
+    backend = backend_mod.select(cfg.train.device, topo.local_rank)
+    threads = backend_mod.blas_threads_for(topo.local_size)
+    backend_mod.set_blas_threads(threads)
+    setup = loop.build(cfg, topo, backend, method, _data_root(cfg), cfg.data.data_threads or threads)
+    run_dir = _run_dir(cfg)                                  # nothing is written before this point
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if topo.is_root:
+        write_json_atomic(run_dir / "config.json", cfg.to_dict())
+        logging.info("run directory %s; model %s, %s parameters; device %s; %d BLAS thread(s)",
+                     run_dir, cfg.model.model, f"{setup.model.num_params:,}", backend.name, threads)
+    summary = loop.train(setup, run_dir)
+    if topo.is_root:
+        print(f"done: validation top-1 {100 * summary['val_top1_accuracy']:.2f}%, "
+              f"{summary['images_per_second']:.1f} img/s, {summary['wall_seconds']:.1f} s; "
+              f"results in {run_dir}/summary.json", flush=True)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="scalesgd: %(message)s", stream=sys.stderr)
+    topo = None
+    from .comm.abort import fail
+    try:
+        cfg = resolve_config(args)
+        if getattr(args, "dry_run", False):
+            dry_run(cfg)
+            return 0
+        from .comm import topology
+        topo = topology.init()
+        if not topo.is_root:
+            logging.getLogger().setLevel(logging.WARNING)
+        run(cfg, topo)
+    except C.ConfigError as exc:
+        fail(topo, str(exc), EXIT_USAGE)
+    except _user_errors() as exc:
+        fail(topo, str(exc), EXIT_ERROR)
+    except KeyboardInterrupt:
+        fail(topo, "interrupted", 130)
+    except BaseException as exc:            # a bug: show the traceback, but still end every rank
+        if isinstance(exc, SystemExit):
+            raise
+        import traceback
+        traceback.print_exc()
+        fail(topo, f"unexpected {type(exc).__name__}: {exc}", EXIT_ERROR)
+    return 0

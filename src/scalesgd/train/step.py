@@ -1,0 +1,26 @@
+"""One training step and one evaluation step: forward + loss (+ backward).  No communication."""
+from __future__ import annotations
+
+from ..backend import get_array_module
+from ..nn.layers import softmax_cross_entropy
+
+
+def train_step(model, x, y, label_smoothing: float = 0.0):
+    """x: (N, H, W, 3), y: (N,) int -> (mean loss, number of top-1 errors), both 0-d xp arrays.
+
+    Fills ``model.ps.grads``; BN running statistics are updated as a side effect.
+    """
+    logits, cache = model.forward(x, True)
+    loss, dlogits, pred = softmax_cross_entropy(logits, y, label_smoothing)
+    model.backward(dlogits, cache)
+    return loss, (pred != y).sum()
+
+
+def eval_step(model, x, y, k: int = 5):
+    """(number correct top-1, number correct top-k) on one batch, model in eval mode."""
+    xp = get_array_module(x)
+    logits, _ = model.forward(x, False)
+    k = min(k, logits.shape[1])
+    topk = xp.argpartition(-logits, k - 1, axis=1)[:, :k]
+    top1 = logits.argmax(axis=1)
+    return (top1 == y).sum(), (topk == y[:, None]).any(axis=1).sum()
