@@ -13,32 +13,11 @@ from PIL import Image
 from scalesgd.data import DataError, ShardError, ShardSet
 from scalesgd.data.demo import build_digits, default_data_dir
 from scalesgd.data.pipeline import Loader, train_indices, val_indices
-from scalesgd.data.shards import content_id, write_manifest, write_split
+from scalesgd.data.shards import write_manifest, write_split
+
+from synth import make_dataset
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-# ----------------------------------------------------------------------------- helpers
-def _jpeg(rng, size=16):
-    """A random RGB JPEG of (size, size)."""
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(buf, "JPEG")
-    return buf.getvalue()
-
-
-def make_dataset(root, n=40, num_classes=10, shards=2, seed=0, bad=None):
-    """A small train split of n random JPEGs; ``bad`` index gets a JPEG cut at half."""
-    rng = np.random.default_rng(seed)
-    samples = [(_jpeg(rng), i % num_classes) for i in range(n)]
-    if bad is not None:
-        data, label = samples[bad]
-        samples[bad] = (data[:len(data) // 2], label)
-    did = content_id({"train": samples}, num_classes)
-    entry = write_split(root, "train", samples, shards, did, num_classes)
-    classes = [{"index": c, "wnid": f"n{c:08d}", "name": f"class{c}"} for c in range(num_classes)]
-    write_manifest(root, name="synthetic", dataset_id=did, classes=classes,
-                   splits={"train": entry}, options={"seed": seed})
-    return Path(root)
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,14 @@ from . import config as C
 EXIT_USAGE, EXIT_ERROR = 2, 1
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line instead of argparse's usage block (the full usage is one --help away)."""
+        self.exit(EXIT_USAGE, f"scalesgd: error: {message} (see --help)\n")
+
+
 def make_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="scalesgd", description="Train a ResNet with distributed SGD over MPI "
         "(defaults: the built-in digits demo).", argument_default=argparse.SUPPRESS)
     ap.add_argument("--config", help="TOML job file (sections [model] [data] [optim] [schedule] [train]); "

@@ -1,0 +1,32 @@
+# Two entry points for a fresh machine with Python 3.11+: `make demo` and `make test`.
+# Everything is installed into $(VENV) (MPI from the mpich wheel, DALI, h5py, ...), nothing system-wide.
+PYTHON ?= python3
+VENV   ?= .venv
+RANKS  ?= 1
+PY     := $(VENV)/bin/python
+
+.PHONY: install demo test test-fast bench clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[mpi,test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# Train ResNet-20 on the built-in digits (the shards are built on first use).
+demo: install
+	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m src.main --config jobs/demo.toml
+
+# The whole suite, slow end-to-end training included.
+test: install
+	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not slow"
+
+bench: install
+	$(PY) benchmarks/bench_cpu.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

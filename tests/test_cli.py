@@ -1,0 +1,124 @@
+"""The program as a user runs it: real processes, real shards, real mpiexec."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+
+from synth import make_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--width", "0.25", "--image-size", "16", "--scale", "16,20", "--batch-size", "8",
+        "--epochs", "1", "--log-every", "1"]
+
+
+def run_cli(args, tmp_path, timeout=180, launcher=()):
+    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1")
+    return subprocess.run([*launcher, sys.executable, "-m", "src.main", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(proc, *needles):
+    """The process failed with exactly one ``scalesgd: error:`` line containing every needle."""
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("scalesgd: error")]
+    assert len(errors) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for n in needles:
+        assert n in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("tiny"), n=48, n_val=20, num_classes=4)
+
+
+def test_dry_run_prints_config_and_param_count(tmp_path):
+    p = run_cli(["--dry-run"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "272,474 parameters" in p.stdout
+    cfg = json.loads(p.stdout[:p.stdout.rindex("}") + 1])
+    assert cfg["model"]["model"] == "resnet20"
+
+
+def test_short_training_run_writes_results(tmp_path, tiny_data):
+    run_dir = tmp_path / "run"
+    p = run_cli(["--data", str(tiny_data), "--run-dir", str(run_dir), *TINY], tmp_path)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("method", "ranks", "model", "epochs", "samples", "val_top1_accuracy",
+                "val_top5_accuracy", "images_per_second", "wall_seconds"):
+        assert key in summary, key
+    assert summary["ranks"] == 1 and summary["samples"] == 48 and summary["epochs"] == 1
+    assert 0 <= summary["val_top1_accuracy"] <= summary["val_top5_accuracy"] == 1.0   # 4 classes
+    assert json.loads((run_dir / "config.json").read_text())["data"]["batch_size"] == 8
+    steps = [json.loads(ln) for ln in (run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r["kind"] == "step"] == list(range(1, 7))
+    assert "epoch 1/1 step 6/6 loss" in p.stdout and "validation top-1" in p.stdout
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--model", "resnet19"], ["model.model", "resnet19"]),
+    (["--lr", "fast"], ["schedule.lr", "fast"]),
+    (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+    (["--config", "nope.toml"], ["nope.toml", "not found"]),
+])
+def test_bad_arguments(tmp_path, args, needles):
+    p = run_cli(args, tmp_path)
+    one_line_error(p, *needles)
+    assert p.returncode == 2
+
+
+def test_missing_data_dir_writes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    p = run_cli(["--data", str(tmp_path / "nowhere"), "--run-dir", str(run_dir)], tmp_path)
+    one_line_error(p, "nowhere", "manifest")
+    assert not run_dir.exists()
+
+
+def test_corrupt_shard_names_the_file(tmp_path):
+    root = make_dataset(tmp_path / "d", n=48, n_val=20, num_classes=4)
+    shard = root / "train-00001-of-00002.h5"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 3])
+    run_dir = tmp_path / "run"
+    p = run_cli(["--data", str(root), "--run-dir", str(run_dir), *TINY], tmp_path)
+    one_line_error(p, "train-00001-of-00002.h5")
+    assert not run_dir.exists()
+
+
+def test_label_out_of_range_names_file_and_index(tmp_path):
+    root = make_dataset(tmp_path / "d", n=48, n_val=20, num_classes=4)
+    with h5py.File(root / "val-00000-of-00001.h5", "r+") as f:
+        f["labels"][5] = 9
+    p = run_cli(["--data", str(root), "--run-dir", str(tmp_path / "run"), *TINY], tmp_path)
+    one_line_error(p, "val-00000-of-00001.h5", "[5]", "9")
+
+
+def test_unreadable_jpeg_names_shard_and_index(tmp_path):
+    root = make_dataset(tmp_path / "d", n=48, n_val=20, num_classes=4, bad=30)   # shard 1 = 24..47
+    run_dir = tmp_path / "run"
+    p = run_cli(["--data", str(root), "--run-dir", str(run_dir), *TINY], tmp_path)
+    one_line_error(p, "train-00001-of-00002.h5[6]", "decode")
+    assert not (run_dir / "summary.json").exists()
+
+
+def mpiexec():
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else shutil.which("mpiexec")
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the [mpi] extra)")
+def test_several_ranks_are_refused_together(tmp_path, tiny_data):
+    """Until the distributed methods land, -n 2 with the single method fails on every rank, fast."""
+    p = run_cli(["--data", str(tiny_data), "--run-dir", str(tmp_path / "run"), *TINY], tmp_path,
+                timeout=60, launcher=(mpiexec(), "-n", "2"))
+    assert p.returncode != 0
+    assert "method 'single' trains on one rank, but this job has 2 ranks" in p.stderr
+    assert "Traceback" not in p.stderr

@@ -1,0 +1,23 @@
+"""The built-in demo, end to end, exactly as `make demo` runs it: >= 97% validation top-1."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_demo_reaches_97_percent(tmp_path):
+    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"))
+    run_dir = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "src.main", "--config", "jobs/demo.toml",
+                        "--run-dir", str(run_dir), "--log-every", "1000"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["val_top1_accuracy"] >= 0.97, s["history"]
+    assert s["samples"] == s["epochs"] * (1438 // 64) * 64
