@@ -80,3 +80,14 @@ def test_every_field_has_a_unique_flag_and_help():
             assert name not in seen, name
             seen.add(name)
             assert meta.get("help"), f"{section}.{f.name} has no help text"
+
+
+def test_docs_list_every_key_and_flag():
+    """docs/cli.md is the user's reference: it must mention every key and its flag."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    for section in C.SECTIONS:
+        assert f"### [{section}]" in text
+        for f, _ in C.fields_of(section):
+            assert f"`{f.name}`" in text, f"{section}.{f.name} missing from docs/cli.md"
+            assert f"`--{C.flag_name(section, f.name).replace('_', '-')}" in text, f.name
