@@ -94,6 +94,33 @@ class Probe:
             return None
 
 
+class LoadMeter:
+    """CPU seconds burnt by OTHER processes per wall second (from /proc/stat minus our own os.times()).
+
+    ~0 on an idle machine; ~1 means another process kept one core busy while we measured.
+    """
+
+    def __init__(self):
+        self.t0 = self._read()
+
+    @staticmethod
+    def _read():
+        try:
+            f = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+            busy = (f[0] + f[1] + f[2] + f[5] + f[6] + (f[7] if len(f) > 7 else 0)) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+        t = os.times()
+        return busy, t.user + t.system + t.children_user + t.children_system, time.perf_counter()
+
+    def foreign(self) -> float | None:
+        t1 = self._read()
+        if t1 is None or self.t0 is None:
+            return None
+        (b0, o0, w0), (b1, o1, w1) = self.t0, t1
+        return max(0.0, ((b1 - b0) - (o1 - o0)) / max(w1 - w0, 1e-9))
+
+
 def fmt_probe(ns: float | None) -> str:
     if ns is None:
         return "n/a"
@@ -342,6 +369,7 @@ def run_profile(threads: int, steps: int, warmup: int) -> dict:
             runner.step()
         prof = LayerProfiler()
         prof.install()
+        meter = LoadMeter()
         try:
             totals = []
             for _ in range(steps):
@@ -350,6 +378,7 @@ def run_profile(threads: int, steps: int, warmup: int) -> dict:
                 totals.append(time.perf_counter() - t0)
         finally:
             prof.restore()
+        foreign = meter.foreign()
     agg, fl = defaultdict(float), defaultdict(float)
     for k, v in prof.excl.items():
         agg[_strip_block(k)] += v
@@ -366,12 +395,14 @@ def run_profile(threads: int, steps: int, warmup: int) -> dict:
                  "ms_per_step": 1e3 * (total - accounted) / steps,
                  "percent": 100.0 * (total - accounted) / total, "gflops": None})
     return {"threads": threads, "steps": steps, "ms_per_step": 1e3 * total / steps,
-            "img_s": runner.batch * steps / total, "rows": rows}
+            "img_s": runner.batch * steps / total, "rows": rows,
+            "foreign_cpu": foreign}
 
 
 def print_profile(p: dict) -> None:
     print(f"\nPer-layer-type profile: scalesgd ResNet-20, batch 64, {p['threads']} thread(s), "
-          f"{p['steps']} steps, {p['ms_per_step']:.1f} ms/step ({p['img_s']:.0f} img/s with timers)")
+          f"{p['steps']} steps, {p['ms_per_step']:.1f} ms/step ({p['img_s']:.0f} img/s with timers), "
+          f"other-procs CPU {p['foreign_cpu'] if p['foreign_cpu'] is None else round(p['foreign_cpu'], 2)}")
     print(f"  {'part':<46} {'ms/step':>8} {'%':>6} {'GFLOP/s':>8}")
     for r in p["rows"]:
         gf = f"{r['gflops']:.1f}" if r["gflops"] else ""
@@ -402,7 +433,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--repeats", type=int, default=3, help="interleaved blocks per configuration")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per block")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per runner before timing")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per runner before timing")
     ap.add_argument("--no-torch", action="store_true", help="skip PyTorch even if importable")
     ap.add_argument("--no-channels-last", action="store_true", help="torch: NCHW only")
     ap.add_argument("--no-profile", action="store_true", help="skip the per-layer profile")
@@ -426,6 +457,9 @@ def main(argv=None) -> int:
     if use_torch:
         print(f"torch: {torch.__config__.parallel_info().splitlines()[0]} "
               f"mkldnn={torch.backends.mkldnn.is_available()}")
+    la = os.getloadavg() if hasattr(os, "getloadavg") else None
+    if la and la[0] > 0.5:
+        print(f"WARNING: load average {la[0]:.2f} before start: other processes compete for the CPUs")
     c2c_before = probe.run()
     print(f"placement probe before: {fmt_probe(c2c_before)}")
     print(f"timing: {args.warmup} warm-up steps per runner, then {args.repeats} interleaved blocks of "
@@ -444,12 +478,15 @@ def main(argv=None) -> int:
                 r.timed(args.warmup, threads)
             times = {n: [] for n, _ in runners}
             probes = [probe.run(200_000)]
+            meter = LoadMeter()
             for _ in range(args.repeats):
                 for n, r in runners:
                     times[n].append(r.timed(args.steps, threads))
+            foreign = meter.foreign()
             probes.append(probe.run(200_000))
             res = {"model": key, "input": f"{size}x{size}", "batch": batch, "classes": classes,
-                   "threads": threads, "c2c_ns": probes}
+                   "threads": threads, "c2c_ns": probes,
+                   "foreign_cpu": foreign}
             for n, r in runners:
                 res[n] = summarise(times[n], batch)
                 res[n]["final_loss"] = r.loss
@@ -467,6 +504,7 @@ def main(argv=None) -> int:
     hdr = f"| model | input | batch | threads | scalesgd img/s |"
     if use_torch:
         hdr += "".join(f" torch {lay} |" for lay in layouts) + " ratio scalesgd/torch |"
+    hdr += " other-procs CPU |"
     print(hdr)
     print("|" + "---|" * (hdr.count("|") - 1))
     for r in results:
@@ -478,6 +516,7 @@ def main(argv=None) -> int:
                 t = r[f"torch_{lay}"]
                 line += f" {t['median_img_s']:.0f} ({t['best_img_s']:.0f}) |"
             line += f" {r['ratio']:.2f} |"
+        line += " n/a |" if r["foreign_cpu"] is None else f" {r['foreign_cpu']:.2f} |"
         print(line)
 
     target = next((r for r in results if r["model"] == "resnet20" and r["threads"] == 1), None)
@@ -514,14 +553,15 @@ def _print_row(res, layouts, use_torch, header):
         h = f"{'model':<9} {'input':<6} {'batch':>5} {'thr':>3} {'scalesgd':>9}"
         if use_torch:
             h += "".join(f" {'torch ' + lay[:6]:>13}" for lay in layouts) + f" {'ratio':>6}"
-        print(h + "   c2c ns (before/after block)")
+        print(h + "   c2c ns (before/after)  other-procs CPU")
     s = res["scalesgd"]
     line = f"{res['model']:<9} {res['input']:<6} {res['batch']:>5} {res['threads']:>3} {s['median_img_s']:9.1f}"
     if use_torch:
         line += "".join(f" {res[f'torch_{lay}']['median_img_s']:13.1f}" for lay in layouts)
         line += f" {res['ratio']:6.2f}"
     c = "/".join("n/a" if v is None else f"{v:.0f}" for v in res["c2c_ns"])
-    print(line + f"   {c}", flush=True)
+    fl = "n/a" if res["foreign_cpu"] is None else f"{res['foreign_cpu']:.2f}"
+    print(line + f"   {c:<22} {fl}", flush=True)
 
 
 def _cpu_model() -> str:

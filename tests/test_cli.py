@@ -19,7 +19,7 @@ TINY = ["--width", "0.25", "--image-size", "16", "--scale", "16,20", "--batch-si
 def run_cli(args, tmp_path, timeout=180, launcher=()):
     env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1")
     return subprocess.run([*launcher, sys.executable, "-m", "src.main", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
 
 
 def one_line_error(proc, *needles):
@@ -119,6 +119,7 @@ def test_several_ranks_are_refused_together(tmp_path, tiny_data):
     """Until the distributed methods land, -n 2 with the single method fails on every rank, fast."""
     p = run_cli(["--data", str(tiny_data), "--run-dir", str(tmp_path / "run"), *TINY], tmp_path,
                 timeout=60, launcher=(mpiexec(), "-n", "2"))
-    assert p.returncode != 0
-    assert "method 'single' trains on one rank, but this job has 2 ranks" in p.stderr
+    report = f"rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    assert p.returncode != 0, report
+    assert "method 'single' trains on one rank, but this job has 2 ranks" in p.stderr, report
     assert "Traceback" not in p.stderr
