@@ -454,6 +454,9 @@ def main(argv=None) -> int:
     print(f"scalesgd CPU benchmark  {info['date']}  python {info['python']}  numpy {info['numpy']}"
           f"  torch {info['torch'] or '(not importable/skipped)'}")
     print(f"CPU: {info['cpu_model']} x{info['cpus']}  BLAS: {info['blas']}")
+    env = {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "OMP_", "MKL_", "GOTO"))}
+    info["env"] = env
+    print(f"BLAS env: {env or '(none)'}  (OPENBLAS_CORETYPE forces the GEMM kernel; unset = CPU autodetect)")
     if use_torch:
         print(f"torch: {torch.__config__.parallel_info().splitlines()[0]} "
               f"mkldnn={torch.backends.mkldnn.is_available()}")
