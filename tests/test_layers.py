@@ -32,16 +32,19 @@ def check_input_and_param_grads(forward, backward, inputs: dict, out_shape, n_ch
 
 @pytest.mark.parametrize("k,stride,pad,hw", [(3, 1, 1, 7), (3, 2, 1, 7), (3, 2, 1, 8), (1, 1, 0, 5),
                                              (1, 2, 0, 6), (7, 2, 3, 11), (3, 1, 0, 6), (5, 1, 2, 6)])
-def test_conv2d(k, stride, pad, hw):
-    x, w = rand(2, hw, hw + 1, 3), rand(k, k, 3, 4)
-    out, cache = L.conv2d_forward(x, w, stride, pad)
+@pytest.mark.parametrize("workspace", [False, True])
+def test_conv2d(k, stride, pad, hw, workspace):
+    x, w = rand(2, hw, hw + 1, 3), rand(k, k, 3, 3)
+    ws = L.Workspace() if workspace else None
+    out, cache = L.conv2d_forward(x, w, stride, pad, ws)
 
     def backward(d):
         dw = np.zeros_like(w)
-        dx = L.conv2d_backward(d, cache, dw)
+        dx = L.conv2d_backward(d, cache, dw, ws=ws)
         return {"x": dx, "w": dw}
 
-    check_input_and_param_grads(lambda x, w: L.conv2d_forward(x, w, stride, pad)[0], backward,
+    # the forward passes of the finite differences reuse the same workspace buffers
+    check_input_and_param_grads(lambda x, w: L.conv2d_forward(x, w, stride, pad, ws)[0], backward,
                                 {"x": x, "w": w}, out.shape)
 
 

@@ -18,16 +18,40 @@ from ..backend import get_array_module
 
 
 # ----------------------------------------------------------------------------- convolution
+class Workspace:
+    """Scratch buffers a layer reuses from step to step, keyed by (name, shape, dtype).
+
+    Reuse avoids re-faulting large allocations (glibc maps every array above 32 MiB afresh) and
+    re-zeroing padding: a padded buffer is zeroed once and afterwards only its interior is written.
+    Consequence: a cache from ``forward`` is valid until the next forward through the same layer.
+    """
+
+    def __init__(self):
+        self._bufs: dict = {}
+
+    def zeros(self, xp, name: str, shape, dtype):
+        key = (name, tuple(shape), str(dtype))
+        buf = self._bufs.get(key)
+        if buf is None:
+            buf = self._bufs[key] = xp.zeros(shape, dtype=dtype)
+        return buf
+
+
+def _scratch(ws, xp, name, shape, dtype):
+    """A zero-initialised buffer: from the workspace when there is one, else freshly allocated."""
+    return xp.zeros(shape, dtype=dtype) if ws is None else ws.zeros(xp, name, shape, dtype)
+
+
 def _out_size(n: int, k: int, stride: int, pad: int) -> int:
     return (n + 2 * pad - k) // stride + 1
 
 
-def im2col(x, kh: int, kw: int, stride: int, pad: int):
+def im2col(x, kh: int, kw: int, stride: int, pad: int, ws: Workspace | None = None):
     """x: (N, H, W, C) -> cols: (N*Ho*Wo, KH*KW*C), rows ordered (n, ho, wo), columns (i, j, c)."""
     xp = get_array_module(x)
     n, h, w, c = x.shape
     if pad:
-        xpad = xp.zeros((n, h + 2 * pad, w + 2 * pad, c), dtype=x.dtype)
+        xpad = _scratch(ws, xp, "pad", (n, h + 2 * pad, w + 2 * pad, c), x.dtype)  # border stays 0
         xpad[:, pad:pad + h, pad:pad + w, :] = x
     else:
         xpad = x
@@ -35,7 +59,7 @@ def im2col(x, kh: int, kw: int, stride: int, pad: int):
     sn, sh, sw, sc = xpad.strides
     win = xp.lib.stride_tricks.as_strided(
         xpad, (n, ho, wo, kh, kw, c), (sn, sh * stride, sw * stride, sh, sw, sc))
-    cols = xp.empty((n, ho, wo, kh, kw, c), dtype=x.dtype)
+    cols = _scratch(ws, xp, "cols", (n, ho, wo, kh, kw, c), x.dtype)
     cols[...] = win                      # one strided copy; reshape below is free
     return cols.reshape(n * ho * wo, kh * kw * c)
 
@@ -68,8 +92,10 @@ def col2im(dcols, x_shape, kh: int, kw: int, stride: int, pad: int):
     return dx
 
 
-def conv2d_forward(x, w, stride: int = 1, pad: int = 0):
-    """x: (N, H, W, C), w: (KH, KW, C, F) -> out: (N, Ho, Wo, F).  No bias."""
+def conv2d_forward(x, w, stride: int = 1, pad: int = 0, ws: Workspace | None = None):
+    """x: (N, H, W, C), w: (KH, KW, C, F) -> out: (N, Ho, Wo, F).  No bias.
+
+    With a workspace the im2col buffers are reused (see :class:`Workspace`)."""
     n, h, wd, c = x.shape
     kh, kw, c2, f = w.shape
     assert c == c2, f"conv: input has {c} channels, weight expects {c2}"
@@ -78,14 +104,16 @@ def conv2d_forward(x, w, stride: int = 1, pad: int = 0):
         cols = get_array_module(x).ascontiguousarray(xs).reshape(-1, c)
         ho, wo = xs.shape[1], xs.shape[2]
     else:
-        cols = im2col(x, kh, kw, stride, pad)
+        cols = im2col(x, kh, kw, stride, pad, ws)
         ho, wo = _out_size(h, kh, stride, pad), _out_size(wd, kw, stride, pad)
     out = cols @ w.reshape(-1, f)
     return out.reshape(n, ho, wo, f), (cols, x.shape, w, stride, pad)
 
 
-def conv2d_backward(dout, cache, dw, need_dx: bool = True):
-    """dout: (N, Ho, Wo, F) -> dx: (N, H, W, C) (None unless need_dx); writes dL/dw into ``dw``."""
+def conv2d_backward(dout, cache, dw, need_dx: bool = True, ws: Workspace | None = None):
+    """dout: (N, Ho, Wo, F) -> dx: (N, H, W, C) (None unless need_dx); writes dL/dw into ``dw``.
+
+    dw is computed first, so the forward's im2col buffer is free again for dout's im2col."""
     xp = get_array_module(dout)
     cols, x_shape, w, stride, pad = cache
     kh, kw, c, f = w.shape
@@ -97,7 +125,7 @@ def conv2d_backward(dout, cache, dw, need_dx: bool = True):
         # "same" convolution: its adjoint is the same convolution of dout with the flipped,
         # in/out-transposed kernel.  im2col + GEMM beats GEMM + col2im's 9 strided adds ~2x.
         w_adj = xp.ascontiguousarray(w[::-1, ::-1].transpose(0, 1, 3, 2))
-        return conv2d_forward(dout, w_adj, 1, pad)[0]
+        return conv2d_forward(dout, w_adj, 1, pad, ws)[0]
     dcols = d2 @ w.reshape(-1, f).T
     if kh == kw == 1 and pad == 0:
         if stride == 1:
@@ -137,28 +165,27 @@ def batchnorm_forward(x, gamma, beta, running_mean, running_var, train: bool,
         out += beta - running_mean * scale
         return out.reshape(x.shape), None
     mean = _colsum(x2) / m
-    xhat = x2 - mean                              # centred, becomes x-hat in place below
-    var = _coldot(xhat, xhat) / m
+    xc = x2 - mean                                # centred input, cached (x-hat = xc * invstd)
+    var = _coldot(xc, xc) / m                     # two-pass variance: no cancellation in float32
     invstd = 1.0 / (var + eps) ** 0.5
-    xhat *= invstd
-    out = xhat * gamma
+    out = xc * (gamma * invstd)
     out += beta
     running_mean *= 1.0 - momentum
     running_mean += momentum * mean
     running_var *= 1.0 - momentum
     running_var += (momentum * m / max(m - 1, 1)) * var
-    return out.reshape(x.shape), (xhat, gamma, invstd)
+    return out.reshape(x.shape), (xc, gamma, invstd)
 
 
 def batchnorm_backward(dout, cache, dgamma, dbeta):
     """dout: (..., C) -> dx (same shape); writes dL/dgamma, dL/dbeta (C,) into the given arrays."""
-    xhat, gamma, invstd = cache
+    xc, gamma, invstd = cache
     c = dout.shape[-1]
     dy = dout.reshape(-1, c)
     m = dy.shape[0]
     dbeta[...] = _colsum(dy)
-    dgamma[...] = _coldot(dy, xhat)
-    dx = xhat * (dgamma / m)
+    dgamma[...] = _coldot(dy, xc) * invstd        # sum(dy * x-hat)
+    dx = xc * (invstd * dgamma / m)               # = x-hat * dgamma / m
     dx -= dy
     dx += dbeta / m
     dx *= -(gamma * invstd)                       # dx = g*invstd*(dy - dbeta/m - xhat*dgamma/m)

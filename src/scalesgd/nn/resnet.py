@@ -41,6 +41,7 @@ class Conv:
         self.name, self.cin, self.cout, self.k, self.stride = name, cin, cout, k, stride
         self.pad = k // 2
         self.need_dx = need_dx       # False for the stem: no gradient w.r.t. the images
+        self.ws = L.Workspace()      # im2col buffers reused every step
 
     def specs(self):
         return [TensorSpec(f"{self.name}.weight", (self.k, self.k, self.cin, self.cout),
@@ -50,10 +51,10 @@ class Conv:
         self.w, self.dw = ps.p[f"{self.name}.weight"], ps.g[f"{self.name}.weight"]
 
     def forward(self, x, train):
-        return L.conv2d_forward(x, self.w, self.stride, self.pad)
+        return L.conv2d_forward(x, self.w, self.stride, self.pad, self.ws)
 
     def backward(self, dout, cache):
-        return L.conv2d_backward(dout, cache, self.dw, need_dx=self.need_dx)
+        return L.conv2d_backward(dout, cache, self.dw, need_dx=self.need_dx, ws=self.ws)
 
 
 class BatchNorm:
