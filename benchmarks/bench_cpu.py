@@ -296,14 +296,14 @@ class LayerProfiler:
         setattr(owner, attr, wrapper)
 
     @staticmethod
-    def _conv_fwd_flops(x, w, stride=1, pad=0):
+    def _conv_fwd_flops(x, w, stride=1, pad=0, ws=None):
         n, h, wd, _ = x.shape
         kh, kw, c, f = w.shape
         ho, wo = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
         return 2.0 * n * ho * wo * kh * kw * c * f
 
     @staticmethod
-    def _conv_bwd_flops(dout, cache, dw, need_dx=True):
+    def _conv_bwd_flops(dout, cache, dw, need_dx=True, ws=None):
         cols, _, w, stride, pad = cache
         kh, kw, c, f = w.shape
         fl = 2.0 * cols.shape[0] * cols.shape[1] * f                  # dW GEMM
