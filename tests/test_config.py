@@ -51,7 +51,9 @@ def test_the_demo_job_file_matches_the_defaults():
     ('[optim]\nmomentum = 1.5\n', "optim.momentum: must be <= 1"),
     ('[schedule]\nmilestones = [60, 30]\n', "schedule.milestones: must be increasing"),
     ('[schedule]\nschedule = "linear"\n', "schedule.schedule: expected one of"),
-    ('[train]\nmethod = "gossip"\n', "train.method: expected one of"),
+    ('[train]\nmethod = "hogwild"\n', "train.method: expected one of"),
+    ('[dist]\nstraggler = "1:50:80"\n', "dist.straggler: expected RANKS:DELAY_MS"),
+    ('[dist]\ngossip = "broadcast"\n', "dist.gossip: expected one of"),
     ('[train]\ndevice = "tpu"\n', "train.device: expected one of"),
     ('model = "resnet18"\n', "model: expected a table"),
 ])
@@ -83,11 +85,10 @@ def test_every_field_has_a_unique_flag_and_help():
 
 
 def test_docs_list_every_key_and_flag():
-    """docs/cli.md is the user's reference: it must mention every key and its flag."""
+    """docs/cli.md is the user's reference: its key table is the generated one, verbatim."""
     from pathlib import Path
     text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    assert C.reference_markdown() in text, "docs/cli.md is stale: regenerate its table (see config.py)"
     for section in C.SECTIONS:
-        assert f"### [{section}]" in text
         for f, _ in C.fields_of(section):
-            assert f"`{f.name}`" in text, f"{section}.{f.name} missing from docs/cli.md"
             assert f"`--{C.flag_name(section, f.name).replace('_', '-')}" in text, f.name

@@ -66,7 +66,7 @@ def resolve_config(args: argparse.Namespace) -> C.Config:
 
 def _user_errors():
     from .data.shards import DataError
-    from .methods.single import MethodError
+    from .methods.base import MethodError
     from .comm.topology import TopologyError
     return (C.ConfigError, DataError, MethodError, TopologyError, backend_mod.BackendError,
             ValueError, OSError)
@@ -106,7 +106,7 @@ def run(cfg: C.Config, topo) -> dict:
     from . import methods
     from .io.files import write_json_atomic
     from .train import loop
-    method = methods.create(cfg.train.method, topo)          # refuses a wrong rank count first
+    method = methods.create(cfg, topo)          # refuses a wrong rank count first
     backend = backend_mod.select(cfg.train.device, topo.local_rank)
     threads = backend_mod.blas_threads_for(topo.local_size)
     backend_mod.set_blas_threads(threads)

@@ -19,7 +19,8 @@ from .nn.resnet import ARCHS
 from .optim.schedule import SCHEDULES, ScheduleConfig
 from .optim.sgd import SGDConfig
 
-METHODS = ("single",)           # the distributed methods register here as they land
+METHODS = ("single", "allreduce", "easgd", "asgd", "gossip")
+GOSSIP_VARIANTS = ("pull", "push")
 AUGMENTS = ("multiscale", "rrc", "center")
 
 
@@ -70,8 +71,24 @@ class TrainConfig:
     run_dir: str = _f("", "where results go (empty = runs/<time>-<method>-<model>)")
 
 
+@dataclass(frozen=True)
+class DistConfig:
+    bucket_mb: float = _f(25.0, "allreduce: gradient bucket size (MB); 0 = one bucket", lo=0)
+    overlap: bool = _f(True, "allreduce: start each bucket's all-reduce during backward")
+    beta: float = _f(0.8, "easgd: moving rate alpha = beta / workers", lo=0, hi=1, lo_open=True)
+    tau: int = _f(1, "easgd and gossip: local steps between exchanges", lo=1)
+    n_sync: int = _f(1, "asgd: local steps between push+fetch with the server", lo=1)
+    gossip: str = _f("pull", "gossip variant", choices=GOSSIP_VARIANTS)
+    gossip_gamma: float = _f(0.5, "gossip pull: x_i <- (1-gamma) x_i + gamma x_j", lo=0, hi=1,
+                             lo_open=True)
+    gossip_self: bool = _f(True, "gossip: a rank may pick itself as peer (as the authors' code)")
+    straggler: str = _f("", "RANKS:DELAY_MS[:JITTER_MS], e.g. '1,3:100:50': those ranks sleep after "
+                        "each backward pass")
+    eval_every: float = _f(1.0, "epochs (of global samples) between validations", lo=0, lo_open=True)
+
+
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": SGDConfig, "schedule": ScheduleConfig,
-            "train": TrainConfig}
+            "train": TrainConfig, "dist": DistConfig}
 # fields of the imported optimizer/schedule dataclasses: help text and ranges live here
 EXTRA_META = {
     "momentum": {"help": "momentum coefficient", "lo": 0, "hi": 1},
@@ -98,6 +115,7 @@ class Config:
     optim: SGDConfig = field(default_factory=SGDConfig)
     schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(schedule="cosine", epochs=0.0))
     train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -204,12 +222,31 @@ def _cross_checks(cfg: Config) -> Config:
     if cfg.data.augment == "multiscale" and lo < cfg.data.image_size:
         raise ConfigError(f"data.scale: multiscale shorter side {lo} is below data.image_size "
                           f"{cfg.data.image_size}")
+    if cfg.dist.straggler:
+        parse_straggler(cfg.dist.straggler)            # raises ConfigError naming dist.straggler
     if list(cfg.schedule.milestones) != sorted(cfg.schedule.milestones):
         raise ConfigError(f"schedule.milestones: must be increasing, got {cfg.schedule.milestones}")
     if cfg.schedule.epochs == 0:        # cosine horizon defaults to the training length
         cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule,
                                                                     epochs=float(cfg.train.epochs)))
     return cfg
+
+
+def parse_straggler(spec: str) -> tuple[tuple[int, ...], float, float]:
+    """'1,3:100:50' -> ((1, 3), 100.0, 50.0): ranks, delay ms, jitter ms (uniform +-jitter)."""
+    parts = spec.split(":")
+    try:
+        if len(parts) not in (2, 3):
+            raise ValueError
+        ranks = tuple(int(r) for r in parts[0].split(",") if r)
+        delay = float(parts[1])
+        jitter = float(parts[2]) if len(parts) == 3 else 0.0
+        if not ranks or min(ranks) < 0 or delay < 0 or jitter < 0 or jitter > delay:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"dist.straggler: expected RANKS:DELAY_MS[:JITTER_MS] with jitter <= delay, "
+                          f"e.g. '1,3:100:50', got {spec!r}") from None
+    return ranks, delay, jitter
 
 
 def load_toml(path: str | Path) -> dict:
@@ -222,3 +259,26 @@ def load_toml(path: str | Path) -> dict:
         raise ConfigError(f"{p}: config file not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: malformed TOML: {exc}") from None
+
+
+def reference_markdown() -> str:
+    """The table of every key and flag, as included in docs/cli.md (a test keeps them equal):
+    ``python -c "from scalesgd.config import reference_markdown as r; print(r())"``."""
+    defaults, out = Config(), []
+    for sec, cls in SECTIONS.items():
+        out += [f"### [{sec}]", "", "| key | flag | type | default | meaning |", "|---|---|---|---|---|"]
+        hints = typing.get_type_hints(cls)
+        for f, meta in fields_of(sec):
+            flag = flag_name(sec, f.name).replace("_", "-")
+            typ = hints[f.name]
+            flags = f"`--{flag}` / `--no-{flag}`" if typ is bool else f"`--{flag}`"
+            value = getattr(getattr(defaults, sec), f.name)
+            shown = "[" + ", ".join(map(str, value)) + "]" if isinstance(value, tuple) else \
+                ('""' if value == "" else str(value))
+            text = meta.get("help", "")
+            if meta.get("choices"):
+                text += " (" + " \\| ".join(map(str, meta["choices"])) + ")"
+            tname = getattr(typ, "__name__", str(typ).replace("typing.", ""))
+            out.append(f"| `{f.name}` | {flags} | {tname} | `{shown}` | {text} |")
+        out.append("")
+    return "\n".join(out)

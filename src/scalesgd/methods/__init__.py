@@ -1,23 +1,23 @@
-"""Training methods chosen by name behind one small interface.
+"""Training methods chosen by name behind one small interface (see ``base.Method``).
 
 A method decides *when and with whom* a worker exchanges *which flat buffer*; the model, optimizer,
-data and metrics are the same for every method.  The loop calls, per step::
-
-    loss = train_step(model, x, y)          # fills ps.grads, no communication
-    method.after_backward(step, ps)         # e.g. all-reduce the gradients
-    opt.step(ps.params, ps.grads, lr)
-    method.after_update(step, ps)           # e.g. elastic / gossip averaging of the parameters
-
-``single`` is the one-rank baseline; the distributed methods (allreduce, easgd, asgd, gossip)
-register here as they land.
+data and metrics are the same for every method.
 """
 from __future__ import annotations
 
+from .allreduce import AllReduce
+from .base import Method, MethodError, eval_boundaries
 from .single import Single
 
-METHODS = {"single": Single}
+METHODS = {"single": Single, "allreduce": AllReduce}
 
 
-def create(name: str, topo):
-    """The method object for ``name`` (config validation already restricted the name)."""
-    return METHODS[name](topo)
+def create(cfg, topo) -> Method:
+    """The method object for ``cfg.train.method``; raises MethodError when it cannot run here."""
+    name = cfg.train.method
+    if name not in METHODS:
+        raise MethodError(f"method '{name}' is not available in this build")
+    return METHODS[name](cfg, topo)
+
+
+__all__ = ["METHODS", "Method", "MethodError", "create", "eval_boundaries"]

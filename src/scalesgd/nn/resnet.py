@@ -36,7 +36,19 @@ ARCHS = {
 }
 
 
-class Conv:
+class ParamModule:
+    """A leaf that owns tensors; after its backward it reports them final (``grad_hook``), which is
+    how a bucketed all-reduce starts communicating while backward is still running."""
+
+    grad_hook = None
+    param_names: tuple = ()
+
+    def _grads_done(self):
+        if self.grad_hook is not None:
+            self.grad_hook(self.param_names)
+
+
+class Conv(ParamModule):
     def __init__(self, name: str, cin: int, cout: int, k: int, stride: int = 1, need_dx: bool = True):
         self.name, self.cin, self.cout, self.k, self.stride = name, cin, cout, k, stride
         self.pad = k // 2
@@ -54,10 +66,12 @@ class Conv:
         return L.conv2d_forward(x, self.w, self.stride, self.pad, self.ws)
 
     def backward(self, dout, cache):
-        return L.conv2d_backward(dout, cache, self.dw, need_dx=self.need_dx, ws=self.ws)
+        dx = L.conv2d_backward(dout, cache, self.dw, need_dx=self.need_dx, ws=self.ws)
+        self._grads_done()
+        return dx
 
 
-class BatchNorm:
+class BatchNorm(ParamModule):
     """BatchNorm2d over NHWC channels, optionally followed by ReLU (applied in place)."""
 
     def __init__(self, name: str, c: int, relu: bool, zero_gamma: bool = False):
@@ -87,7 +101,9 @@ class BatchNorm:
         bn_cache, relu_out = cache
         if relu_out is not None:
             dout = L.relu_backward(dout, relu_out)
-        return L.batchnorm_backward(dout, bn_cache, self.dgamma, self.dbeta)
+        dx = L.batchnorm_backward(dout, bn_cache, self.dgamma, self.dbeta)
+        self._grads_done()
+        return dx
 
 
 class Sequence:
@@ -158,7 +174,7 @@ class ResidualBlock:
         return dx
 
 
-class Head:
+class Head(ParamModule):
     """Global average pool + linear classifier."""
 
     def __init__(self, cin: int, num_classes: int):
@@ -179,7 +195,9 @@ class Head:
 
     def backward(self, dout, cache):
         x_shape, lc = cache
-        return L.avgpool_backward(L.linear_backward(dout, lc, self.dw, self.db), x_shape)
+        dpooled = L.linear_backward(dout, lc, self.dw, self.db)
+        self._grads_done()
+        return L.avgpool_backward(dpooled, x_shape)
 
 
 class MaxPool:
@@ -233,12 +251,19 @@ class ResNet:
                 bspecs += b
         self.ps = ParamSet(pspecs, bspecs, xp, dtype)
         for m in _leaves(self.net):
-            if hasattr(m, "bind"):
+            if isinstance(m, ParamModule):
                 m.bind(self.ps)
+                m.param_names = tuple(t.name for t in m.specs()[0])
 
     @property
     def num_params(self) -> int:
         return self.ps.num_params
+
+    def set_grad_hook(self, fn) -> None:
+        """``fn(names)`` is called during backward as soon as the gradients of ``names`` are final."""
+        for m in _leaves(self.net):
+            if isinstance(m, ParamModule):
+                m.grad_hook = fn
 
     def forward(self, x, train: bool):
         """x: (N, H, W, 3) -> logits (N, num_classes), cache for backward."""

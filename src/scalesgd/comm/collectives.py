@@ -1,0 +1,122 @@
+"""Collectives on flat buffers: broadcast, sums, and the bucketed non-blocking gradient all-reduce.
+
+Arrays travel as buffers (mpi4py's uppercase methods), never pickled.  Device (CuPy) arrays are
+staged through host memory here (``HostStage``); CUDA-aware MPI and NCCL are the GPU issue's work.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+
+def _is_host(a) -> bool:
+    return isinstance(a, np.ndarray)
+
+
+class HostStage:
+    """A host array MPI can use for ``arr``: ``arr`` itself on NumPy, a host copy for CuPy arrays.
+
+    ``pull()`` copies device -> host (after synchronising the stream), ``push()`` host -> device.
+    """
+
+    def __init__(self, arr):
+        self.arr = arr
+        self.host = arr if _is_host(arr) else np.empty(arr.shape, arr.dtype)
+
+    def pull(self):
+        if self.host is not self.arr:
+            self.arr.get(out=self.host)          # synchronous on the current stream
+        return self.host
+
+    def push(self):
+        if self.host is not self.arr:
+            self.arr.set(self.host)
+
+
+def bcast(comm, arr, root: int = 0) -> None:
+    """Broadcasts ``arr`` (flat, contiguous) from ``root`` in place."""
+    st = HostStage(arr)
+    comm.Bcast(st.pull(), root=root)
+    st.push()
+
+
+def allreduce_sum_host(comm, a: np.ndarray) -> np.ndarray:
+    """Sum of a small host array over ``comm`` (a new array)."""
+    out = np.empty_like(a)
+    comm.Allreduce(a, out, op=MPI.SUM)
+    return out
+
+
+def allreduce_mean(comm, arr) -> None:
+    """In-place average of ``arr`` over ``comm`` (one blocking all-reduce)."""
+    st = HostStage(arr)
+    comm.Allreduce(MPI.IN_PLACE, st.pull(), op=MPI.SUM)
+    st.host /= comm.Get_size()
+    st.push()
+
+
+def make_buckets(layout, bucket_bytes: int, itemsize: int) -> list[tuple[int, int, list[str]]]:
+    """Contiguous ranges of the flat buffer, in reverse layout order (the order backward produces
+    gradients), each of at least ``bucket_bytes`` except the last: [(lo, hi, tensor names)]."""
+    buckets, names, hi = [], [], None
+    for spec in reversed(layout.specs):
+        lo_t, hi_t = layout.offsets[spec.name]
+        if hi is None:
+            hi = hi_t
+        names.append(spec.name)
+        if (hi - lo_t) * itemsize >= bucket_bytes:
+            buckets.append((lo_t, hi, names))
+            names, hi = [], None
+    if names:
+        buckets.append((layout.offsets[names[-1]][0], hi, names))
+    return buckets
+
+
+class BucketedAllreduce:
+    """Averages a flat gradient buffer over ``comm`` in buckets.
+
+    With ``overlap``, ``ready(names)`` is called as backward finishes each layer; a bucket's
+    ``Iallreduce`` starts as soon as all its tensors are final, so communication overlaps the rest
+    of backward.  ``finish()`` waits for all buckets and divides by the number of ranks.
+    Without overlap, ``finish()`` reduces the buckets one after another.
+    """
+
+    def __init__(self, comm, flat, layout, bucket_bytes: int, overlap: bool = True):
+        self.comm, self.flat, self.overlap = comm, flat, overlap
+        nbytes = flat.size * flat.dtype.itemsize
+        self.buckets = make_buckets(layout, bucket_bytes if bucket_bytes > 0 else nbytes,
+                                    flat.dtype.itemsize)
+        self.bucket_of = {n: i for i, (_, _, names) in enumerate(self.buckets) for n in names}
+        self.stage = HostStage(flat)
+        self._reset()
+
+    def _reset(self):
+        self.pending = [len(names) for _, _, names in self.buckets]
+        self.requests: list = []
+
+    def _start(self, i: int):
+        lo, hi, _ = self.buckets[i]
+        self.requests.append(self.comm.Iallreduce(MPI.IN_PLACE, self.stage.host[lo:hi], op=MPI.SUM))
+
+    def ready(self, names) -> None:
+        """Called from backward when the gradients of ``names`` are final."""
+        if not self.overlap or self.stage.host is not self.flat:
+            return                               # device buffers: reduced in finish()
+        for n in names:
+            i = self.bucket_of[n]
+            self.pending[i] -= 1
+            if self.pending[i] == 0:
+                self._start(i)
+        if self.requests:
+            MPI.Request.Testall(self.requests)   # lets MPI progress the started buckets
+
+    def finish(self) -> None:
+        if not self.requests:                   # no overlap (or device buffers): reduce now
+            self.stage.pull()
+            for i in range(len(self.buckets)):
+                self._start(i)
+        MPI.Request.Waitall(self.requests)
+        assert len(self.requests) == len(self.buckets), "a bucket was never started"
+        self.stage.host *= 1.0 / self.comm.Get_size()
+        self.stage.push()
+        self._reset()

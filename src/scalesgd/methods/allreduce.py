@@ -1,0 +1,42 @@
+"""``allreduce``: synchronous SGD.  Every step the flat gradient buffer is averaged over all ranks
+with MPI all-reduce (bucketed, started during backward), so every rank applies the same update and
+the replicas stay identical (initial weights broadcast from rank 0 in ``start``).
+
+BN running statistics stay per replica during training (each rank normalises its own minibatch, as
+in PyTorch DDP); they are averaged over ranks when the model is evaluated.
+"""
+from __future__ import annotations
+
+from ..comm import collectives
+from .base import Method
+
+
+class AllReduce(Method):
+    name = "allreduce"
+
+    def __init__(self, cfg, topo):
+        super().__init__(cfg, topo)
+        self.reducer = None
+
+    @property
+    def lr_batch(self) -> int:
+        return self.cfg.data.batch_size * self.num_workers
+
+    def attach(self, model) -> None:
+        """Hooks the bucketed all-reduce into the model's backward (called by the loop)."""
+        d = self.cfg.dist
+        self.reducer = collectives.BucketedAllreduce(
+            self.comm, model.ps.grads, model.ps.layout, int(d.bucket_mb * 1e6), d.overlap)
+        if d.overlap and self.topo.size > 1:
+            model.set_grad_hook(self.reducer.ready)
+
+    def after_backward(self, step: int, ps) -> None:
+        if self.topo.size == 1:
+            return
+        with self.timed("comm"):
+            self.reducer.finish()
+
+    def load_eval_model(self, ps) -> dict:
+        """The replicas are identical; average the per-replica BN statistics."""
+        collectives.allreduce_mean(self.comm, ps.buffers)
+        return {}

@@ -1,0 +1,107 @@
+"""allreduce invariants, run as ``mpiexec -n P python tests/mpi/allreduce_check.py``."""
+import numpy as np
+from harness import run_checks
+from mpi4py import MPI
+
+from scalesgd import config as C
+from scalesgd.comm import collectives, topology
+from scalesgd.methods import create
+from scalesgd.nn.layers import softmax_cross_entropy
+from scalesgd.nn.params import Layout, TensorSpec
+from scalesgd.nn.resnet import ResNet
+from scalesgd.optim.sgd import SGD
+
+TOPO = topology.init()
+
+
+def cfg(**dist):
+    return C.build(overrides={"train": {"method": "allreduce"}, "dist": dist})
+
+
+def closed_form_buckets(comm):
+    """Grads filled with the rank: every element averages to (p-1)/2, for every bucket size."""
+    layout = Layout([TensorSpec(f"t{i}", (1000 + 37 * i,)) for i in range(12)])
+    for bucket_bytes in (0, 4000, 20000, 10**9):
+        flat = np.full(layout.size, float(comm.rank), dtype=np.float64)
+        red = collectives.BucketedAllreduce(comm, flat, layout, bucket_bytes, overlap=True)
+        for spec in reversed(layout.specs):            # the order backward reports them
+            red.ready([spec.name])
+        red.finish()
+        assert np.all(flat == (comm.size - 1) / 2), bucket_bytes
+        covered = sorted((lo, hi) for lo, hi, _ in red.buckets)
+        assert covered[0][0] == 0 and covered[-1][1] == layout.size
+        assert all(a[1] == b[0] for a, b in zip(covered, covered[1:])), "buckets must tile the buffer"
+
+
+def batch(rank, step, n=4, hw=8, classes=5):
+    rng = np.random.default_rng([rank, step])
+    return rng.standard_normal((n, hw, hw, 3)), rng.integers(0, classes, n)
+
+
+def make_model():
+    m = ResNet("resnet20", 5, width=0.25, dtype="float64")
+    m.ps.initialize(0)
+    return m
+
+
+def train_steps(model, method, opt, steps, rank):
+    for step in range(steps):
+        x, y = batch(rank, step)
+        logits, cache = model.forward(x, True)
+        _, d, _ = softmax_cross_entropy(logits, y)
+        model.backward(d, cache)
+        method.after_backward(step, model.ps)
+        opt.step(model.ps.params, model.ps.grads, 0.05)
+
+
+def replicas_identical_and_equal_to_serial(comm):
+    """After N steps the replicas are bitwise identical (overlap on and off), and equal to one
+    process that runs every rank's minibatch itself and averages the gradients (BN per minibatch)."""
+    results = {}
+    for overlap in (True, False):
+        c = cfg(overlap=overlap, bucket_mb=0.01)
+        model = make_model()
+        if comm.rank == 0:
+            model.ps.params += 0.01                      # start() must overwrite rank-dependent init
+        method = create(c, TOPO)
+        method.attach(model)
+        method.start(model.ps)
+        opt = SGD(model.ps.params, c.optim, model.ps.decay_mask())
+        train_steps(model, method, opt, 4, comm.rank)
+        gathered = np.empty((comm.size, model.ps.params.size)) if comm.rank == 0 else None
+        comm.Gather(model.ps.params, gathered, root=0)
+        if comm.rank == 0:
+            assert all(np.array_equal(gathered[0], g) for g in gathered[1:]), "replicas differ"
+        results[overlap] = model.ps.params.copy()
+    np.testing.assert_allclose(results[True], results[False], rtol=1e-12, atol=1e-14)
+    if comm.rank == 0:                                   # the serial reference
+        ref = make_model()
+        ref.ps.params += 0.01
+        opt = SGD(ref.ps.params, cfg().optim, ref.ps.decay_mask())
+        for step in range(4):
+            acc = np.zeros_like(ref.ps.grads)
+            for r in range(comm.size):
+                x, y = batch(r, step)
+                logits, cache = ref.forward(x, True)
+                _, d, _ = softmax_cross_entropy(logits, y)
+                ref.backward(d, cache)
+                acc += ref.ps.grads
+            opt.step(ref.ps.params, acc / comm.size, 0.05)
+        np.testing.assert_allclose(results[True], ref.ps.params, rtol=1e-10, atol=1e-12)
+
+
+def bn_statistics_averaged_for_evaluation(comm):
+    model = make_model()
+    method = create(cfg(), TOPO)
+    model.ps.buffers[...] = comm.rank
+    with method.evaluation(model.ps):
+        assert np.all(model.ps.buffers == (comm.size - 1) / 2)
+    assert np.all(model.ps.buffers == comm.rank), "own statistics restored after evaluation"
+    counts = method.reduce_counts([1, 2, 3])
+    assert counts.tolist() == [comm.size, 2 * comm.size, 3 * comm.size]
+
+
+if __name__ == "__main__":
+    assert MPI.COMM_WORLD.size >= 2
+    run_checks(closed_form_buckets, replicas_identical_and_equal_to_serial,
+               bn_statistics_averaged_for_evaluation)

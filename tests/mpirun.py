@@ -1,0 +1,45 @@
+"""Launch real ``mpiexec`` jobs from tests, always under a timeout so a deadlock fails, never hangs."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mpiexec() -> str | None:
+    """The launcher next to this Python (the mpich wheel's), else the one on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else shutil.which("mpiexec")
+
+
+needs_mpi = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the [mpi] extra)")
+
+
+def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = None, cwd=ROOT):
+    """Runs ``mpiexec -n N python ARGS`` and returns the CompletedProcess; a timeout is a failure
+    that says so (the job is killed, no rank survives)."""
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                    PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]), **(env or {}))
+    cmd = [mpiexec(), "-n", str(n), sys.executable, *args]
+    try:
+        return subprocess.run(cmd, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
+        err = (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
+        pytest.fail(f"mpiexec -n {n} {' '.join(args)} did not finish within {timeout}s (deadlock?)\n"
+                    f"stdout:\n{out}\nstderr:\n{err}")
+
+
+def check(proc, expect_ok: bool = True) -> str:
+    """Asserts the job's exit status; returns stdout.  Failure messages carry both streams."""
+    report = f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    if expect_ok:
+        assert proc.returncode == 0, report
+    else:
+        assert proc.returncode != 0, report
+    return proc.stdout
