@@ -124,3 +124,16 @@ def test_several_ranks_are_refused_together(tmp_path, tiny_data):
     assert "method 'single' trains on one rank, but this job has 2 ranks" in p.stderr, report
     assert p.stderr.count("scalesgd: error") == 1, report      # rank 0 reports it, once
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the [mpi] extra)")
+def test_one_ranks_error_ends_the_whole_job_with_its_message(tmp_path):
+    """A bad JPEG read by one rank only: that rank names it, MPI_Abort ends the others (which
+    would otherwise wait in the gradient all-reduce for ever)."""
+    root = make_dataset(tmp_path / "d", n=48, n_val=20, num_classes=4, bad=30)
+    p = run_cli(["--data", str(root), "--run-dir", str(tmp_path / "run"), "--method", "allreduce", *TINY],
+                tmp_path, timeout=60, launcher=(mpiexec(), "-n", "2"))
+    line = one_line_error(p, "train-00001-of-00002.h5[6]", "decode")
+    assert "(rank " in line
+    assert not (tmp_path / "run" / "summary.json").exists()

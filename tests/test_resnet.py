@@ -91,3 +91,27 @@ def test_eval_mode_is_batch_independent():
     full, _ = m.forward(x, False)
     one, _ = m.forward(x[:1], False)
     np.testing.assert_allclose(one, full[:1], rtol=1e-10)
+
+
+def test_grad_hook_reports_each_tensor_once_when_final():
+    """The hook a bucketed all-reduce relies on: every tensor reported exactly once, and its
+    gradient never changes after it was reported."""
+    m = ResNet("resnet20", 4, width=0.25, dtype="float64")
+    m.ps.initialize(0)
+    snapshots = {}
+
+    def hook(names):
+        for n in names:
+            assert n not in snapshots, f"{n} reported twice"
+            snapshots[n] = m.ps.g[n].copy()
+
+    m.set_grad_hook(hook)
+    x = np.random.default_rng(0).standard_normal((2, 8, 8, 3))
+    logits, cache = m.forward(x, True)
+    _, d, _ = L.softmax_cross_entropy(logits, np.array([1, 3]))
+    m.ps.grads[...] = np.nan
+    m.backward(d, cache)
+    assert set(snapshots) == set(m.ps.p)
+    for n, g in snapshots.items():
+        np.testing.assert_array_equal(g, m.ps.g[n], err_msg=n)
+    assert list(snapshots)[0].startswith("fc.")       # backward starts at the classifier

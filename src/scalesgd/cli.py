@@ -64,6 +64,13 @@ def resolve_config(args: argparse.Namespace) -> C.Config:
     return C.build(file_values, overrides)
 
 
+def _shared_errors():
+    """Errors every rank detects alike: rank 0 alone reports them."""
+    from .methods.base import MethodError
+    from .comm.topology import TopologyError
+    return (MethodError, TopologyError)
+
+
 def _user_errors():
     from .data.shards import DataError
     from .methods.base import MethodError
@@ -88,18 +95,24 @@ def dry_run(cfg: C.Config) -> None:
           f"{model.num_params:,} parameters")
 
 
-def _data_root(cfg: C.Config) -> Path:
+def _data_root(cfg: C.Config, topo) -> Path:
+    """The dataset directory; the built-in digits are built (once per node) on first use."""
     if cfg.data.data:
         return Path(cfg.data.data)
     from .data.demo import build_digits, default_data_dir
+    if topo.local_rank == 0:
+        build_digits(default_data_dir())
+    topo.node_comm.Barrier()                 # the others then find it built (writes are atomic)
     return build_digits(default_data_dir())
 
 
-def _run_dir(cfg: C.Config) -> Path:
+def _run_dir(cfg: C.Config, topo) -> Path:
+    """``--run-dir``, or ``runs/<time>-<method>-<model>`` named by rank 0 for every rank."""
     if cfg.train.run_dir:
         return Path(cfg.train.run_dir)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{stamp}-{cfg.train.method}-{cfg.model.model}"
+    from .comm.collectives import bcast_text
+    stamp = time.strftime("%Y%m%d-%H%M%S") if topo.is_root else None
+    return Path("runs") / f"{bcast_text(topo.comm, stamp)}-{cfg.train.method}-{cfg.model.model}"
 
 
 def run(cfg: C.Config, topo) -> dict:
@@ -110,8 +123,8 @@ def run(cfg: C.Config, topo) -> dict:
     backend = backend_mod.select(cfg.train.device, topo.local_rank)
     threads = backend_mod.blas_threads_for(topo.local_size)
     backend_mod.set_blas_threads(threads)
-    setup = loop.build(cfg, topo, backend, method, _data_root(cfg), cfg.data.data_threads or threads)
-    run_dir = _run_dir(cfg)                                  # nothing is written before this point
+    setup = loop.build(cfg, topo, backend, method, _data_root(cfg, topo), cfg.data.data_threads or threads)
+    run_dir = _run_dir(cfg, topo)                            # nothing is written before this point
     run_dir.mkdir(parents=True, exist_ok=True)
     if topo.is_root:
         write_json_atomic(run_dir / "config.json", cfg.to_dict())
@@ -141,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger().setLevel(logging.WARNING)
         run(cfg, topo)
     except C.ConfigError as exc:
-        fail(topo, str(exc), EXIT_USAGE)
+        fail(topo, str(exc), EXIT_USAGE, shared=True)
+    except _shared_errors() as exc:
+        fail(topo, str(exc), EXIT_ERROR, shared=True)
     except _user_errors() as exc:
         fail(topo, str(exc), EXIT_ERROR)
     except KeyboardInterrupt:

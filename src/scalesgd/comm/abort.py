@@ -2,16 +2,42 @@
 from __future__ import annotations
 
 import sys
+import time
+
+SHARED_ERROR_GRACE_S = 10.0   # how long ranks wait for each other to agree on a shared error
+DRAIN_S = 0.5                 # lets the launcher forward the message before MPI_Abort kills the job
 
 
-def fail(topo, message: str, code: int = 1) -> None:
-    """Prints ``scalesgd: error: ...`` (with the rank when there are several) and ends the job.
+def _all_arrived(comm, timeout: float) -> bool:
+    """Non-blocking barrier with a timeout: True when every rank arrived in time."""
+    req = comm.Ibarrier()
+    deadline = time.monotonic() + timeout
+    while not req.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
-    With one rank this is a plain exit; with several, MPI_Abort takes every rank down at once, so
-    peers blocked in a collective never hang.
+
+def fail(topo, message: str, code: int = 1, shared: bool = False) -> None:
+    """Prints ``scalesgd: error: ...`` and ends the job with exit status ``code``.
+
+    - one rank: print and exit.
+    - ``shared`` (every rank detects this error alike: bad config, wrong rank count): the ranks
+      meet in a barrier, rank 0 alone prints, every rank exits with ``code``.  If some rank does not
+      arrive within the grace period, fall through to the abort below.
+    - otherwise (this rank alone): print with the rank, give the launcher a moment to forward the
+      line (hydra drops a dying rank's unforwarded output), then MPI_Abort ends every rank, so no
+      peer is left blocked in a collective.
     """
-    where = f" (rank {topo.rank}/{topo.size})" if topo is not None and topo.size > 1 else ""
+    several = topo is not None and topo.size > 1
+    if several and shared and _all_arrived(topo.comm, SHARED_ERROR_GRACE_S):
+        if topo.rank == 0:
+            print(f"scalesgd: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(code)
+    where = f" (rank {topo.rank}/{topo.size})" if several else ""
     print(f"scalesgd: error{where}: {message}", file=sys.stderr, flush=True)
-    if topo is not None and topo.size > 1:
+    if several:
+        time.sleep(DRAIN_S)
         topo.comm.Abort(code)
     sys.exit(code)

@@ -40,6 +40,16 @@ def bcast(comm, arr, root: int = 0) -> None:
     st.push()
 
 
+def bcast_text(comm, text: str | None, root: int = 0) -> str:
+    """Broadcasts a short string from ``root`` as bytes (length first), without pickle."""
+    data = np.frombuffer((text or "").encode(), dtype=np.uint8) if comm.Get_rank() == root else None
+    n = np.array([0 if data is None else data.size], dtype=np.int64)
+    comm.Bcast(n, root=root)
+    buf = data.copy() if data is not None else np.empty(int(n[0]), dtype=np.uint8)
+    comm.Bcast(buf, root=root)
+    return buf.tobytes().decode()
+
+
 def allreduce_sum_host(comm, a: np.ndarray) -> np.ndarray:
     """Sum of a small host array over ``comm`` (a new array)."""
     out = np.empty_like(a)
