@@ -1,0 +1,198 @@
+"""One-sided (RMA) windows for gossip: owned objects, created once (collective), freed once (collective).
+
+Every window is ``MPI.Win.Allocate``d (MPI owns the memory: on one node MPICH maps it shared, so a
+``Get`` is a copy by the origin and never needs the target to enter MPI; ``Win.Create`` over a NumPy
+array did, and was 2-20x slower) and is opened with ONE ``Lock_all(MODE_NOCHECK)`` epoch for its whole
+life.  No checked lock is ever taken (a checked lock waits for a busy target, and mixing NOCHECK and
+checked exclusive locks on one window hung MPICH 5.0.2).  Every RMA call is followed by ``Flush`` of
+its target before it returns, so no operation is ever in flight when the caller enters a collective.
+
+``MODE_NOCHECK`` means MPI does not serialise readers and writers: consistency comes from the
+protocols below, where each rank writes only its own memory with local stores (``PublishedVector``)
+or all writers use accumulate operations, which are element-wise atomic w.r.t. each other (``Inbox``,
+``Counter``).
+
+- ``PublishedVector``: a seqlock over two halves; the owner publishes, anyone reads a consistent copy.
+- ``Inbox``: others ``Accumulate(SUM)`` into it; the owner empties it with an atomic fetch-and-replace.
+- ``Counter``: one int64 on a root rank, ``Fetch_and_op(SUM)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+HEADER_BYTES = 64          # two int64 sequence numbers, padded so the data halves stay cache-line aligned
+
+
+class Window:
+    """``nbytes`` of MPI-allocated memory on this rank (``disp_unit`` bytes per displacement unit),
+    zeroed, inside one ``Lock_all(MODE_NOCHECK)`` epoch until ``free()``.  Collective to create."""
+
+    def __init__(self, comm, nbytes: int, disp_unit: int = 1):
+        self.comm, self.rank = comm, comm.Get_rank()
+        self.win = MPI.Win.Allocate(int(nbytes), disp_unit, comm=comm)
+        self.mem = np.frombuffer(self.win.tomemory(), dtype=np.uint8)
+        self.mem[...] = 0
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.win.Sync()
+        comm.Barrier()             # nobody touches a window before every rank has zeroed its memory
+
+    def view(self, offset: int, count: int, dtype) -> np.ndarray:
+        """This rank's own memory at byte ``offset`` as ``count`` items of ``dtype`` (aliases it)."""
+        dt = np.dtype(dtype)
+        return self.mem[offset:offset + count * dt.itemsize].view(dt)
+
+    # every call below completes (Flush) before returning
+    def get(self, out: np.ndarray, target: int, disp: int = 0) -> None:
+        self.win.Get(out, target, target=disp)
+        self.win.Flush(target)
+
+    def accumulate(self, data: np.ndarray, target: int, disp: int = 0, op=MPI.SUM) -> None:
+        self.win.Accumulate(data, target, target=disp, op=op)
+        self.win.Flush(target)
+
+    def get_accumulate(self, data: np.ndarray, result: np.ndarray, target: int, disp: int = 0,
+                       op=MPI.SUM) -> None:
+        self.win.Get_accumulate(data, result, target, target=disp, op=op)
+        self.win.Flush(target)
+
+    def fetch_and_op(self, value: np.ndarray, result: np.ndarray, target: int, disp: int = 0,
+                     op=MPI.SUM) -> None:
+        self.win.Fetch_and_op(value, result, target, disp, op=op)
+        self.win.Flush(target)
+
+    def sync(self) -> None:
+        """Memory barrier between this rank's local stores into its window (``MPI_Win_sync``)."""
+        self.win.Sync()
+
+    @property
+    def freed(self) -> bool:
+        return self.win is None
+
+    def free(self) -> None:
+        """Collective: ends the epoch and frees the memory.  Idempotent."""
+        if self.win is None:
+            return
+        self.mem = None
+        self.win.Flush_all()
+        self.win.Unlock_all()
+        self.win.Free()
+        self.win = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+
+class TornReadError(RuntimeError):
+    """A reader could not get a consistent copy in ``max_tries`` attempts (writer far faster)."""
+
+
+class PublishedVector:
+    """A vector of ``n`` items of ``dtype`` that its owner republishes and anyone reads, lock-free.
+
+    Layout of each rank's window (bytes)::
+
+        [0, 8)      seq[0]  int64     sequence number of half 0
+        [8, 16)     seq[1]  int64     sequence number of half 1
+        [16, 64)    padding
+        [64, 64+B)  half 0  n x dtype (B = n * itemsize)
+        [64+B, 64+2B) half 1
+
+    Publication k (k = 1, 2, ...) goes to half h = k % 2: seq[h] = 2k-1 (odd: being written),
+    ``Win_sync``, copy, ``Win_sync``, seq[h] = 2k (even: complete), ``Win_sync``.  The other half keeps
+    publication k-1 intact all the while, so the latest complete copy is the half with the largest
+    even seq.  A reader Gets both seqs, then for the candidate half: Get data, Flush, Get seq again,
+    Flush; equal and even -> consistent (the writer did not touch that half during the copy), else it
+    tries the other half / re-reads the header (a "torn read retry").  Only the owner ever writes.
+    """
+
+    def __init__(self, comm, n: int, dtype, max_tries: int = 10000):
+        self.n, self.dtype = int(n), np.dtype(dtype)
+        self.half_bytes = self.n * self.dtype.itemsize
+        self.max_tries = max_tries
+        self.win = Window(comm, HEADER_BYTES + 2 * self.half_bytes)
+        self.seq = self.win.view(0, 2, np.int64)
+        self.halves = [self.win.view(self._offset(h), self.n, self.dtype) for h in (0, 1)]
+        self.published = 0                          # k of the last publication
+        self._hdr, self._s = np.zeros(2, np.int64), np.zeros(1, np.int64)
+
+    def _offset(self, h: int) -> int:
+        return HEADER_BYTES + h * self.half_bytes
+
+    def publish(self, x: np.ndarray) -> int:
+        """Copies host array ``x`` into the half not holding the latest copy; returns its version."""
+        k = self.published + 1
+        h = k % 2
+        self.seq[h] = 2 * k - 1
+        self.win.sync()
+        np.copyto(self.halves[h], x, casting="same_kind")
+        self.win.sync()
+        self.seq[h] = 2 * k
+        self.win.sync()
+        self.published = k
+        return k
+
+    def read(self, target: int, out: np.ndarray) -> tuple[int, int]:
+        """A consistent copy of ``target``'s latest publication into ``out`` (scratch: a failed try
+        leaves garbage in it).  Returns (version, torn-read retries).  Never waits for the target."""
+        assert out.dtype == self.dtype and out.size == self.n and out.flags.c_contiguous
+        retries = 0
+        for _ in range(self.max_tries):
+            self.win.get(self._hdr, target, 0)
+            for h in sorted((0, 1), key=lambda h: -self._hdr[h]):
+                s = int(self._hdr[h])
+                if s <= 0 or s % 2:                 # never published / being written now
+                    continue
+                self.win.get(out, target, self._offset(h))
+                self.win.get(self._s, target, 8 * h)
+                if int(self._s[0]) == s:
+                    return s // 2, retries
+                retries += 1
+        raise TornReadError(f"no consistent copy of rank {target}'s vector after {self.max_tries} "
+                            f"header reads ({retries} torn reads; seq {self._hdr.tolist()})")
+
+    def free(self) -> None:
+        self.win.free()
+
+
+class Inbox:
+    """``n`` items of ``dtype`` per rank that any rank adds into (``Accumulate(SUM)``) and the owner
+    empties with ``Get_accumulate(REPLACE)`` of zeros on itself: an atomic fetch-and-replace per
+    element, so a concurrent push is either in this drain or stays for the next one, never lost or
+    counted twice."""
+
+    def __init__(self, comm, n: int, dtype):
+        self.n, self.dtype = int(n), np.dtype(dtype)
+        self.win = Window(comm, self.n * self.dtype.itemsize, disp_unit=self.dtype.itemsize)
+        self.local = self.win.view(0, self.n, self.dtype)       # for tests / inspection only
+        self._zeros = np.zeros(self.n, self.dtype)
+
+    def push(self, target: int, msg: np.ndarray) -> None:
+        self.win.accumulate(msg, target, 0, MPI.SUM)
+
+    def drain(self, out: np.ndarray) -> None:
+        """Moves everything accumulated so far into ``out`` and leaves zeros behind."""
+        self.win.get_accumulate(self._zeros, out, self.win.rank, 0, MPI.REPLACE)
+
+    def free(self) -> None:
+        self.win.free()
+
+
+class Counter:
+    """One int64 in ``root``'s window; ``add(k)`` atomically adds k and returns the new total."""
+
+    def __init__(self, comm, root: int = 0):
+        self.root = root
+        self.win = Window(comm, 8 if comm.Get_rank() == root else 0, disp_unit=8)
+        self._v, self._r = np.zeros(1, np.int64), np.zeros(1, np.int64)
+
+    def add(self, k: int) -> int:
+        self._v[0] = k
+        self.win.fetch_and_op(self._v, self._r, self.root, 0, MPI.SUM)
+        return int(self._r[0]) + k
+
+    def free(self) -> None:
+        self.win.free()

@@ -1,0 +1,53 @@
+"""``asgd``: Downpour-style asynchronous SGD as in GPU A-SGD (Paine et al. 2013).
+
+Rank 0 holds the master weights w; workers 1..p-1 train.  Each worker runs ``n_sync`` local steps
+(unchanged optimizer, momentum local) from its last fetched copy x_f, then pushes its accumulated
+update  d_i = x_i - x_f  (the sum of its local updates) and fetches fresh weights in the same
+exchange.  The server applies each push as it arrives and replies with the result::
+
+    server:  w <- w + d_i ;  version += 1 ;  reply (w, version)
+    worker:  x_i <- w ;  x_f <- w
+
+Staleness of an update = server versions applied (by other workers) between this worker's
+previous fetch and the application of its update; 0 with a single worker.
+"""
+from __future__ import annotations
+
+from ..comm.collectives import HostStage
+from ..comm.protocol import Kind
+from .server import ServerMethod
+
+
+class ASGD(ServerMethod):
+    name = "asgd"
+    kind = Kind.ASGD
+
+    def __init__(self, cfg, topo):
+        super().__init__(cfg, topo)
+        self.period = cfg.dist.n_sync
+
+    def start_role(self, ps) -> None:
+        self.own = HostStage(ps.params)          # worker: receives the fetched w; server: w
+        if not self.is_server:
+            self.base = HostStage(ps.params.copy())   # x_f, then the update d_i in place
+
+    # worker --------------------------------------------------------------
+    def push_payload(self, ps):
+        d = self.base.arr
+        d *= -1
+        d += ps.params                           # d_i = x_i - x_f  (exact: -x_f + x_i)
+        return self.base.pull()
+
+    def reply_buffer(self, ps):
+        return self.own.host                     # the fetched w lands in ps.params (host side)
+
+    def apply_reply(self, ps) -> None:
+        self.own.push()                          # x_i <- w
+        self.base.arr[...] = ps.params           # x_f <- w
+
+    # server --------------------------------------------------------------
+    def serve_push(self, ps, w: int, stale: int) -> None:
+        self.rx.push()
+        ps.params += self.rx.arr                 # w <- w + d_i
+        self.version += 1
+        self.reply(w, stale, self.own.pull(), self.version)

@@ -1,0 +1,55 @@
+"""``easgd``: asynchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015), with a
+dedicated server rank as in Jin et al. 2016 (who served the center from a thread on rank 0).
+
+Rank 0 holds the center x~; workers 1..p-1 train replicas x_i with the unchanged optimizer (Nesterov
+momentum stays local).  Every ``tau`` local steps worker i pushes x_i and receives x~ as it was
+*before* the server applied this exchange; both sides then apply the same elastic step with
+alpha = beta / (p - 1) (the number of workers) and e = alpha (x_i - x~)::
+
+    worker:  x_i <- x_i - e        server:  x~ <- x~ + e
+
+so x_i + x~ is conserved by every exchange (up to rounding).  The server serves pushes in arrival
+order, no barrier.  Version = center updates applied; the staleness of an exchange = center
+updates by other workers since this worker's previous exchange.
+"""
+from __future__ import annotations
+
+from ..comm.collectives import HostStage
+from ..comm.protocol import Kind
+from .server import ServerMethod
+
+
+class EASGD(ServerMethod):
+    name = "easgd"
+    kind = Kind.EASGD
+
+    def __init__(self, cfg, topo):
+        super().__init__(cfg, topo)
+        self.period = cfg.dist.tau
+        self.alpha = cfg.dist.beta / self.num_workers
+
+    def start_role(self, ps) -> None:
+        self.own = HostStage(ps.params)          # the worker's x_i / the server's x~, host side
+
+    # worker --------------------------------------------------------------
+    def push_payload(self, ps):
+        return self.own.pull()
+
+    def apply_reply(self, ps) -> None:
+        """x_i <- x_i - alpha (x_i - x~), with x~ in ``rx``; in place, no temporaries."""
+        self.rx.push()
+        c = self.rx.arr
+        c -= ps.params                           # x~ - x_i
+        c *= self.alpha                          # -e
+        ps.params += c
+
+    # server --------------------------------------------------------------
+    def serve_push(self, ps, w: int, stale: int) -> None:
+        """Replies with x~ first, then x~ <- x~ + alpha (x_i - x~), with x_i in ``rx``."""
+        self.reply(w, stale, self.own.pull(), self.version + 1)
+        self.rx.push()
+        x = self.rx.arr
+        x -= ps.params                           # x_i - x~
+        x *= self.alpha                          # e
+        ps.params += x
+        self.version += 1

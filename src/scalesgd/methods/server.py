@@ -1,0 +1,173 @@
+"""What ``easgd`` and ``asgd`` share: rank 0 is a parameter server, ranks 1..p-1 are workers.
+
+Worker side: every ``period`` local steps (``tau`` / ``n_sync``) ``after_update`` does one exchange
+(``comm/protocol.py``): it pushes a payload built by the subclass with the samples it consumed
+since its previous exchange, and receives the server's reply (the global sample count, the server
+version, the staleness of this exchange, and a parameter-sized payload the subclass applies).
+Between exchanges ``after_update`` returns the count of the last reply (0 before the first one):
+a worker only learns the global count at exchanges.
+
+Server side (``serve``): serves pushes in arrival order (``MPI.ANY_SOURCE``, no barrier), adds
+each push's samples to the global count G and tells the sender G.  ``told[w]`` is the last count
+told to worker w.  Boundary b is evaluated (``on_boundary(b)``, the collective every worker enters
+once it was told a count >= b) only when ``min(told) >= b``: a worker not yet told would still
+send an exchange, so entering the collective earlier could deadlock.  After the last boundary
+(= total) every worker has been told >= total, has stopped, and has no message in flight; the
+server returns.
+
+Evaluated model (``load_eval_model``, collective over all ranks): the server's weights broadcast
+from rank 0, with BN statistics averaged over the workers only (the server trains nothing).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..comm import collectives
+from ..comm.collectives import HostStage
+from ..comm.protocol import PushHeader, ReplyHeader, ServerPort, WorkerPort, header
+from .base import Method
+
+
+class ServerMethod(Method):
+    """Base of the parameter-server methods; subclasses fill in the five hooks at the end."""
+
+    uses_server = True
+    min_ranks = 2
+    kind = None                        # protocol.Kind of the pushes
+
+    def __init__(self, cfg, topo):
+        super().__init__(cfg, topo)
+        self.period = 1                # local steps between exchanges (subclass sets it)
+        self.exchanges = 0             # worker: exchanges done; server: exchanges served
+        self.version = 0               # server: updates applied; worker: version of the last reply
+        self.staleness: list[int] = []  # staleness of every exchange (worker: its own)
+        self._samples = self._steps = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, ps) -> None:
+        super().start(ps)              # everyone starts from rank 0's params and buffers
+        self.rx = HostStage(ps.params.copy())      # payload receive buffer (host side in rx.host)
+        if self.is_server:
+            self.port = ServerPort(self.comm)
+            self.told = np.zeros(self.num_workers, dtype=np.int64)
+            self.fetched = np.zeros(self.num_workers, dtype=np.int64)   # version at last reply
+        else:
+            self.port = WorkerPort(self.comm)
+            self.push_hdr = header(PushHeader.SIZE)
+        self.start_role(ps)
+
+    def close(self) -> None:
+        if not self.is_server and self.port.pending:
+            raise RuntimeError(f"{self.name}: worker closed with a reply still pending")
+
+    # ------------------------------------------------------------------ worker
+    def after_update(self, step: int, ps, samples: int) -> int:
+        self._samples += samples
+        self._steps += 1
+        if self._steps >= self.period:
+            self._exchange(ps)
+        return self.global_samples
+
+    def _exchange(self, ps) -> None:
+        h = self.push_hdr
+        h[PushHeader.KIND], h[PushHeader.SAMPLES] = self.kind, self._samples
+        h[PushHeader.STEPS], h[PushHeader.SEQ] = self._steps, self.exchanges
+        payload = self.push_payload(ps)               # host array
+        with self.timed("comm"):
+            self.port.post_reply(self.reply_buffer(ps))
+            self.port.push(h, payload)
+        with self.timed("wait"):
+            r = self.port.wait_reply()
+        self.global_samples = int(r[ReplyHeader.GLOBAL])
+        self.version = int(r[ReplyHeader.VERSION])
+        self.staleness.append(int(r[ReplyHeader.STALENESS]))
+        self.exchanges += 1
+        self._samples = self._steps = 0
+        self.apply_reply(ps)
+
+    def stats(self) -> dict:
+        if self.is_server:
+            s = np.asarray(self.staleness or [0])
+            return dict(served=self.exchanges, version=self.version, staleness_mean=float(s.mean()),
+                        staleness_max=int(s.max()))
+        return dict(exchanges=self.exchanges, staleness=self.staleness[-1] if self.staleness else 0,
+                    staleness_mean=float(np.mean(self.staleness)) if self.staleness else 0.0)
+
+    # ------------------------------------------------------------------ server
+    def serve(self, ps, boundaries, on_boundary) -> None:
+        port, nxt, gs = self.port, 0, 0
+        while nxt < len(boundaries):
+            with self.timed("wait"):
+                src = port.recv_push(self.rx.host)
+            h = port.push_hdr
+            if h[PushHeader.KIND] != self.kind:
+                raise RuntimeError(f"{self.name} server: rank {src} pushed kind {int(h[0])}, "
+                                   f"expected {int(self.kind)} (mixed methods?)")
+            w = src - 1
+            stale = self.version - int(self.fetched[w])
+            gs += int(h[PushHeader.SAMPLES])
+            self.global_samples = gs
+            with self.timed("comm"):
+                self.serve_push(ps, w, stale)          # applies and replies (subclass order)
+            self.fetched[w] = self.version
+            self.staleness.append(stale)
+            self.exchanges += 1
+            self.told[w] = gs
+            while nxt < len(boundaries) and self.told.min() >= boundaries[nxt]:
+                on_boundary(boundaries[nxt])
+                nxt += 1
+
+    def reply(self, w: int, stale: int, payload: np.ndarray, version: int) -> None:
+        """Sends worker ``w`` the reply header (count, ``version``, ``stale``) and ``payload``."""
+        r = self.port.reply
+        r[ReplyHeader.GLOBAL] = self.global_samples
+        r[ReplyHeader.VERSION], r[ReplyHeader.STALENESS] = version, stale
+        r[ReplyHeader.SERVED] = self.exchanges + 1
+        self.port.send_reply(w + 1, payload)
+
+    # ------------------------------------------------------------------ evaluation
+    def load_eval_model(self, ps) -> dict:
+        """Collective: server weights to every rank, BN statistics = mean over the workers.
+
+        Extra metrics: mean and max distance ||x_i - x_server|| over workers, and the server's
+        update count and staleness (so that rank 0's summary records them)."""
+        own = None if self.is_server else ps.params.copy()
+        collectives.bcast(self.comm, ps.params, 0)
+        st = HostStage(ps.buffers)
+        local = np.zeros_like(st.pull()) if self.is_server else st.host
+        st.host[...] = collectives.allreduce_sum_host(self.comm, local) / self.num_workers
+        st.push()
+        # one small all-reduce: [distance of each rank (server: 0)..., server's version, staleness]
+        p = self.topo.size
+        vec = np.zeros(p + 3)
+        if own is None:
+            s = np.asarray(self.staleness or [0], dtype=np.float64)
+            vec[p:] = self.version, s.mean(), s.max()
+        else:
+            vec[self.topo.rank] = float(((own - ps.params) ** 2).sum()) ** 0.5
+        vec = collectives.allreduce_sum_host(self.comm, vec)
+        dist = vec[1:p]
+        return dict(worker_distance=float(dist.mean()), worker_distance_max=float(dist.max()),
+                    server_version=int(vec[p]), staleness_mean=float(vec[p + 1]),
+                    staleness_max=int(vec[p + 2]))
+
+    # ------------------------------------------------------------------ subclass hooks
+    def start_role(self, ps) -> None:
+        """After the initial broadcast: allocate role-specific buffers."""
+
+    def push_payload(self, ps) -> np.ndarray:
+        """Worker: the host array to push."""
+        raise NotImplementedError
+
+    def reply_buffer(self, ps) -> np.ndarray:
+        """Worker: the host array the reply payload is received into."""
+        return self.rx.host
+
+    def apply_reply(self, ps) -> None:
+        """Worker: the reply payload has arrived (in ``reply_buffer``); update ``ps.params``."""
+        raise NotImplementedError
+
+    def serve_push(self, ps, w: int, stale: int) -> None:
+        """Server: the push of worker ``w`` is in ``self.rx.host``; update ``ps.params``, bump
+        ``self.version`` and call ``self.reply`` (in the order the method defines)."""
+        raise NotImplementedError
