@@ -19,15 +19,17 @@ def cfg(**dist):
 
 
 def closed_form_buckets(comm):
-    """Grads filled with the rank: every element averages to (p-1)/2, for every bucket size."""
+    """Grads filled with the rank: every element sums to p(p-1)/2, for every bucket size, with and
+    without overlap."""
     layout = Layout([TensorSpec(f"t{i}", (1000 + 37 * i,)) for i in range(12)])
     for bucket_bytes in (0, 4000, 20000, 10**9):
-        flat = np.full(layout.size, float(comm.rank), dtype=np.float64)
-        red = collectives.BucketedAllreduce(comm, flat, layout, bucket_bytes, overlap=True)
-        for spec in reversed(layout.specs):            # the order backward reports them
-            red.ready([spec.name])
-        red.finish()
-        assert np.all(flat == (comm.size - 1) / 2), bucket_bytes
+        for overlap in (True, False):
+            flat = np.full(layout.size, float(comm.rank), dtype=np.float64)
+            red = collectives.BucketedAllreduce(comm, flat, layout, bucket_bytes, overlap=overlap)
+            for spec in reversed(layout.specs):        # the order backward reports them
+                red.ready([spec.name])
+            red.finish()
+            assert np.all(flat == comm.size * (comm.size - 1) / 2), (bucket_bytes, overlap)
         covered = sorted((lo, hi) for lo, hi, _ in red.buckets)
         assert covered[0][0] == 0 and covered[-1][1] == layout.size
         assert all(a[1] == b[0] for a, b in zip(covered, covered[1:])), "buckets must tile the buffer"
@@ -49,7 +51,7 @@ def train_steps(model, method, opt, steps, rank):
         x, y = batch(rank, step)
         logits, cache = model.forward(x, True)
         _, d, _ = softmax_cross_entropy(logits, y)
-        model.backward(d, cache)
+        model.backward(d * method.grad_scale, cache)   # as train_step does
         method.after_backward(step, model.ps)
         opt.step(model.ps.params, model.ps.grads, 0.05)
 

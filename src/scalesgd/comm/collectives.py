@@ -83,12 +83,13 @@ def make_buckets(layout, bucket_bytes: int, itemsize: int) -> list[tuple[int, in
 
 
 class BucketedAllreduce:
-    """Averages a flat gradient buffer over ``comm`` in buckets.
+    """Sums a flat gradient buffer over ``comm`` in buckets, in place.
 
-    With ``overlap``, ``ready(names)`` is called as backward finishes each layer; a bucket's
-    ``Iallreduce`` starts as soon as all its tensors are final, so communication overlaps the rest
-    of backward.  ``finish()`` waits for all buckets and divides by the number of ranks.
-    Without overlap, ``finish()`` reduces the buckets one after another.
+    The caller pre-scales the gradients by 1/p (for free, through dL/dlogits), so the sum is the
+    average and no extra pass over the buffer is needed here.  With ``overlap``, ``ready(names)``
+    is called as backward finishes each layer; a bucket's ``Iallreduce`` starts as soon as all its
+    tensors are final, so communication overlaps the rest of backward; ``finish()`` waits for them.
+    Without overlap, ``finish()`` reduces the buckets one after another with blocking all-reduces.
     """
 
     def __init__(self, comm, flat, layout, bucket_bytes: int, overlap: bool = True):
@@ -121,12 +122,12 @@ class BucketedAllreduce:
             MPI.Request.Testall(self.requests)   # lets MPI progress the started buckets
 
     def finish(self) -> None:
-        if not self.requests:                   # no overlap (or device buffers): reduce now
-            self.stage.pull()
-            for i in range(len(self.buckets)):
-                self._start(i)
-        MPI.Request.Waitall(self.requests)
-        assert len(self.requests) == len(self.buckets), "a bucket was never started"
-        self.stage.host *= 1.0 / self.comm.Get_size()
+        if self.requests:
+            MPI.Request.Waitall(self.requests)
+            assert len(self.requests) == len(self.buckets), "a bucket was never started"
+        else:                                    # no overlap (or device buffers): reduce now
+            host = self.stage.pull()
+            for lo, hi, _ in self.buckets:
+                self.comm.Allreduce(MPI.IN_PLACE, host[lo:hi], op=MPI.SUM)
         self.stage.push()
         self._reset()

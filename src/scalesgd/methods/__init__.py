@@ -6,10 +6,12 @@ data and metrics are the same for every method.
 from __future__ import annotations
 
 from .allreduce import AllReduce
+from .asgd import ASGD
 from .base import Method, MethodError, eval_boundaries
+from .easgd import EASGD
 from .single import Single
 
-METHODS = {"single": Single, "allreduce": AllReduce}
+METHODS = {"single": Single, "allreduce": AllReduce, "easgd": EASGD, "asgd": ASGD}
 
 
 def create(cfg, topo) -> Method:

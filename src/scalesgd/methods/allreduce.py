@@ -19,6 +19,11 @@ class AllReduce(Method):
         self.reducer = None
 
     @property
+    def grad_scale(self) -> float:
+        """Gradients leave backward already divided by p, so the all-reduce SUM is the mean."""
+        return 1.0 / self.topo.size
+
+    @property
     def lr_batch(self) -> int:
         return self.cfg.data.batch_size * self.num_workers
 

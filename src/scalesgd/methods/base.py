@@ -58,6 +58,11 @@ class Method:
         return self.topo.rank - (1 if self.uses_server else 0)
 
     @property
+    def grad_scale(self) -> float:
+        """Factor on every gradient, applied for free through dL/dlogits (allreduce: 1/p)."""
+        return 1.0
+
+    @property
     def lr_batch(self) -> int:
         """The batch one update is computed from (for the linear-scaling rule)."""
         return self.cfg.data.batch_size

@@ -154,7 +154,7 @@ class Run:
                 tc = time.perf_counter()
                 self.t_data += tc - td
                 lr = lr_at(cfg.schedule, gs / self.spe, s.method.lr_batch)
-                loss, errors = train_step(s.model, x, y, cfg.train.label_smoothing)
+                loss, errors = train_step(s.model, x, y, cfg.train.label_smoothing, s.method.grad_scale)
                 straggle()
                 s.method.after_backward(step, ps)
                 s.opt.step(ps.params, ps.grads, lr)

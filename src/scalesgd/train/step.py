@@ -5,13 +5,18 @@ from ..backend import get_array_module
 from ..nn.layers import softmax_cross_entropy
 
 
-def train_step(model, x, y, label_smoothing: float = 0.0):
+def train_step(model, x, y, label_smoothing: float = 0.0, grad_scale: float = 1.0):
     """x: (N, H, W, 3), y: (N,) int -> (mean loss, number of top-1 errors), both 0-d xp arrays.
 
-    Fills ``model.ps.grads``; BN running statistics are updated as a side effect.
+    Fills ``model.ps.grads`` with ``grad_scale`` x the gradient of the mean loss (backward is linear
+    in dL/dlogits, so scaling that small array scales every gradient for free: an all-reduce SUM of
+    gradients scaled by 1/p is their average, with no extra pass over the flat buffer).
+    BN running statistics are updated as a side effect.
     """
     logits, cache = model.forward(x, True)
     loss, dlogits, pred = softmax_cross_entropy(logits, y, label_smoothing)
+    if grad_scale != 1.0:
+        dlogits *= grad_scale
     model.backward(dlogits, cache)
     return loss, (pred != y).sum()
 

@@ -1,0 +1,142 @@
+"""Communication cost of each method's exchange on a ResNet-50-sized flat buffer, against raw
+``MPI.Allreduce`` of the same buffer and a plain memory copy (the ceiling), measured side by side.
+
+    python benchmarks/comm.py [--ranks 2 4] [--floats 25557032] [--repeats 7] [--json OUT]
+
+The driver launches ``mpiexec -n P python benchmarks/comm.py --worker`` for each P; the ranks time
+every operation in interleaved rounds (so placement noise hits all alike) and rank 0 prints medians,
+ratios to raw all-reduce, and bus bandwidth 2(p-1)/p * bytes / time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def probe() -> str:
+    """Core-to-core round trip of the placement probe, if it can be built (see PERF_NOTES)."""
+    src = ROOT.parent / "shared" / "tools" / "c2c.c"
+    exe = Path("/tmp/scalesgd-c2c")
+    if not exe.exists() and src.exists() and shutil.which("gcc"):
+        subprocess.run(["gcc", "-O2", "-pthread", str(src), "-o", str(exe)], capture_output=True)
+    if not exe.exists():
+        return "n/a"
+    out = subprocess.run([str(exe)], capture_output=True, text=True).stdout.strip().splitlines()
+    return out[-1] if out else "n/a"
+
+
+# ----------------------------------------------------------------------------- worker side
+def fake_layout(n_floats: int, n_tensors: int = 161):
+    """A layout with ResNet-50's tensor count and total size (sizes vary like a real network)."""
+    from scalesgd.nn.params import Layout, TensorSpec
+    rng = np.random.default_rng(0)
+    w = rng.pareto(1.0, n_tensors) + 0.01
+    sizes = np.maximum(1, (w / w.sum() * n_floats).astype(np.int64))
+    sizes[-1] += n_floats - sizes.sum()
+    return Layout([TensorSpec(f"t{i}", (int(s),)) for i, s in enumerate(sizes)])
+
+
+def ops(comm, n_floats: int) -> dict:
+    """name -> zero-argument callable doing one exchange (same on every rank, collective)."""
+    from mpi4py import MPI
+
+    from scalesgd.comm.collectives import BucketedAllreduce
+    layout = fake_layout(n_floats)
+    buf = np.random.default_rng(comm.rank).standard_normal(n_floats).astype(np.float32)
+    dst = np.empty_like(buf)
+    table = {
+        "memcpy (ceiling)": lambda: np.copyto(dst, buf),
+        "MPI.Allreduce raw": lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+    }
+    for mb, overlap in ((25, False), (25, True), (0, False)):
+        red = BucketedAllreduce(comm, buf, layout, int(mb * 1e6), overlap)
+
+        def bucketed(red=red):
+            for spec in reversed(layout.specs):
+                red.ready([spec.name])
+            red.finish()
+        label = f"allreduce bucketed {mb} MB" if mb else "allreduce one bucket"
+        table[label + (" overlap" if overlap else "")] = bucketed
+    return table
+
+
+def worker(args) -> None:
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    table = ops(comm, args.floats)
+    times: dict[str, list[float]] = {k: [] for k in table}
+    for _ in range(args.warmup):
+        for fn in table.values():
+            fn()
+    for _ in range(args.repeats):                # interleaved rounds
+        for name, fn in table.items():
+            comm.Barrier()
+            t = time.perf_counter()
+            fn()
+            dt = comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
+            times[name].append(dt)
+    if comm.rank == 0:
+        print(json.dumps({"ranks": comm.size, "floats": args.floats, "times": times}), flush=True)
+
+
+# ----------------------------------------------------------------------------- driver side
+def report(res: dict) -> list[dict]:
+    p, nbytes = res["ranks"], res["floats"] * 4
+    base = float(np.median(res["times"]["MPI.Allreduce raw"]))
+    rows = []
+    for name, ts in res["times"].items():
+        med = float(np.median(ts))
+        rows.append(dict(ranks=p, op=name, median_ms=1e3 * med, best_ms=1e3 * min(ts),
+                         ratio_to_raw=med / base, bus_GBps=2 * (p - 1) / p * nbytes / med / 1e9))
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--floats", type=int, default=25_557_032)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--json")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    launcher = Path(sys.executable).parent / "mpiexec"
+    launcher = str(launcher) if launcher.exists() else shutil.which("mpiexec")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    all_rows, probes = [], [probe()]
+    for p in args.ranks:
+        cmd = [launcher, "-n", str(p), sys.executable, __file__, "--worker", "--floats", str(args.floats),
+               "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        if out.returncode:
+            print(out.stdout, out.stderr, file=sys.stderr)
+            return 1
+        all_rows += report(json.loads(out.stdout.strip().splitlines()[-1]))
+        probes.append(probe())
+    print(f"buffer {args.floats:,} float32 ({args.floats * 4 / 1e6:.1f} MB); medians of {args.repeats} "
+          f"interleaved rounds; c2c probe (ns) per launch: {' / '.join(probes)}")
+    print(f"{'ranks':>5}  {'operation':<36} {'median ms':>10} {'best ms':>9} {'x raw':>7} {'bus GB/s':>9}")
+    for r in all_rows:
+        print(f"{r['ranks']:>5}  {r['op']:<36} {r['median_ms']:>10.1f} {r['best_ms']:>9.1f} "
+              f"{r['ratio_to_raw']:>7.3f} {r['bus_GBps']:>9.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": all_rows, "probes": probes}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
