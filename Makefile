@@ -2,7 +2,7 @@
 # Everything is installed into $(VENV) (MPI from the mpich wheel, DALI, h5py, ...), nothing system-wide.
 PYTHON ?= python3
 VENV   ?= .venv
-RANKS  ?= 1
+RANKS  ?= 4
 PY     := $(VENV)/bin/python
 
 .PHONY: install demo test test-fast bench clean
@@ -14,9 +14,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 install: $(VENV)/.installed
 
-# Train ResNet-20 on the built-in digits (the shards are built on first use).
+# Train ResNet-20 on the built-in digits with 4 MPI ranks and all-reduce SGD (the shards are built
+# on first use).  `make demo METHOD=gossip` (or easgd, asgd) runs jobs/digits-METHOD.toml instead.
+METHOD ?= allreduce
 demo: install
-	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m src.main --config jobs/demo.toml
+	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m src.main --config jobs/digits-$(METHOD).toml
 
 # The whole suite, slow end-to-end training included.
 test: install

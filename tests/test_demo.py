@@ -21,3 +21,23 @@ def test_demo_reaches_97_percent(tmp_path):
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["val_top1_accuracy"] >= 0.97, s["history"]
     assert s["samples"] == s["epochs"] * (1438 // 64) * 64
+
+
+METHODS_ON_4 = ["allreduce"]
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.parametrize("method", METHODS_ON_4)
+def test_each_method_trains_the_digits_on_4_ranks(tmp_path, method):
+    """jobs/digits-METHOD.toml under mpiexec -n 4 (2 cores: oversubscribed) reaches >= 95%."""
+    from mpirun import check, needs_mpi, run_mpi
+    if needs_mpi.args[0]:
+        pytest.skip("no mpiexec")
+    run_dir = tmp_path / "run"
+    check(run_mpi(4, ["-m", "src.main", "--config", f"jobs/digits-{method}.toml", "--run-dir",
+                      str(run_dir), "--log-every", "1000"], timeout=600,
+                  env={"SCALESGD_DATA": str(tmp_path / "digits")}))
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["method"] == method and s["ranks"] == 4
+    assert s["val_top1_accuracy"] >= 0.95, s["history"]

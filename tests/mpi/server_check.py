@@ -8,6 +8,8 @@ import sys
 import time
 import traceback
 
+from collections import Counter
+
 import numpy as np
 from mpi4py import MPI
 
@@ -105,13 +107,15 @@ def asgd_applies_every_update_exactly(comm):
         total = 4 * 6 * m.num_workers
         _, extras, added = drive(comm, m, ps, [total // 2, total])
         pushes = comm.reduce(0 if m.is_server else m.exchanges)
+        hists = comm.gather(m.staleness)
         fed = comm.reduce(0 if m.is_server else m.samples_fed)
         added_all = reduce_sum(comm, added)
         if m.is_server:
             assert np.array_equal(ps.params, w0 + added_all), "master != initial + sum of updates"
-            assert m.exchanges == m.version == pushes == len(m.staleness), (m.exchanges, pushes)
+            assert m.exchanges == m.version == pushes == sum(m.staleness.values()), pushes
+            assert sum(hists[1:], Counter()) == m.staleness, "worker and server histograms differ"
             assert m.global_samples == fed >= total, (m.global_samples, fed)
-            assert min(m.staleness) >= 0
+            assert min(m.staleness) >= 0 and m.stats()["staleness_mean"] >= 0
             if m.num_workers == 1:
                 assert set(m.staleness) == {0}, m.staleness
             st = m.stats()
@@ -119,7 +123,7 @@ def asgd_applies_every_update_exactly(comm):
             assert extras[-1]["server_version"] == m.version
         else:
             assert np.array_equal(ps.params, m.base.arr), "worker did not take the fetched w"
-            assert len(m.staleness) == m.exchanges and min(m.staleness) >= 0
+            assert sum(m.staleness.values()) == m.exchanges and min(m.staleness) >= 0
             if m.num_workers == 1:
                 assert set(m.staleness) == {0}
             assert m.stats()["exchanges"] == m.exchanges
@@ -190,8 +194,9 @@ def easgd_conserves_mass(comm):
         stale = comm.gather(m.staleness)
         if m.is_server:
             np.testing.assert_allclose(mass, comm.size * x0 + added_all, rtol=1e-12, atol=1e-9)
-            assert all(s >= 0 for lst in stale for s in lst)
-            assert m.exchanges == m.version == sum(len(lst) for lst in stale[1:])
+            assert all(s >= 0 for h in stale for s in h)
+            assert m.exchanges == m.version == sum(sum(h.values()) for h in stale[1:])
+            assert sum(stale[1:], Counter()) == m.staleness, "worker and server histograms differ"
             if m.num_workers == 1:
                 assert set(m.staleness) == {0}
 

@@ -9,9 +9,10 @@ from .allreduce import AllReduce
 from .asgd import ASGD
 from .base import Method, MethodError, eval_boundaries
 from .easgd import EASGD
+from .gossip import Gossip
 from .single import Single
 
-METHODS = {"single": Single, "allreduce": AllReduce, "easgd": EASGD, "asgd": ASGD}
+METHODS = {"single": Single, "allreduce": AllReduce, "easgd": EASGD, "asgd": ASGD, "gossip": Gossip}
 
 
 def create(cfg, topo) -> Method:

@@ -20,6 +20,8 @@ from rank 0, with BN statistics averaged over the workers only (the server train
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from ..comm import collectives
@@ -40,7 +42,8 @@ class ServerMethod(Method):
         self.period = 1                # local steps between exchanges (subclass sets it)
         self.exchanges = 0             # worker: exchanges done; server: exchanges served
         self.version = 0               # server: updates applied; worker: version of the last reply
-        self.staleness: list[int] = []  # staleness of every exchange (worker: its own)
+        self.staleness = Counter()     # histogram {staleness: exchanges} (worker: its own)
+        self.last_staleness = 0
         self._samples = self._steps = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -80,18 +83,30 @@ class ServerMethod(Method):
             r = self.port.wait_reply()
         self.global_samples = int(r[ReplyHeader.GLOBAL])
         self.version = int(r[ReplyHeader.VERSION])
-        self.staleness.append(int(r[ReplyHeader.STALENESS]))
+        self._record(int(r[ReplyHeader.STALENESS]))
         self.exchanges += 1
         self._samples = self._steps = 0
         self.apply_reply(ps)
 
+    def _record(self, stale: int) -> None:
+        self.staleness[stale] += 1
+        self.last_staleness = stale
+
+    def staleness_summary(self) -> tuple[float, int]:
+        """(mean, max) of the staleness histogram; (0, 0) before any exchange."""
+        n = sum(self.staleness.values())
+        if not n:
+            return 0.0, 0
+        return sum(k * v for k, v in self.staleness.items()) / n, max(self.staleness)
+
     def stats(self) -> dict:
+        """Worker: exchanges so far, staleness of the last one and the mean; server: exchanges
+        served, version, staleness mean/max (the full histogram is ``self.staleness``)."""
+        mean, top = self.staleness_summary()
         if self.is_server:
-            s = np.asarray(self.staleness or [0])
-            return dict(served=self.exchanges, version=self.version, staleness_mean=float(s.mean()),
-                        staleness_max=int(s.max()))
-        return dict(exchanges=self.exchanges, staleness=self.staleness[-1] if self.staleness else 0,
-                    staleness_mean=float(np.mean(self.staleness)) if self.staleness else 0.0)
+            return dict(served=self.exchanges, version=self.version, staleness_mean=mean,
+                        staleness_max=top)
+        return dict(exchanges=self.exchanges, staleness=self.last_staleness, staleness_mean=mean)
 
     # ------------------------------------------------------------------ server
     def serve(self, ps, boundaries, on_boundary) -> None:
@@ -110,7 +125,7 @@ class ServerMethod(Method):
             with self.timed("comm"):
                 self.serve_push(ps, w, stale)          # applies and replies (subclass order)
             self.fetched[w] = self.version
-            self.staleness.append(stale)
+            self._record(stale)
             self.exchanges += 1
             self.told[w] = gs
             while nxt < len(boundaries) and self.told.min() >= boundaries[nxt]:
@@ -141,8 +156,7 @@ class ServerMethod(Method):
         p = self.topo.size
         vec = np.zeros(p + 3)
         if own is None:
-            s = np.asarray(self.staleness or [0], dtype=np.float64)
-            vec[p:] = self.version, s.mean(), s.max()
+            vec[p:] = (self.version, *self.staleness_summary())
         else:
             vec[self.topo.rank] = float(((own - ps.params) ** 2).sum()) ** 0.5
         vec = collectives.allreduce_sum_host(self.comm, vec)

@@ -1,0 +1,64 @@
+"""easgd and asgd (parameter server on rank 0) under real mpiexec; every launch has a timeout."""
+import json
+import time
+
+import pytest
+
+from mpirun import check, mpiexec, needs_mpi, run_mpi
+from synth import make_dataset
+from test_cli import TINY, one_line_error, run_cli
+
+pytestmark = [pytest.mark.mpi, needs_mpi]
+CHECKS = 4                                       # functions run by tests/mpi/server_check.py
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_server_invariants(ranks):
+    """Exact update sums, hand-computed easgd, conservation, staleness, 40 short runs that end."""
+    out = check(run_mpi(ranks, ["tests/mpi/server_check.py"], timeout=90))
+    assert out.count(": ok") == CHECKS, out
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("tiny"), n=48, n_val=20, num_classes=4)
+
+
+@pytest.mark.parametrize("method,extra,boundaries", [
+    ("easgd", [], [48]),
+    ("easgd", ["--tau", "3", "--eval-every", "0.5"], [24, 48]),
+    ("asgd", ["--n-sync", "3"], [48]),
+    ("asgd", ["--eval-every", "0.5", "--epochs", "2"], [24, 48, 72, 96]),
+])
+def test_cli_run_ends_and_writes_summary(tmp_path, tiny_data, method, extra, boundaries):
+    run_dir = tmp_path / "run"
+    p = run_cli(["--data", str(tiny_data), "--run-dir", str(run_dir), "--method", method, *TINY,
+                 *extra], tmp_path, timeout=90, launcher=(mpiexec(), "-n", "3"))
+    assert p.returncode == 0, f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert (s["method"], s["ranks"], s["workers"]) == (method, 3, 2)
+    assert [h["global_samples"] for h in s["history"]] == boundaries
+    assert all(h["server_version"] > 0 and h["staleness_max"] >= 0 for h in s["history"])
+    steps = [json.loads(ln) for ln in (run_dir / "metrics" / "rank-1.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r["kind"] == "step"]
+    assert steps[-1]["exchanges"] >= 1 and steps[-1]["global_samples"] >= boundaries[-1]
+    assert "staleness" in steps[-1] and "wait_seconds" in steps[-1]
+
+
+def test_one_rank_is_refused_fast(tmp_path, tiny_data):
+    t = time.perf_counter()
+    p = run_cli(["--data", str(tiny_data), "--run-dir", str(tmp_path / "run"), "--method", "easgd",
+                 *TINY], tmp_path, timeout=60, launcher=(mpiexec(), "-n", "1"))
+    one_line_error(p, "easgd", "at least 2 ranks")
+    assert time.perf_counter() - t < 20
+    assert not (tmp_path / "run").exists()
+
+
+def test_one_workers_error_ends_the_job(tmp_path):
+    """A bad JPEG on worker rank 1: its message, and MPI_Abort ends the server (blocked in Recv)."""
+    root = make_dataset(tmp_path / "d", n=48, n_val=20, num_classes=4, bad=30)
+    p = run_cli(["--data", str(root), "--run-dir", str(tmp_path / "run"), "--method", "asgd", *TINY],
+                tmp_path, timeout=60, launcher=(mpiexec(), "-n", "3"))
+    line = one_line_error(p, "train-00001-of-00002.h5[6]", "decode")
+    assert "(rank 1/3)" in line
+    assert not (tmp_path / "run" / "summary.json").exists()
