@@ -16,15 +16,15 @@ def jpeg(rng, size=16):
 
 
 def make_dataset(root, n=40, num_classes=10, shards=2, seed=0, bad=None, n_val=0, size=16):
-    """A train split of n random JPEGs (and a val split of n_val if > 0); sample ``bad`` of the
-    train split is a JPEG cut at half."""
+    """A train split of n random JPEGs (and a val split of n_val if > 0); sample ``bad`` (an index
+    or several) of the train split is a JPEG cut at half."""
     rng = np.random.default_rng(seed)
     splits = {"train": [(jpeg(rng, size), i % num_classes) for i in range(n)]}
     if n_val:
         splits["val"] = [(jpeg(rng, size), i % num_classes) for i in range(n_val)]
-    if bad is not None:
-        data, label = splits["train"][bad]
-        splits["train"][bad] = (data[:len(data) // 2], label)
+    for i in ([] if bad is None else [bad] if isinstance(bad, int) else bad):
+        data, label = splits["train"][i]
+        splits["train"][i] = (data[:len(data) // 2], label)
     did = content_id(splits, num_classes)
     entries = {name: write_split(root, name, samples, shards if name == "train" else 1, did, num_classes)
                for name, samples in splits.items()}

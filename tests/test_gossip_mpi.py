@@ -39,7 +39,8 @@ def test_cli_run_ends_and_writes_summary(tmp_path, tiny_data, variant, extra, bo
     assert [h["global_samples"] for h in s["history"]] == boundaries
     assert all(h["consensus_distance"] >= 0 for h in s["history"])
     for rank in range(3):
-        rows = [json.loads(ln) for ln in (run_dir / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        lines = (run_dir / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()
+        rows = [json.loads(ln) for ln in lines]
         steps = [r for r in rows if r["kind"] == "step"]
         assert steps[-1]["gossip_exchanges"] >= 1 and steps[-1]["global_samples"] >= boundaries[-1]
         assert "comm_seconds" in steps[-1]

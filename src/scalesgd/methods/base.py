@@ -37,8 +37,9 @@ class Method:
 
     def __init__(self, cfg, topo):
         if topo.size < self.min_ranks:
-            raise MethodError(f"method '{self.name}' needs at least {self.min_ranks} ranks "
-                              f"(a server and a worker), got {topo.size}")
+            roles = " (a server and a worker)" if self.uses_server and self.min_ranks == 2 else ""
+            raise MethodError(f"method '{self.name}' needs at least {self.min_ranks} ranks{roles}, "
+                              f"got {topo.size}")
         self.cfg, self.topo, self.comm = cfg, topo, topo.comm
         self.global_samples = 0
         self.timers = {"comm": 0.0, "wait": 0.0}
@@ -101,7 +102,10 @@ class Method:
 
     @contextlib.contextmanager
     def evaluation(self, ps):
-        """Collective over all ranks: swaps in the model to evaluate, restores this rank's own."""
+        """Collective over all ranks: swaps in the model to evaluate, restores this rank's own.
+
+        Everything ``load_eval_model`` writes into ``ps`` is undone afterwards, so it must not
+        change method state that lives in ``ps`` (e.g. fold a gossip inbox into the parameters)."""
         saved_p, saved_b = ps.params.copy(), ps.buffers.copy()
         try:
             yield self.load_eval_model(ps)

@@ -92,13 +92,14 @@ def evaluate_local(model, loader: Loader | None) -> np.ndarray:
 
 
 class Progress:
-    """Rank 0's log lines: per-step loss/error/throughput, per-evaluation validation."""
+    """Log lines: per-step loss/error/throughput from the first worker, validation from rank 0
+    (with a parameter server these are two different ranks)."""
 
-    def __init__(self, enabled: bool, every: int):
-        self.enabled, self.every = enabled, every
+    def __init__(self, steps: bool, evaluations: bool, every: int):
+        self.steps, self.enabled, self.every = steps, evaluations, every
 
     def step(self, epoch, epochs, step, loss, err, lr, ips):
-        if self.enabled and step % self.every == 0:
+        if self.steps and step % self.every == 0:
             print(f"epoch {epoch:.2f}/{epochs} step {step} loss {loss:.4f} "
                   f"top1-err {100 * err:5.1f}% lr {lr:.4g} {ips:7.1f} img/s", flush=True)
 
@@ -120,7 +121,7 @@ class Run:
         self.total = s.cfg.train.epochs * self.spe
         self.boundaries = eval_boundaries(self.total, int(round(s.cfg.dist.eval_every * self.spe)))
         self.metrics = MetricsWriter(run_dir, s.topo.rank)
-        self.progress = Progress(s.topo.is_root and not s.method.is_server, s.cfg.train.log_every)
+        self.progress = Progress(s.method.worker_index == 0, s.topo.is_root, s.cfg.train.log_every)
         self.history: list[dict] = []
         self.t_train = self.t_eval = self.t_data = self.t_compute = 0.0
         self.local_samples = 0
@@ -137,6 +138,8 @@ class Run:
         rec = dict(epoch=boundary / self.spe, global_samples=boundary, val_top1_accuracy=top1,
                    val_top5_accuracy=top5, val_samples=int(counts[2]), train_seconds=self.t_train,
                    eval_seconds=self.t_eval, **extra)
+        if s.method.is_server:                       # the server's own counters, per boundary
+            self.metrics.write("server", global_samples=boundary, **s.method.stats())
         self.history.append(rec)
         self.metrics.write("val", **rec)
         self.progress.evaluation(boundary / self.spe, self.cfg.train.epochs, top1, top5, self.t_train,
