@@ -23,7 +23,7 @@ def test_demo_reaches_97_percent(tmp_path):
     assert s["samples"] == s["epochs"] * (1438 // 64) * 64
 
 
-METHODS_ON_4 = ["allreduce"]
+METHODS_ON_4 = ["allreduce", "easgd", "asgd", "gossip"]
 
 
 @pytest.mark.slow
@@ -41,3 +41,29 @@ def test_each_method_trains_the_digits_on_4_ranks(tmp_path, method):
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["method"] == method and s["ranks"] == 4
     assert s["val_top1_accuracy"] >= 0.95, s["history"]
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.parametrize("method,knob", [("easgd", "--tau"), ("asgd", "--n-sync"), ("gossip", "--tau")])
+def test_async_methods_terminate_20_times_in_a_row(tmp_path_factory, method, knob):
+    """20 short real runs (3 ranks, tiny data, varied seed, exchange period, evaluation period and a
+    straggler) each end with exit 0 on every rank and a summary, never a hang."""
+    from mpirun import mpiexec
+    from synth import make_dataset
+    from test_cli import TINY, run_cli
+    if mpiexec() is None:
+        pytest.skip("no mpiexec")
+    tmp = tmp_path_factory.mktemp(method)
+    data = make_dataset(tmp / "d", n=48, n_val=12, num_classes=4)
+    for i in range(20):
+        run_dir = tmp / f"run{i}"
+        extra = ["--seed", str(i), knob, str(1 + i % 3), "--eval-every", ("1", "0.5", "0.3")[i % 3]]
+        if i % 4 == 3:
+            extra += ["--straggler", f"{1 + i % 2}:20:10"]
+        if method == "gossip":
+            extra += ["--gossip", ("pull", "push")[i % 2]]
+        p = run_cli(["--data", str(data), "--run-dir", str(run_dir), "--method", method, *TINY, *extra],
+                    tmp, timeout=60, launcher=(mpiexec(), "-n", "3"))
+        assert p.returncode == 0, f"run {i} {extra}:\n{p.stdout}\n{p.stderr}"
+        assert (run_dir / "summary.json").exists(), f"run {i}"
