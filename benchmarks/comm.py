@@ -68,7 +68,66 @@ def ops(comm, n_floats: int) -> dict:
             red.finish()
         label = f"allreduce bucketed {mb} MB" if mb else "allreduce one bucket"
         table[label + (" overlap" if overlap else "")] = bucketed
+    table.update(server_ops(comm, buf))
+    table.update(gossip_ops(comm, buf))
     return table
+
+
+def server_ops(comm, buf) -> dict:
+    """One exchange of every worker with the server (rank 0), as easgd/asgd do it: workers push the
+    flat buffer and wait for a params-sized reply; the server serves them in arrival order and
+    applies the update in place (easgd: elastic step; asgd: add).  Time = all workers served once."""
+    from scalesgd.comm.protocol import PushHeader, ServerPort, WorkerPort, header
+    reply, center = np.empty_like(buf), buf.copy()
+    if comm.rank == 0:
+        port = ServerPort(comm)
+
+        def serve(kind):
+            for _ in range(comm.size - 1):
+                src = port.recv_push(reply)
+                if kind == "easgd":                      # reply with the old center, then update it
+                    port.send_reply(src, center)
+                    np.subtract(reply, center, out=reply)
+                    np.multiply(reply, 0.8 / (comm.size - 1), out=reply)
+                    np.add(center, reply, out=center)
+                else:                                    # asgd: apply the pushed update, reply
+                    np.add(center, reply, out=center)
+                    port.send_reply(src, center)
+        return {"easgd exchange (all workers once)": lambda: serve("easgd"),
+                "asgd push+fetch (all workers once)": lambda: serve("asgd")}
+    port, hdr = WorkerPort(comm), header(PushHeader.SIZE)
+
+    def exchange():
+        port.post_reply(reply)
+        port.push(hdr, buf)
+        port.wait_reply()
+    return {"easgd exchange (all workers once)": exchange, "asgd push+fetch (all workers once)": exchange}
+
+
+_WINDOWS: list = []      # freed (collectively) when the measurements are done
+
+
+def gossip_ops(comm, buf) -> dict:
+    """gossip: every rank pulls a peer's published copy (seqlock Get), or pushes half its push-sum
+    state with Accumulate and drains its own inbox, at the same time."""
+    from scalesgd.comm.window import Inbox, PublishedVector
+    pub = PublishedVector(comm, buf.size, buf.dtype)
+    pub.publish(buf)
+    inbox = Inbox(comm, buf.size + 1, buf.dtype)
+    peer, tmp = np.empty_like(buf), np.zeros(buf.size + 1, buf.dtype)
+    msg = np.concatenate([buf * 0.5, [0.5]]).astype(buf.dtype)
+    nxt = (comm.rank + 1) % comm.size
+    _WINDOWS.extend([pub, inbox])
+    comm.Barrier()
+
+    def pull():
+        pub.read(nxt, peer)
+        pub.publish(buf)
+
+    def push():
+        inbox.push(nxt, msg)
+        inbox.drain(tmp)
+    return {"gossip pull (Get + publish)": pull, "gossip push (Accumulate + drain)": push}
 
 
 def worker(args) -> None:
@@ -86,6 +145,8 @@ def worker(args) -> None:
             fn()
             dt = comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
             times[name].append(dt)
+    for w in _WINDOWS:
+        w.free()
     if comm.rank == 0:
         print(json.dumps({"ranks": comm.size, "floats": args.floats, "times": times}), flush=True)
 
@@ -112,7 +173,13 @@ def main() -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args)
+        try:
+            worker(args)
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            from mpi4py import MPI
+            MPI.COMM_WORLD.Abort(1)          # never leave the other ranks waiting
         return 0
     launcher = Path(sys.executable).parent / "mpiexec"
     launcher = str(launcher) if launcher.exists() else shutil.which("mpiexec")
@@ -125,7 +192,8 @@ def main() -> int:
         if out.returncode:
             print(out.stdout, out.stderr, file=sys.stderr)
             return 1
-        all_rows += report(json.loads(out.stdout.strip().splitlines()[-1]))
+        line = [ln for ln in out.stdout.splitlines() if ln.startswith('{"ranks"')][-1]
+        all_rows += report(json.loads(line))
         probes.append(probe())
     print(f"buffer {args.floats:,} float32 ({args.floats * 4 / 1e6:.1f} MB); medians of {args.repeats} "
           f"interleaved rounds; c2c probe (ns) per launch: {' / '.join(probes)}")
