@@ -5,6 +5,8 @@ staged through host memory here (``HostStage``); CUDA-aware MPI and NCCL are the
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from mpi4py import MPI
 
@@ -13,15 +15,34 @@ def _is_host(a) -> bool:
     return isinstance(a, np.ndarray)
 
 
-class HostStage:
-    """A host array MPI can use for ``arr``: ``arr`` itself on NumPy, a host copy for CuPy arrays.
+_STAGING_LOGGED = False
 
-    ``pull()`` copies device -> host (after synchronising the stream), ``push()`` host -> device.
+
+def _pinned_like(arr) -> np.ndarray:
+    """A page-locked host array (fast device<->host copies) when CuPy provides one."""
+    global _STAGING_LOGGED
+    try:
+        import cupyx  # noqa: PLC0415 - only reached with CuPy arrays
+        host = cupyx.empty_pinned(arr.shape, arr.dtype)
+        how = "pinned host buffers"
+    except Exception:
+        host, how = np.empty(arr.shape, arr.dtype), "pageable host buffers"
+    if not _STAGING_LOGGED:
+        logging.getLogger("scalesgd").info(
+            "device buffers reach MPI through %s (NCCL / CUDA-aware MPI: not used yet)", how)
+        _STAGING_LOGGED = True
+    return host
+
+
+class HostStage:
+    """A host array MPI can use for ``arr``: ``arr`` itself on NumPy, a (pinned) host copy for CuPy
+    arrays.  ``pull()`` copies device -> host (synchronous, so the stream is done with the data
+    before MPI touches it), ``push()`` host -> device.  The device path has not been run on a GPU.
     """
 
     def __init__(self, arr):
         self.arr = arr
-        self.host = arr if _is_host(arr) else np.empty(arr.shape, arr.dtype)
+        self.host = arr if _is_host(arr) else _pinned_like(arr)
 
     def pull(self):
         if self.host is not self.arr:

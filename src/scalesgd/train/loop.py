@@ -168,10 +168,12 @@ class Run:
                 now = time.perf_counter()
                 self.t_compute += now - tc
                 train_s = self.t_train + now - t0
+                timers = s.method.timers
                 self.metrics.write("step", step=step, global_samples=gs, epoch=gs / self.spe,
                                    samples=self.local_samples, loss=loss, top1_error=err, lr=lr,
                                    train_seconds=train_s, data_seconds=self.t_data,
-                                   **{f"{k}_seconds": v for k, v in s.method.timers.items()},
+                                   compute_seconds=self.t_compute - sum(timers.values()),
+                                   **{f"{k}_seconds": v for k, v in timers.items()},
                                    **s.method.stats())
                 self.progress.step(gs / self.spe, cfg.train.epochs, step, loss, err, lr,
                                    self.local_samples * s.method.num_workers / train_s)
@@ -211,6 +213,9 @@ class Run:
             best_val_top1_accuracy=max(h["val_top1_accuracy"] for h in self.history),
             images_per_second=self.global_samples / max(self.t_train, 1e-9),
             train_seconds=self.t_train, eval_seconds=self.t_eval, wall_seconds=wall,
+            time_split_rank0=dict(data=self.t_data,
+                                  compute=self.t_compute - sum(s.method.timers.values()),
+                                  **s.method.timers),
             history=self.history)
 
 
