@@ -38,10 +38,14 @@ def test_cli_run_ends_and_writes_summary(tmp_path, tiny_data, variant, extra, bo
     assert (s["method"], s["ranks"], s["workers"]) == ("gossip", 3, 3)
     assert [h["global_samples"] for h in s["history"]] == boundaries
     assert all(h["consensus_distance"] >= 0 for h in s["history"])
+    last_known = []
     for rank in range(3):
         lines = (run_dir / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()
         rows = [json.loads(ln) for ln in lines]
         steps = [r for r in rows if r["kind"] == "step"]
-        assert steps[-1]["gossip_exchanges"] >= 1 and steps[-1]["global_samples"] >= boundaries[-1]
+        assert steps[-1]["gossip_exchanges"] >= 1
         assert "comm_seconds" in steps[-1]
         assert ("gossip_torn_retries" if variant == "pull" else "pushsum_weight") in steps[-1]
+        last_known.append(steps[-1]["global_samples"])
+    # a rank joins the last phase as soon as ANY rank reached the end (it may know less itself)
+    assert max(last_known) >= boundaries[-1]

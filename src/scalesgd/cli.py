@@ -53,30 +53,66 @@ def make_parser() -> argparse.ArgumentParser:
     return ap
 
 
+# Keys a resumed run must keep: they define the model, the data order and the method's state.
+RESUME_IDENTITY = {"model": None, "data": ("data", "image_size", "batch_size"),
+                   "train": ("method", "seed"), "dist": ("gossip",)}
+EXIT_STOPPED = 75            # stopped on SIGTERM/SIGUSR1 after writing a checkpoint (EX_TEMPFAIL)
+
+
 def resolve_config(args: argparse.Namespace) -> C.Config:
-    """Defaults < TOML file < flags, validated (ConfigError names the key)."""
+    """Defaults < TOML file < flags, validated (ConfigError names the key).  With ``resume``, the
+    resumed run's saved config.json replaces the defaults, and keys that define the run may not
+    change (the error names them)."""
     file_values = C.load_toml(args.config) if getattr(args, "config", None) else {}
     overrides: dict[str, dict] = {}
     for dest, value in vars(args).items():
         if "." in dest:
             section, key = dest.split(".", 1)
             overrides.setdefault(section, {})[key] = value
-    return C.build(file_values, overrides)
+    cfg = C.build(file_values, overrides)
+    if not cfg.train.resume:
+        return cfg
+    run_dir = resume_run_dir(Path(cfg.train.resume))
+    saved = C.load_json_config(run_dir / "config.json")
+    base = {sec: {**saved.get(sec, {}), **file_values.get(sec, {})} for sec in C.SECTIONS}
+    cfg = C.build(base, {**overrides, "train": {**overrides.get("train", {}), "run_dir": str(run_dir),
+                                                  "resume": cfg.train.resume}})
+    check_resume_identity(C.build(saved), cfg, run_dir)
+    return cfg
+
+
+def resume_run_dir(path: Path) -> Path:
+    """RUN_DIR given directly, or the RUN_DIR of RUN_DIR/checkpoints/ckpt-*.h5."""
+    return path if path.is_dir() else path.parent.parent
+
+
+def check_resume_identity(saved: C.Config, new: C.Config, run_dir: Path) -> None:
+    diffs = []
+    for sec, keys in RESUME_IDENTITY.items():
+        a, b = getattr(saved, sec), getattr(new, sec)
+        for k in keys or [f.name for f, _ in C.fields_of(sec)]:
+            if getattr(a, k) != getattr(b, k):
+                diffs.append(f"{sec}.{k} was {getattr(a, k)!r}, now {getattr(b, k)!r}")
+    if diffs:
+        raise C.ConfigError(f"cannot resume {run_dir}: " + "; ".join(diffs))
 
 
 def _shared_errors():
     """Errors every rank detects alike: rank 0 alone reports them."""
     from .methods.base import MethodError
     from .comm.topology import TopologyError
-    return (MethodError, TopologyError)
+    return (MethodError, TopologyError, ResumeError)
+
+
+def _stopped():
+    from .methods.base import Stopped
+    return Stopped
 
 
 def _user_errors():
     from .data.shards import DataError
-    from .methods.base import MethodError
-    from .comm.topology import TopologyError
-    return (C.ConfigError, DataError, MethodError, TopologyError, backend_mod.BackendError,
-            ValueError, OSError)
+    from .io.checkpoint import CheckpointError
+    return (C.ConfigError, DataError, CheckpointError, backend_mod.BackendError, ValueError, OSError)
 
 
 def _num_classes_for_dry_run(cfg: C.Config) -> int:
@@ -115,6 +151,44 @@ def _run_dir(cfg: C.Config, topo) -> Path:
     return Path("runs") / f"{bcast_text(topo.comm, stamp)}-{cfg.train.method}-{cfg.model.model}"
 
 
+def _resume_checkpoint(cfg: C.Config, topo) -> Path | None:
+    """The checkpoint to resume (rank 0 verifies it and tells the others); None for a new run."""
+    if not cfg.train.resume:
+        return None
+    from .comm.collectives import bcast_text
+    from .io import checkpoint as ckpt
+    path, err = None, ""
+    if topo.is_root:
+        try:
+            p = Path(cfg.train.resume)
+            path = ckpt.latest_good(ckpt.checkpoint_dir(p)) if p.is_dir() else p
+            meta = ckpt.verify(path)
+            if (meta["ranks"], meta["method"]) != (topo.size, cfg.train.method):
+                raise ckpt.CheckpointError(
+                    f"{path}: written by {meta['ranks']} ranks of '{meta['method']}', this job has "
+                    f"{topo.size} ranks of '{cfg.train.method}' (resume with the same rank count)")
+        except ckpt.CheckpointError as exc:
+            err = str(exc)
+    err = bcast_text(topo.comm, err)
+    if err:
+        raise ResumeError(err)
+    return Path(bcast_text(topo.comm, str(path) if path else None))
+
+
+class ResumeError(RuntimeError):
+    """The checkpoint cannot be resumed (every rank raises it alike)."""
+
+
+def _install_stop_handlers(method) -> None:
+    """SIGTERM / SIGUSR1 on any rank: checkpoint at the next safe point, then exit 75 everywhere."""
+    import signal
+
+    def handler(signum, frame):
+        method.request_stop()
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, handler)
+
+
 def run(cfg: C.Config, topo) -> dict:
     from . import methods
     from .io.files import write_json_atomic
@@ -123,14 +197,22 @@ def run(cfg: C.Config, topo) -> dict:
     backend = backend_mod.select(cfg.train.device, topo.local_rank)
     threads = backend_mod.blas_threads_for(topo.local_size)
     backend_mod.set_blas_threads(threads)
+    resume = _resume_checkpoint(cfg, topo)
     setup = loop.build(cfg, topo, backend, method, _data_root(cfg, topo), cfg.data.data_threads or threads)
     run_dir = _run_dir(cfg, topo)                            # nothing is written before this point
     run_dir.mkdir(parents=True, exist_ok=True)
+    _install_stop_handlers(method)
     if topo.is_root:
         write_json_atomic(run_dir / "config.json", cfg.to_dict())
         logging.info("run directory %s; model %s, %s parameters; device %s; %d BLAS thread(s)",
                      run_dir, cfg.model.model, f"{setup.model.num_params:,}", backend.name, threads)
-    summary = loop.train(setup, run_dir)
+    if resume is not None and topo.is_root:
+        logging.info("resuming from %s", resume)
+    try:
+        summary = loop.train(setup, run_dir, resume)
+    except methods.Stopped as stop:
+        stop.run_dir = run_dir
+        raise
     if topo.is_root:
         print(f"done: validation top-1 {100 * summary['val_top1_accuracy']:.2f}%, "
               f"{summary['images_per_second']:.1f} img/s, {summary['wall_seconds']:.1f} s; "
@@ -153,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         if not topo.is_root:
             logging.getLogger().setLevel(logging.WARNING)
         run(cfg, topo)
+    except _stopped() as exc:
+        if topo is not None and topo.is_root:
+            print(f"scalesgd: stopped on a signal; checkpoint written; continue with "
+                  f"--resume {getattr(exc, 'run_dir', 'RUN_DIR')}", file=sys.stderr, flush=True)
+        return EXIT_STOPPED
     except C.ConfigError as exc:
         fail(topo, str(exc), EXIT_USAGE, shared=True)
     except _shared_errors() as exc:

@@ -58,6 +58,11 @@ class DataConfig:
     std: tuple[float, float, float] = _f((58.395, 57.12, 57.375), "per-channel std (0-255 units)",
                                          lo=0, lo_open=True)
     data_threads: int = _f(0, "DALI CPU threads per rank (0 = cores / ranks on the node)", lo=0)
+    lighting: float = _f(0.0, "AlexNet PCA lighting noise std in training (0 = off; the papers used 0.1)",
+                         lo=0)
+    ten_crop: bool = _f(False, "validation: average the softmax over 4 corner + centre crops and their flips")
+    output_dtype: str = _f("model", "dtype of the input batches (model = model.dtype)",
+                           choices=("model", "float32", "float16"))
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,14 @@ class TrainConfig:
     label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy", lo=0, hi=0.99)
     log_every: int = _f(10, "steps between log lines", lo=1)
     run_dir: str = _f("", "where results go (empty = runs/<time>-<method>-<model>)")
+    checkpoint_every: float = _f(0.0, "epochs (of global samples) between checkpoints; 0 = only at the "
+                                 "end and on SIGTERM/SIGUSR1", lo=0)
+    checkpoint_minutes: float = _f(0.0, "also checkpoint every this many minutes of rank 0's clock "
+                                   "(0 = off)", lo=0)
+    keep_checkpoints: int = _f(3, "checkpoints kept in RUN_DIR/checkpoints (the newest)", lo=1)
+    resume: str = _f("", "continue a run: its RUN_DIR (newest good checkpoint) or a checkpoint file")
+    init_from: str = _f("", "warm start: every rank starts from this checkpoint's weights with a "
+                        "fresh optimizer")
 
 
 @dataclass(frozen=True)
@@ -247,6 +260,17 @@ def parse_straggler(spec: str) -> tuple[tuple[int, ...], float, float]:
         raise ConfigError(f"dist.straggler: expected RANKS:DELAY_MS[:JITTER_MS] with jitter <= delay, "
                           f"e.g. '1,3:100:50', got {spec!r}") from None
     return ranks, delay, jitter
+
+
+def load_json_config(path: str | Path) -> dict:
+    """A run's saved config.json (for --resume); a missing or unreadable file names the path."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: not found (is this a run directory?)") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{p}: unreadable ({exc})") from None
 
 
 def load_toml(path: str | Path) -> dict:

@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from scalesgd import config as C
 from scalesgd.comm import topology
+from scalesgd.methods import Phases
 from scalesgd.methods.asgd import ASGD
 from scalesgd.methods.easgd import EASGD
 
@@ -46,8 +47,6 @@ def drive(comm, method, ps, boundaries, samples=4, jitter=0.0, rng=None):
     added = np.zeros_like(ps.params)
 
     def evaluate(b):
-        if method.is_server:
-            assert method.told.min() >= b, (method.told, b)      # every worker was told >= b
         own_p, own_b = ps.params.copy(), ps.buffers.copy()
         with method.evaluation(ps) as extra:
             ref = ps.params.copy()
@@ -65,11 +64,18 @@ def drive(comm, method, ps, boundaries, samples=4, jitter=0.0, rng=None):
 
     method.start(ps)
     ps.buffers[...] = -100.0 if method.is_server else comm.rank   # the server's must not count
+    phases = Phases(method, boundaries, lambda i: evaluate(boundaries[i]))
+
+    def server_phase(want):
+        # the server enters only once every worker was told the first new boundary
+        assert method.told.min() >= boundaries[method.phase_done + 1], (method.told, boundaries)
+        return phases.run(want)
+
     if method.is_server:
-        method.serve(ps, boundaries, evaluate)
+        method.serve(ps, boundaries, server_phase)
     else:
-        gs, step, nxt = 0, 0, 0
-        while nxt < len(boundaries):
+        gs, step, finished = 0, 0, False
+        while not finished:
             g = fake_grad(comm.rank, step, ps.params.size)
             ps.params += g
             added += g
@@ -77,9 +83,7 @@ def drive(comm, method, ps, boundaries, samples=4, jitter=0.0, rng=None):
                 time.sleep(jitter)
             gs = method.after_update(step, ps, samples)
             step += 1
-            while nxt < len(boundaries) and gs >= boundaries[nxt]:
-                evaluate(boundaries[nxt])
-                nxt += 1
+            finished = phases.check(gs)
         method.samples_fed = step * samples
     method.close()
     all_done = comm.allgather(done)
@@ -150,7 +154,7 @@ def easgd_hand_computed_two_ranks(comm):
     if m.is_server:
         m.start(ps)
         ps.buffers[...] = -100.0
-        m.serve(ps, boundaries, lambda b: _eval_only(comm, m, ps))
+        m.serve(ps, boundaries, Phases(m, boundaries, lambda i: _eval_only(comm, m, ps)).run)
         x = np.empty_like(ps.params)
         comm.Recv(x, source=1)
         r = 1 - 2 * beta
@@ -162,15 +166,14 @@ def easgd_hand_computed_two_ranks(comm):
     else:
         m.start(ps)
         ps.buffers[...] = 1.0
-        gs, step, nxt = 0, 0, 0
-        while nxt < len(boundaries):
+        phases = Phases(m, boundaries, lambda i: _eval_only(comm, m, ps))
+        step, finished = 0, False
+        while not finished:
             ps.params += 1.0
             gs = m.after_update(step, ps, 4)
             step += 1
             assert gs == 4 * step
-            while nxt < len(boundaries) and gs >= boundaries[nxt]:
-                _eval_only(comm, m, ps)
-                nxt += 1
+            finished = phases.check(gs)
         comm.Send(ps.params, dest=0)
         assert m.exchanges == k_steps and m.stats()["staleness"] == 0
 

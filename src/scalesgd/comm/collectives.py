@@ -78,6 +78,13 @@ def allreduce_sum_host(comm, a: np.ndarray) -> np.ndarray:
     return out
 
 
+def allreduce_max_host(comm, a: np.ndarray) -> np.ndarray:
+    """Element-wise maximum of a small host array over ``comm`` (a new array)."""
+    out = np.empty_like(a)
+    comm.Allreduce(a, out, op=MPI.MAX)
+    return out
+
+
 def allreduce_mean(comm, arr) -> None:
     """In-place average of ``arr`` over ``comm`` (one blocking all-reduce)."""
     st = HostStage(arr)
@@ -152,3 +159,34 @@ class BucketedAllreduce:
                 self.comm.Allreduce(MPI.IN_PLACE, host[lo:hi], op=MPI.SUM)
         self.stage.push()
         self._reset()
+
+
+def funnel(comm, arrays: dict, text: str, sink, root: int = 0) -> None:
+    """Collective: every rank's named host arrays and a text reach ``sink(rank, arrays, text)`` on
+    ``root``, one rank at a time (root never holds more than one rank's arrays).  Arrays travel as
+    buffers; only their names, dtypes and shapes travel as JSON text (no pickle)."""
+    import json  # noqa: PLC0415
+    from .protocol import Tag  # noqa: PLC0415
+    if comm.Get_rank() != root:
+        comm.Recv(np.empty(0, np.uint8), source=root, tag=Tag.FUNNEL_META)     # root's turn signal
+        desc = json.dumps({"text": text, "arrays": [[k, str(a.dtype), list(a.shape)]
+                                                    for k, a in arrays.items()]}).encode()
+        comm.Send(np.frombuffer(desc, np.uint8), dest=root, tag=Tag.FUNNEL_META)
+        for a in arrays.values():
+            comm.Send(np.ascontiguousarray(a), dest=root, tag=Tag.FUNNEL_DATA)
+        return
+    sink(root, arrays, text)
+    status = MPI.Status()
+    for r in range(comm.Get_size()):
+        if r == root:
+            continue
+        comm.Send(np.empty(0, np.uint8), dest=r, tag=Tag.FUNNEL_META)
+        comm.Probe(source=r, tag=Tag.FUNNEL_META, status=status)
+        meta = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+        comm.Recv(meta, source=r, tag=Tag.FUNNEL_META)
+        desc = json.loads(meta.tobytes().decode())
+        got = {}
+        for name, dtype, shape in desc["arrays"]:
+            got[name] = np.empty(shape, dtype=dtype)
+            comm.Recv(got[name], source=r, tag=Tag.FUNNEL_DATA)
+        sink(r, got, desc["text"])

@@ -32,6 +32,8 @@ class Tag(IntEnum):
     PUSH_PAYLOAD = 0x5102        # worker -> server: x_i (easgd) or accumulated update (asgd)
     REPLY_HEADER = 0x5103        # server -> worker: ReplyHeader
     REPLY_PAYLOAD = 0x5104       # server -> worker: center before its update (easgd) / new master (asgd)
+    FUNNEL_META = 0x5201         # any rank -> root: JSON description of the arrays that follow
+    FUNNEL_DATA = 0x5202         # any rank -> root: one array (checkpoint writing)
 
 
 @unique
@@ -43,18 +45,20 @@ class Kind(IntEnum):
 
 
 class PushHeader:
-    """int64[4]: (kind, samples consumed since the previous exchange, local steps since it, seq)."""
+    """int64[6]: (kind, samples consumed since the previous exchange, local steps since it, seq,
+    then the worker's raised signals: stop (SIGTERM/SIGUSR1), checkpoint generation)."""
 
-    KIND, SAMPLES, STEPS, SEQ = range(4)
-    SIZE = 4
+    KIND, SAMPLES, STEPS, SEQ, STOP, CKPT = range(6)
+    SIZE = 6
 
 
 class ReplyHeader:
-    """int64[4]: (global samples after this exchange, server version after it, staleness of this
-    exchange in versions, exchanges served so far)."""
+    """int64[6]: (global samples after this exchange, server version after it, staleness of this
+    exchange in versions, exchanges served so far, then the signals the server has seen: stop,
+    newest checkpoint generation)."""
 
-    GLOBAL, VERSION, STALENESS, SERVED = range(4)
-    SIZE = 4
+    GLOBAL, VERSION, STALENESS, SERVED, STOP, CKPT = range(6)
+    SIZE = 6
 
 
 def header(size: int) -> np.ndarray:

@@ -182,17 +182,31 @@ class Inbox:
 
 
 class Counter:
-    """One int64 in ``root``'s window; ``add(k)`` atomically adds k and returns the new total."""
+    """int64[3] in ``root``'s window: the global sample count, then the signals (stop, checkpoint
+    generation), max-merged.
+
+    ``add(k, raised)`` atomically adds k to the count (``Fetch_and_op`` SUM) and merges this rank's
+    raised signals (``Get_accumulate`` MAX, which returns the previous ones); returns (new total,
+    signals seen)."""
 
     def __init__(self, comm, root: int = 0):
         self.root = root
-        self.win = Window(comm, 8 if comm.Get_rank() == root else 0, disp_unit=8)
+        self.win = Window(comm, 24 if comm.Get_rank() == root else 0, disp_unit=8)
         self._v, self._r = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        self._sig = np.zeros(2, np.int64)
 
-    def add(self, k: int) -> int:
+    def add(self, k: int, raised=None) -> tuple[int, np.ndarray]:
         self._v[0] = k
         self.win.fetch_and_op(self._v, self._r, self.root, 0, MPI.SUM)
-        return int(self._r[0]) + k
+        total = int(self._r[0]) + k
+        mine = np.zeros(2, np.int64) if raised is None else np.asarray(raised, np.int64)
+        self.win.get_accumulate(mine, self._sig, self.root, 1, MPI.MAX)
+        return total, np.maximum(self._sig, mine)
+
+    def set(self, total: int) -> None:
+        """While no other rank uses the counter (a restore): sets the count."""
+        self._v[0] = total
+        self.win.fetch_and_op(self._v, self._r, self.root, 0, MPI.REPLACE)
 
     def free(self) -> None:
         self.win.free()

@@ -1,10 +1,12 @@
 """DALI input pipelines over HDF5 shards: one Loader for training and validation.
 
-Graph: ``fn.external_source`` (a Python callback reading the shards, batch mode) ->
-``fn.decoders.image`` (CPU, or "mixed" on a GPU) -> augmentation -> ``fn.crop_mirror_normalize``.
-DALI has no HDF5 reader and no sharding for external sources, so the callback does the index
-math (see ``train_indices`` / ``val_indices`` and docs/data.md). DALI is imported lazily, when a
-pipeline is first built.
+Graph: ``fn.external_source`` (a Python callback reading the shards and drawing every random
+augmentation parameter, batch mode) -> ``fn.decoders.image_slice`` (CPU, or "mixed" = nvJPEG on a
+GPU) decoding only the crop window -> ``fn.resize`` of that window to the output size ->
+``fn.crop_mirror_normalize`` (flip, lighting folded into the mean, normalise). Ten-crop
+validation decodes the whole image instead (see ``_ten_crop``). DALI has no HDF5 reader and no
+sharding for external sources, so the callback does the index math (``train_indices`` /
+``val_indices``, docs/data.md). DALI is imported lazily, when a pipeline is first built.
 """
 from __future__ import annotations
 
@@ -14,11 +16,13 @@ from typing import Iterator
 
 import numpy as np
 
+from .augment import AugmentSpec, draw, image_size, slice_args
 from .shards import DataError, ShardSet
 
 AUGMENTS = ("multiscale", "rrc", "center")
 IMAGENET_MEAN = (123.675, 116.28, 103.53)   # 0..255 units
 IMAGENET_STD = (58.395, 57.12, 57.375)
+TEN_CROPS = 10
 
 
 # ----------------------------------------------------------------------------- index math
@@ -42,17 +46,23 @@ def val_indices(n: int, rank: int, world: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- callback
 class _Source:
-    """External-source callback (batch mode, ``batch_info=True``): BatchInfo -> (images, labels).
+    """External-source callback (batch mode, ``batch_info=True``): BatchInfo -> output lists.
 
-    images: list of (nbytes,) uint8 arrays; labels: list of () int64 arrays. Raises only
-    StopIteration: a failed read is recorded in ``self.error`` and delivered as empty bytes, so
-    the decoder fails and the Loader reports the recorded cause. ``recent`` keeps the global
-    indices of the last few batches produced (the callback runs ahead of ``run()``).
+    Outputs per sample: encoded bytes (nbytes,) uint8, label () int64 and, unless ``whole`` (ten-crop),
+    the slice start/end (x, y) int32, resize roi start/end (y, x) float32, mirror () int32 and mean
+    (3,) float32. Batch ``i`` of the pipeline's first epoch is batch ``start_step + i`` of
+    ``first_epoch``. A sample that is known bad (``bad``) or fails the cheap header check is
+    replaced by the next good global index (deterministic) and recorded in ``found``. Raises only
+    StopIteration: a failed HDF5 read is recorded in ``error`` and delivered as empty bytes, so
+    the decoder fails and the Loader reports the recorded cause.
     """
 
-    def __init__(self, shards: ShardSet, indices_of, batch_size: int, first_epoch: int):
+    def __init__(self, shards: ShardSet, indices_of, batch_size: int, first_epoch: int,
+                 start_step: int, spec: AugmentSpec, seed: int, bad: set, found: list,
+                 whole: bool):
         self.shards, self.indices_of, self.batch_size = shards, indices_of, batch_size
-        self.first_epoch = first_epoch
+        self.first_epoch, self.start_step, self.spec, self.seed = first_epoch, start_step, spec, seed
+        self.bad, self.found, self.whole = bad, found, whole    # shared with the Loader
         self.recent: collections.deque = collections.deque(maxlen=8)
         self.error: str | None = None
         self._cache: tuple[int, np.ndarray] | None = None
@@ -61,25 +71,47 @@ class _Source:
         epoch = self.first_epoch + int(info.epoch_idx)
         if self._cache is None or self._cache[0] != epoch:
             self._cache = (epoch, self.indices_of(epoch))
-        start = int(info.iteration) * self.batch_size
-        batch = self._cache[1][start:start + self.batch_size]
+        step = int(info.iteration) + (self.start_step if epoch == self.first_epoch else 0)
+        batch = self._cache[1][step * self.batch_size:(step + 1) * self.batch_size]
         if batch.size == 0:
             raise StopIteration
-        self.recent.append(batch)
-        images, labels = [], []
-        for j in batch:
-            images.append(self._read(int(j)))
-            labels.append(np.array(self.shards.labels[j], dtype=np.int64))
-        return images, labels
+        outs = [[] for _ in range(2 if self.whole else 8)]
+        used = []
+        for g in batch:
+            j, data, wh = self._good_sample(int(g))
+            used.append(j)
+            outs[0].append(data)
+            outs[1].append(np.array(self.shards.labels[j], dtype=np.int64))
+            if not self.whole:
+                p = draw(self.spec, self.seed, epoch, int(g), wh or (1, 1))
+                for k, a in enumerate(slice_args(p.window, wh or (1, 1)), start=2):
+                    outs[k].append(a)
+                outs[6].append(np.array(p.mirror, dtype=np.int32))
+                outs[7].append(p.mean)
+        self.recent.append(np.array(used, dtype=np.int64))
+        return tuple(outs)
 
-    def _read(self, j: int) -> np.ndarray:
-        try:
-            return self.shards.read(j)[0]
-        except Exception as e:                      # noqa: BLE001 - must not escape into DALI
-            path, local = self.shards.locate(j)
-            if self.error is None:
-                self.error = f"{path}[{local}]: cannot read sample ({' '.join(str(e).split())})"
-            return np.zeros(0, dtype=np.uint8)
+    def _good_sample(self, g: int):
+        """(index actually used, bytes, (w, h) or None): ``g`` or the first good one after it."""
+        n = self.shards.num_samples
+        for k in range(n):
+            j = (g + k) % n
+            if j in self.bad:
+                continue
+            try:
+                data = self.shards.read(j)[0]
+            except Exception as e:                  # noqa: BLE001 - must not escape into DALI
+                path, local = self.shards.locate(j)
+                if self.error is None:
+                    self.error = f"{path}[{local}]: cannot read sample ({' '.join(str(e).split())})"
+                return j, np.zeros(0, dtype=np.uint8), None
+            wh = image_size(data)
+            if wh is not None:
+                return j, data, wh
+            self.bad.add(j)
+            self.found.append(j)
+        self.error = self.error or f"{self.shards.root}/{self.shards.split}: no decodable sample left"
+        return g, np.zeros(0, dtype=np.uint8), None
 
 
 # ----------------------------------------------------------------------------- loader
@@ -89,9 +121,12 @@ class Loader:
     x: (N, H, W, 3) for layout "NHWC" or (N, 3, H, W) for "NCHW", ``dtype``, normalised as
     (pixel - mean) / std with mean/std in 0..255 units; y: (N,) int64. NumPy on the CPU
     (``device_id=None``), CuPy on GPU ``device_id`` (UNVERIFIED, see docs/data.md).
-    Training: N = batch_size always; validation: the last batch may be smaller.
+    Training: N = batch_size always; validation: the last batch may be smaller; with
+    ``ten_crop`` x holds ``crops`` = 10 consecutive crops per sample (N*10 rows) and y stays (N,).
     augment: "multiscale" (shorter side ~ U[scale] pixels, random crop), "rrc" (random resized
     crop, scale = area fraction range) or "center" (shorter side -> val_resize, centre crop).
+    lighting: AlexNet PCA lighting noise std (0 = off). Every random choice depends only on
+    (seed, epoch, global sample index): see augment.py.
     """
 
     def __init__(self, shards: ShardSet, *, batch_size: int, image_size: int, train: bool,
@@ -99,7 +134,8 @@ class Loader:
                  flip: bool | None = None, mean=IMAGENET_MEAN, std=IMAGENET_STD,
                  val_resize: int | None = None, rank: int = 0, world: int = 1, seed: int = 0,
                  num_threads: int = 1, device_id: int | None = None, layout: str = "NHWC",
-                 dtype: str = "float32", prefetch: int = 2):
+                 dtype: str = "float32", prefetch: int = 2, lighting: float = 0.0,
+                 ten_crop: bool = False):
         self.shards, self.batch_size, self.image_size = shards, int(batch_size), int(image_size)
         self.train, self.rank, self.world, self.seed = bool(train), int(rank), int(world), int(seed)
         self.augment = augment or ("multiscale" if train else "center")
@@ -108,10 +144,18 @@ class Loader:
         self.mean, self.std = [float(m) for m in mean], [float(s) for s in std]
         self.val_resize = int(val_resize or round(image_size * 256 / 224))
         self.num_threads, self.device_id, self.prefetch = int(num_threads), device_id, int(prefetch)
-        self.layout, self.dtype = layout, dtype
+        self.layout, self.dtype, self.lighting = layout, dtype, float(lighting)
+        self.ten_crop = bool(ten_crop) and not self.train
         self._check_args()
+        self.spec = AugmentSpec(self.augment, self.image_size, self.scale, self.flip, self.lighting,
+                                self.val_resize, tuple(self.mean))
+        self._bad: set[int] = set()
+        self._found: list[int] = []
         self._pipe = self._source = None
-        self._next_epoch: int | None = None
+        self._next: tuple[int, int] | None = None
+
+    crops = property(lambda self: TEN_CROPS if self.ten_crop else 1,
+                     doc="rows of x per sample (10 with ten_crop, else 1)")
 
     def _check_args(self) -> None:
         where = f"{self.shards.root}/{self.shards.split}"
@@ -128,6 +172,9 @@ class Loader:
             raise ValueError(f"scale={self.scale}: multiscale needs image_size <= lo <= hi pixels")
         if self.augment == "rrc" and not 0 < lo <= hi <= 1:
             raise ValueError(f"scale={self.scale}: rrc needs an area range 0 < lo <= hi <= 1")
+        if self.lighting < 0 or self.val_resize < self.image_size:
+            raise ValueError(f"lighting={self.lighting}, val_resize={self.val_resize}: need "
+                             f"lighting >= 0 and val_resize >= image_size={self.image_size}")
         if self.steps_per_epoch < 1:
             raise ValueError(f"{where}: {self.shards.num_samples} samples give no full step "
                              f"for world={self.world}, batch_size={self.batch_size}")
@@ -140,6 +187,14 @@ class Loader:
             return n // (self.world * self.batch_size)
         return -(-len(val_indices(n, self.rank, self.world)) // self.batch_size)
 
+    bad_count = property(lambda self: len(self._found), doc="len(bad_samples), cheap")
+
+    @property
+    def bad_samples(self) -> list[tuple[str, int]]:
+        """(shard file, index in it) of every sample skipped as undecodable so far, in the order
+        found; each was replaced by the next good sample (see docs/data.md, Bad input)."""
+        return [(str(p), int(i)) for p, i in (self.shards.locate(g) for g in self._found)]
+
     def indices(self, epoch: int) -> np.ndarray:
         """Global indices this rank reads in ``epoch``, in delivery order: (samples,) int64."""
         n = self.shards.num_samples
@@ -147,34 +202,40 @@ class Loader:
             return train_indices(n, self.batch_size, self.rank, self.world, self.seed, epoch)
         return val_indices(n, self.rank, self.world)
 
-    def epoch(self, epoch: int) -> Iterator[tuple]:
-        """Yield the ``steps_per_epoch`` batches (x, y) of ``epoch``.
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple]:
+        """Yield batches ``start_step ..`` of ``epoch`` (``steps_per_epoch - start_step`` of them).
 
-        Calling with epoch = previous + 1 after a fully consumed epoch reuses the pipeline;
-        any other epoch (resume, or an abandoned epoch) rebuilds it. Raises DataError naming
-        the shard file and index when a sample cannot be read or decoded.
+        Batches before ``start_step`` are skipped without being read or decoded; the batches
+        yielded are exactly those a full ``epoch(epoch)`` yields from that step on. The pipeline
+        is reused when (epoch, start_step) = (previous + 1, 0) after a fully consumed epoch,
+        rebuilt otherwise (~10 ms). An undecodable sample is replaced and recorded in
+        ``bad_samples`` (the failed batch is rebuilt, never lost); raises DataError naming the
+        shard file and index when a sample cannot be read or the failure cannot be attributed.
         """
-        if self._pipe is None or self._next_epoch != epoch:
-            self._build(epoch)
-        self._next_epoch = None                  # mid-epoch until StopIteration
-        pipe = self._pipe
+        if not 0 <= start_step <= self.steps_per_epoch:
+            raise ValueError(f"start_step={start_step} not in [0, {self.steps_per_epoch}]")
+        if self._pipe is None or self._next != (epoch, start_step):
+            self._build(epoch, start_step)
+        self._next = None                        # mid-epoch until StopIteration
+        step = start_step
         while True:
             try:
-                out = pipe.run()
+                out = self._pipe.run()
             except StopIteration:
-                pipe.reset()
-                self._next_epoch = epoch + 1
+                self._pipe.reset()
+                self._next = (epoch + 1, 0)
                 return
             except RuntimeError as e:            # decoder failure: the batch is lost
-                err = self._diagnose(e)
-                self.close()                     # do not rely on recovery: rebuild next time
-                raise err from None
+                self._recover(e)                 # raises DataError if it cannot
+                self._build(epoch, step)         # same batches again, bad samples replaced
+                continue
+            step += 1
             yield self._to_arrays(out)
 
     def close(self) -> None:
         """Drop the DALI pipeline (a later ``epoch`` call builds a new one)."""
         self._pipe = self._source = None
-        self._next_epoch = None
+        self._next = None
 
     def __enter__(self):
         return self
@@ -183,64 +244,82 @@ class Loader:
         self.close()
 
     # ---- internals
-    def _build(self, first_epoch: int) -> None:
+    def _build(self, first_epoch: int, start_step: int) -> None:
         from nvidia.dali import Pipeline, fn, types
         self.close()
-        self._source = _Source(self.shards, self.indices, self.batch_size, first_epoch)
+        self._source = _Source(self.shards, self.indices, self.batch_size, first_epoch, start_step,
+                               self.spec, self.seed, self._bad, self._found, self.ten_crop)
         pipe = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
-                        device_id=self.device_id, seed=self.seed + self.rank,
+                        device_id=self.device_id, seed=self.seed,
                         prefetch_queue_depth=self.prefetch, exec_dynamic=True)
         with pipe:
-            jpegs, labels = fn.external_source(
-                source=self._source, num_outputs=2, batch=True, batch_info=True,
-                dtype=[types.UINT8, types.INT64], ndim=[1, 0])
-            images = fn.decoders.image(jpegs, device="cpu" if self.device_id is None else "mixed",
-                                       output_type=types.RGB)
-            pipe.set_outputs(self._augment(images, fn, types), labels)
+            pipe.set_outputs(*(self._ten_crop(fn, types) if self.ten_crop
+                               else self._graph(fn, types)))
         pipe.build()
         self._pipe = pipe
 
-    def _augment(self, images, fn, types):
-        """Decoded HWC uint8 images -> normalised (image_size, image_size) crops."""
-        s, kw = self.image_size, {}
-        if self.augment == "multiscale":
-            images = fn.resize(images, resize_shorter=fn.random.uniform(range=self.scale))
-            kw = {"crop": (s, s), "crop_pos_x": fn.random.uniform(range=(0.0, 1.0)),
-                  "crop_pos_y": fn.random.uniform(range=(0.0, 1.0))}
-        elif self.augment == "rrc":
-            images = fn.random_resized_crop(images, size=(s, s), random_area=self.scale)
-        else:
-            images = fn.resize(images, resize_shorter=self.val_resize)
-            kw = {"crop": (s, s)}
-        mirror = fn.random.coin_flip(probability=0.5) if self.flip else 0
-        return fn.crop_mirror_normalize(
-            images, mirror=mirror, mean=self.mean, std=self.std,
-            dtype=types.FLOAT if self.dtype == "float32" else types.FLOAT16,
-            output_layout="HWC" if self.layout == "NHWC" else "CHW", **kw)
+    def _cmn_args(self, types) -> dict:
+        return dict(std=self.std, dtype=types.FLOAT if self.dtype == "float32" else types.FLOAT16,
+                    output_layout="HWC" if self.layout == "NHWC" else "CHW")
+
+    def _graph(self, fn, types):
+        """Decode the crop window only, resize it to image_size^2, mirror + normalise."""
+        jpegs, labels, start, end, r0, r1, mirror, mean = fn.external_source(
+            source=self._source, num_outputs=8, batch=True, batch_info=True,
+            dtype=[types.UINT8, types.INT64, types.INT32, types.INT32, types.FLOAT, types.FLOAT,
+                   types.INT32, types.FLOAT], ndim=[1, 0, 1, 1, 1, 1, 0, 1])
+        images = fn.decoders.image_slice(
+            jpegs, start=start, end=end, output_type=types.RGB, adjust_orientation=False,
+            device="cpu" if self.device_id is None else "mixed")
+        s = self.image_size
+        images = fn.resize(images, size=(s, s), roi_start=r0, roi_end=r1)
+        return fn.crop_mirror_normalize(images, mirror=mirror, mean=mean,
+                                        **self._cmn_args(types)), labels
+
+    def _ten_crop(self, fn, types):
+        """Shorter side -> val_resize; four corners + centre, each also mirrored: (10, ...) per
+        sample, in the order (x, y) = TL, TR, BL, BR, centre, then the same mirrored."""
+        jpegs, labels = fn.external_source(source=self._source, num_outputs=2, batch=True,
+                                           batch_info=True, dtype=[types.UINT8, types.INT64],
+                                           ndim=[1, 0])
+        images = fn.decoders.image(jpegs, output_type=types.RGB, adjust_orientation=False,
+                                   device="cpu" if self.device_id is None else "mixed")
+        images = fn.resize(images, resize_shorter=self.val_resize)
+        s, kw = self.image_size, self._cmn_args(types)
+        crops = [fn.crop_mirror_normalize(images, crop=(s, s), crop_pos_x=px, crop_pos_y=py,
+                                          mirror=m, mean=self.mean, **kw)
+                 for m in (0, 1) for px, py in ((0, 0), (1, 0), (0, 1), (1, 1), (0.5, 0.5))]
+        return fn.stack(*crops, axis=0), labels
 
     def _to_arrays(self, out) -> tuple:
         """DALI outputs -> (x, y); zero-copy views (the dynamic executor keeps them valid)."""
         x_tl, y_tl = out
         y = np.asarray(y_tl.as_tensor()).reshape(-1)
         if self.device_id is None:
-            return np.asarray(x_tl.as_tensor()), y
+            x = np.asarray(x_tl.as_tensor())
+            return (x.reshape(-1, *x.shape[2:]) if self.ten_crop else x), y
         import cupy                              # GPU branch only (UNVERIFIED: no GPU here)
-        return cupy.from_dlpack(x_tl.as_tensor()), cupy.asarray(y)
+        x = cupy.from_dlpack(x_tl.as_tensor())
+        return (x.reshape(-1, *x.shape[2:]) if self.ten_crop else x), cupy.asarray(y)
 
-    def _diagnose(self, exc: RuntimeError) -> DataError:
-        """Find the sample behind a DALI failure among the last batches the callback produced."""
-        if self._source.error:
-            return DataError(self._source.error)
-        for batch in list(self._source.recent):
-            for j in batch:
-                reason = _decode_error(self.shards.read(int(j))[0])
-                if reason:
-                    path, local = self.shards.locate(int(j))
-                    return DataError(f"{path}[{local}]: cannot decode JPEG ({reason})")
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        hint = next((ln for ln in lines if "ailed" in ln), lines[-1] if lines else repr(exc))
-        return DataError(f"{self.shards.root}/{self.shards.split}: DALI pipeline failed and the "
-                         f"bad sample was not identified ({hint[:200]})")
+    def _recover(self, exc: RuntimeError) -> None:
+        """Find the samples behind a DALI failure among the last batches the callback produced,
+        mark them bad (they will be replaced); DataError when the cause is not a bad sample."""
+        src = self._source
+        if src.error:
+            self.close()
+            raise DataError(src.error)
+        new = [int(j) for batch in list(src.recent) for j in batch
+               if int(j) not in self._bad and _decode_error(self.shards.read(int(j))[0])]
+        if not new:
+            self.close()
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            hint = next((ln for ln in lines if "ailed" in ln), lines[-1] if lines else repr(exc))
+            raise DataError(f"{self.shards.root}/{self.shards.split}: DALI pipeline failed and "
+                            f"the bad sample was not identified ({hint[:200]})")
+        for j in dict.fromkeys(new):
+            self._bad.add(j)
+            self._found.append(j)
 
 
 def _default_scale(augment: str, image_size: int) -> tuple[float, float]:

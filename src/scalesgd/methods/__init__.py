@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .allreduce import AllReduce
 from .asgd import ASGD
-from .base import Method, MethodError, eval_boundaries
+from .base import Method, MethodError, Phases, Stopped, eval_boundaries
 from .easgd import EASGD
 from .gossip import Gossip
 from .single import Single
@@ -23,4 +23,4 @@ def create(cfg, topo) -> Method:
     return METHODS[name](cfg, topo)
 
 
-__all__ = ["METHODS", "Method", "MethodError", "create", "eval_boundaries"]
+__all__ = ["METHODS", "Method", "MethodError", "Phases", "Stopped", "create", "eval_boundaries"]

@@ -13,6 +13,7 @@ previous fetch and the application of its update; 0 with a single worker.
 """
 from __future__ import annotations
 
+from ..backend import get_array_module
 from ..comm.collectives import HostStage
 from ..comm.protocol import Kind
 from .server import ServerMethod
@@ -51,3 +52,16 @@ class ASGD(ServerMethod):
         ps.params += self.rx.arr                 # w <- w + d_i
         self.version += 1
         self.reply(w, stale, self.own.pull(), self.version)
+
+    # checkpoints: a worker's x_f (the weights of its last fetch) is state too
+    def state(self, ps):
+        arrays, scalars = super().state(ps)
+        if not self.is_server:
+            arrays["fetched_weights"] = self.base.arr
+        return arrays, scalars
+
+    def load_state(self, ps, arrays, scalars):
+        super().load_state(ps, arrays, scalars)
+        if not self.is_server:
+            xp = get_array_module(self.base.arr)
+            self.base.arr[...] = xp.asarray(arrays["fetched_weights"])

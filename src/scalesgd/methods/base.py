@@ -43,6 +43,13 @@ class Method:
         self.cfg, self.topo, self.comm = cfg, topo, topo.comm
         self.global_samples = 0
         self.timers = {"comm": 0.0, "wait": 0.0}
+        # Signals travel with the exchanges, max-merged: [stop, checkpoint generation].  ``raised`` is
+        # what this rank asks for (SIGTERM/SIGUSR1 -> stop; rank 0's clock -> a checkpoint), ``seen``
+        # the maximum it knows of.  A rank enters a phase once it has seen a new signal.
+        self.raised = np.zeros(2, dtype=np.int64)
+        self.seen = np.zeros(2, dtype=np.int64)
+        self.phase_done = -1             # index of the last boundary all ranks processed (loop)
+        self.ckpt_done = 0               # last checkpoint generation all ranks wrote (loop)
 
     # ------------------------------------------------------------------ roles
     @property
@@ -79,9 +86,59 @@ class Method:
         """Gradients in ``ps.grads`` are final on this rank."""
 
     def after_update(self, step: int, ps, samples: int) -> int:
-        """Parameters were updated locally from ``samples`` samples; returns the global count."""
+        """Parameters were updated locally from ``samples`` samples; returns the global count.
+
+        Synchronous methods advance in lockstep; a stop request anywhere is known everywhere after
+        the same step (one tiny all-reduce per step)."""
         self.global_samples += samples * self.num_workers
+        self.seen = self.max_over_ranks(self.raised)
         return self.global_samples
+
+    def request_stop(self) -> None:
+        self.raised[0] = 1
+
+    def request_checkpoint(self) -> None:
+        self.raised[1] = max(self.raised[1], self.seen[1]) + 1
+
+    @property
+    def stop_seen(self) -> bool:
+        return bool(self.seen[0])
+
+    def signal_pending(self) -> bool:
+        """A stop or a checkpoint this rank has heard of and that no phase has handled yet."""
+        return bool(self.seen[0]) or int(self.seen[1]) > self.ckpt_done
+
+    def max_over_ranks(self, v: np.ndarray) -> np.ndarray:
+        """Collective: element-wise maximum of a small int64 vector over all ranks."""
+        if self.topo.size == 1:
+            return v.copy()
+        return collectives.allreduce_max_host(self.comm, np.asarray(v, dtype=np.int64))
+
+    def agree(self, want: int) -> tuple[int, bool, int]:
+        """Collective over all ranks at a phase (see train/loop.py): the furthest boundary index any
+        rank reached, whether any rank knows of a stop, the newest checkpoint generation asked for."""
+        v = self.max_over_ranks(np.array([want, self.seen[0], self.seen[1]], dtype=np.int64))
+        self.seen[:] = np.maximum(self.seen, v[1:])
+        return int(v[0]), bool(v[1]), int(v[2])
+
+    # ------------------------------------------------------------------ checkpoints
+    def quiesce(self, ps) -> None:
+        """Collective, inside a phase (no exchange in flight): fold any pending incoming state into
+        this rank's own (gossip push drains its inbox) so that ``ps`` is complete for a checkpoint."""
+
+    def funnel(self, arrays: dict, text: str, sink) -> None:
+        """Collective: every rank's host arrays and text reach ``sink(rank, arrays, text)`` on
+        rank 0, one rank at a time (checkpoint writing)."""
+        collectives.funnel(self.comm, arrays, text, sink)
+
+    def state(self, ps) -> tuple[dict, dict]:
+        """(arrays, JSON scalars) of method state beyond ps/momentum, for a checkpoint."""
+        return {}, {"global_samples": self.global_samples, "timers": dict(self.timers)}
+
+    def load_state(self, ps, arrays: dict, scalars: dict) -> None:
+        """Restores what ``state`` returned (after ``start``: windows and ports exist)."""
+        self.global_samples = int(scalars["global_samples"])
+        self.timers.update(scalars["timers"])
 
     def serve(self, ps, boundaries, on_boundary) -> None:
         """Server ranks only: serve workers until the last boundary has been evaluated."""
@@ -125,6 +182,58 @@ class Method:
             yield
         finally:
             self.timers[key] += time.perf_counter() - t
+
+
+class Stopped(Exception):
+    """Every rank agreed to stop (a SIGTERM/SIGUSR1 somewhere); the checkpoint has been written."""
+
+
+class Phases:
+    """Turns global progress and signals into collective *phases*, the same sequence on every rank.
+
+    ``boundaries`` are increasing global-sample counts (the last = the end of training).  A rank
+    enters a phase as soon as it knows the count reached a boundary beyond ``method.phase_done`` or
+    it has heard of a new signal (stop, checkpoint).  In the phase all ranks agree (``agree``: the
+    furthest boundary any reached, stop, checkpoint generation), then each runs
+    ``on_boundary(i)`` for every boundary up to the agreed one, ``on_checkpoint()`` if a checkpoint
+    was asked for (or before stopping), and raises ``Stopped`` on a stop.  Because every trigger is
+    a monotone global condition that each rank learns at its next exchange (and a server only enters
+    once every worker was told), all ranks enter the same phases in the same order.
+    """
+
+    def __init__(self, method, boundaries, on_boundary, on_checkpoint=None):
+        self.m, self.boundaries = method, list(boundaries)
+        self.on_boundary, self.on_checkpoint = on_boundary, on_checkpoint
+
+    def reached(self, gs: int) -> int:
+        """Index of the furthest boundary <= gs (-1 if none)."""
+        return int(np.searchsorted(self.boundaries, gs, side="right")) - 1
+
+    @property
+    def finished(self) -> bool:
+        return self.m.phase_done >= len(self.boundaries) - 1
+
+    def check(self, gs: int) -> bool:
+        """Worker, after each step: runs a phase if one is due; True when training is over."""
+        want = self.reached(gs)
+        if want > self.m.phase_done or self.m.signal_pending():
+            return self.run(want)
+        return False
+
+    def run(self, want: int) -> bool:
+        """Collective: one phase.  Returns True when the last boundary has been processed."""
+        m = self.m
+        idx, stop, gen = m.agree(want)
+        wrote = False                      # on_boundary returns True when it wrote a checkpoint
+        while m.phase_done < idx:
+            wrote |= bool(self.on_boundary(m.phase_done + 1))
+            m.phase_done += 1
+        if (gen > m.ckpt_done or stop) and not wrote and self.on_checkpoint is not None:
+            self.on_checkpoint()
+        m.ckpt_done = max(m.ckpt_done, gen)
+        if stop and not self.finished:
+            raise Stopped()
+        return self.finished
 
 
 def eval_boundaries(total: int, period: int) -> list[int]:

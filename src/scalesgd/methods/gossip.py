@@ -76,7 +76,8 @@ class Gossip(Method):
             return self.global_samples
         with self.timed("comm"):
             self.exchange()
-            self.global_samples = self.counter.add(self._unreported)
+            self.global_samples, sig = self.counter.add(self._unreported, self.raised)
+            self.seen[:] = np.maximum(self.seen, sig)
         self._unreported = 0
         return self.global_samples
 
@@ -112,6 +113,35 @@ class Gossip(Method):
             out["pushsum_weight"] = self.weight
         return out
 
+    # ------------------------------------------------------------------ checkpoints
+    def quiesce(self, ps) -> None:
+        """Push: inside a phase nobody pushes, and every push was flushed, so draining the inbox
+        now folds every message in flight into (w_i x_i, w_i): nothing is lost or counted twice."""
+        if self.variant == "push":
+            x = self.stage.pull()
+            self.fold_inbox(x)
+            self.stage.push()
+
+    def state(self, ps) -> tuple[dict, dict]:
+        arrays, scalars = super().state(ps)
+        scalars.update(weight=self.weight, exchanges=self.exchanges, retries=self.retries,
+                       last_peer=self.last_peer, unreported=self._unreported,
+                       rng=self.rng.bit_generator.state)
+        if self.topo.rank == 0:                     # the counter's true value (quiescent: exact)
+            scalars["counter_total"] = self.counter.add(0)[0]
+        return arrays, scalars
+
+    def load_state(self, ps, arrays: dict, scalars: dict) -> None:
+        super().load_state(ps, arrays, scalars)
+        self.weight, self.exchanges = float(scalars["weight"]), int(scalars["exchanges"])
+        self.retries, self.last_peer = int(scalars["retries"]), int(scalars["last_peer"])
+        self._unreported = int(scalars["unreported"])
+        self.rng.bit_generator.state = scalars["rng"]
+        if self.topo.rank == 0:
+            self.counter.set(int(scalars["counter_total"]))
+        if self.variant == "pull":
+            self.pub.publish(self.stage.pull())      # peers read the restored parameters
+        self.comm.Barrier()                          # restored everywhere before anyone reads
     # ------------------------------------------------------------------ evaluation
     def load_eval_model(self, ps) -> dict:
         """Collective: the exact average of the replicas' (de-biased) parameters and of their BN

@@ -53,6 +53,7 @@ class ServerMethod(Method):
         if self.is_server:
             self.port = ServerPort(self.comm)
             self.told = np.zeros(self.num_workers, dtype=np.int64)
+            self.told_sig = np.zeros((self.num_workers, 2), dtype=np.int64)
             self.fetched = np.zeros(self.num_workers, dtype=np.int64)   # version at last reply
         else:
             self.port = WorkerPort(self.comm)
@@ -75,6 +76,7 @@ class ServerMethod(Method):
         h = self.push_hdr
         h[PushHeader.KIND], h[PushHeader.SAMPLES] = self.kind, self._samples
         h[PushHeader.STEPS], h[PushHeader.SEQ] = self._steps, self.exchanges
+        h[PushHeader.STOP:PushHeader.CKPT + 1] = self.raised
         payload = self.push_payload(ps)               # host array
         with self.timed("comm"):
             self.port.post_reply(self.reply_buffer(ps))
@@ -83,6 +85,7 @@ class ServerMethod(Method):
             r = self.port.wait_reply()
         self.global_samples = int(r[ReplyHeader.GLOBAL])
         self.version = int(r[ReplyHeader.VERSION])
+        self.seen[:] = r[ReplyHeader.STOP:ReplyHeader.CKPT + 1]
         self._record(int(r[ReplyHeader.STALENESS]))
         self.exchanges += 1
         self._samples = self._steps = 0
@@ -109,9 +112,16 @@ class ServerMethod(Method):
         return dict(exchanges=self.exchanges, staleness=self.last_staleness, staleness_mean=mean)
 
     # ------------------------------------------------------------------ server
-    def serve(self, ps, boundaries, on_boundary) -> None:
-        port, nxt, gs = self.port, 0, 0
-        while nxt < len(boundaries):
+    def serve(self, ps, boundaries, on_phase, tick=None) -> None:
+        """Serves pushes until a phase ends the run.  A phase (``on_phase(want)``, the collective a
+        worker enters once told a count >= a new boundary or a new signal) is entered only when
+        EVERY worker has been told: ``min(told) >= boundaries[want]``, or a stop / a checkpoint
+        generation every worker was told of; entering earlier could deadlock (a worker not yet
+        told would still push)."""
+        port = self.port
+        while True:
+            if tick is not None:
+                tick()                                  # rank 0's clock may raise a checkpoint
             with self.timed("wait"):
                 src = port.recv_push(self.rx.host)
             h = port.push_hdr
@@ -120,17 +130,21 @@ class ServerMethod(Method):
                                    f"expected {int(self.kind)} (mixed methods?)")
             w = src - 1
             stale = self.version - int(self.fetched[w])
-            gs += int(h[PushHeader.SAMPLES])
-            self.global_samples = gs
+            self.global_samples += int(h[PushHeader.SAMPLES])
+            self.seen[:] = np.maximum(np.maximum(self.seen, self.raised),
+                                      h[PushHeader.STOP:PushHeader.CKPT + 1])
             with self.timed("comm"):
                 self.serve_push(ps, w, stale)          # applies and replies (subclass order)
             self.fetched[w] = self.version
             self._record(stale)
             self.exchanges += 1
-            self.told[w] = gs
-            while nxt < len(boundaries) and self.told.min() >= boundaries[nxt]:
-                on_boundary(boundaries[nxt])
-                nxt += 1
+            self.told[w] = self.global_samples
+            self.told_sig[w] = self.seen
+            want = int(np.searchsorted(boundaries, self.told.min(), side="right")) - 1
+            everyone = self.told_sig.min(axis=0)        # signals every worker has been told of
+            if want > self.phase_done or everyone[0] or everyone[1] > self.ckpt_done:
+                if on_phase(want):
+                    return
 
     def reply(self, w: int, stale: int, payload: np.ndarray, version: int) -> None:
         """Sends worker ``w`` the reply header (count, ``version``, ``stale``) and ``payload``."""
@@ -138,6 +152,7 @@ class ServerMethod(Method):
         r[ReplyHeader.GLOBAL] = self.global_samples
         r[ReplyHeader.VERSION], r[ReplyHeader.STALENESS] = version, stale
         r[ReplyHeader.SERVED] = self.exchanges + 1
+        r[ReplyHeader.STOP:ReplyHeader.CKPT + 1] = self.seen
         self.port.send_reply(w + 1, payload)
 
     # ------------------------------------------------------------------ evaluation
@@ -164,6 +179,27 @@ class ServerMethod(Method):
         return dict(worker_distance=float(dist.mean()), worker_distance_max=float(dist.max()),
                     server_version=int(vec[p]), staleness_mean=float(vec[p + 1]),
                     staleness_max=int(vec[p + 2]))
+
+    # ------------------------------------------------------------------ checkpoints
+    def state(self, ps) -> tuple[dict, dict]:
+        """Inside a phase every exchange has been answered, so counters and buffers are consistent."""
+        arrays, scalars = super().state(ps)
+        scalars.update(exchanges=self.exchanges, version=self.version, samples=self._samples,
+                       steps=self._steps, last_staleness=self.last_staleness,
+                       staleness={str(k): v for k, v in self.staleness.items()})
+        if self.is_server:
+            scalars.update(told=self.told.tolist(), fetched=self.fetched.tolist())
+        return arrays, scalars
+
+    def load_state(self, ps, arrays: dict, scalars: dict) -> None:
+        super().load_state(ps, arrays, scalars)
+        self.exchanges, self.version = int(scalars["exchanges"]), int(scalars["version"])
+        self._samples, self._steps = int(scalars["samples"]), int(scalars["steps"])
+        self.last_staleness = int(scalars["last_staleness"])
+        self.staleness = Counter({int(k): v for k, v in scalars["staleness"].items()})
+        if self.is_server:
+            self.told[...] = scalars["told"]
+            self.fetched[...] = scalars["fetched"]
 
     # ------------------------------------------------------------------ subclass hooks
     def start_role(self, ps) -> None:

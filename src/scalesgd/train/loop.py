@@ -9,18 +9,24 @@ training time that throughput and time-to-accuracy are computed from, as in Jin 
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..backend import to_numpy
 from ..config import Config, parse_straggler
 from ..data.pipeline import Loader
 from ..data.shards import ShardSet
+from ..io import checkpoint as ckpt
 from ..io.files import write_json_atomic
 from ..io.metrics import MetricsWriter
-from ..methods import eval_boundaries
+from ..methods import Phases, eval_boundaries
 from ..nn.resnet import ResNet
 from ..optim.schedule import lr_at
 from ..optim.sgd import SGD
@@ -59,12 +65,19 @@ def build(cfg: Config, topo, backend, method, data_root: Path, data_threads: int
     train = val = None
     if not method.is_server:
         common = dict(batch_size=d.batch_size, image_size=d.image_size, mean=d.mean, std=d.std,
-                      num_threads=data_threads, device_id=backend.device_id, dtype=m.dtype,
+                      num_threads=data_threads, device_id=backend.device_id, dtype=_input_dtype(cfg),
                       val_resize=d.val_resize or None, rank=method.worker_index,
                       world=method.num_workers, seed=cfg.train.seed)
-        train = Loader(train_shards, train=True, augment=d.augment, scale=d.scale, flip=d.flip, **common)
-        val = Loader(val_shards, train=False, augment="center", flip=False, **common)
+        train = Loader(train_shards, train=True, augment=d.augment, scale=d.scale, flip=d.flip,
+                       lighting=d.lighting, **common)
+        val = Loader(val_shards, train=False, augment="center", flip=False, ten_crop=d.ten_crop, **common)
     return Setup(cfg, topo, backend, method, model, opt, train, val, data_root, train_shards.num_samples)
+
+
+def _input_dtype(cfg: Config) -> str:
+    """data.output_dtype, or the model's dtype when it is 'model' (float32 unless float16)."""
+    want = cfg.data.output_dtype
+    return want if want != "model" else ("float16" if cfg.model.dtype == "float16" else "float32")
 
 
 class Straggler:
@@ -86,7 +99,7 @@ def evaluate_local(model, loader: Loader | None) -> np.ndarray:
     n = c1 = c5 = 0
     if loader is not None:
         for x, y in loader.epoch(0):
-            a, b = eval_step(model, x, y)
+            a, b = eval_step(model, x, y, crops=loader.crops)
             c1, c5, n = c1 + int(a), c5 + int(b), n + len(y)
     return np.array([c1, c5, n], dtype=np.float64)
 
@@ -119,12 +132,23 @@ class Run:
         self.spe = (s.train_samples // (d.batch_size * s.method.num_workers)) * d.batch_size \
             * s.method.num_workers                       # global samples per epoch
         self.total = s.cfg.train.epochs * self.spe
-        self.boundaries = eval_boundaries(self.total, int(round(s.cfg.dist.eval_every * self.spe)))
+        evals = eval_boundaries(self.total, int(round(s.cfg.dist.eval_every * self.spe)))
+        every = s.cfg.train.checkpoint_every
+        ckpts = eval_boundaries(self.total, int(round(every * self.spe))) if every else [self.total]
+        self.eval_at, self.ckpt_at = set(evals), set(ckpts)
+        self.boundaries = sorted(self.eval_at | self.ckpt_at)
+        self.phases = Phases(s.method, self.boundaries, self.on_boundary, self.on_signal_checkpoint)
+        self.run_dir = run_dir
+        self.straggle = Straggler(s.cfg.dist.straggler, s.topo.rank, s.cfg.train.seed)
+        self.step = self.local_epoch = self.step_in_epoch = 0
+        self.t_start, self.t_excluded, self.train_offset = time.perf_counter(), 0.0, 0.0
+        self.last_ckpt_clock = time.perf_counter()
         self.metrics = MetricsWriter(run_dir, s.topo.rank)
         self.progress = Progress(s.method.worker_index == 0, s.topo.is_root, s.cfg.train.log_every)
         self.history: list[dict] = []
         self.t_train = self.t_eval = self.t_data = self.t_compute = 0.0
         self.local_samples = 0
+        self._bad_reported: dict[str, int] = {}
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, boundary: int) -> None:
@@ -132,11 +156,13 @@ class Run:
         s = self.s
         t = time.perf_counter()
         with s.method.evaluation(s.model.ps) as extra:
-            counts = s.method.reduce_counts(evaluate_local(s.model, s.val_data))
+            counts = s.method.reduce_counts(np.append(evaluate_local(s.model, s.val_data),
+                                                      self.report_bad()))
         self.t_eval += time.perf_counter() - t
         top1, top5 = counts[0] / max(counts[2], 1), counts[1] / max(counts[2], 1)
         rec = dict(epoch=boundary / self.spe, global_samples=boundary, val_top1_accuracy=top1,
-                   val_top5_accuracy=top5, val_samples=int(counts[2]), train_seconds=self.t_train,
+                   val_top5_accuracy=top5, val_samples=int(counts[2]), bad_samples=int(counts[3]),
+                   train_seconds=self.t_train,
                    eval_seconds=self.t_eval, **extra)
         if s.method.is_server:                       # the server's own counters, per boundary
             self.metrics.write("server", global_samples=boundary, **s.method.stats())
@@ -145,73 +171,166 @@ class Run:
         self.progress.evaluation(boundary / self.spe, self.cfg.train.epochs, top1, top5, self.t_train,
                                  self.t_eval, extra)
 
+    def report_bad(self) -> int:
+        """Warn (stderr) about samples this rank's loaders newly skipped; returns their total."""
+        total = 0
+        for name, ld in (("train", self.s.train_data), ("val", self.s.val_data)):
+            if ld is None:
+                continue
+            done = self._bad_reported.get(name, 0)
+            if ld.bad_count > done:
+                for path, i in ld.bad_samples[done:]:
+                    print(f"scalesgd: warning: rank {self.s.topo.rank}: skipped undecodable sample "
+                          f"{path}[{i}] (replaced by the next good one)", file=sys.stderr, flush=True)
+                self._bad_reported[name] = ld.bad_count
+            total += ld.bad_count
+        return total
+
+    # ------------------------------------------------------------------ phases
+    def train_seconds(self) -> float:
+        """Training time so far: wall time of this run (and of the runs it resumes) minus the time
+        spent in phases (evaluations, checkpoints, waiting for the other ranks to get there)."""
+        return self.train_offset + time.perf_counter() - self.t_start - self.t_excluded
+
+    def on_boundary(self, i: int) -> bool:
+        """Phase action for boundary i (collective); True if it wrote a checkpoint."""
+        b, t = self.boundaries[i], time.perf_counter()
+        self.t_train = self.train_seconds()
+        if b in self.eval_at:
+            self.evaluate(b)
+        wrote = b in self.ckpt_at
+        if wrote:
+            self.checkpoint("end" if b == self.total else "scheduled")
+        self.t_excluded += time.perf_counter() - t
+        return wrote
+
+    def on_signal_checkpoint(self) -> None:
+        t = time.perf_counter()
+        self.t_train = self.train_seconds()
+        self.checkpoint("stop" if self.s.method.stop_seen else "clock")
+        self.t_excluded += time.perf_counter() - t
+
+    def tick(self) -> None:
+        """Rank 0's clock asks for a checkpoint every ``checkpoint_minutes``."""
+        minutes = self.cfg.train.checkpoint_minutes
+        if minutes and self.s.topo.is_root and time.perf_counter() - self.last_ckpt_clock > 60 * minutes:
+            self.s.method.request_checkpoint()
+            self.last_ckpt_clock = time.perf_counter()
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self, reason: str) -> None:
+        """Collective: every rank's state into one file (rank 0 writes), then keep the newest K."""
+        s, m, ps = self.s, self.s.method, self.s.model.ps
+        m.quiesce(ps)
+        g = int(m.max_over_ranks(np.array([m.global_samples], dtype=np.int64))[0])
+        arrays, scalars = m.state(ps)
+        arrays = {"params": ps.params, "momentum": s.opt.momentum, "buffers": ps.buffers, **arrays}
+        arrays = {k: to_numpy(v) for k, v in arrays.items()}
+        state = json.dumps({"loop": self.loop_state(), "method": scalars,
+                            "straggler": self.straggle.rng.bit_generator.state})
+        writer = None
+        if s.topo.is_root:
+            meta = dict(config=self.cfg.to_dict(), method=m.name, ranks=s.topo.size,
+                        model=self.cfg.model.model, num_params=s.model.num_params,
+                        layout=layout_signature(ps), global_samples=g, phase_done=m.phase_done,
+                        ckpt_done=int(m.seen[1]), reason=reason, history=self.history,
+                        created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+            writer = ckpt.Writer(ckpt.checkpoint_dir(self.run_dir), g, meta)
+        try:
+            m.funnel(arrays, state, writer.add_rank if writer else None)
+            if writer:
+                path = writer.commit()
+                ckpt.prune(path.parent, self.cfg.train.keep_checkpoints)
+                logging.getLogger("scalesgd").info("checkpoint %s (%s)", path, reason)
+        except BaseException:
+            if writer:
+                writer.abort()
+            raise
+        self.last_ckpt_clock = time.perf_counter()
+
+    def loop_state(self) -> dict:
+        return dict(step=self.step, local_epoch=self.local_epoch, step_in_epoch=self.step_in_epoch,
+                    local_samples=self.local_samples, train_seconds=self.t_train,
+                    eval_seconds=self.t_eval, data_seconds=self.t_data,
+                    compute_seconds=self.t_compute, global_samples=self.s.method.global_samples)
+
+    def restore(self, path: Path) -> None:
+        """After ``method.start``: this rank's state from checkpoint ``path`` (digests checked)."""
+        s, m, ps = self.s, self.s.method, self.s.model.ps
+        meta, arrays, state = ckpt.read_rank(path, s.topo.rank)
+        xp = s.backend.xp
+        ps.params[...] = xp.asarray(arrays.pop("params"))
+        s.opt.momentum[...] = xp.asarray(arrays.pop("momentum"))
+        ps.buffers[...] = xp.asarray(arrays.pop("buffers"))
+        m.load_state(ps, arrays, state["method"])
+        loop = state["loop"]
+        self.step, self.local_epoch = loop["step"], loop["local_epoch"]
+        self.step_in_epoch, self.local_samples = loop["step_in_epoch"], loop["local_samples"]
+        self.train_offset = self.t_train = loop["train_seconds"]
+        self.t_eval, self.t_data = loop["eval_seconds"], loop["data_seconds"]
+        self.t_compute = loop["compute_seconds"]
+        self.straggle.rng.bit_generator.state = state["straggler"]
+        self.history = meta["history"]
+        m.phase_done, m.ckpt_done = meta["phase_done"], meta["ckpt_done"]
+        m.raised[1] = m.seen[1] = m.ckpt_done       # the clock's next request is a new generation
+
     # ------------------------------------------------------------------ worker
     def work(self) -> None:
-        s, cfg, ps = self.s, self.cfg, self.s.model.ps
-        straggle = Straggler(cfg.dist.straggler, s.topo.rank, cfg.train.seed)
-        gs, step, local_epoch, nxt = 0, 0, 0, 0
-        t0 = time.perf_counter()
-        while nxt < len(self.boundaries):
+        s, cfg, ps, m = self.s, self.cfg, self.s.model.ps, self.s.method
+        gs = m.global_samples
+        while True:
             td = time.perf_counter()
-            for x, y in s.train_data.epoch(local_epoch):
+            for x, y in epoch_from(s.train_data, self.local_epoch, self.step_in_epoch):
                 tc = time.perf_counter()
                 self.t_data += tc - td
-                lr = lr_at(cfg.schedule, gs / self.spe, s.method.lr_batch)
-                loss, errors = train_step(s.model, x, y, cfg.train.label_smoothing, s.method.grad_scale)
-                straggle()
-                s.method.after_backward(step, ps)
+                lr = lr_at(cfg.schedule, gs / self.spe, m.lr_batch)
+                loss, errors = train_step(s.model, x, y, cfg.train.label_smoothing, m.grad_scale)
+                self.straggle()
+                m.after_backward(self.step, ps)
                 s.opt.step(ps.params, ps.grads, lr)
-                gs = s.method.after_update(step, ps, len(y))
-                loss, err = float(loss), int(errors) / len(y)
-                step += 1
+                gs = m.after_update(self.step, ps, len(y))
+                self.step += 1
+                self.step_in_epoch += 1
                 self.local_samples += len(y)
-                now = time.perf_counter()
-                self.t_compute += now - tc
-                train_s = self.t_train + now - t0
-                timers = s.method.timers
-                self.metrics.write("step", step=step, global_samples=gs, epoch=gs / self.spe,
-                                   samples=self.local_samples, loss=loss, top1_error=err, lr=lr,
-                                   train_seconds=train_s, data_seconds=self.t_data,
-                                   compute_seconds=self.t_compute - sum(timers.values()),
-                                   **{f"{k}_seconds": v for k, v in timers.items()},
-                                   **s.method.stats())
-                self.progress.step(gs / self.spe, cfg.train.epochs, step, loss, err, lr,
-                                   self.local_samples * s.method.num_workers / train_s)
-                if gs >= self.boundaries[nxt]:
-                    self.t_train += time.perf_counter() - t0
-                    while nxt < len(self.boundaries) and gs >= self.boundaries[nxt]:
-                        self.evaluate(self.boundaries[nxt])
-                        nxt += 1
-                    t0 = time.perf_counter()
-                    if nxt == len(self.boundaries):
-                        break
+                self.t_compute += time.perf_counter() - tc
+                self.log_step(gs, float(loss), int(errors) / len(y), lr)
+                self.tick()
+                if self.phases.check(gs):
+                    return
                 td = time.perf_counter()
-            local_epoch += 1
-        self.global_samples = gs
+            self.local_epoch += 1
+            self.step_in_epoch = 0
+
+    def log_step(self, gs: int, loss: float, err: float, lr: float) -> None:
+        s, timers = self.s, self.s.method.timers
+        self.report_bad()
+        train_s = self.train_seconds()
+        self.metrics.write("step", step=self.step, global_samples=gs, epoch=gs / self.spe,
+                           samples=self.local_samples, loss=loss, top1_error=err, lr=lr,
+                           train_seconds=train_s, data_seconds=self.t_data,
+                           compute_seconds=self.t_compute - sum(timers.values()),
+                           **{f"{k}_seconds": v for k, v in timers.items()}, **s.method.stats())
+        self.progress.step(gs / self.spe, self.cfg.train.epochs, self.step, loss, err, lr,
+                           self.local_samples * s.method.num_workers / max(train_s, 1e-9))
 
     # ------------------------------------------------------------------ server
     def serve(self) -> None:
-        t0 = time.perf_counter()
-
-        def on_boundary(b: int) -> None:
-            self.t_train = time.perf_counter() - t0 - self.t_eval     # serving time, evaluations excluded
-            self.evaluate(b)
-
-        self.s.method.serve(self.s.model.ps, self.boundaries, on_boundary)
-        self.global_samples = self.total
+        self.s.method.serve(self.s.model.ps, self.boundaries, self.phases.run, self.tick)
 
     # ------------------------------------------------------------------ whole run
     def summary(self, wall: float) -> dict:
         s, cfg = self.s, self.cfg
         last = self.history[-1]
+        g = self.total
         return dict(
             method=cfg.train.method, ranks=s.topo.size, workers=s.method.num_workers,
             model=cfg.model.model, width=cfg.model.width, num_params=s.model.num_params,
             dataset=str(s.data_root), device=s.backend.name, epochs=cfg.train.epochs,
-            samples=self.global_samples, global_batch=cfg.data.batch_size * s.method.num_workers,
+            samples=g, global_batch=cfg.data.batch_size * s.method.num_workers,
             val_top1_accuracy=last["val_top1_accuracy"], val_top5_accuracy=last["val_top5_accuracy"],
             best_val_top1_accuracy=max(h["val_top1_accuracy"] for h in self.history),
-            images_per_second=self.global_samples / max(self.t_train, 1e-9),
+            bad_samples=last["bad_samples"],
+            images_per_second=g / max(self.t_train, 1e-9),
             train_seconds=self.t_train, eval_seconds=self.t_eval, wall_seconds=wall,
             time_split_rank0=dict(data=self.t_data,
                                   compute=self.t_compute - sum(s.method.timers.values()),
@@ -219,17 +338,45 @@ class Run:
             history=self.history)
 
 
-def train(s: Setup, run_dir: Path) -> dict:
-    """Runs the whole schedule on this rank; rank 0 writes ``summary.json``; returns the summary."""
+def epoch_from(loader: Loader, epoch: int, start_step: int):
+    """Batches ``start_step``.. of ``epoch`` (a resumed run continues mid-epoch)."""
+    return loader.epoch(epoch, start_step=start_step) if start_step else loader.epoch(epoch)
+
+
+def layout_signature(ps) -> str:
+    """A short hash of the parameter layout (names and shapes): checkpoints fit only its model."""
+    text = ";".join(f"{sp.name}:{sp.shape}" for sp in ps.layout.specs)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def warm_start(s: Setup, path: Path) -> None:
+    """Every rank takes the weights and BN statistics of ``path``'s rank 0 (the replica, or the
+    server's center/master), before ``method.start``; the optimizer state stays fresh."""
+    meta, arrays, _ = ckpt.read_rank(path, 0)
+    ps = s.model.ps
+    if meta.get("layout") != layout_signature(ps):
+        raise ckpt.CheckpointError(
+            f"{path}: its model ({meta.get('model')}, {meta.get('num_params'):,} parameters) is not "
+            f"this run's ({s.cfg.model.model}, {s.model.num_params:,} parameters)")
+    ps.params[...] = s.backend.xp.asarray(arrays["params"])
+    ps.buffers[...] = s.backend.xp.asarray(arrays["buffers"])
+
+
+def train(s: Setup, run_dir: Path, resume: Path | None = None) -> dict:
+    """Runs the schedule on this rank (from checkpoint ``resume`` if given); rank 0 writes
+    ``summary.json``; returns the summary.  Raises ``Stopped`` after a stop checkpoint."""
+    if s.cfg.train.init_from and resume is None:
+        warm_start(s, Path(s.cfg.train.init_from))
     run = Run(s, run_dir)
     t = time.perf_counter()
     s.method.start(s.model.ps)
-    if s.method.is_server:
-        run.serve()
-    else:
-        run.work()
-    s.method.close()
-    run.metrics.close()
+    if resume is not None:
+        run.restore(resume)
+    try:
+        run.serve() if s.method.is_server else run.work()
+    finally:
+        s.method.close()
+        run.metrics.close()
     summary = run.summary(time.perf_counter() - t)
     # rank 0 is a worker or the server; either way it has every evaluation (they are collective)
     if s.topo.is_root:

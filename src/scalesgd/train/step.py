@@ -21,10 +21,17 @@ def train_step(model, x, y, label_smoothing: float = 0.0, grad_scale: float = 1.
     return loss, (pred != y).sum()
 
 
-def eval_step(model, x, y, k: int = 5):
-    """(number correct top-1, number correct top-k) on one batch, model in eval mode."""
+def eval_step(model, x, y, k: int = 5, crops: int = 1):
+    """(number correct top-1, number correct top-k) on one batch, model in eval mode.
+
+    crops > 1: x holds ``crops`` consecutive rows per sample, (N*crops, ...) for y (N,); the
+    softmax probabilities of each sample's crops are averaged (ten-crop evaluation)."""
     xp = get_array_module(x)
     logits, _ = model.forward(x, False)
+    if crops > 1:
+        p = xp.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        logits = p.reshape(-1, crops, p.shape[1]).mean(axis=1)        # (N, classes)
     k = min(k, logits.shape[1])
     topk = xp.argpartition(-logits, k - 1, axis=1)[:, :k]
     top1 = logits.argmax(axis=1)

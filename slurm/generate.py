@@ -1,0 +1,66 @@
+"""Writes slurm/<method>_<nodes>.sh (and demo.sh) from slurm/template.sh: ``python slurm/generate.py``.
+
+* allreduce_N.sh, gossip_N.sh: N nodes, one task (rank) and one GPU per node.
+* easgd_N.sh: N workers + the parameter-server rank = N+1 tasks on N nodes; the server shares the
+  first node (and its GPU) with worker 1, as the authors ran the centre next to a worker.
+* asgd_8.sh: Paine et al.'s 8 clients + server (CONFIG selects n_sync and cold/warm start).
+* demo.sh: the built-in digits on 4 CPU ranks of one node, no GPU.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCALES = (8, 16, 32, 64, 128)
+
+
+def wall_time(nodes: int) -> str:
+    """90 ImageNet epochs take longer on fewer nodes; a requeue continues past the limit anyway."""
+    return "48:00:00" if nodes <= 16 else "24:00:00"
+
+
+def spec(method: str, nodes: int) -> dict[str, str]:
+    if method in ("easgd", "asgd"):
+        tasks = f"#SBATCH --ntasks={nodes + 1}"
+        title = f"{method} with {nodes} workers + 1 parameter server ({nodes + 1} ranks) on {nodes} GPU nodes."
+    else:
+        tasks = "#SBATCH --ntasks-per-node=1"
+        title = f"{method} on {nodes} GPU nodes, one rank and one GPU per node."
+    config = ("jobs/imagenet-asgd8-nsync10-cold.toml" if method == "asgd"
+              else f"jobs/imagenet-{method}-{nodes}.toml")
+    return dict(NAME=f"{method}_{nodes}", TITLE=f"Jin et al.'s ImageNet setup: {title}", NODES=str(nodes),
+                TASKS=tasks, CPUS="8", GPUS="#SBATCH --gres=gpu:1", TIME=wall_time(nodes), CONFIG=config)
+
+
+def demo_spec() -> dict[str, str]:
+    return dict(NAME="demo", TITLE="The built-in demo: ResNet-20 on the digits, all-reduce SGD on 4 CPU ranks.",
+                NODES="1", TASKS="#SBATCH --ntasks=4", CPUS="1", GPUS="# (no GPU)", TIME="00:15:00",
+                CONFIG="jobs/digits-allreduce.toml")
+
+
+def render(template: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        template = template.replace(f"@{key}@", value)
+    left = re.findall(r"@[A-Z]+@", template)
+    assert not left, f"unfilled placeholders {left} in slurm/template.sh"
+    return template
+
+
+def all_scripts() -> dict[str, str]:
+    template = (HERE / "template.sh").read_text()
+    specs = [spec(m, n) for m in ("allreduce", "easgd", "gossip") for n in SCALES]
+    specs += [spec("asgd", 8), demo_spec()]
+    return {f"{s['NAME']}.sh": render(template, s) for s in specs}
+
+
+def main() -> None:
+    for name, text in all_scripts().items():
+        path = HERE / name
+        path.write_text(text)
+        path.chmod(0o755)
+    print(f"wrote {len(all_scripts())} scripts in {HERE}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""Figures from run directories: error against training time and epochs, and the time split.
+
+Reads what the loop writes (``config.json``, ``summary.json`` when the run finished, and
+``metrics/rank-K.jsonl``) and draws with matplotlib's ``Figure`` on the Agg canvas (no pyplot, no
+display needed).  Choices, documented in ``docs/cli.md``:
+
+* Training curve: by default the step records of the *first worker* (rank 0, or rank 1 when rank 0
+  is the parameter server), i.e. the minibatches one worker saw, smoothed with a trailing sliding
+  window of ``window`` minibatches (Paine et al. use 400); the first ``window - 1`` points average
+  what is available so far.  ``merge=True`` instead merges every worker's step records ordered by
+  ``train_seconds`` (the global sequence of minibatches; less noisy, the window then spans
+  ``window / workers`` steps per worker).
+* x axes: ``train_seconds`` (training wall-clock time, evaluation excluded) shown in seconds,
+  minutes or hours depending on the longest run, and the global epoch (global samples / epoch).
+* Validation error: ``1 - val_top1_accuracy`` of the "val" records (the evaluated model: the
+  average or centre, per method).
+* Time split: the cumulative ``data/compute/comm/wait_seconds`` of each worker's last step record,
+  averaged over the workers (servers write no step records).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .summary import target_key, time_to_targets
+
+SPLIT_KINDS = ("compute", "comm", "wait", "data")
+SPLIT_COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "wait": "#C44E52", "data": "#8C8C8C"}
+
+
+@dataclass
+class RunData:
+    """One run directory's records, grouped."""
+
+    path: Path
+    method: str
+    ranks: int
+    steps: dict[int, list[dict]]          # worker rank -> its step records, in order
+    val: list[dict]                       # the evaluations (from the lowest rank that has them)
+    label: str = ""
+
+
+@dataclass
+class Series:
+    label: str
+    x: np.ndarray
+    y: np.ndarray
+
+
+@dataclass
+class PlotResult:
+    """What was drawn: ``panels[name]`` holds one Series per run that had data for that panel;
+    names are train_time, train_epochs, val_time, val_epochs."""
+
+    paths: list[Path]
+    panels: dict[str, list[Series]] = field(default_factory=dict)
+    split: dict[str, dict[str, float]] = field(default_factory=dict)
+    reached: dict[str, dict | None] = field(default_factory=dict)   # label -> time_to_targets entry
+    time_unit: str = "s"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of one JSON-lines file; a torn last line (a run killed mid-write) is skipped."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Reads ``RUN_DIR/metrics/rank-*.jsonl`` and ``config.json``; a clear error if they are missing."""
+    run_dir = Path(run_dir)
+    files = sorted((run_dir / "metrics").glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+    if not files:
+        raise FileNotFoundError(f"{run_dir}: no metrics/rank-*.jsonl (not a scalesgd run directory?)")
+    method = "?"
+    if (run_dir / "config.json").exists():
+        method = json.loads((run_dir / "config.json").read_text())["train"]["method"]
+    steps, val = {}, []
+    for f in files:
+        recs = read_jsonl(f)
+        rank_steps = [r for r in recs if r.get("kind") == "step"]
+        if rank_steps:
+            steps[int(f.stem.split("-")[1])] = rank_steps
+        if not val:
+            val = [r for r in recs if r.get("kind") == "val"]
+    return RunData(run_dir, method, len(files), steps, val)
+
+
+def assign_labels(runs: list[RunData], labels: list[str] | None = None) -> None:
+    """``method ×ranks``; runs that would share a label get their directory name appended."""
+    base = [f"{r.method} \u00d7{r.ranks}" for r in runs]
+    for i, r in enumerate(runs):
+        if labels and i < len(labels):
+            r.label = labels[i]
+        else:
+            r.label = base[i] if base.count(base[i]) == 1 else f"{base[i]} ({r.path.name})"
+
+
+def sliding_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over the last ``window`` values (fewer at the start): (n,) -> (n,)."""
+    v = np.asarray(values, dtype=np.float64)
+    c = np.concatenate([[0.0], np.cumsum(v)])
+    i = np.arange(1, len(v) + 1)
+    lo = np.maximum(i - window, 0)
+    return (c[i] - c[lo]) / (i - lo)
+
+
+def training_records(run: RunData, merge: bool = False) -> list[dict]:
+    """The first worker's step records, or every worker's merged by ``train_seconds``."""
+    if not run.steps:
+        return []
+    if not merge:
+        return run.steps[min(run.steps)]
+    merged = [r for recs in run.steps.values() for r in recs]
+    return sorted(merged, key=lambda r: r["train_seconds"])
+
+
+def training_curve(run: RunData, window: int, merge: bool = False):
+    """(train_seconds, epoch, smoothed top-1 error), each (n,)."""
+    recs = training_records(run, merge)
+    t = np.array([r["train_seconds"] for r in recs], dtype=np.float64)
+    e = np.array([r["epoch"] for r in recs], dtype=np.float64)
+    err = sliding_mean(np.array([r["top1_error"] for r in recs], dtype=np.float64), window)
+    return t, e, err
+
+
+def validation_curve(run: RunData):
+    """(train_seconds, epoch, top-1 error) of the evaluations, each (m,)."""
+    t = np.array([r["train_seconds"] for r in run.val], dtype=np.float64)
+    e = np.array([r["epoch"] for r in run.val], dtype=np.float64)
+    err = 1.0 - np.array([r["val_top1_accuracy"] for r in run.val], dtype=np.float64)
+    return t, e, err
+
+
+def time_split(run: RunData) -> dict[str, float]:
+    """Seconds per kind (compute, comm, wait, data) at each worker's last step, averaged over workers."""
+    lasts = [recs[-1] for recs in run.steps.values() if recs]
+    return {k: float(np.mean([r.get(f"{k}_seconds", 0.0) for r in lasts])) if lasts else 0.0
+            for k in SPLIT_KINDS}
+
+
+def time_unit(max_seconds: float) -> tuple[float, str]:
+    """(divisor, name) so that the longest run reads naturally: seconds, minutes or hours."""
+    if max_seconds >= 2 * 3600:
+        return 3600.0, "hours"
+    if max_seconds >= 120:
+        return 60.0, "minutes"
+    return 1.0, "seconds"
+
+
+def collect(runs: list[RunData], window: int, merge: bool, target: float | None) -> PlotResult:
+    """Every series to draw, in the chosen time unit, without drawing anything."""
+    res = PlotResult(paths=[])
+    curves = [(r, training_curve(r, window, merge), validation_curve(r)) for r in runs]
+    longest = max([float(c[0].max()) for _, tr, va in curves for c in (tr, va) if len(c[0])] or [0.0])
+    div, res.time_unit = time_unit(longest)
+    for name in ("train_time", "train_epochs", "val_time", "val_epochs"):
+        res.panels[name] = []
+    for r, (tt, te, terr), (vt, ve, verr) in curves:
+        if len(tt):
+            res.panels["train_time"].append(Series(r.label, tt / div, terr))
+            res.panels["train_epochs"].append(Series(r.label, te, terr))
+        if len(vt):
+            res.panels["val_time"].append(Series(r.label, vt / div, verr))
+            res.panels["val_epochs"].append(Series(r.label, ve, verr))
+        res.split[r.label] = time_split(r)
+        if target is not None:
+            res.reached[r.label] = time_to_targets(r.val, [target])[target_key(target)]
+    return res
+
+
+def _style_axis(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, which="major", alpha=0.35, linewidth=0.6)
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0)
+    ax.tick_params(labelsize=9)
+
+
+def draw_curves(res: PlotResult, path: Path, window: int, target: float | None, dpi: int) -> None:
+    """Figure 1: 2x2 panels, training (smoothed) and validation top-1 error against time and epochs."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 7.5), layout="constrained")
+    axes = fig.subplots(2, 2, sharey="row")
+    labels = list(dict.fromkeys(s.label for p in res.panels.values() for s in p))
+    colors = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
+    tlabel = f"training time ({res.time_unit}, evaluation excluded)"
+    spec = [("train_time", 0, 0, tlabel, f"training top-1 error, {window}-minibatch sliding window"),
+            ("train_epochs", 0, 1, "epoch", f"training top-1 error, {window}-minibatch sliding window"),
+            ("val_time", 1, 0, tlabel, "validation top-1 error"),
+            ("val_epochs", 1, 1, "epoch", "validation top-1 error")]
+    for name, i, j, xlabel, title in spec:
+        ax, val = axes[i][j], name.startswith("val")
+        for s in res.panels[name]:
+            ax.plot(s.x, 100 * s.y, color=colors[s.label], label=s.label, linewidth=1.6,
+                    marker="o" if val and len(s.x) <= 60 else None, markersize=3.5)
+        if target is not None and val:
+            ax.axhline(100 * target, color="0.25", linestyle="--", linewidth=1.0,
+                       label=f"target {100 * target:g}% (\u2605 first reached)")
+        _style_axis(ax, xlabel, "top-1 error (%)" if j == 0 else "", title)
+    _mark_targets(axes[1][0], axes[1][1], res, colors, target)
+    handles, names = axes[1][0].get_legend_handles_labels()
+    if not handles:
+        handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 5), fontsize=10,
+               frameon=False)
+    fig.savefig(path, dpi=dpi)
+
+
+def _mark_targets(ax_time, ax_epochs, res: PlotResult, colors: dict, target: float | None) -> None:
+    """A star where each run first reached the target validation error."""
+    if target is None:
+        return
+    div = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0}[res.time_unit]
+    for label, hit in res.reached.items():
+        if hit is not None:
+            kw = dict(marker="*", markersize=12, color=colors.get(label, "k"), markeredgecolor="k",
+                      markeredgewidth=0.6, zorder=5)
+            ax_time.plot([hit["train_seconds"] / div], [100 * hit["val_top1_error"]], **kw)
+            ax_epochs.plot([hit["epoch"]], [100 * hit["val_top1_error"]], **kw)
+
+
+def draw_split(res: PlotResult, path: Path, dpi: int) -> None:
+    """Figure 2: per run, the mean worker's training time as stacked bars (compute/comm/wait/data)."""
+    from matplotlib.figure import Figure
+
+    labels = list(res.split)
+    totals = [sum(res.split[lab].values()) for lab in labels]
+    div, unit = time_unit(max(totals or [0.0]))
+    fig = Figure(figsize=(max(5.0, 1.3 * len(labels) + 2.5), 4.8), layout="constrained")
+    ax = fig.subplots()
+    x, bottom = np.arange(len(labels)), np.zeros(len(labels))
+    for kind in SPLIT_KINDS:
+        h = np.array([res.split[lab][kind] for lab in labels]) / div
+        ax.bar(x, h, 0.6, bottom=bottom, label=kind, color=SPLIT_COLORS[kind], edgecolor="white",
+               linewidth=0.5)
+        for xi, hi, b, tot in zip(x, h, bottom, totals):      # label segments tall enough to read
+            if tot > 0 and hi * div >= 0.06 * max(totals):
+                ax.text(xi, b + hi / 2, f"{100 * hi * div / tot:.0f}%", ha="center", va="center",
+                        fontsize=8, color="white")
+        bottom += h
+    for xi, tot in zip(x, totals):
+        ax.text(xi, tot / div, f"{tot / div:.3g} {unit[0] if unit != 'seconds' else 's'}", ha="center",
+                va="bottom", fontsize=9)
+    ax.margins(y=0.08)
+    ax.set_xticks(x, labels, rotation=20 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center")
+    ax.set_ylabel(f"time per worker ({unit})")
+    ax.set_title("where the training time goes (mean over workers)", fontsize=11)
+    ax.grid(True, axis="y", alpha=0.35, linewidth=0.6)
+    ax.set_axisbelow(True)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+    fig.savefig(path, dpi=dpi)
+
+
+def split_path(out: str | Path) -> Path:
+    """``fig.png`` -> ``fig_time.png`` (same directory and suffix)."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}_time{out.suffix or '.png'}")
+
+
+def plot_runs(run_dirs, out: str | Path, window: int = 400, target: float | None = None,
+              merge: bool = False, labels: list[str] | None = None, dpi: int = 150) -> PlotResult:
+    """Draws figure 1 at ``out`` and figure 2 at ``split_path(out)``; returns what it plotted."""
+    if window < 1:
+        raise ValueError(f"window: must be >= 1, got {window}")
+    runs = [load_run(d) for d in run_dirs]
+    assign_labels(runs, labels)
+    res = collect(runs, window, merge, target)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    draw_curves(res, out, window, target, dpi)
+    draw_split(res, split_path(out), dpi)
+    res.paths = [out, split_path(out)]
+    return res

@@ -1,0 +1,107 @@
+"""Rank 0's progress display: one updating line on a terminal, plain periodic lines otherwise.
+
+Pure apart from the injected ``stream`` and ``clock``, so it is testable without a terminal::
+
+    bar = ProgressLine(total_epochs=90, every=10)          # stream=sys.stdout, clock=time.monotonic
+    bar.update(step, epoch, loss, error, images_per_second, lr)   # every step
+    bar.message("epoch 1.00 validation top-1 ...")           # any other line (clears the bar first)
+    bar.close()                                               # ends the updating line
+
+On a terminal (``stream.isatty()``) the line is redrawn with ``\\r`` at most every ``min_interval``
+seconds; otherwise a plain line is printed every ``every`` steps (Slurm logs).  Loss and error are
+exponentially smoothed (``smoothing`` = weight of the past, bias-corrected like Adam's moments so
+the first values are not pulled towards 0).  ETA: wall time since the first update divided by the
+epochs done since then, times the epochs left (evaluation time included, so it is a real ETA).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, TextIO
+
+
+def format_duration(seconds: float) -> str:
+    """3725 -> '1:02:05'; 65 -> '1:05'; negative or unknown -> '?'."""
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):
+        return "?"
+    s = int(round(seconds))
+    h, m, sec = s // 3600, s // 60 % 60, s % 60
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+class Smoothed:
+    """Bias-corrected exponential moving average: value = sum b^k x_{n-k} (1-b) / (1 - b^n)."""
+
+    def __init__(self, beta: float):
+        self.beta, self.avg, self.n = beta, 0.0, 0
+
+    def add(self, x: float) -> float:
+        self.n += 1
+        self.avg = self.beta * self.avg + (1.0 - self.beta) * x
+        return self.value
+
+    @property
+    def value(self) -> float:
+        return self.avg / (1.0 - self.beta ** self.n) if self.n else float("nan")
+
+
+class ProgressLine:
+    def __init__(self, total_epochs: float, every: int = 10, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic, tty: bool | None = None,
+                 smoothing: float = 0.98, min_interval: float = 0.2, width: int = 120):
+        self.total_epochs, self.every = float(total_epochs), max(1, int(every))
+        self.stream = stream if stream is not None else sys.stdout
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
+        self.clock, self.min_interval, self.width = clock, min_interval, width
+        self.loss, self.err = Smoothed(smoothing), Smoothed(smoothing)
+        self._start: tuple[float, float] | None = None     # (time, epoch) of the first update
+        self._last_draw = -float("inf")
+        self._open = False                                   # an unfinished \r line is on screen
+
+    def eta(self, epoch: float) -> float:
+        """Seconds left, from the mean rate since the first update (nan before any progress)."""
+        if self._start is None or epoch <= self._start[1]:
+            return float("nan")
+        t0, e0 = self._start
+        return (self.clock() - t0) / (epoch - e0) * max(self.total_epochs - epoch, 0.0)
+
+    def text(self, step: int, epoch: float, images_per_second: float, lr: float | None) -> str:
+        lr_part = f" lr {lr:.3g}" if lr is not None else ""
+        return (f"step {step} epoch {epoch:.2f}/{self.total_epochs:g} ETA {format_duration(self.eta(epoch))} "
+                f"{images_per_second:,.0f} img/s loss {self.loss.value:.4f} "
+                f"top1-err {100 * self.err.value:.1f}%{lr_part}")
+
+    def update(self, step: int, epoch: float, loss: float, error: float, images_per_second: float,
+               lr: float | None = None) -> None:
+        """Records one step (loss and minibatch top-1 error in [0, 1]) and shows it when due."""
+        if self._start is None:
+            self._start = (self.clock(), epoch)
+        self.loss.add(loss)
+        self.err.add(error)
+        if self.tty:
+            now = self.clock()
+            if now - self._last_draw >= self.min_interval:
+                self._last_draw = now
+                line = self.text(step, epoch, images_per_second, lr)[: self.width]
+                self.stream.write("\r" + line.ljust(self.width) if self._open else line.ljust(self.width))
+                self._open = True
+                self.stream.flush()
+        elif step % self.every == 0:
+            self.stream.write(self.text(step, epoch, images_per_second, lr) + "\n")
+            self.stream.flush()
+
+    def message(self, line: str) -> None:
+        """Prints a whole line (e.g. a validation result) without mixing it into the bar."""
+        self._end_bar()
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self._end_bar()
+
+    def _end_bar(self) -> None:
+        if self._open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._open = False
+            self._last_draw = -float("inf")

@@ -1,0 +1,88 @@
+"""Figures from two tiny real runs (single, allreduce -n 2), and time-to-target from val records."""
+import json
+
+import numpy as np
+import pytest
+
+from mpirun import mpiexec, needs_mpi
+from synth import make_dataset
+from test_cli import TINY, run_cli
+
+from scalesgd.io.plot import load_run, plot_runs, sliding_mean, split_path
+from scalesgd.io.summary import time_to_targets
+from scalesgd.plot import main as plot_main
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plotruns")
+    data = make_dataset(tmp / "data", n=48, n_val=20, num_classes=4)
+    common = ["--data", str(data), *TINY, "--epochs", "2", "--eval-every", "0.5"]
+    single, ar = tmp / "single", tmp / "ar"
+    p = run_cli([*common, "--run-dir", str(single)], tmp)
+    assert p.returncode == 0, p.stderr
+    p = run_cli([*common, "--method", "allreduce", "--run-dir", str(ar)], tmp, timeout=120,
+                launcher=(mpiexec(), "-n", "2"))
+    assert p.returncode == 0, p.stderr
+    return single, ar
+
+
+@needs_mpi
+def test_plot_of_two_runs_has_one_line_per_run_in_every_panel(two_runs, tmp_path):
+    out = tmp_path / "fig.png"
+    res = plot_runs(two_runs, out, window=3, target=0.9)
+    for path in (out, split_path(out)):
+        assert path.exists() and path.stat().st_size > 10_000, path
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(res.panels) == {"train_time", "train_epochs", "val_time", "val_epochs"}
+    for name, series in res.panels.items():
+        assert [s.label for s in series] == ["single \u00d71", "allreduce \u00d72"], name
+    steps = {"single \u00d71": 12, "allreduce \u00d72": 6}    # 48 samples / (8 x workers) x 2 epochs
+    for s in res.panels["train_epochs"]:
+        assert len(s.x) == len(s.y) == steps[s.label]
+        assert np.all(np.diff(s.x) > 0) and np.all((0 <= s.y) & (s.y <= 1))
+    for s in res.panels["val_epochs"]:
+        assert list(s.x) == [0.5, 1.0, 1.5, 2.0]
+    assert set(res.split) == set(steps) and res.split["allreduce \u00d72"]["comm"] > 0
+    assert res.split["single \u00d71"]["comm"] == 0
+    assert set(res.reached) == set(steps)
+
+
+@needs_mpi
+def test_plot_command_line(two_runs, tmp_path, capsys):
+    out = tmp_path / "sub" / "cmp.png"
+    assert plot_main([*map(str, two_runs), "-o", str(out), "--target", "0.99", "--merge-workers"]) == 0
+    text = capsys.readouterr().out
+    assert out.exists() and (tmp_path / "sub" / "cmp_time.png").exists()
+    assert "single \u00d71: reached 99%" in text and "allreduce \u00d72: reached 99%" in text
+
+
+def test_plot_of_a_directory_without_metrics_is_a_clear_error(tmp_path, capsys):
+    assert plot_main([str(tmp_path), "-o", str(tmp_path / "f.png")]) == 1
+    assert "no metrics/rank-*.jsonl" in capsys.readouterr().err
+
+
+@needs_mpi
+def test_merged_workers_series_holds_every_workers_steps(two_runs):
+    run = load_run(two_runs[1])
+    from scalesgd.io.plot import training_curve
+    t, e, err = training_curve(run, window=400, merge=True)
+    assert len(t) == 12 and np.all(np.diff(t) >= 0)
+
+
+def test_sliding_mean_is_trailing_with_partial_start():
+    np.testing.assert_allclose(sliding_mean([1, 0, 1, 1, 0], 2), [1, 0.5, 0.5, 1, 0.5])
+    np.testing.assert_allclose(sliding_mean([4, 2], 400), [4, 3])
+
+
+def test_time_to_targets_first_record_at_or_below_each_target():
+    val = [dict(epoch=e, global_samples=100 * e, train_seconds=10.0 * e, val_top1_accuracy=a)
+           for e, a in [(3, 0.6), (1, 0.2), (2, 0.55), (4, 0.75)]]       # out of order on purpose
+    got = time_to_targets(val, [0.5, 0.45, 0.3, 0.05])
+    assert list(got) == ["0.5", "0.45", "0.3", "0.05"]
+    assert got["0.5"]["epoch"] == 2 and got["0.5"]["train_seconds"] == 20.0
+    assert got["0.45"]["epoch"] == 2 and got["0.45"]["val_top1_error"] == pytest.approx(0.45)   # <= reaches
+    assert got["0.3"]["epoch"] == 4 and got["0.3"]["global_samples"] == 400
+    assert got["0.05"] is None
+    assert json.loads(json.dumps(got)) == got
+    assert time_to_targets([], [0.5]) == {"0.5": None}

@@ -1,0 +1,103 @@
+"""slurm/gossip_64.sh under a real (one-node, throw-away) Slurm: sbatch, srun --mpi=pmi2, 4 ranks.
+
+Installs slurm-wlm + munge with apt when absent (CI runs as root), else skips saying why.  Every
+step has a timeout; the cluster is torn down even when a test fails.
+"""
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_cluster import Cluster, ensure_installed
+from synth import make_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slurm
+
+TINY_JOB = """[model]
+model = "resnet20"
+width = 0.25
+[data]
+image_size = 16
+batch_size = 8
+scale = [16.0, 20.0]
+[train]
+method = "gossip"
+epochs = 1
+log_every = 1
+"""
+
+
+def job_state(cluster, job: str) -> str:
+    out = cluster.run(["scontrol", "show", "job", job], timeout=10).stdout
+    m = re.search(r"JobState=(\w+)", out)
+    return m.group(1) if m else "UNKNOWN"
+
+
+def wait_for_job(cluster, job: str, timeout: float) -> str:
+    """Polls (sbatch --wait polls too slowly) until the job leaves PENDING/RUNNING/COMPLETING;
+    on timeout cancels it and fails."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = job_state(cluster, job)
+        if state not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED"):
+            return state
+        time.sleep(0.5)
+    cluster.run(["scancel", "--full", job], timeout=10)
+    pytest.fail(f"Slurm job {job} still {state} after {timeout}s:\n{cluster.logs()}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = ensure_installed()
+    if reason:
+        pytest.skip(reason)
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        pytest.skip("mpi4py is not installed in this Python")
+    with Cluster(tmp_path_factory.mktemp("slurm")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def gossip_job(cluster, tmp_path_factory):
+    """Runs slurm/gossip_64.sh shrunk to 1 node x 4 tasks; returns (job id, run dir, log text)."""
+    tmp = tmp_path_factory.mktemp("gossip64")
+    (tmp / "tiny.toml").write_text(TINY_JOB)
+    data = make_dataset(tmp / "data", n=96, n_val=24, num_classes=4)
+    env = dict(cluster.env, CONFIG=str(tmp / "tiny.toml"), DATA=str(data), VENV=sys.prefix,
+               SCALESGD_PMI="pmi2", RUNS=str(tmp / "runs"), EXTRA_ARGS="--eval-every 0.5")
+    cmd = ["sbatch", "--parsable", "--nodes=1", "--ntasks=4", "--ntasks-per-node=4",
+           "--cpus-per-task=1", "--gres=none", "--time=3", f"--output={tmp}/%x-%j.out",
+           "slurm/gossip_64.sh"]
+    p = cluster.run(cmd, timeout=30, env=env, cwd=ROOT)
+    job = p.stdout.strip().split(";")[0]
+    state = wait_for_job(cluster, job, timeout=120) if job.isdigit() else "not submitted"
+    logs = "\n".join(f.read_text(errors="replace") for f in tmp.glob("*.out"))
+    report = f"final state {state}; sbatch rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}\njob log:\n{logs}\n{cluster.logs()}"
+    assert job.isdigit(), report
+    return job, tmp / "runs" / f"gossip_64-{job}", report
+
+
+def test_gossip_64_script_completes_on_one_node_with_4_ranks(cluster, gossip_job):
+    job, run_dir, report = gossip_job
+    state = cluster.run(["scontrol", "show", "job", job]).stdout
+    assert re.search(r"JobState=COMPLETED\b", state), f"{state}\n{report}"
+    assert "ExitCode=0:0" in state, report
+    files = sorted(p.name for p in (run_dir / "metrics").glob("rank-*.jsonl"))
+    assert files == [f"rank-{r}.jsonl" for r in range(4)], report
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["method"] == "gossip" and summary["ranks"] == 4, summary
+    for r in range(4):
+        kinds = {json.loads(ln)["kind"] for ln in (run_dir / "metrics" / f"rank-{r}.jsonl").read_text().splitlines()}
+        assert {"step", "val"} <= kinds, (r, kinds)
+
+
+@pytest.mark.xfail(strict=False, reason="checkpointing lands with the loop changes")
+def test_gossip_64_script_leaves_a_checkpoint(gossip_job):
+    _, run_dir, report = gossip_job
+    assert list((run_dir / "checkpoints").glob("*.h5")), report
