@@ -56,7 +56,7 @@ method = "{method}"
 epochs = {epochs}
 seed = 0
 log_every = 100
-# checkpoint_every = ...           # (coming with checkpoints) steps or minutes between checkpoints
+# checkpoint_every = 1.0           # (coming with checkpoints) epochs between checkpoints
 
 [dist]
 eval_every = 1.0

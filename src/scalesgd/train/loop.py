@@ -232,7 +232,8 @@ class Run:
         if s.topo.is_root:
             meta = dict(config=self.cfg.to_dict(), method=m.name, ranks=s.topo.size,
                         model=self.cfg.model.model, num_params=s.model.num_params,
-                        layout=layout_signature(ps), global_samples=g, phase_done=m.phase_done,
+                        layout=layout_signature(ps), global_samples=g,
+                        boundary_done=self.boundaries[m.phase_done] if m.phase_done >= 0 else -1,
                         ckpt_done=int(m.seen[1]), reason=reason, history=self.history,
                         created=time.strftime("%Y-%m-%dT%H:%M:%S"))
             writer = ckpt.Writer(ckpt.checkpoint_dir(self.run_dir), g, meta)
@@ -271,14 +272,17 @@ class Run:
         self.t_compute = loop["compute_seconds"]
         self.straggle.rng.bit_generator.state = state["straggler"]
         self.history = meta["history"]
-        m.phase_done, m.ckpt_done = meta["phase_done"], meta["ckpt_done"]
+        # boundaries may differ in the resumed run (e.g. more epochs): continue after the last one
+        # that was processed, by its global-sample count
+        m.phase_done = self.phases.reached(meta["boundary_done"]) if meta["boundary_done"] >= 0 else -1
+        m.ckpt_done = meta["ckpt_done"]
         m.raised[1] = m.seen[1] = m.ckpt_done       # the clock's next request is a new generation
 
     # ------------------------------------------------------------------ worker
     def work(self) -> None:
         s, cfg, ps, m = self.s, self.cfg, self.s.model.ps, self.s.method
         gs = m.global_samples
-        while True:
+        while not self.phases.finished:          # (a resumed run may already be past its end)
             td = time.perf_counter()
             for x, y in epoch_from(s.train_data, self.local_epoch, self.step_in_epoch):
                 tc = time.perf_counter()
@@ -315,7 +319,8 @@ class Run:
 
     # ------------------------------------------------------------------ server
     def serve(self) -> None:
-        self.s.method.serve(self.s.model.ps, self.boundaries, self.phases.run, self.tick)
+        if not self.phases.finished:
+            self.s.method.serve(self.s.model.ps, self.boundaries, self.phases.run, self.tick)
 
     # ------------------------------------------------------------------ whole run
     def summary(self, wall: float) -> dict:
