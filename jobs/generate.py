@@ -27,7 +27,7 @@ def per_node_batch(nodes: int) -> int:
     return 128 if nodes <= 16 else 64 if nodes <= 32 else 32
 
 
-def imagenet_body(method: str, batch: int, epochs: int = 90, dist: str = "") -> str:
+def imagenet_body(method: str, batch: int, epochs: int = 90, dist: str = "", train: str = "") -> str:
     return f"""[model]
 model = "resnet18"
 
@@ -56,8 +56,8 @@ method = "{method}"
 epochs = {epochs}
 seed = 0
 log_every = 100
-# checkpoint_every = 1.0           # (coming with checkpoints) epochs between checkpoints
-
+checkpoint_every = 1.0             # epochs between checkpoints (and at the end, and on SIGUSR1)
+{train}
 [dist]
 eval_every = 1.0
 {dist}"""
@@ -81,9 +81,13 @@ def imagenet_jobs() -> dict[str, str]:
 
 
 def warm_comment(warmup_job: str, run: str) -> str:
-    return (f"# Warm start (Paine et al.): first run jobs/{warmup_job} with --run-dir {run}, then\n"
-            f"# init_from = \"{run}/checkpoints/last.h5\"   (key coming with checkpoints: [train] "
-            f"init_from;\n#   until then this file trains like the cold one)\n")
+    return f"# Warm start (Paine et al.): run jobs/{warmup_job} with --run-dir {run} first.\n"
+
+
+def warm_key(run: str) -> str:
+    """[train] line: every rank starts from the newest checkpoint of the warm-up run."""
+    return f'init_from = "{run}"              # a run directory (newest checkpoint) or a .h5 file\n'
+
 
 
 def asgd_jobs() -> dict[str, str]:
@@ -99,11 +103,12 @@ def asgd_jobs() -> dict[str, str]:
             if start == "warm":
                 head += warm_comment("imagenet-warmup.toml", "runs/asgd-warmup")
             out[f"imagenet-asgd8-nsync{n_sync}-{start}.toml"] = head + imagenet_body(
-                "asgd", 128, dist=f"n_sync = {n_sync}\n")
+                "asgd", 128, dist=f"n_sync = {n_sync}\n",
+                train=warm_key("runs/asgd-warmup") if start == "warm" else "")
     return out
 
 
-def laptop_body(method: str, epochs: int, lr: float, dist: str = "") -> str:
+def laptop_body(method: str, epochs: int, lr: float, dist: str = "", train: str = "") -> str:
     return f"""[model]
 model = "resnet20"
 
@@ -121,7 +126,7 @@ schedule = "cosine"
 [train]
 method = "{method}"
 epochs = {epochs}
-{dist and chr(10) + '[dist]' + chr(10) + dist}"""
+{train}{dist and chr(10) + '[dist]' + chr(10) + dist}"""
 
 
 def laptop_jobs() -> dict[str, str]:
@@ -137,7 +142,8 @@ def laptop_jobs() -> dict[str, str]:
             if start == "warm":
                 head += warm_comment("laptop-warmup.toml", "runs/laptop-warmup")
             out[f"laptop-asgd8-nsync{n_sync}-{start}.toml"] = head + laptop_body(
-                "asgd", 12, 0.0125, dist=f"n_sync = {n_sync}\n")
+                "asgd", 12, 0.0125, dist=f"n_sync = {n_sync}\n",
+                train=warm_key("runs/laptop-warmup") if start == "warm" else "")
     return out
 
 

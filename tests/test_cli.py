@@ -59,7 +59,7 @@ def test_short_training_run_writes_results(tmp_path, tiny_data):
     assert json.loads((run_dir / "config.json").read_text())["data"]["batch_size"] == 8
     steps = [json.loads(ln) for ln in (run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if r["kind"] == "step"] == list(range(1, 7))
-    assert "step 6 loss" in p.stdout and "validation top-1" in p.stdout
+    assert "step 6 epoch 1.00/1 ETA" in p.stdout and "validation top-1" in p.stdout
 
 
 @pytest.mark.parametrize("args,needles", [

@@ -97,7 +97,10 @@ def test_gossip_64_script_completes_on_one_node_with_4_ranks(cluster, gossip_job
         assert {"step", "val"} <= kinds, (r, kinds)
 
 
-@pytest.mark.xfail(strict=False, reason="checkpointing lands with the loop changes")
 def test_gossip_64_script_leaves_a_checkpoint(gossip_job):
+    from scalesgd.io import checkpoint as ckpt
     _, run_dir, report = gossip_job
-    assert list((run_dir / "checkpoints").glob("*.h5")), report
+    files = ckpt.listing(ckpt.checkpoint_dir(run_dir))
+    assert files, report
+    meta = ckpt.verify(files[-1])
+    assert (meta["method"], meta["ranks"], meta["reason"]) == ("gossip", 4, "end"), meta

@@ -80,8 +80,8 @@ class TrainConfig:
                                    "(0 = off)", lo=0)
     keep_checkpoints: int = _f(3, "checkpoints kept in RUN_DIR/checkpoints (the newest)", lo=1)
     resume: str = _f("", "continue a run: its RUN_DIR (newest good checkpoint) or a checkpoint file")
-    init_from: str = _f("", "warm start: every rank starts from this checkpoint's weights with a "
-                        "fresh optimizer")
+    init_from: str = _f("", "warm start: every rank starts from the weights of this checkpoint file "
+                        "(or a run directory's newest) with a fresh optimizer")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ from ..data.shards import ShardSet
 from ..io import checkpoint as ckpt
 from ..io.files import write_json_atomic
 from ..io.metrics import MetricsWriter
+from ..io.progress import ProgressLine
+from ..io.summary import time_to_targets
 from ..methods import Phases, eval_boundaries
 from ..nn.resnet import ResNet
 from ..optim.schedule import lr_at
@@ -105,22 +107,32 @@ def evaluate_local(model, loader: Loader | None) -> np.ndarray:
 
 
 class Progress:
-    """Log lines: per-step loss/error/throughput from the first worker, validation from rank 0
-    (with a parameter server these are two different ranks)."""
+    """Log lines: per-step progress from the first worker (an updating line on a terminal, plain
+    lines every ``log_every`` steps otherwise: ``io/progress.py``), validation from rank 0 (with a
+    parameter server these are two different ranks)."""
 
-    def __init__(self, steps: bool, evaluations: bool, every: int):
-        self.steps, self.enabled, self.every = steps, evaluations, every
+    def __init__(self, steps: bool, evaluations: bool, every: int, epochs: float):
+        self.bar = ProgressLine(epochs, every=every) if steps else None
+        self.enabled = evaluations
 
-    def step(self, epoch, epochs, step, loss, err, lr, ips):
-        if self.steps and step % self.every == 0:
-            print(f"epoch {epoch:.2f}/{epochs} step {step} loss {loss:.4f} "
-                  f"top1-err {100 * err:5.1f}% lr {lr:.4g} {ips:7.1f} img/s", flush=True)
+    def step(self, epoch, step, loss, err, lr, ips):
+        if self.bar is not None:
+            self.bar.update(step, epoch, loss, err, ips, lr)
 
     def evaluation(self, epoch, epochs, top1, top5, t_train, t_eval, extra):
-        if self.enabled:
-            more = "".join(f", {k} {v:.4g}" for k, v in extra.items())
-            print(f"epoch {epoch:.2f}/{epochs} validation top-1 {100 * top1:.2f}% top-5 {100 * top5:.2f}% "
-                  f"(train {t_train:.1f}s, eval {t_eval:.1f}s{more})", flush=True)
+        if not self.enabled:
+            return
+        more = "".join(f", {k} {v:.4g}" for k, v in extra.items())
+        line = (f"epoch {epoch:.2f}/{epochs} validation top-1 {100 * top1:.2f}% top-5 {100 * top5:.2f}% "
+                f"(train {t_train:.1f}s, eval {t_eval:.1f}s{more})")
+        if self.bar is not None:
+            self.bar.message(line)
+        else:
+            print(line, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
 
 
 class Run:
@@ -144,7 +156,8 @@ class Run:
         self.t_start, self.t_excluded, self.train_offset = time.perf_counter(), 0.0, 0.0
         self.last_ckpt_clock = time.perf_counter()
         self.metrics = MetricsWriter(run_dir, s.topo.rank)
-        self.progress = Progress(s.method.worker_index == 0, s.topo.is_root, s.cfg.train.log_every)
+        self.progress = Progress(s.method.worker_index == 0, s.topo.is_root, s.cfg.train.log_every,
+                                 s.cfg.train.epochs)
         self.history: list[dict] = []
         self.t_train = self.t_eval = self.t_data = self.t_compute = 0.0
         self.local_samples = 0
@@ -314,7 +327,7 @@ class Run:
                            train_seconds=train_s, data_seconds=self.t_data,
                            compute_seconds=self.t_compute - sum(timers.values()),
                            **{f"{k}_seconds": v for k, v in timers.items()}, **s.method.stats())
-        self.progress.step(gs / self.spe, self.cfg.train.epochs, self.step, loss, err, lr,
+        self.progress.step(gs / self.spe, self.step, loss, err, lr,
                            self.local_samples * s.method.num_workers / max(train_s, 1e-9))
 
     # ------------------------------------------------------------------ server
@@ -334,7 +347,7 @@ class Run:
             samples=g, global_batch=cfg.data.batch_size * s.method.num_workers,
             val_top1_accuracy=last["val_top1_accuracy"], val_top5_accuracy=last["val_top5_accuracy"],
             best_val_top1_accuracy=max(h["val_top1_accuracy"] for h in self.history),
-            bad_samples=last["bad_samples"],
+            bad_samples=last["bad_samples"], time_to_targets=time_to_targets(self.history),
             images_per_second=g / max(self.t_train, 1e-9),
             train_seconds=self.t_train, eval_seconds=self.t_eval, wall_seconds=wall,
             time_split_rank0=dict(data=self.t_data,
@@ -356,7 +369,10 @@ def layout_signature(ps) -> str:
 
 def warm_start(s: Setup, path: Path) -> None:
     """Every rank takes the weights and BN statistics of ``path``'s rank 0 (the replica, or the
-    server's center/master), before ``method.start``; the optimizer state stays fresh."""
+    server's center/master), before ``method.start``; the optimizer state stays fresh.  ``path``
+    is a checkpoint file or a run directory (its newest good checkpoint)."""
+    if path.is_dir():                                 # a run directory: its newest good checkpoint
+        path = ckpt.latest_good(ckpt.checkpoint_dir(path))
     meta, arrays, _ = ckpt.read_rank(path, 0)
     ps = s.model.ps
     if meta.get("layout") != layout_signature(ps):
@@ -382,6 +398,7 @@ def train(s: Setup, run_dir: Path, resume: Path | None = None) -> dict:
     finally:
         s.method.close()
         run.metrics.close()
+        run.progress.close()
     summary = run.summary(time.perf_counter() - t)
     # rank 0 is a worker or the server; either way it has every evaluation (they are collective)
     if s.topo.is_root:
