@@ -253,3 +253,24 @@ def test_resume_with_another_rank_count_or_a_corrupt_checkpoint_is_refused(tmp_p
     last.write_bytes(last.read_bytes()[:4096])
     p = run_cli(["--resume", str(run_dir)], tmp_path, launcher=launch(2))
     one_line_error(p, str(last), f"the previous good checkpoint is {first}")
+
+
+@MPI
+@pytest.mark.parametrize("method,ranks,rank", [("allreduce", 2, 1), ("easgd", 3, 2), ("asgd", 3, 1),
+                                               ("gossip", 3, 2)])
+def test_one_ranks_error_ends_every_method_fast(tmp_path, data, method, ranks, rank):
+    """An exception on one rank mid-training (injected) ends the whole job with that rank's
+    message: the others, blocked in an all-reduce, a server exchange or nothing at all (gossip),
+    are ended by MPI_Abort, never left hanging."""
+    env_run = dict(os.environ, SCALESGD_INJECT_FAULT=f"{rank}:3", OMP_NUM_THREADS="1")
+    t = time.monotonic()
+    p = subprocess.run([*launch(ranks), sys.executable, "-m", "src.main", "--data", str(data),
+                        "--method", method, *TINY, "--epochs", "20", "--batch-size", "4",
+                        "--run-dir", str(tmp_path / "run")], cwd=ROOT, env=env_run,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t < 60
+    assert p.returncode != 0
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("scalesgd: error")]
+    # an unexpected exception also shows its traceback; the one error line names rank and cause
+    assert len(errors) == 1 and f"(rank {rank}/{ranks})" in errors[0], p.stderr
+    assert "injected fault" in errors[0]

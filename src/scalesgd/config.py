@@ -41,6 +41,11 @@ class ModelConfig:
     width: float = _f(1.0, "multiplier on every stage width", lo=0, lo_open=True)
     zero_init_residual: bool = _f(False, "zero-init the last BN gamma of each residual block")
     dtype: str = _f("float32", "parameter and activation dtype", choices=("float32", "float64"))
+    conv_impl: str = _f("auto", "GPU convolutions: im2col (cuBLAS GEMMs, the reference), cudnn (cuDNN "
+                        "Frontend graphs), auto (cudnn when it imports and a GPU is present)",
+                        choices=("im2col", "cudnn", "auto"))
+    precision: str = _f("fp32", "GPU math: fp32, tf32 (tensor-core float32 GEMMs/convs), bf16 "
+                        "(bf16 activations, float32 master weights)", choices=("fp32", "tf32", "bf16"))
 
 
 @dataclass(frozen=True)

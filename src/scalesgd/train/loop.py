@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from ..io.files import write_json_atomic
 from ..io.metrics import MetricsWriter
 from ..io.progress import ProgressLine
 from ..io.summary import time_to_targets
-from ..methods import Phases, eval_boundaries
+from ..methods import Phases, Stopped, eval_boundaries
 from ..nn.resnet import ResNet
 from ..optim.schedule import lr_at
 from ..optim.sgd import SGD
@@ -312,11 +313,19 @@ class Run:
                 self.t_compute += time.perf_counter() - tc
                 self.log_step(gs, float(loss), int(errors) / len(y), lr)
                 self.tick()
+                self.inject_fault()
                 if self.phases.check(gs):
                     return
                 td = time.perf_counter()
             self.local_epoch += 1
             self.step_in_epoch = 0
+
+    def inject_fault(self) -> None:
+        """Testing aid: ``SCALESGD_INJECT_FAULT=RANK:STEP`` raises on that rank after that step, to
+        check that one rank's error ends the whole job (never a hang)."""
+        spec = os.environ.get("SCALESGD_INJECT_FAULT")
+        if spec and [int(v) for v in spec.split(":")] == [self.s.topo.rank, self.step]:
+            raise RuntimeError(f"injected fault (SCALESGD_INJECT_FAULT={spec})")
 
     def log_step(self, gs: int, loss: float, err: float, lr: float) -> None:
         s, timers = self.s, self.s.method.timers
@@ -395,8 +404,11 @@ def train(s: Setup, run_dir: Path, resume: Path | None = None) -> dict:
         run.restore(resume)
     try:
         run.serve() if s.method.is_server else run.work()
-    finally:
+        s.method.close()                  # collective (frees windows): only on a path all ranks take
+    except Stopped:
         s.method.close()
+        raise
+    finally:                              # local only: on an error, MPI_Abort must not be delayed
         run.metrics.close()
         run.progress.close()
     summary = run.summary(time.perf_counter() - t)
