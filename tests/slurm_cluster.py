@@ -16,6 +16,7 @@ from pathlib import Path
 
 SBIN = Path("/usr/sbin")
 CONF = """ClusterName=pytest
+FirstJobId={first_job}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
@@ -113,8 +114,12 @@ class Cluster:
                      f"--key-file={key}", f"--log-file={b}/log/munged.log",
                      f"--pid-file={b}/run/munged.pid", f"--seed-file={b}/munge/munged.seed"], "munged.out")
         self._wait(lambda: (b / "run" / "munge.sock").exists(), timeout, "munged socket")
+        # A fresh job id range per cluster: MPICH names its shared-memory segments after the PMI
+        # job id ("<job>.<step>"), and a segment left in /dev/shm by an aborted job of an earlier
+        # throw-away cluster with the same id makes the next MPI_Init under srun hang.
+        first_job = int.from_bytes(os.urandom(3), "big") + 1000
         conf = CONF.format(b=b, host=socket.gethostname().split(".")[0], cpus=self.cpus,
-                           ctld_port=free_port(), d_port=free_port())
+                           ctld_port=free_port(), d_port=free_port(), first_job=first_job)
         (b / "etc" / "slurm.conf").write_text(conf)
         self._spawn([str(SBIN / "slurmctld"), "-D", "-c", "-f", self.env["SLURM_CONF"]], "slurmctld.out")
         self._spawn([str(SBIN / "slurmd"), "-D", "-f", self.env["SLURM_CONF"]], "slurmd.out")

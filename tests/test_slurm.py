@@ -72,7 +72,7 @@ def gossip_job(cluster, tmp_path_factory):
     env = dict(cluster.env, CONFIG=str(tmp / "tiny.toml"), DATA=str(data), VENV=sys.prefix,
                SCALESGD_PMI="pmi2", RUNS=str(tmp / "runs"), EXTRA_ARGS="--eval-every 0.5")
     cmd = ["sbatch", "--parsable", "--nodes=1", "--ntasks=4", "--ntasks-per-node=4",
-           "--cpus-per-task=1", "--gres=none", "--time=3", f"--output={tmp}/%x-%j.out",
+           "--cpus-per-task=1", "--gres=none", "--time=10", f"--output={tmp}/%x-%j.out",
            "slurm/gossip_64.sh"]
     p = cluster.run(cmd, timeout=30, env=env, cwd=ROOT)
     job = p.stdout.strip().split(";")[0]
@@ -104,3 +104,45 @@ def test_gossip_64_script_leaves_a_checkpoint(gossip_job):
     assert files, report
     meta = ckpt.verify(files[-1])
     assert (meta["method"], meta["ranks"], meta["reason"]) == ("gossip", 4, "end"), meta
+
+
+def test_signal_checkpoints_requeues_and_the_job_finishes(cluster, tmp_path):
+    """The time-limit warning (here sent by hand: scancel --signal=USR1 --batch) reaches the batch
+    script, which forwards it to the ranks; they checkpoint and exit 75; the script requeues the job,
+    which resumes from the checkpoint in the same run directory and completes.  Launched with
+    SCALESGD_LAUNCHER=mpirun: with srun --mpi=pmi2 the requeued attempt trains to the end and writes
+    its summary, but srun then fails the step ("mpi/pmi2: failed to send temp kvs"; docs/slurm.md)."""
+    from scalesgd.io import checkpoint as ckpt
+    (tmp_path / "long.toml").write_text(TINY_JOB.replace("epochs = 1", "epochs = 30"))
+    data = make_dataset(tmp_path / "data", n=96, n_val=24, num_classes=4)
+    env = dict(cluster.env, CONFIG=str(tmp_path / "long.toml"), DATA=str(data), VENV=sys.prefix,
+               SCALESGD_PMI="pmi2", RUNS=str(tmp_path / "runs"),
+               EXTRA_ARGS="--straggler 0:25 --eval-every 10", SCALESGD_LAUNCHER="mpirun")
+    p = cluster.run(["sbatch", "--parsable", "--nodes=1", "--ntasks=4", "--ntasks-per-node=4",
+                     "--cpus-per-task=1", "--gres=none", "--time=10", f"--output={tmp_path}/%x-%j.out",
+                     "slurm/gossip_64.sh"], timeout=30, env=env, cwd=ROOT)
+    job = p.stdout.strip().split(";")[0]
+    assert job.isdigit(), p.stderr
+    run_dir = tmp_path / "runs" / f"gossip_64-{job}"
+    metrics = run_dir / "metrics" / "rank-0.jsonl"
+    deadline = time.monotonic() + 90
+    while not (metrics.exists() and metrics.read_text().count('"step"') >= 5):
+        assert time.monotonic() < deadline, "no progress:\n" + "\n".join(
+            f.read_text(errors="replace") for f in tmp_path.glob("*.out"))
+        time.sleep(0.3)
+    cluster.run(["scancel", "--signal=USR1", "--batch", job], timeout=10)
+    # Slurm may hold a requeued job back (BeginTime in the future); make it eligible at once
+    deadline = time.monotonic() + 90
+    while "Restarts=1" not in cluster.run(["scontrol", "show", "job", job], timeout=10).stdout:
+        assert time.monotonic() < deadline, f"job {job} was not requeued:\n{cluster.logs()}"
+        time.sleep(0.3)
+    if job_state(cluster, job) == "PENDING":          # (only a pending job may be touched)
+        cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=10)
+    state = wait_for_job(cluster, job, timeout=120)
+    logs = "\n".join(f.read_text(errors="replace") for f in tmp_path.glob("*.out"))
+    assert state == "COMPLETED", f"{state}\n{logs}\n{cluster.logs()}"
+    assert "got SIGUSR1, forwarding to the ranks" in logs and "requeueing job" in logs, logs
+    assert "resuming from" in logs, logs
+    reasons = [ckpt.read_meta(f)["reason"] for f in ckpt.listing(ckpt.checkpoint_dir(run_dir))]
+    assert "stop" in reasons and reasons[-1] == "end", (reasons, logs)
+    assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 30

@@ -69,6 +69,19 @@ def select(device: str = "auto", local_rank: int = 0) -> Backend:
     return Backend(cupy, "cupy", dev)
 
 
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def set_precision(precision: str) -> None:
+    """``tf32``: sets ``CUPY_TF32=1`` (CuPy reads it once, so this must precede the first float32
+    matmul); ``fp32``/``bf16`` leave float32 GEMMs exact.  bf16 activations are the cuDNN path's
+    business (nn/cudnn_conv.py).  Harmless on the CPU."""
+    if precision not in PRECISIONS:
+        raise BackendError(f"precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "tf32":
+        os.environ["CUPY_TF32"] = "1"
+
+
 def get_array_module(*arrays) -> ModuleType:
     """``cupy`` if any argument is a CuPy array, else ``numpy`` (without importing CuPy)."""
     for a in arrays:

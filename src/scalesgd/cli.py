@@ -179,14 +179,28 @@ class ResumeError(RuntimeError):
     """The checkpoint cannot be resumed (every rank raises it alike)."""
 
 
-def _install_stop_handlers(method) -> None:
-    """SIGTERM / SIGUSR1 on any rank: checkpoint at the next safe point, then exit 75 everywhere."""
-    import signal
+_STOP = {"requested": False, "method": None}
 
-    def handler(signum, frame):
-        method.request_stop()
+
+def _on_stop_signal(signum, frame) -> None:
+    _STOP["requested"] = True
+    if _STOP["method"] is not None:
+        _STOP["method"].request_stop()
+
+
+def _install_stop_handlers() -> None:
+    """SIGTERM / SIGUSR1 on any rank: checkpoint at the next safe point, then exit 75 everywhere.
+    Installed first thing, so a signal during start-up (e.g. Slurm's early warning arriving during
+    MPI initialisation) is remembered instead of killing the rank."""
+    import signal
     for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, handler)
+        signal.signal(sig, _on_stop_signal)
+
+
+def _attach_stop(method) -> None:
+    _STOP["method"] = method
+    if _STOP["requested"]:
+        method.request_stop()
 
 
 def run(cfg: C.Config, topo) -> dict:
@@ -201,7 +215,7 @@ def run(cfg: C.Config, topo) -> dict:
     setup = loop.build(cfg, topo, backend, method, _data_root(cfg, topo), cfg.data.data_threads or threads)
     run_dir = _run_dir(cfg, topo)                            # nothing is written before this point
     run_dir.mkdir(parents=True, exist_ok=True)
-    _install_stop_handlers(method)
+    _attach_stop(method)
     if topo.is_root:
         write_json_atomic(run_dir / "config.json", cfg.to_dict())
         logging.info("run directory %s; model %s, %s parameters; device %s; %d BLAS thread(s)",
@@ -221,6 +235,7 @@ def run(cfg: C.Config, topo) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _install_stop_handlers()
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="scalesgd: %(message)s", stream=sys.stderr)
     topo = None

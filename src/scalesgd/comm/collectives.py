@@ -1,7 +1,8 @@
 """Collectives on flat buffers: broadcast, sums, and the bucketed non-blocking gradient all-reduce.
 
 Arrays travel as buffers (mpi4py's uppercase methods), never pickled.  Device (CuPy) arrays are
-staged through host memory here (``HostStage``); CUDA-aware MPI and NCCL are the GPU issue's work.
+staged through host memory here (``HostStage``) unless :mod:`device` chose CUDA-aware MPI (device
+buffers handed to MPI after a stream sync) or NCCL (the gradient all-reduce, ``BucketedAllreduce(nccl=)``).
 """
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import logging
 
 import numpy as np
 from mpi4py import MPI
+
+from . import device
 
 
 def _is_host(a) -> bool:
@@ -40,11 +43,14 @@ class HostStage:
     before MPI touches it), ``push()`` host -> device.  The device path has not been run on a GPU.
     """
 
-    def __init__(self, arr):
+    def __init__(self, arr, device_ok: bool = False):
         self.arr = arr
-        self.host = arr if _is_host(arr) else _pinned_like(arr)
+        self.direct = _is_host(arr) or (device_ok and _cuda_aware())
+        self.host = arr if self.direct else _pinned_like(arr)
 
     def pull(self):
+        if self.host is self.arr and not _is_host(self.arr):
+            device.sync_stream(self.arr)         # CUDA-aware MPI: the stream must be done first
         if self.host is not self.arr:
             self.arr.get(out=self.host)          # synchronous on the current stream
         return self.host
@@ -54,9 +60,14 @@ class HostStage:
             self.arr.set(self.host)
 
 
+def _cuda_aware() -> bool:
+    """True when device.select() chose CUDA-aware MPI for this run."""
+    return "cuda_aware_mpi" in device._CHOSEN.values()
+
+
 def bcast(comm, arr, root: int = 0) -> None:
     """Broadcasts ``arr`` (flat, contiguous) from ``root`` in place."""
-    st = HostStage(arr)
+    st = HostStage(arr, device_ok=True)
     comm.Bcast(st.pull(), root=root)
     st.push()
 
@@ -87,7 +98,7 @@ def allreduce_max_host(comm, a: np.ndarray) -> np.ndarray:
 
 def allreduce_mean(comm, arr) -> None:
     """In-place average of ``arr`` over ``comm`` (one blocking all-reduce)."""
-    st = HostStage(arr)
+    st = HostStage(arr, device_ok=True)
     comm.Allreduce(MPI.IN_PLACE, st.pull(), op=MPI.SUM)
     st.host /= comm.Get_size()
     st.push()
@@ -120,13 +131,14 @@ class BucketedAllreduce:
     Without overlap, ``finish()`` reduces the buckets one after another with blocking all-reduces.
     """
 
-    def __init__(self, comm, flat, layout, bucket_bytes: int, overlap: bool = True):
+    def __init__(self, comm, flat, layout, bucket_bytes: int, overlap: bool = True, nccl=None):
         self.comm, self.flat, self.overlap = comm, flat, overlap
+        self.nccl = nccl                         # a device.NcclAllreduce: one NCCL call in finish()
         nbytes = flat.size * flat.dtype.itemsize
         self.buckets = make_buckets(layout, bucket_bytes if bucket_bytes > 0 else nbytes,
                                     flat.dtype.itemsize)
         self.bucket_of = {n: i for i, (_, _, names) in enumerate(self.buckets) for n in names}
-        self.stage = HostStage(flat)
+        self.stage = HostStage(flat, device_ok=True)
         self._reset()
 
     def _reset(self):
@@ -135,11 +147,12 @@ class BucketedAllreduce:
 
     def _start(self, i: int):
         lo, hi, _ = self.buckets[i]
+        device.sync_stream(self.flat)            # no-op on the host
         self.requests.append(self.comm.Iallreduce(MPI.IN_PLACE, self.stage.host[lo:hi], op=MPI.SUM))
 
     def ready(self, names) -> None:
         """Called from backward when the gradients of ``names`` are final."""
-        if not self.overlap or self.stage.host is not self.flat:
+        if not self.overlap or self.nccl is not None or self.stage.host is not self.flat:
             return                               # device buffers: reduced in finish()
         for n in names:
             i = self.bucket_of[n]
@@ -150,6 +163,9 @@ class BucketedAllreduce:
             MPI.Request.Testall(self.requests)   # lets MPI progress the started buckets
 
     def finish(self) -> None:
+        if self.nccl is not None:                # NCCL: the whole flat buffer in one call, on-stream
+            self.nccl.sum_(self.flat)
+            return
         if self.requests:
             MPI.Request.Waitall(self.requests)
             assert len(self.requests) == len(self.buckets), "a bucket was never started"

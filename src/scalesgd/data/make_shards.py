@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import time
+import multiprocessing
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
@@ -244,7 +245,10 @@ def _run_jobs(out: Path, jobs: dict, did: str, num_classes: int, args) -> dict:
                              len(items)))
     reused = sum(r is not None for v in results.values() for r in v)
     bar = Progress(sum(n for _, n in todo), reused, args.quiet)
-    with ProcessPoolExecutor(max_workers=args.workers or _cores()) as pool:
+    # forkserver, not fork: forking a process that already runs threads (BLAS, DALI, h5py) can
+    # deadlock the child on a lock some thread held (seen when called from inside a test run)
+    ctx = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(max_workers=args.workers or _cores(), mp_context=ctx) as pool:
         futs = {pool.submit(build_shard, *a): (a[1], a[2], n) for a, n in todo}
         for fut in as_completed(futs):
             split, i, n = futs[fut]

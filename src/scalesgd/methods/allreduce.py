@@ -7,7 +7,9 @@ in PyTorch DDP); they are averaged over ranks when the model is evaluated.
 """
 from __future__ import annotations
 
-from ..comm import collectives
+import numpy as np
+
+from ..comm import collectives, device
 from .base import Method
 
 
@@ -30,8 +32,11 @@ class AllReduce(Method):
     def attach(self, model) -> None:
         """Hooks the bucketed all-reduce into the model's backward (called by the loop)."""
         d = self.cfg.dist
+        on_device = not isinstance(model.ps.grads, np.ndarray)
+        how = device.select(self.comm, on_device, "allreduce") if self.topo.size > 1 else "host_staging"
+        nccl = device.NcclAllreduce(self.comm) if how == "nccl" else None
         self.reducer = collectives.BucketedAllreduce(
-            self.comm, model.ps.grads, model.ps.layout, int(d.bucket_mb * 1e6), d.overlap)
+            self.comm, model.ps.grads, model.ps.layout, int(d.bucket_mb * 1e6), d.overlap, nccl=nccl)
         if d.overlap and self.topo.size > 1:
             model.set_grad_hook(self.reducer.ready)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import kernels as K
 from . import layers as L
 from .params import ParamSet, TensorSpec
 
@@ -42,6 +43,7 @@ class ParamModule:
 
     grad_hook = None
     param_names: tuple = ()
+    engine = None                # a cudnn_conv.CudnnEngine on the GPU's cuDNN path, else None
 
     def _grads_done(self):
         if self.grad_hook is not None:
@@ -63,10 +65,15 @@ class Conv(ParamModule):
         self.w, self.dw = ps.p[f"{self.name}.weight"], ps.g[f"{self.name}.weight"]
 
     def forward(self, x, train):
+        if self.engine is not None:
+            return self.engine.conv_forward(self, x, train)
         return L.conv2d_forward(x, self.w, self.stride, self.pad, self.ws)
 
     def backward(self, dout, cache):
-        dx = L.conv2d_backward(dout, cache, self.dw, need_dx=self.need_dx, ws=self.ws)
+        if self.engine is not None:
+            dx = self.engine.conv_backward(self, dout, cache, self.need_dx)
+        else:
+            dx = L.conv2d_backward(dout, cache, self.dw, need_dx=self.need_dx, ws=self.ws)
         self._grads_done()
         return dx
 
@@ -92,12 +99,18 @@ class BatchNorm(ParamModule):
         self.rmean, self.rvar = ps.b[f"{n}.running_mean"], ps.b[f"{n}.running_var"]
 
     def forward(self, x, train):
+        if self.engine is not None:
+            return self.engine.bn_forward(self, x, train)
         out, cache = L.batchnorm_forward(x, self.gamma, self.beta, self.rmean, self.rvar, train)
         if self.relu:
             out, _ = L.relu_forward(out, inplace=True)
         return out, (cache, out if self.relu else None)
 
     def backward(self, dout, cache):
+        if self.engine is not None:
+            dx = self.engine.bn_backward(self, dout, cache)
+            self._grads_done()
+            return dx
         bn_cache, relu_out = cache
         if relu_out is not None:
             dout = L.relu_backward(dout, relu_out)
@@ -159,11 +172,9 @@ class ResidualBlock:
         h, main_c = self.main.forward(x, train)       # h is a fresh array: safe to add into
         if self.shortcut is not None:
             s, sc_c = self.shortcut.forward(x, train)
-            h += s
         else:
-            sc_c = None
-            h += x
-        out, _ = L.relu_forward(h, inplace=True)
+            s, sc_c = x, None
+        out = K.add_relu(h, s)                         # h <- relu(h + s): one fused pass on GPU
         return out, (main_c, sc_c, out)
 
     def backward(self, dout, cache):
@@ -258,6 +269,12 @@ class ResNet:
     @property
     def num_params(self) -> int:
         return self.ps.num_params
+
+    def set_engine(self, engine) -> None:
+        """Routes every Conv and BatchNorm through ``engine`` (cudnn_conv.CudnnEngine; None = xp)."""
+        for m in _leaves(self.net):
+            if isinstance(m, (Conv, BatchNorm)):
+                m.engine = engine
 
     def set_grad_hook(self, fn) -> None:
         """``fn(names)`` is called during backward as soon as the gradients of ``names`` are final."""

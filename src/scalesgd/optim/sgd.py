@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..backend import get_array_module
+from ..nn import kernels
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,12 @@ class SGD:
 
     def step(self, params, grads, lr: float) -> None:
         """Updates ``params`` in place from ``grads`` (both flat, same layout)."""
-        xp = get_array_module(params)
         c, buf, d = self.cfg, self.momentum, self._scratch
+        if kernels.use_fast(params, grads):       # CuPy: the whole update in ONE fused kernel
+            kernels.sgd_update(params, grads, buf, self.decay_mask if c.weight_decay else None,
+                               lr, c.momentum, c.weight_decay, c.nesterov)
+            return
+        xp = get_array_module(params)
         if c.weight_decay:
             if self.decay_mask is None:
                 xp.multiply(params, c.weight_decay, out=d)

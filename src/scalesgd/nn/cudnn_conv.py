@@ -1,0 +1,327 @@
+"""Convolutions and batch norm through cuDNN Frontend graphs, on the CuPy views of the flat buffers.
+
+NOT YET RUN ON A GPU (see docs/gpu.md).  The im2col path of :mod:`layers` is the reference twin and
+stays selectable (``model.conv_impl = "im2col"``).
+
+Layout decisions (cuDNN describes every tensor by dims in N,C,H,W order plus strides):
+
+- activations are our NHWC arrays as they are: dims [N, C, H, W], strides [HWC, 1, WC, C];
+- conv weights are our HWIO views ``(R, S, C, K)`` of the flat parameter buffer.  cuDNN's NHWC
+  kernels want the filter as KRSC (dims [K, C, R, S], strides [RSC, 1, SC, C]).  Decision: a
+  **KRSC shadow** per conv layer, in the compute dtype (float32, or bf16 for ``precision=bf16``),
+  refreshed by one transpose(+cast) at each training forward (the weights change once per step;
+  ResNet-50's 25.5 M weights are ~100 MB, ~50 us of copy at H200 bandwidth, vs GBs of activations).
+  The shadow serves fprop and dgrad.  wgrad writes into a KRSC float32 scratch, then one transpose
+  lands it in the HWIO gradient view (master gradients stay float32, in the flat buffer).
+  ``filter_desc(.., "hwio")`` (the buffer described through strides, zero copies) is kept as the
+  first thing to try on a device: if cuDNN's heuristics support it, the shadow can go.
+- graphs are built once per (op, shapes, stride, pad, dtypes, layout) -> :class:`GraphCache`.
+
+Everything that needs no device (shapes, strides, keys, types, path selection, the sequence of
+graph-building calls, checked against a fake ``cudnn`` module) lives in pure functions tested on CPU.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger("scalesgd")
+CONV_IMPLS = ("im2col", "cudnn", "auto")
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+# ----------------------------------------------------------------------------- pure functions
+def out_hw(h: int, w: int, r: int, s: int, stride: int, pad: int) -> tuple[int, int]:
+    return (h + 2 * pad - r) // stride + 1, (w + 2 * pad - s) // stride + 1
+
+
+def nhwc_desc(shape_nhwc) -> tuple[list[int], list[int]]:
+    """(dims in NCHW order, strides) of a contiguous NHWC array."""
+    n, h, w, c = shape_nhwc
+    return [n, c, h, w], [h * w * c, 1, w * c, c]
+
+
+def filter_desc(shape_hwio, layout: str) -> tuple[list[int], list[int]]:
+    """(dims [K, C, R, S], strides) of the filter: ``krsc`` (the shadow) or ``hwio`` (our buffer)."""
+    r, s, c, k = shape_hwio
+    if layout == "krsc":
+        return [k, c, r, s], [r * s * c, 1, s * c, c]
+    if layout == "hwio":
+        return [k, c, r, s], [1, k, s * c * k, c * k]
+    raise ValueError(f"filter layout: expected krsc or hwio, got {layout!r}")
+
+
+def channel_desc(c: int) -> tuple[list[int], list[int]]:
+    """(dims, strides) of a per-channel vector (BN scale/bias/stats) as [1, C, 1, 1]."""
+    return [1, c, 1, 1], [c, 1, c, c]
+
+
+def type_names(precision: str, param_dtype: str = "float32") -> dict:
+    """cuDNN data-type names (``cudnn.data_type.<NAME>``) for io, compute and filter-gradient."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    if param_dtype == "float64":
+        raise ValueError("cudnn path: float64 is not supported (use conv_impl=im2col)")
+    io = "BFLOAT16" if precision == "bf16" else "FLOAT"
+    return {"io": io, "compute": "FLOAT", "wgrad_out": "FLOAT", "tf32": precision == "tf32"}
+
+
+def graph_key(op: str, x_shape, w_shape, stride: int, pad: int, precision: str,
+              layout: str = "krsc") -> tuple:
+    """Cache key of one graph: everything the built plan depends on, nothing else."""
+    return (op, tuple(x_shape), tuple(w_shape), int(stride), int(pad), precision, layout)
+
+
+def choose_conv_impl(requested: str, have_cupy: bool, have_cudnn: bool, have_gpu: bool,
+                     dtype: str = "float32") -> tuple[str, str]:
+    """('cudnn' | 'im2col', why).  ``cudnn`` requested but unusable raises; ``auto`` falls back."""
+    if requested not in CONV_IMPLS:
+        raise ValueError(f"conv_impl: expected one of {CONV_IMPLS}, got {requested!r}")
+    missing = [what for what, ok in (("CuPy", have_cupy), ("a GPU", have_gpu),
+                                     ("the cudnn frontend module", have_cudnn),
+                                     ("float32 parameters", dtype == "float32")) if not ok]
+    if requested == "im2col":
+        return "im2col", "requested"
+    if not missing:
+        return "cudnn", "CuPy, a GPU and cuDNN Frontend are present"
+    if requested == "cudnn":
+        raise RuntimeError(f"conv_impl=cudnn: missing {', '.join(missing)}")
+    return "im2col", f"auto: missing {', '.join(missing)}"
+
+
+def probe_cudnn():
+    """The ``cudnn`` (nvidia-cudnn-frontend) module, or None with the import error logged at debug."""
+    try:
+        import cudnn  # noqa: PLC0415 - optional dependency, GPU machines only
+        return cudnn
+    except Exception as exc:  # ImportError or a missing libcudnn
+        log.debug("cudnn frontend not importable: %s", exc)
+        return None
+
+
+class GraphCache:
+    """Built graphs keyed by :func:`graph_key`; ``builds`` counts how many were built."""
+
+    def __init__(self):
+        self._graphs: dict = {}
+        self.builds = 0
+
+    def get(self, key, build):
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = build()
+            self.builds += 1
+        return g
+
+    def __len__(self):
+        return len(self._graphs)
+
+
+@dataclass
+class Built:
+    """A built graph, its named tensor handles and its workspace size in bytes."""
+
+    graph: object
+    tensors: dict
+    workspace: int
+
+
+# ----------------------------------------------------------------------------- graph building
+def _finish(cudnn, g, tensors: dict) -> Built:
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    return Built(g, tensors, int(g.get_workspace_size()))
+
+
+def _graph(cudnn, handle, types):
+    dt = cudnn.data_type
+    return dt, cudnn.pygraph(io_data_type=getattr(dt, types["io"]),
+                             intermediate_data_type=dt.FLOAT,
+                             compute_data_type=getattr(dt, types["compute"]), handle=handle)
+
+
+def build_conv(cudnn, handle, op: str, x_shape, w_shape, stride: int, pad: int, precision: str,
+               layout: str = "krsc") -> Built:
+    """One of fprop (X, W -> Y), dgrad (DY, W -> DX), wgrad (X, DY -> DW) for NHWC / HWIO shapes."""
+    types = type_names(precision)
+    dt, g = _graph(cudnn, handle, types)
+    io = getattr(dt, types["io"])
+    n, h, w, c = x_shape
+    r, s, _, k = w_shape
+    ho, wo = out_hw(h, w, r, s, stride, pad)
+    xd, wd, yd = nhwc_desc(x_shape), filter_desc(w_shape, layout), nhwc_desc((n, ho, wo, k))
+    conv = dict(padding=[pad, pad], stride=[stride, stride], dilation=[1, 1],
+                compute_data_type=dt.FLOAT)
+    if op == "fprop":
+        X = g.tensor(name="X", dim=xd[0], stride=xd[1], data_type=io)
+        W = g.tensor(name="W", dim=wd[0], stride=wd[1], data_type=io)
+        Y = g.conv_fprop(image=X, weight=W, name="fprop", **conv)
+        Y.set_output(True).set_data_type(io)
+        return _finish(cudnn, g, {"X": X, "W": W, "Y": Y})
+    if op == "dgrad":
+        DY = g.tensor(name="DY", dim=yd[0], stride=yd[1], data_type=io)
+        W = g.tensor(name="W", dim=wd[0], stride=wd[1], data_type=io)
+        DX = g.conv_dgrad(loss=DY, filter=W, name="dgrad", **conv)
+        DX.set_output(True).set_dim(xd[0]).set_stride(xd[1]).set_data_type(io)
+        return _finish(cudnn, g, {"DY": DY, "W": W, "DX": DX})
+    if op == "wgrad":
+        X = g.tensor(name="X", dim=xd[0], stride=xd[1], data_type=io)
+        DY = g.tensor(name="DY", dim=yd[0], stride=yd[1], data_type=io)
+        DW = g.conv_wgrad(image=X, loss=DY, name="wgrad", **conv)
+        DW.set_output(True).set_dim(wd[0]).set_stride(wd[1]).set_data_type(dt.FLOAT)
+        return _finish(cudnn, g, {"X": X, "DY": DY, "DW": DW})
+    raise ValueError(f"conv op: expected fprop, dgrad or wgrad, got {op!r}")
+
+
+def build_bn(cudnn, handle, op: str, x_shape, precision: str) -> Built:
+    """Training BN forward (X, scale, bias, running stats -> Y, saved mean/invstd) or backward."""
+    types = type_names(precision)
+    dt, g = _graph(cudnn, handle, types)
+    io = getattr(dt, types["io"])
+    xd, cd = nhwc_desc(x_shape), channel_desc(x_shape[-1])
+    X = g.tensor(name="X", dim=xd[0], stride=xd[1], data_type=io)
+    vec = {nm: g.tensor(name=nm, dim=cd[0], stride=cd[1], data_type=dt.FLOAT)
+           for nm in (("scale", "bias", "rmean", "rvar") if op == "fwd" else ("scale", "mean", "invstd"))}
+    if op == "fwd":
+        eps = g.tensor(name="eps", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], is_pass_by_value=True,
+                       data_type=dt.FLOAT)
+        mom = g.tensor(name="mom", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], is_pass_by_value=True,
+                       data_type=dt.FLOAT)
+        Y, mean, invstd, rm, rv = g.batchnorm(
+            name="bn", norm_forward_phase=cudnn.norm_forward_phase.TRAINING, input=X,
+            scale=vec["scale"], bias=vec["bias"], in_running_mean=vec["rmean"],
+            in_running_var=vec["rvar"], epsilon=eps, momentum=mom)
+        Y.set_output(True).set_data_type(io)
+        for t in (mean, invstd, rm, rv):
+            t.set_output(True).set_data_type(dt.FLOAT)
+        return _finish(cudnn, g, {"X": X, **vec, "eps": eps, "mom": mom, "Y": Y, "mean": mean,
+                                  "invstd": invstd, "rmean_out": rm, "rvar_out": rv})
+    DY = g.tensor(name="DY", dim=xd[0], stride=xd[1], data_type=io)
+    DX, DS, DB = g.batchnorm_backward(name="dbn", grad=DY, input=X, scale=vec["scale"],
+                                      mean=vec["mean"], inv_variance=vec["invstd"])
+    DX.set_output(True).set_data_type(io)
+    DS.set_output(True).set_data_type(dt.FLOAT)
+    DB.set_output(True).set_data_type(dt.FLOAT)
+    return _finish(cudnn, g, {"X": X, "DY": DY, **vec, "DX": DX, "DS": DS, "DB": DB})
+
+
+# ----------------------------------------------------------------------------- execution (GPU only)
+class CudnnEngine:
+    """Runs conv and BN of a ResNet through cached cuDNN graphs on CuPy arrays (no staging copies).
+
+    Attach with :func:`attach`; ``Conv``/``BatchNorm`` modules then call ``conv_forward`` etc.
+    Inference-mode BN uses the fused ``kernels.bn_apply`` with the running statistics.
+    """
+
+    def __init__(self, cudnn, xp, precision: str = "fp32"):
+        self.cudnn, self.xp, self.precision = cudnn, xp, precision
+        self.handle = cudnn.create_handle()
+        self.cache = GraphCache()
+        self.io_dtype = _io_dtype(xp, precision)
+        self._ws = xp.empty(1, dtype=xp.uint8)
+        self._eps = None
+
+    def _run(self, built: Built, pack: dict):
+        if self._ws.size < built.workspace:
+            self._ws = self.xp.empty(built.workspace, dtype=self.xp.uint8)
+        self.cudnn.set_stream(handle=self.handle, stream=self.xp.cuda.get_current_stream().ptr)
+        built.graph.execute({built.tensors[k]: v for k, v in pack.items()}, self._ws)
+
+    def _conv(self, op, x_shape, w_shape, stride, pad):
+        key = graph_key(op, x_shape, w_shape, stride, pad, self.precision)
+        return self.cache.get(key, lambda: build_conv(self.cudnn, self.handle, op, x_shape, w_shape,
+                                                      stride, pad, self.precision))
+
+    def conv_forward(self, mod, x, train: bool):
+        xp, w = self.xp, mod.w
+        if train or getattr(mod, "_krsc", None) is None:       # the KRSC shadow, once per step
+            mod._krsc = xp.ascontiguousarray(w.transpose(3, 0, 1, 2)).astype(self.io_dtype, copy=False)
+        x = xp.ascontiguousarray(x, dtype=self.io_dtype)
+        n, h, wd, _ = x.shape
+        ho, wo = out_hw(h, wd, w.shape[0], w.shape[1], mod.stride, mod.pad)
+        y = xp.empty((n, ho, wo, w.shape[3]), dtype=self.io_dtype)
+        self._run(self._conv("fprop", x.shape, w.shape, mod.stride, mod.pad),
+                  {"X": x, "W": mod._krsc, "Y": y})
+        return y, (x, mod._krsc, w.shape)
+
+    def conv_backward(self, mod, dout, cache, need_dx: bool):
+        xp = self.xp
+        x, krsc, w_shape = cache
+        dout = xp.ascontiguousarray(dout, dtype=self.io_dtype)
+        r, s, c, k = w_shape
+        dw_krsc = xp.empty((k, r, s, c), dtype=xp.float32)
+        self._run(self._conv("wgrad", x.shape, w_shape, mod.stride, mod.pad),
+                  {"X": x, "DY": dout, "DW": dw_krsc})
+        mod.dw[...] = dw_krsc.transpose(1, 2, 3, 0)
+        if not need_dx:
+            return None
+        dx = xp.empty(x.shape, dtype=self.io_dtype)
+        self._run(self._conv("dgrad", x.shape, w_shape, mod.stride, mod.pad),
+                  {"DY": dout, "W": krsc, "DX": dx})
+        return dx
+
+    def bn_forward(self, mod, x, train: bool, momentum: float = 0.1, eps: float = 1e-5):
+        from . import kernels  # noqa: PLC0415
+        xp = self.xp
+        if not train:
+            scale = mod.gamma / xp.sqrt(mod.rvar + eps)
+            return kernels.bn_apply(x, scale, mod.beta - mod.rmean * scale, mod.relu), None
+        built = self.cache.get(("bn_fwd", x.shape, self.precision),
+                               lambda: build_bn(self.cudnn, self.handle, "fwd", x.shape, self.precision))
+        c = x.shape[-1]
+        y = xp.empty(x.shape, dtype=self.io_dtype)
+        mean, invstd = xp.empty(c, xp.float32), xp.empty(c, xp.float32)
+        hp = _host_scalars(eps, momentum)
+        self._run(built, {"X": x, "scale": mod.gamma, "bias": mod.beta, "rmean": mod.rmean,
+                          "rvar": mod.rvar, "eps": hp[0], "mom": hp[1], "Y": y, "mean": mean,
+                          "invstd": invstd, "rmean_out": mod.rmean, "rvar_out": mod.rvar})
+        if mod.relu:
+            xp.maximum(y, 0, out=y)
+        return y, (x, mean, invstd, y if mod.relu else None)
+
+    def bn_backward(self, mod, dout, cache):
+        xp = self.xp
+        x, mean, invstd, relu_out = cache
+        if relu_out is not None:
+            xp.multiply(dout, relu_out > 0, out=dout)
+        built = self.cache.get(("bn_bwd", x.shape, self.precision),
+                               lambda: build_bn(self.cudnn, self.handle, "bwd", x.shape, self.precision))
+        dx = xp.empty(x.shape, dtype=self.io_dtype)
+        self._run(built, {"X": x, "DY": xp.ascontiguousarray(dout, dtype=self.io_dtype),
+                          "scale": mod.gamma, "mean": mean, "invstd": invstd, "DX": dx,
+                          "DS": mod.dgamma, "DB": mod.dbeta})
+        return dx
+
+
+def _io_dtype(xp, precision: str):
+    """CuPy dtype of activations: float32, or bf16 (ml_dtypes' bfloat16 when CuPy knows it)."""
+    if precision != "bf16":
+        return xp.float32
+    import ml_dtypes  # noqa: PLC0415 - shipped with JAX/PyTorch images; CuPy 14 accepts it
+    return ml_dtypes.bfloat16
+
+
+def _host_scalars(eps: float, momentum: float):
+    import numpy as np  # noqa: PLC0415
+    return (np.full((1, 1, 1, 1), eps, np.float32), np.full((1, 1, 1, 1), momentum, np.float32))
+
+
+def resolve(conv_impl: str, backend, dtype: str = "float32") -> tuple[str, str]:
+    """Resolves ``model.conv_impl`` on this backend (probing cuDNN Frontend only on a GPU)."""
+    have_gpu = bool(getattr(backend, "is_gpu", False))
+    cudnn = probe_cudnn() if have_gpu and conv_impl != "im2col" else None
+    return choose_conv_impl(conv_impl, have_gpu, cudnn is not None, have_gpu, dtype)
+
+
+def attach(model, conv_impl: str, precision: str, backend, dtype: str = "float32"):
+    """Selects the conv path for ``model`` (logged once); returns the engine or None (im2col)."""
+    impl, why = resolve(conv_impl, backend, dtype)
+    log.info("convolutions: %s (%s); precision %s", impl, why, precision)
+    if impl != "cudnn":
+        return None
+    engine = CudnnEngine(probe_cudnn(), backend.xp, precision)
+    model.set_engine(engine)
+    return engine

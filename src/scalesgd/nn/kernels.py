@@ -1,0 +1,241 @@
+"""Fused element-wise CuPy kernels, each with an xp reference twin (DESIGN principle 5).
+
+Every public function here takes xp arrays and picks its implementation from them:
+
+- NumPy arrays (or ``FORCE_REFERENCE``): the reference twin, plain xp code with the exact semantics
+  of the unfused layers in :mod:`layers` / :class:`optim.sgd.SGD` (tests check the twins against them);
+- CuPy arrays: one ``RawKernel`` launch from the CUDA C source :data:`KERNELS_CU`, compiled once per
+  (activation dtype, parameter dtype) by NVRTC.  CuPy is never imported here: the module comes from
+  the arrays (``backend.get_array_module``), so importing this file works without CuPy.
+
+Kernels (one pass over memory each, where the unfused code makes 2-4):
+
+- ``bn_apply``       y = x * scale[c] + shift[c], optionally ReLU'd (BN forward's apply part);
+- ``add_relu``       h = max(h + s, 0) in place (the residual join);
+- ``bn_backward_dx`` dx = a[c] * (dy - b[c] - (x - mean[c]) * d[c]) (BN backward's element-wise part);
+- ``sgd_update``     the whole SGD/Nesterov/weight-decay step over the flat buffer, in place.
+
+Channels are the last (fastest) axis (NHWC), so element ``i`` belongs to channel ``i % C``.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..backend import get_array_module
+
+FORCE_REFERENCE = os.environ.get("SCALESGD_KERNELS", "") == "reference"
+_BLOCK = 256
+_MAX_GRID = 65535 * 8
+
+# ----------------------------------------------------------------------------- CUDA C source
+_HEADER = """\
+#include <cuda_bf16.h>
+typedef {act} T;   /* activation storage type */
+typedef {par} P;   /* parameter (master weight) type */
+typedef {acc} A;   /* arithmetic type */
+"""
+
+KERNELS_CU = r"""
+/* loads/stores through overloads, so one source serves float, double and bf16 storage */
+__device__ __forceinline__ float ld(float v) { return v; }
+__device__ __forceinline__ double ld(double v) { return v; }
+__device__ __forceinline__ float ld(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void st(float* p, A v) { *p = (float)v; }
+__device__ __forceinline__ void st(double* p, A v) { *p = (double)v; }
+__device__ __forceinline__ void st(__nv_bfloat16* p, A v) { *p = __float2bfloat16((float)v); }
+
+#define GRID_STRIDE(i, n) \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (long long)blockDim.x * gridDim.x)
+
+extern "C" __global__ void bn_apply(const T* __restrict__ x, const A* __restrict__ scale,
+                                    const A* __restrict__ shift, T* __restrict__ y,
+                                    long long n, int C, int relu) {
+    GRID_STRIDE(i, n) {
+        int c = (int)(i % C);
+        A v = (A)ld(x[i]) * scale[c] + shift[c];
+        if (relu && v < (A)0) v = (A)0;
+        st(&y[i], v);
+    }
+}
+
+extern "C" __global__ void add_relu(T* __restrict__ h, const T* __restrict__ s, long long n) {
+    GRID_STRIDE(i, n) {
+        A v = (A)ld(h[i]) + (A)ld(s[i]);
+        st(&h[i], v > (A)0 ? v : (A)0);
+    }
+}
+
+extern "C" __global__ void bn_backward_dx(const T* __restrict__ dy, const T* __restrict__ x,
+                                          const A* __restrict__ mean, const A* __restrict__ a,
+                                          const A* __restrict__ b, const A* __restrict__ d,
+                                          T* __restrict__ dx, long long n, int C) {
+    GRID_STRIDE(i, n) {
+        int c = (int)(i % C);
+        A xc = (A)ld(x[i]) - mean[c];
+        st(&dx[i], a[c] * ((A)ld(dy[i]) - b[c] - xc * d[c]));
+    }
+}
+
+extern "C" __global__ void sgd_update(P* __restrict__ p, const P* __restrict__ g,
+                                      P* __restrict__ buf, const P* __restrict__ mask,
+                                      long long n, double lr, double mu, double wd,
+                                      int nesterov, int has_mask) {
+    GRID_STRIDE(i, n) {
+        P pi = p[i];
+        P d = g[i] + (P)wd * (has_mask ? mask[i] : (P)1) * pi;
+        if (mu != 0.0) {
+            P bi = (P)mu * buf[i] + d;
+            buf[i] = bi;
+            d = nesterov ? d + (P)mu * bi : bi;
+        }
+        p[i] = pi - (P)lr * d;
+    }
+}
+"""
+
+_CTYPES = {"float32": "float", "float64": "double", "bfloat16": "__nv_bfloat16"}
+KERNEL_NAMES = ("bn_apply", "add_relu", "bn_backward_dx", "sgd_update")
+
+
+def module_source(act_dtype: str = "float32", param_dtype: str = "float32") -> str:
+    """The full CUDA C translation unit for one (activation, parameter) dtype pair."""
+    acc = "double" if act_dtype == "float64" else "float"
+    return _HEADER.format(act=_CTYPES[act_dtype], par=_CTYPES[param_dtype], acc=acc) + KERNELS_CU
+
+
+def dtype_name(dtype) -> str:
+    """'float32' | 'float64' | 'bfloat16' (also for ml_dtypes' bfloat16)."""
+    name = "bfloat16" if str(dtype) == "bfloat16" else str(np.dtype(dtype))
+    if name not in _CTYPES:
+        raise TypeError(f"kernels: unsupported dtype {dtype}")
+    return name
+
+
+def launch_config(n: int, block: int = _BLOCK) -> tuple[tuple[int], tuple[int]]:
+    """(grid, block) for a grid-stride loop over n elements (never an empty grid)."""
+    return (max(1, min(-(-n // block), _MAX_GRID)),), (block,)
+
+
+def use_fast(*arrays) -> bool:
+    """True when the fused CUDA kernel should run: CuPy arrays and no FORCE_REFERENCE."""
+    return not FORCE_REFERENCE and get_array_module(*arrays) is not np
+
+
+_MODULES: dict = {}
+
+
+def _kernel(xp, name: str, act: str, par: str = "float32"):
+    """The compiled kernel ``name`` (one RawModule per dtype pair, compiled on first use)."""
+    key = (act, par)
+    mod = _MODULES.get(key)
+    if mod is None:
+        mod = _MODULES[key] = xp.RawModule(code=module_source(act, par), options=("--std=c++17",))
+    return mod.get_function(name)
+
+
+def _param_for(act: str) -> str:
+    """Parameter dtype paired with an activation dtype (bf16 activations keep float32 masters)."""
+    return "float64" if act == "float64" else "float32"
+
+
+def _launch(xp, name, act, par, n, args):
+    grid, block = launch_config(n)
+    _kernel(xp, name, act, par)(grid, block, args)
+
+
+# ----------------------------------------------------------------------------- BN apply (+ ReLU)
+def bn_apply_ref(x, scale, shift, relu: bool, out=None):
+    """Reference: y = x * scale + shift (per channel, last axis), then max(y, 0) if relu."""
+    xp = get_array_module(x)
+    y = xp.multiply(x, scale.astype(x.dtype, copy=False), out=out)
+    y += shift.astype(x.dtype, copy=False)
+    if relu:
+        xp.maximum(y, 0, out=y)
+    return y
+
+
+def bn_apply(x, scale, shift, relu: bool, out=None):
+    """Fused BN apply (+ ReLU): ``scale = gamma*invstd``, ``shift = beta - mean*scale``, shape (C,)."""
+    if not use_fast(x):
+        return bn_apply_ref(x, scale, shift, relu, out)
+    xp = get_array_module(x)
+    out = xp.empty_like(x) if out is None else out
+    act = dtype_name(x.dtype)
+    adt = xp.float64 if act == "float64" else xp.float32
+    args = (x, scale.astype(adt), shift.astype(adt), out, np.int64(x.size), np.int32(x.shape[-1]),
+            np.int32(relu))
+    _launch(xp, "bn_apply", act, _param_for(act), x.size, args)
+    return out
+
+
+# ----------------------------------------------------------------------------- residual add + ReLU
+def add_relu_ref(h, s):
+    """Reference: h = max(h + s, 0), in place; returns h."""
+    xp = get_array_module(h)
+    h += s
+    return xp.maximum(h, 0, out=h)
+
+
+def add_relu(h, s):
+    """Fused residual join: h <- relu(h + s) in place (h contiguous, same shape and dtype as s)."""
+    if not use_fast(h, s):
+        return add_relu_ref(h, s)
+    xp = get_array_module(h)
+    act = dtype_name(h.dtype)
+    _launch(xp, "add_relu", act, _param_for(act), h.size, (h, xp.ascontiguousarray(s), np.int64(h.size)))
+    return h
+
+
+# ----------------------------------------------------------------------------- BN backward dx
+def bn_backward_coeffs(gamma, invstd, dgamma, dbeta, m: int):
+    """Per-channel (a, b, d) with dx = a * (dy - b - xc * d), from the reductions of BN backward
+    (``dgamma = sum(dy * xc) * invstd`` and ``dbeta = sum(dy)``, as layers.batchnorm_backward)."""
+    return gamma * invstd, dbeta / m, invstd * dgamma / m
+
+
+def bn_backward_dx_ref(dy, x, mean, a, b, d):
+    """Reference: dx = a * (dy - b - (x - mean) * d), channels on the last axis."""
+    return a * (dy - b - (x - mean) * d)
+
+
+def bn_backward_dx(dy, x, mean, a, b, d, out=None):
+    """Fused element-wise part of BN backward (dy already ReLU-masked)."""
+    if not use_fast(dy, x):
+        return bn_backward_dx_ref(dy, x, mean, a, b, d)
+    xp = get_array_module(dy)
+    act = dtype_name(dy.dtype)
+    adt = xp.float64 if act == "float64" else xp.float32
+    out = xp.empty_like(dy) if out is None else out
+    co = [xp.ascontiguousarray(v, dtype=adt) for v in (mean, a, b, d)]
+    _launch(xp, "bn_backward_dx", act, _param_for(act), dy.size,
+            (dy, x, *co, out, np.int64(dy.size), np.int32(dy.shape[-1])))
+    return out
+
+
+# ----------------------------------------------------------------------------- SGD update
+def sgd_update_ref(p, g, buf, mask, lr, mu, wd, nesterov: bool):
+    """Reference, optim.sgd semantics: d = g + wd*mask*p; buf = mu*buf + d;
+    p -= lr*(d + mu*buf) if nesterov else lr*buf  (mu == 0: p -= lr*d, buf untouched)."""
+    d = g + wd * (p if mask is None else mask * p)
+    if mu:
+        buf *= mu
+        buf += d
+        d = d + mu * buf if nesterov else buf
+    p -= lr * d
+    return p
+
+
+def sgd_update(p, g, buf, mask, lr: float, mu: float, wd: float, nesterov: bool):
+    """The whole optimizer step over the flat buffers in ONE kernel (CuPy) or the reference."""
+    if not use_fast(p, g):
+        return sgd_update_ref(p, g, buf, mask, lr, mu, wd, nesterov)
+    xp = get_array_module(p)
+    par = dtype_name(p.dtype)
+    m = p if mask is None else mask                     # any valid pointer when has_mask == 0
+    _launch(xp, "sgd_update", par, par, p.size,
+            (p, g, buf, m, np.int64(p.size), np.float64(lr), np.float64(mu), np.float64(wd),
+             np.int32(bool(nesterov)), np.int32(mask is not None)))
+    return p

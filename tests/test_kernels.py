@@ -1,0 +1,203 @@
+"""Fused kernels' reference twins vs the unfused layers/optimizer; CUDA sources compile with nvcc;
+cuDNN graph construction (shapes, strides, keys, call sequence) against a fake ``cudnn`` module."""
+import shutil
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from scalesgd.nn import cudnn_conv as CC
+from scalesgd.nn import kernels as K
+from scalesgd.nn import layers as L
+from scalesgd.optim.sgd import SGD, SGDConfig
+
+DTYPES = ["float32", "float64"]
+TOL = {"float32": 2e-5, "float64": 1e-12}
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(7)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_bn_apply_matches_batchnorm_relu(rng, dt):
+    x = (rng.standard_normal((3, 5, 4, 6)) * 2 + 0.3).astype(dt)
+    gamma, beta = rng.standard_normal(6).astype(dt), rng.standard_normal(6).astype(dt)
+    ref, cache = L.batchnorm_forward(x, gamma, beta, np.zeros(6, dt), np.ones(6, dt), True)
+    ref, _ = L.relu_forward(ref)
+    xc, _, invstd = cache
+    mean = x.reshape(-1, 6).mean(axis=0)
+    scale = gamma * invstd
+    got = K.bn_apply(x, scale, beta - mean * scale, relu=True)
+    assert got.dtype == x.dtype
+    np.testing.assert_allclose(got, ref, rtol=TOL[dt], atol=TOL[dt])
+    assert (got > 0).any() and (got == 0).any()
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_add_relu_matches_residual_join(rng, dt):
+    h, s = rng.standard_normal((2, 3, 3, 8)).astype(dt), rng.standard_normal((2, 3, 3, 8)).astype(dt)
+    ref, _ = L.relu_forward(h + s)
+    got = K.add_relu(h.copy(), s)
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_bn_backward_dx_matches_layer(rng, dt):
+    x = (rng.standard_normal((4, 3, 3, 5)) + 0.5).astype(dt)
+    gamma, beta = rng.standard_normal(5).astype(dt), rng.standard_normal(5).astype(dt)
+    _, cache = L.batchnorm_forward(x, gamma, beta, np.zeros(5, dt), np.ones(5, dt), True)
+    dy = rng.standard_normal(x.shape).astype(dt)
+    dg, db = np.empty(5, dt), np.empty(5, dt)
+    ref = L.batchnorm_backward(dy, cache, dg, db)
+    xc, _, invstd = cache
+    a, b, d = K.bn_backward_coeffs(gamma, invstd, dg, db, x.size // 5)
+    got = K.bn_backward_dx(dy, x, x.reshape(-1, 5).mean(axis=0), a, b, d)
+    np.testing.assert_allclose(got, ref, rtol=50 * TOL[dt], atol=50 * TOL[dt])
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("mu,nesterov,wd,masked", [(0.9, True, 1e-2, True), (0.9, False, 1e-2, False),
+                                                    (0.0, True, 1e-2, True), (0.9, True, 0.0, True)])
+def test_sgd_update_matches_optimizer(rng, dt, mu, nesterov, wd, masked):
+    n = 1001
+    p0 = rng.standard_normal(n).astype(dt)
+    mask = (rng.random(n) < 0.6).astype(dt) if masked else None
+    opt = SGD(p0.copy(), SGDConfig(momentum=mu, nesterov=nesterov, weight_decay=wd), mask)
+    p_ref, p, buf = p0.copy(), p0.copy(), np.zeros(n, dt)
+    for step in range(3):
+        g = rng.standard_normal(n).astype(dt)
+        opt.step(p_ref, g, 0.1 / (step + 1))
+        K.sgd_update(p, g, buf, mask, 0.1 / (step + 1), mu, wd, nesterov)
+    np.testing.assert_allclose(p, p_ref, rtol=TOL[dt], atol=TOL[dt])
+    if mu:
+        np.testing.assert_allclose(buf, opt.momentum, rtol=TOL[dt], atol=TOL[dt])
+    assert not np.array_equal(p, p0)
+
+
+def test_selection_and_launch_config():
+    assert not K.use_fast(np.ones(3))
+    assert K.launch_config(1) == ((1,), (256,)) and K.launch_config(0)[0] == (1,)
+    assert K.launch_config(10**9)[0][0] == 65535 * 8
+    assert K.dtype_name(np.float32) == "float32" and K.dtype_name("bfloat16") == "bfloat16"
+    with pytest.raises(TypeError):
+        K.dtype_name(np.int32)
+    assert "cupy" not in sys.modules            # importing kernels did not import CuPy
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: CUDA sources not compiled")
+@pytest.mark.parametrize("act,par", [("float32", "float32"), ("float64", "float64"),
+                                     ("bfloat16", "float32")])
+def test_cuda_sources_compile_sm90(tmp_path, act, par):
+    src = tmp_path / f"k_{act}.cu"
+    src.write_text(K.module_source(act, par))
+    ptx = tmp_path / "k.ptx"
+    r = subprocess.run(["nvcc", "--ptx", "-arch=sm_90", "-std=c++17", "-o", str(ptx), str(src)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    text = ptx.read_text()
+    for name in K.KERNEL_NAMES:
+        assert f".entry {name}(" in text, name
+
+
+# ----------------------------------------------------------------------------- cudnn_conv, no device
+def test_descriptors_match_numpy_strides():
+    x = np.empty((2, 5, 7, 3), np.float32)
+    dims, strides = CC.nhwc_desc(x.shape)
+    nchw = x.transpose(0, 3, 1, 2)
+    assert dims == list(nchw.shape) and strides == [s // 4 for s in nchw.strides]
+    w = np.empty((3, 3, 4, 8), np.float32)                  # HWIO, our buffer
+    dims, strides = CC.filter_desc(w.shape, "hwio")
+    kcrs = w.transpose(3, 2, 0, 1)
+    assert dims == list(kcrs.shape) and strides == [s // 4 for s in kcrs.strides]
+    krsc = np.ascontiguousarray(w.transpose(3, 0, 1, 2))   # the shadow CudnnEngine keeps
+    dims, strides = CC.filter_desc(w.shape, "krsc")
+    assert strides == [s // 4 for s in krsc.transpose(0, 3, 1, 2).strides]
+    assert CC.channel_desc(6) == ([1, 6, 1, 1], [6, 1, 6, 6])
+    assert CC.out_hw(224, 224, 7, 7, 2, 3) == (112, 112)
+
+
+def test_types_keys_and_choice():
+    assert CC.type_names("bf16")["io"] == "BFLOAT16" and CC.type_names("tf32")["tf32"]
+    with pytest.raises(ValueError):
+        CC.type_names("fp32", "float64")
+    k1 = CC.graph_key("fprop", (2, 8, 8, 3), (3, 3, 3, 4), 1, 1, "fp32")
+    assert k1 == CC.graph_key("fprop", [2, 8, 8, 3], [3, 3, 3, 4], 1, 1, "fp32")
+    assert k1 != CC.graph_key("fprop", (2, 8, 8, 3), (3, 3, 3, 4), 1, 1, "bf16")
+    assert CC.choose_conv_impl("auto", True, True, True)[0] == "cudnn"
+    assert CC.choose_conv_impl("auto", True, False, True) == ("im2col", "auto: missing the cudnn frontend module")
+    assert CC.choose_conv_impl("auto", False, False, False)[0] == "im2col"
+    assert CC.choose_conv_impl("im2col", True, True, True)[0] == "im2col"
+    assert CC.choose_conv_impl("auto", True, True, True, "float64")[0] == "im2col"
+    with pytest.raises(RuntimeError, match="missing"):
+        CC.choose_conv_impl("cudnn", True, False, True)
+    cpu = types.SimpleNamespace(is_gpu=False)
+    assert CC.resolve("auto", cpu)[0] == "im2col"
+    assert CC.attach(None, "auto", "fp32", cpu) is None
+    cache = CC.GraphCache()
+    assert cache.get(k1, lambda: "g") == cache.get(k1, lambda: "other") == "g" and cache.builds == 1
+
+
+class _FakeTensor:
+    def __init__(self, **kw):
+        self.kw = kw
+
+    def set_output(self, v):
+        self.kw["output"] = v
+        return self
+
+    def __getattr__(self, name):          # set_dim / set_stride / set_data_type
+        if not name.startswith("set_"):
+            raise AttributeError(name)
+        return lambda v: (self.kw.__setitem__(name[4:], v), self)[1]
+
+
+class _FakeGraph:
+    def __init__(self, **kw):
+        self.kw, self.calls = kw, []
+
+    def tensor(self, **kw):
+        return _FakeTensor(**kw)
+
+    def _op(self, opname, **kw):
+        self.calls.append((opname, kw))
+        return _FakeTensor(op=opname)
+
+    def __getattr__(self, name):
+        if name in ("conv_fprop", "conv_dgrad", "conv_wgrad"):
+            return lambda **kw: self._op(name, **kw)
+        if name in ("validate", "build_operation_graph", "create_execution_plans", "check_support",
+                    "build_plans"):
+            return lambda *a: self.calls.append((name, a))
+        raise AttributeError(name)
+
+    def get_workspace_size(self):
+        return 1024
+
+
+def _fake_cudnn():
+    dt = types.SimpleNamespace(FLOAT="F", BFLOAT16="BF")
+    return types.SimpleNamespace(pygraph=_FakeGraph, data_type=dt,
+                                 heur_mode=types.SimpleNamespace(A="A", FALLBACK="FB"))
+
+
+@pytest.mark.parametrize("op", ["fprop", "dgrad", "wgrad"])
+def test_build_conv_call_sequence(op):
+    b = CC.build_conv(_fake_cudnn(), None, op, (2, 9, 9, 16), (3, 3, 16, 32), 2, 1, "bf16")
+    names = [c[0] for c in b.graph.calls]
+    assert names == [f"conv_{op}", "validate", "build_operation_graph", "create_execution_plans",
+                     "check_support", "build_plans"]
+    kw = b.graph.calls[0][1]
+    assert kw["padding"] == [1, 1] and kw["stride"] == [2, 2] and kw["dilation"] == [1, 1]
+    assert b.graph.kw["io_data_type"] == "BF" and b.workspace == 1024
+    out = {"fprop": "Y", "dgrad": "DX", "wgrad": "DW"}[op]
+    assert b.tensors[out].kw["output"] is True
+    if op == "dgrad":
+        assert b.tensors["DX"].kw["dim"] == [2, 16, 9, 9]
+    if op == "wgrad":
+        assert b.tensors["DW"].kw["dim"] == [32, 16, 3, 3] and b.tensors["DW"].kw["data_type"] == "F"
+    if op != "wgrad":
+        assert b.tensors["W"].kw["stride"] == CC.filter_desc((3, 3, 16, 32), "krsc")[1]
