@@ -20,6 +20,7 @@ from rank 0, with BN statistics averaged over the workers only (the server train
 """
 from __future__ import annotations
 
+import abc
 from collections import Counter
 
 import numpy as np
@@ -30,7 +31,7 @@ from ..comm.protocol import PushHeader, ReplyHeader, ServerPort, WorkerPort, hea
 from .base import Method
 
 
-class ServerMethod(Method):
+class ServerMethod(Method, metaclass=abc.ABCMeta):
     """Base of the parameter-server methods; subclasses fill in the five hooks at the end."""
 
     uses_server = True
@@ -205,19 +206,19 @@ class ServerMethod(Method):
     def start_role(self, ps) -> None:
         """After the initial broadcast: allocate role-specific buffers."""
 
+    @abc.abstractmethod
     def push_payload(self, ps) -> np.ndarray:
         """Worker: the host array to push."""
-        raise NotImplementedError
 
     def reply_buffer(self, ps) -> np.ndarray:
         """Worker: the host array the reply payload is received into."""
         return self.rx.host
 
+    @abc.abstractmethod
     def apply_reply(self, ps) -> None:
         """Worker: the reply payload has arrived (in ``reply_buffer``); update ``ps.params``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def serve_push(self, ps, w: int, stale: int) -> None:
         """Server: the push of worker ``w`` is in ``self.rx.host``; update ``ps.params``, bump
         ``self.version`` and call ``self.reply`` (in the order the method defines)."""
-        raise NotImplementedError
