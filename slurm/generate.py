@@ -1,4 +1,5 @@
 """Writes slurm/<method>_<nodes>.sh (and demo.sh) from slurm/template.sh: ``python slurm/generate.py``.
+Each script holds only its #SBATCH lines and defaults, then sources the shared body slurm/run.sh.
 
 * allreduce_N.sh, gossip_N.sh: N nodes, one task (rank) and one GPU per node.
 * easgd_N.sh: N workers + the parameter-server rank = N+1 tasks on N nodes; the server shares the
