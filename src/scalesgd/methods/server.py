@@ -105,11 +105,12 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
 
     def stats(self) -> dict:
         """Worker: exchanges so far, staleness of the last one and the mean; server: exchanges
-        served, version, staleness mean/max (the full histogram is ``self.staleness``)."""
+        served, version, staleness mean/max and the histogram {staleness: exchanges}."""
         mean, top = self.staleness_summary()
         if self.is_server:
             return dict(served=self.exchanges, version=self.version, staleness_mean=mean,
-                        staleness_max=top)
+                        staleness_max=top,
+                        staleness_histogram={str(k): v for k, v in sorted(self.staleness.items())})
         return dict(exchanges=self.exchanges, staleness=self.last_staleness, staleness_mean=mean)
 
     # ------------------------------------------------------------------ server

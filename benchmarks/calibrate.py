@@ -1,0 +1,225 @@
+"""Measures the constants of the cost model (``python -m scalesgd.model``) on this machine.
+
+    python benchmarks/calibrate.py [--ranks 2 4 8] [--json benchmarks/results/calibration-cpu.json]
+
+1. **compute**: one training step (forward, backward, Nesterov update) of ResNet-20 at 32x32 for
+   batch 8 and 16, one thread, in this process: median of 15 timed steps after 3 warm-up steps;
+   one gossip mixing pass per size; and the **end-to-end** seconds per step of a real one-rank
+   1-epoch run on the digits (data loading and logging included), batch 8 and 16.
+2. **allreduce** (``mpiexec -n P``): median time of ``MPI.Allreduce`` (SUM, float32) for sizes
+   1 KB .. 16 MB (the slowest rank's time).
+3. **get**: one pull of the gossip protocol (``PublishedVector.read``, one-sided Get under
+   ``Lock_all(NOCHECK)``) of a random peer, every rank pulling at once, sizes 1 KB .. 16 MB.
+4. **accumulate**: one push-sum message (``Inbox.push``: ``Accumulate(SUM)``) into a random peer.
+5. **server**: rank 0 serves exchanges the way ``ServerMethod`` does (receive a header and the whole
+   vector from any worker, add it to its own, send the vector back); the workers exchange back to
+   back with no compute, so the server is saturated: service time per exchange = 1 / exchanges per
+   second.  With P = 2 (one worker) it is the unloaded round trip.
+
+The driver writes one JSON file; the model fits latency/bandwidth from it (``scalesgd.model.cost``).
+Intra-node MPI timings on this machine are bimodal (``../shared/PERF_NOTES.md``): medians of
+interleaved repeats, and the core-to-core probe is recorded with them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+SIZES = [256 * 4 ** k for k in range(7)]          # floats: 1 KB .. 16 MB
+REPEATS = 9
+
+
+def compute_times() -> dict:
+    from threadpoolctl import threadpool_limits  # noqa: PLC0415
+
+    from scalesgd import config as C  # noqa: PLC0415
+    from scalesgd.nn.resnet import ResNet  # noqa: PLC0415
+    from scalesgd.optim.sgd import SGD  # noqa: PLC0415
+    from scalesgd.train.step import train_step  # noqa: PLC0415
+    out = {}
+    with threadpool_limits(1):
+        for batch in (8, 16):
+            model = ResNet("resnet20", 10, 1.0, False, np, "float32")
+            model.ps.initialize(0)
+            opt = SGD(model.ps.params, C.build().optim, model.ps.decay_mask())
+            rng = np.random.default_rng(0)
+            x = rng.standard_normal((batch, 32, 32, 3)).astype(np.float32)
+            y = rng.integers(0, 10, batch)
+            ts = []
+            for i in range(18):
+                t = time.perf_counter()
+                train_step(model, x, y, 0.0, 1.0)
+                opt.step(model.ps.params, model.ps.grads, 0.01)
+                if i >= 3:
+                    ts.append(time.perf_counter() - t)
+            out[f"resnet20_b{batch}"] = dict(seconds=float(np.median(ts)), num_params=model.num_params,
+                                             spread=[float(min(ts)), float(max(ts))])
+    from scalesgd.methods import mixing  # noqa: PLC0415
+    mix = {}
+    for n in SIZES[3:]:                            # one gossip mixing pass x <- (x + y) / 2
+        x, y = np.ones(n, np.float32), np.ones(n, np.float32)
+        ts = []
+        for _ in range(REPEATS):
+            t = time.perf_counter()
+            mixing.pull_mix(x, y, 0.5)
+            ts.append(time.perf_counter() - t)
+        mix[str(n * 4)] = float(np.median(ts))
+    out["mix"] = mix
+    return out
+
+
+def end_to_end_step(batch: int = 16) -> dict:
+    """Seconds per step of a real one-rank run (data loading, step, logging: everything the
+    experiment runs do per step), from a 1-epoch ``single`` run on the digits."""
+    from experiments import JOB, mpiexec  # noqa: PLC0415
+
+    from scalesgd.io.plot import load_run  # noqa: PLC0415
+    run_dir = Path(f"/tmp/scalesgd-calibrate-single-{os.getpid()}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
+    cmd = [mpiexec(), "-n", "1", sys.executable, "-m", "scalesgd", "--config", str(JOB),
+           "--method", "single", "--epochs", "1", "--batch-size", str(batch), "--run-dir", str(run_dir)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    if proc.returncode:
+        raise SystemExit(f"calibrate: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    recs = load_run(run_dir).steps[0]
+    per = (recs[-1]["train_seconds"] - recs[0]["train_seconds"]) / (len(recs) - 1)
+    last = recs[-1]
+    import shutil  # noqa: PLC0415
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return dict(seconds=per, steps=len(recs), data_fraction=last["data_seconds"] / last["train_seconds"])
+
+
+# ----------------------------------------------------------------------------- MPI side
+def worker(json_out: Path) -> None:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from scalesgd.comm.window import PublishedVector  # noqa: PLC0415
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    rng = np.random.default_rng(rank)
+    res = {"allreduce": {}, "get": {}, "server": {}}
+
+    def timed(fn, reps=REPEATS):
+        ts = []
+        for _ in range(reps):
+            comm.Barrier()
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        worst = np.empty(reps)
+        comm.Allreduce(np.array(ts), worst, op=MPI.MAX)      # the slowest rank's time per repeat
+        return float(np.median(worst))
+
+    for n in SIZES:
+        a, b = np.ones(n, np.float32), np.empty(n, np.float32)
+        res["allreduce"][str(n * 4)] = timed(lambda: comm.Allreduce(a, b, op=MPI.SUM))
+    for n in SIZES:
+        pub = PublishedVector(comm, n, np.float32)
+        pub.publish(np.full(n, rank, np.float32))
+        buf = np.empty(n, np.float32)
+        comm.Barrier()
+        peers = [int(j) for j in rng.integers(0, p - 1, 32)]
+
+        def pulls(k=8):
+            for j in peers[:k]:
+                pub.read(j if j < rank else j + 1, buf)
+        res["get"][str(n * 4)] = timed(pulls, 5) / 8
+        comm.Barrier()
+        pub.free()
+
+    from scalesgd.comm.window import Inbox  # noqa: PLC0415
+    res["accumulate"] = {}
+    for n in SIZES[3:]:                            # push-sum: Accumulate(SUM) into a random peer
+        box = Inbox(comm, n, np.float32)
+        msg = np.ones(n, np.float32)
+        comm.Barrier()
+        peers = [int(j) for j in rng.integers(0, p - 1, 8)]
+
+        def pushes():
+            for j in peers:
+                box.push(j if j < rank else j + 1, msg)
+        res["accumulate"][str(n * 4)] = timed(pushes, 5) / 8
+        comm.Barrier()
+        box.free()
+
+    for n in (SIZES[4], SIZES[5], SIZES[6]):       # 256 KB, 1 MB, 4 MB... the server's exchange
+        x, rx = np.zeros(n, np.float32), np.empty(n, np.float32)
+        hdr = np.zeros(6, np.int64)
+        exchanges = 40 if n <= SIZES[5] else 16
+        comm.Barrier()
+        t = time.perf_counter()
+        if rank == 0:
+            st = MPI.Status()
+            for _ in range(exchanges * (p - 1)):
+                comm.Recv([hdr, MPI.INT64_T], source=MPI.ANY_SOURCE, tag=1, status=st)
+                w = st.Get_source()
+                comm.Recv([rx, MPI.FLOAT], source=w, tag=2)
+                x += rx
+                comm.Send([x, MPI.FLOAT], dest=w, tag=3)
+        else:
+            d = np.ones(n, np.float32)
+            for _ in range(exchanges):
+                comm.Send([hdr, MPI.INT64_T], dest=0, tag=1)
+                comm.Send([d, MPI.FLOAT], dest=0, tag=2)
+                comm.Recv([rx, MPI.FLOAT], source=0, tag=3)
+        el = comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
+        res["server"][str(n * 4)] = el / (exchanges * (p - 1))     # seconds per exchange served
+    if rank == 0:
+        json_out.write_text(json.dumps(dict(ranks=p, **res)))
+
+
+def probe() -> str:
+    from comm import probe as c2c  # noqa: PLC0415
+    return c2c()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4, 5, 8, 9])
+    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "calibration-cpu.json")
+    ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        worker(a.worker)
+        return 0
+    from experiments import mpiexec  # noqa: PLC0415
+    t0 = time.perf_counter()
+    out = dict(machine=f"{os.cpu_count()} cores (this CI-sized machine)", cores=os.cpu_count(),
+               date=time.strftime("%Y-%m-%d"),
+               probe_before=probe(), compute=compute_times(), mpi={})
+    out["end_to_end"] = {"resnet20_b16": end_to_end_step(16), "resnet20_b8": end_to_end_step(8)}
+    print("compute:", json.dumps(out["compute"]), "end to end:", json.dumps(out["end_to_end"]))
+    for p in a.ranks:
+        tmp = Path(f"/tmp/scalesgd-calibrate-{os.getpid()}-{p}.json")
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
+        proc = subprocess.run([mpiexec(), "-n", str(p), sys.executable, __file__, "--worker", str(tmp)],
+                              env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        if proc.returncode:
+            raise SystemExit(f"calibrate: mpiexec -n {p} failed:\n{proc.stderr[-3000:]}")
+        out["mpi"][str(p)] = json.loads(tmp.read_text())
+        tmp.unlink()
+        m = out["mpi"][str(p)]
+        print(f"p={p}: allreduce 1MB {1e3 * m['allreduce'][str(4 * 262144)]:.2f} ms, "
+              f"get 1MB {1e3 * m['get'][str(4 * 262144)]:.2f} ms, "
+              f"server 1MB {1e3 * m['server'][str(4 * 262144)]:.2f} ms/exchange", flush=True)
+    out["probe_after"] = probe()
+    out["seconds"] = time.perf_counter() - t0
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {a.json} ({out['seconds']:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Gossip with gradients off: how fast the replicas agree (experiment 5 of docs/results.md).
+
+    mpiexec -n P python benchmarks/consensus.py --variant pull|push [--rounds R] [--repeats K]
+                                                [--floats N] [--json OUT]
+
+Each rank starts from its own random vector (N floats, seeded by rank and repeat), then every round
+each rank makes exactly one exchange of the real ``Gossip`` method (pull: one-sided Get of a random
+peer's published copy, x_i <- (x_i + x_j)/2; push: push-sum through Accumulate), followed by a barrier
+and a measurement: the consensus distance mean_i ||x_i - xbar|| relative to its initial value (for
+push, after every rank folded its inbox, so nothing is in flight), and how far the average moved
+(pull does not conserve the mean; push-sum conserves sum_i w_i x_i).  Rank 0 writes the mean over
+repeats of the distance after 0..R exchanges per rank, the fitted decay rate per exchange
+(geometric mean of d_R/d_0 over R), and the exchanges until the distance falls below 1e-3.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from scalesgd import config as C  # noqa: E402
+from scalesgd.comm import topology  # noqa: E402
+from scalesgd.methods import mixing  # noqa: E402
+from scalesgd.methods.gossip import Gossip  # noqa: E402
+
+
+def gather(comm, a):
+    out = np.empty((comm.size, a.size), a.dtype)
+    comm.Allgather(a, out)
+    return out
+
+
+def one_repeat(topo, variant: str, rounds: int, n: int, repeat: int) -> tuple[list[float], float]:
+    comm = topo.comm
+    cfg = C.build(overrides={"train": {"method": "gossip", "seed": 1000 + repeat},
+                             "dist": {"gossip": variant}})
+    m = Gossip(cfg, topo)
+    ps = SimpleNamespace(params=np.zeros(n), buffers=np.zeros(1), xp=np)
+    m.start(ps)
+    ps.params[...] = np.random.default_rng([repeat, comm.rank]).standard_normal(n)
+    if variant == "pull":
+        m.pub.publish(ps.params)
+    comm.Barrier()
+    xs = gather(comm, ps.params)
+    d0, mean0 = mixing.consensus_distance(xs), xs.mean(axis=0)
+    dist = [1.0]
+    for _ in range(rounds):
+        m.exchange()
+        comm.Barrier()                       # every exchange of this round has completed
+        if variant == "push":
+            m.quiesce(ps)                    # fold what arrived: nothing left in flight
+        xs = gather(comm, ps.params)
+        w = np.array(comm.allgather(m.weight))
+        dist.append(mixing.consensus_distance(xs) / d0)
+        comm.Barrier()
+    if variant == "push":                    # the conserved quantity: sum_i w_i x_i / sum_i w_i
+        mean = (w[:, None] * xs).sum(axis=0) / w.sum()
+    else:
+        mean = xs.mean(axis=0)
+    drift = float(np.linalg.norm(mean - mean0)) / d0
+    m.close()
+    return dist, drift
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", choices=["pull", "push"], default="pull")
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--floats", type=int, default=100_000)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    topo = topology.init()
+    curves, drifts = [], []
+    for rep in range(a.repeats):
+        d, drift = one_repeat(topo, a.variant, a.rounds, a.floats, rep)
+        curves.append(d)
+        drifts.append(drift)
+    if topo.rank == 0:
+        mean = np.exp(np.log(np.maximum(np.array(curves), 1e-300)).mean(axis=0))   # geometric mean
+        below = np.nonzero(mean <= 1e-3)[0]
+        out = dict(variant=a.variant, ranks=topo.size, rounds=a.rounds, repeats=a.repeats,
+                   floats=a.floats, distance=mean.tolist(),
+                   rate_per_exchange=float(mean[-1] ** (1.0 / a.rounds)),
+                   **{"exchanges_to_1e-3": int(below[0]) if len(below) else None},
+                   mean_drift=float(np.mean(drifts)))
+        print(json.dumps({k: v for k, v in out.items() if k != "distance"}))
+        if a.json:
+            a.json.write_text(json.dumps(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

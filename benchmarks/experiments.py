@@ -1,0 +1,587 @@
+"""The seed papers' claims as experiments anyone can rerun (issue 7; results in docs/results.md).
+
+    python benchmarks/experiments.py EXPERIMENT [--quick] [--seeds N] [--out DIR] [--no-publish]
+
+EXPERIMENT is one of sync, methods, stragglers, lr, consensus, easgd, asgd, or all.  Each runs its
+sweep with real ``mpiexec`` launches of ``python -m scalesgd`` (base config ``jobs/experiments.toml``),
+writes every run directory under ``OUT/runs/`` (default ``runs/experiments``; a run whose directory
+already holds a ``summary.json`` for the same argv is reused, so an interrupted sweep continues),
+prints a table, and writes ``benchmarks/results/EXPERIMENT.json`` and ``docs/figures/EXPERIMENT.png``
+(``--quick`` or ``--no-publish``: both under ``OUT/`` instead).  ``--quick`` shrinks every sweep to a
+smoke test of the whole path (1 epoch, fewest settings); its numbers mean nothing.
+
+"p workers" means p ranks computing gradients; easgd and asgd add one server rank (p + 1 ranks).
+Every rank is one single-threaded process: on this 2-core machine ``-n 9`` is 4.5 processes per core,
+so the absolute times are those of an oversubscribed machine, not of p nodes (docs/results.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from scalesgd.io.plot import RunData, load_run, sliding_mean  # noqa: E402
+
+JOB = ROOT / "jobs" / "experiments.toml"
+SERVER_METHODS = ("easgd", "asgd")
+METHODS = {                                          # label -> command-line flags
+    "allreduce": ["--method", "allreduce"],
+    "easgd": ["--method", "easgd"],
+    "asgd": ["--method", "asgd"],
+    "gossip-pull": ["--method", "gossip", "--gossip", "pull"],
+    "gossip-push": ["--method", "gossip", "--gossip", "push"],
+}
+COLORS = {"allreduce": "#4C72B0", "easgd": "#DD8452", "asgd": "#55A868", "gossip-pull": "#C44E52",
+          "gossip-push": "#8172B3", "single": "#333333"}
+TARGET_ERROR = 0.10            # validation top-1 error for "time to target" (digits: 90% accuracy)
+
+
+def mpiexec() -> str:
+    exe = shutil.which("mpiexec", path=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    if exe is None:
+        raise SystemExit("experiments: mpiexec not found (pip install '.[mpi]')")
+    return exe
+
+
+def ranks_for(method: str, workers: int) -> int:
+    return workers + (1 if method in SERVER_METHODS else 0)
+
+
+# ----------------------------------------------------------------------------- runs
+@dataclass
+class Result:
+    """One finished run: its records and summary."""
+
+    name: str
+    method: str
+    workers: int
+    data: RunData
+    summary: dict
+
+    @property
+    def val_error(self) -> np.ndarray:
+        return 1.0 - np.array([r["val_top1_accuracy"] for r in self.data.val])
+
+    @property
+    def val_time(self) -> np.ndarray:
+        return np.array([r["train_seconds"] for r in self.data.val])
+
+    @property
+    def val_epoch(self) -> np.ndarray:
+        return np.array([r["epoch"] for r in self.data.val])
+
+
+class Runner:
+    """Launches (or reuses) runs; every run directory lives in ``out/runs/NAME``."""
+
+    def __init__(self, out: Path, quick: bool, timeout: float = 900.0):
+        self.out, self.quick, self.timeout = out, quick, timeout
+        (out / "runs").mkdir(parents=True, exist_ok=True)
+        self.launched = self.reused = 0
+
+    def run(self, name: str, method: str, workers: int, flags: list[str] = (), ranks: int | None = None,
+            label: str | None = None) -> Result:
+        method_flags = METHODS.get(method, ["--method", method])
+        n = ranks or ranks_for(method, workers)
+        run_dir = self.out / "runs" / name
+        argv = ["-m", "scalesgd", "--config", str(JOB.relative_to(ROOT)), *method_flags,
+                "--run-dir", str(run_dir), *(["--epochs", "1", "--eval-every", "0.5"] if self.quick else []),
+                *flags]
+        key = json.dumps({"ranks": n, "argv": argv})
+        saved = run_dir / "argv.json"
+        if (run_dir / "summary.json").exists() and saved.exists() and saved.read_text() == key:
+            self.reused += 1
+        else:
+            if run_dir.exists():
+                shutil.rmtree(run_dir)
+            self._launch(n, argv, name)
+            saved.write_text(key)
+            self.launched += 1
+        summary = json.loads((run_dir / "summary.json").read_text())
+        return Result(name, label or method, workers, load_run(run_dir), summary)
+
+    def _launch(self, n: int, argv: list[str], name: str) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                   PYTHONPATH=str(ROOT / "src"))
+        cmd = [mpiexec(), "-n", str(n), sys.executable, *argv]
+        t = time.perf_counter()
+        print(f"  run {name}: mpiexec -n {n} ... ", end="", flush=True)
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                               text=True, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"experiments: run {name} did not finish in {self.timeout:.0f}s: "
+                             f"{' '.join(cmd)}") from None
+        if p.returncode != 0:
+            raise SystemExit(f"experiments: run {name} failed (exit {p.returncode}): {' '.join(cmd)}\n"
+                             f"{p.stderr[-3000:]}")
+        print(f"{time.perf_counter() - t:.0f}s", flush=True)
+
+
+# ----------------------------------------------------------------------------- measures
+def first_reach(err: np.ndarray, x: np.ndarray, target: float) -> float | None:
+    """x at the first point where err <= target (None if never)."""
+    hit = np.nonzero(np.asarray(err) <= target)[0]
+    return float(np.asarray(x)[hit[0]]) if len(hit) else None
+
+
+def worker_step_seconds(res: Result) -> float:
+    """Median over workers of (training seconds between the first and last step) / steps."""
+    per = []
+    for recs in res.data.steps.values():
+        if len(recs) > 2:
+            per.append((recs[-1]["train_seconds"] - recs[0]["train_seconds"]) / (len(recs) - 1))
+    return float(np.median(per)) if per else float("nan")
+
+
+def measures(res: Result, target: float = TARGET_ERROR) -> dict:
+    err, t = res.val_error, res.val_time
+    s = res.summary
+    return dict(
+        final_error=float(err[-1]), best_error=float(err.min()),
+        time_to_target=first_reach(err, t, target),
+        epochs_to_target=first_reach(err, res.val_epoch, target),
+        train_seconds=float(s["train_seconds"]), images_per_second=float(s["images_per_second"]),
+        step_seconds=worker_step_seconds(res), time_split=s.get("time_split_rank0", {}))
+
+
+def mean_spread(values) -> dict:
+    """{mean, min, max, n} of the non-None values (None entries counted in ``missing``)."""
+    v = np.array([x for x in values if x is not None], dtype=np.float64)
+    missing = sum(1 for x in values if x is None)
+    if not len(v):
+        return dict(mean=None, min=None, max=None, n=0, missing=missing)
+    return dict(mean=float(v.mean()), min=float(v.min()), max=float(v.max()), n=int(len(v)),
+                missing=missing)
+
+
+def aggregate(results: list[Result], target: float = TARGET_ERROR) -> dict:
+    """Mean and spread over seeds of each measure."""
+    ms = [measures(r, target) for r in results]
+    keys = ("final_error", "best_error", "time_to_target", "epochs_to_target", "train_seconds",
+            "images_per_second", "step_seconds")
+    return {k: mean_spread([m[k] for m in ms]) for k in keys}
+
+
+def mean_curve(results: list[Result], x: str = "time"):
+    """Validation error averaged over seeds at each evaluation (same boundaries in every seed), with
+    the mean x (training seconds or epochs) and the min/max error band."""
+    n = min(len(r.data.val) for r in results)
+    err = np.stack([r.val_error[:n] for r in results])
+    xs = np.stack([(r.val_time if x == "time" else r.val_epoch)[:n] for r in results])
+    return xs.mean(0), err.mean(0), err.min(0), err.max(0)
+
+
+def merged_training_error(res: Result, window: int):
+    """Every worker's per-minibatch training error merged in time order and smoothed over the last
+    ``window`` minibatches (Paine et al.: 400): (train_seconds, global minibatch index, error)."""
+    recs = sorted((r for rs in res.data.steps.values() for r in rs), key=lambda r: r["train_seconds"])
+    t = np.array([r["train_seconds"] for r in recs])
+    e = sliding_mean(np.array([r["top1_error"] for r in recs]), window)
+    return t, np.arange(1, len(recs) + 1), e
+
+
+def time_to_train_error(res: Result, target: float, window: int) -> float | None:
+    """Training seconds at which the smoothed merged training error first reaches ``target``
+    (ignoring the first ``window`` minibatches, whose mean is over fewer points)."""
+    t, _, e = merged_training_error(res, window)
+    if len(e) <= window:
+        return None
+    return first_reach(e[window:], t[window:], target)
+
+
+# ----------------------------------------------------------------------------- figures
+def new_figure(rows: int, cols: int, w: float = 4.2, h: float = 3.2):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    from matplotlib.figure import Figure  # noqa: PLC0415
+    fig = Figure(figsize=(w * cols, h * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    return fig, axes
+
+
+class Experiment:
+    """Shared plumbing: the runner, the output paths, the note on oversubscription."""
+
+    name = ""
+
+    def __init__(self, runner: Runner, seeds: int, publish: bool):
+        self.r, self.seeds, self.publish = runner, seeds, publish
+        self.quick = runner.quick
+
+    @property
+    def figure_path(self) -> Path:
+        return (ROOT / "docs" / "figures" if self.publish else self.r.out) / f"{self.name}.png"
+
+    @property
+    def result_path(self) -> Path:
+        return (ROOT / "benchmarks" / "results" if self.publish else self.r.out) / f"{self.name}.json"
+
+    def save(self, fig, data: dict) -> dict:
+        self.figure_path.parent.mkdir(parents=True, exist_ok=True)
+        self.result_path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(self.figure_path, dpi=110)
+        data = dict(experiment=self.name, quick=self.quick, cores=os.cpu_count(),
+                    date=time.strftime("%Y-%m-%d"), figure=str(self.figure_path.relative_to(ROOT))
+                    if self.publish else str(self.figure_path), **data)
+        self.result_path.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {self.result_path} and {self.figure_path}")
+        return data
+
+    def seed_list(self) -> list[int]:
+        return list(range(1 if self.quick else self.seeds))
+
+    def method_run(self, method: str, workers: int, seed: int = 0, flags: list[str] = (),
+                   tag: str = "") -> Result:
+        name = f"{method}-w{workers}-s{seed}{tag}"
+        return self.r.run(name, method, workers, ["--seed", str(seed), *flags])
+
+
+def fmt(x, spec=".3g", none="—"):
+    return none if x is None or (isinstance(x, float) and np.isnan(x)) else format(x, spec)
+
+
+def pm(agg: dict, scale: float = 1.0, spec: str = ".3g") -> str:
+    """'mean [min, max]' of one aggregated measure."""
+    if agg["mean"] is None:
+        return "never"
+    s = fmt(agg["mean"] * scale, spec)
+    if agg["n"] > 1:
+        s += f" [{fmt(agg['min'] * scale, spec)}, {fmt(agg['max'] * scale, spec)}]"
+    if agg.get("missing"):
+        s += f" ({agg['missing']} never)"
+    return s
+
+
+# ----------------------------------------------------------------------------- 1. sync equivalence
+class Sync(Experiment):
+    """allreduce with p ranks x batch b against one rank with batch p*b on the same samples."""
+
+    name = "sync"
+
+    def run(self) -> dict:
+        p, b = (2, 16) if self.quick else (4, 16)
+        single = self.r.run(f"single-b{p * b}", "single", 1, ["--batch-size", str(p * b)], ranks=1)
+        sync = self.r.run(f"allreduce-w{p}-s0", "allreduce", p, ["--seed", "0"])
+        a = sync.val_error
+        s = single.val_error
+        n = min(len(a), len(s))
+        # every rank's loss is over its 16 samples; their mean is the loss over the global batch
+        la = np.mean([[r["loss"] for r in recs] for recs in sync.data.steps.values()], axis=0)
+        ls = np.array([r["loss"] for r in single.data.steps[0]])
+        m = min(len(la), len(ls))
+        rel = np.abs(la[:m] - ls[:m]) / np.abs(ls[:m])
+        fig, ax = new_figure(1, 2)
+        ax[0, 0].plot(single.val_epoch, s, "o-", color=COLORS["single"], label=f"1 rank, batch {p * b}")
+        ax[0, 0].plot(sync.val_epoch, a, "s--", color=COLORS["allreduce"], label=f"allreduce {p} x {b}")
+        ax[0, 0].set(xlabel="epoch", ylabel="validation top-1 error", yscale="log",
+                     title="validation error")
+        ax[0, 1].plot(ls[:m], color=COLORS["single"], label=f"1 rank, batch {p * b}")
+        ax[0, 1].plot(la[:m], "--", color=COLORS["allreduce"], label=f"allreduce {p} x {b} (mean over ranks)")
+        ax[0, 1].set(xlabel="step", ylabel="training loss", title="per-step training loss")
+        for a_ in ax.flat:
+            a_.legend(fontsize=8)
+        out = dict(workers=p, batch=b, val_error_single=s.tolist(), val_error_allreduce=a.tolist(),
+                   max_abs_val_error_diff=float(np.abs(a[:n] - s[:n]).max()),
+                   loss_rel_diff_first_step=float(rel[0]), loss_rel_diff_median=float(np.median(rel)),
+                   steps_compared=int(m))
+        print(f"sync: max |val error diff| {out['max_abs_val_error_diff']:.4f}; per-step loss rel. diff "
+              f"step 0 {rel[0]:.2e}, median {np.median(rel):.3f} over {m} steps")
+        return self.save(fig, out)
+
+
+# ----------------------------------------------------------------------------- 2. methods
+class Methods(Experiment):
+    name = "methods"
+
+    def workers(self) -> list[int]:
+        return [2] if self.quick else [2, 4, 8]
+
+    def methods(self) -> list[str]:
+        return ["allreduce", "gossip-pull"] if self.quick else list(METHODS)
+
+    def run(self) -> dict:
+        ws, ms = self.workers(), self.methods()
+        runs = {(m, w): [self.method_run(m, w, s) for s in self.seed_list()] for w in ws for m in ms}
+        fig, ax = new_figure(2, len(ws))
+        table = {}
+        for j, w in enumerate(ws):
+            for m in ms:
+                rs = runs[(m, w)]
+                t, e, lo, hi = mean_curve(rs, "time")
+                ax[0, j].plot(t, e, "-", color=COLORS[m], label=m)
+                ax[0, j].fill_between(t, lo, hi, color=COLORS[m], alpha=0.15)
+                ep, e2, lo2, hi2 = mean_curve(rs, "epoch")
+                ax[1, j].plot(ep, e2, "-", color=COLORS[m], label=m)
+                ax[1, j].fill_between(ep, lo2, hi2, color=COLORS[m], alpha=0.15)
+                table[f"{m}/w{w}"] = dict(method=m, workers=w, ranks=ranks_for(m, w), **aggregate(rs))
+            ax[0, j].set(title=f"{w} workers", xlabel="training seconds (evaluation excluded)",
+                         ylabel="validation top-1 error", yscale="log")
+            ax[1, j].set(xlabel="epochs (global samples / train set)", ylabel="validation top-1 error",
+                         yscale="log")
+            ax[0, j].axhline(TARGET_ERROR, color="k", lw=0.6, ls=":")
+        ax[0, 0].legend(fontsize=8)
+        print_table(table)
+        return self.save(fig, dict(target_error=TARGET_ERROR, seeds=len(self.seed_list()), runs=table))
+
+
+def print_table(table: dict) -> None:
+    print(f"{'run':>22} {'ranks':>5} {'final err %':>22} {'t to ' + str(TARGET_ERROR) + ' (s)':>22} "
+          f"{'img/s':>18} {'s/step':>8}")
+    for k, v in table.items():
+        print(f"{k:>22} {v.get('ranks', ''):>5} {pm(v['final_error'], 100):>22} "
+              f"{pm(v['time_to_target']):>22} {pm(v['images_per_second']):>18} "
+              f"{fmt(v['step_seconds']['mean']):>8}")
+
+
+# ----------------------------------------------------------------------------- 3. stragglers
+class Stragglers(Experiment):
+    """The last worker rank sleeps U[0, D] ms after each backward pass (seeded), D in delays."""
+
+    name = "stragglers"
+
+    def run(self) -> dict:
+        w = 2 if self.quick else 4
+        delays = [0, 300] if self.quick else [0, 100, 300]
+        ms = ["allreduce", "gossip-pull"] if self.quick else list(METHODS)
+        table, fig, ax = {}, *new_figure(1, 2)
+        for m in ms:
+            last = ranks_for(m, w) - 1
+            row = []
+            for d in delays:
+                flags = ["--straggler", f"{last}:{d / 2:g}:{d / 2:g}"] if d else []
+                res = self.method_run(m, w, 0, flags, tag=f"-strag{d}" if d else "")
+                row.append(dict(delay_ms=d, **measures(res)))
+            base = row[0]
+            for r in row:
+                r["slowdown_step"] = r["step_seconds"] / base["step_seconds"]
+                r["slowdown_images_per_second"] = base["images_per_second"] / r["images_per_second"]
+                r["slowdown_time_to_target"] = (r["time_to_target"] / base["time_to_target"]
+                                                if r["time_to_target"] and base["time_to_target"] else None)
+            table[m] = row
+            ax[0, 0].plot(delays, [r["slowdown_images_per_second"] for r in row], "o-", color=COLORS[m], label=m)
+            ax[0, 1].plot(delays, [100 * r["final_error"] for r in row], "o-", color=COLORS[m], label=m)
+        ax[0, 0].set(xlabel="straggler delay D (ms, U[0, D] per step on one worker)",
+                     ylabel="slow-down of throughput (x)", title=f"{w} workers, one straggler")
+        ax[0, 1].set(xlabel="straggler delay D (ms)", ylabel="final validation error (%)")
+        ax[0, 0].legend(fontsize=8)
+        print(f"{'method':>12} " + " ".join(f"{'D=' + str(d):>26}" for d in delays))
+        for m, row in table.items():
+            print(f"{m:>12} " + " ".join(
+                f"{r['slowdown_images_per_second']:>6.2f}x thr {fmt(r['slowdown_time_to_target'], '.2f'):>5}x tt "
+                f"{100 * r['final_error']:>5.2f}%" for r in row))
+        return self.save(fig, dict(workers=w, delays_ms=delays, target_error=TARGET_ERROR, runs=table))
+
+
+# ----------------------------------------------------------------------------- 4. step size
+class StepSize(Experiment):
+    name = "lr"
+
+    def run(self) -> dict:
+        w = 2 if self.quick else 4
+        lrs = [0.4, 0.1] if self.quick else [0.4, 0.2, 0.1, 0.05]
+        ms = ["allreduce", "gossip-pull"] if self.quick else ["allreduce", "easgd", "gossip-pull", "asgd"]
+        table, fig, ax = {}, *new_figure(1, 2)
+        for m in ms:
+            row = []
+            for lr in lrs:
+                res = self.method_run(m, w, 0, ["--lr", f"{lr:g}"], tag="" if lr == 0.1 else f"-lr{lr:g}")
+                row.append(dict(lr=lr, **measures(res)))
+            table[m] = row
+            ax[0, 0].plot(lrs, [100 * r["final_error"] for r in row], "o-", color=COLORS[m], label=m)
+            ax[0, 1].plot(lrs, [r["time_to_target"] or np.nan for r in row], "o-", color=COLORS[m], label=m)
+        ax[0, 0].set(xscale="log", xlabel="learning rate", ylabel="final validation error (%)",
+                     title=f"{w} workers")
+        ax[0, 1].set(xscale="log", xlabel="learning rate",
+                     ylabel=f"seconds to {100 * TARGET_ERROR:g}% error (gap = never)")
+        ax[0, 0].legend(fontsize=8)
+        print(f"{'method':>12} " + " ".join(f"{'lr=' + str(lr):>20}" for lr in lrs))
+        for m, row in table.items():
+            print(f"{m:>12} " + " ".join(f"{100 * r['final_error']:>6.2f}% {fmt(r['time_to_target'], '.1f'):>6}s"
+                                         f"{'':>6}" for r in row))
+        return self.save(fig, dict(workers=w, lrs=lrs, target_error=TARGET_ERROR, runs=table))
+
+
+# ----------------------------------------------------------------------------- 5. consensus
+class Consensus(Experiment):
+    """Gossip with gradients off: benchmarks/consensus.py under mpiexec for each p and variant."""
+
+    name = "consensus"
+
+    def run(self) -> dict:
+        ps = [2, 4] if self.quick else [2, 4, 8]
+        rounds, reps = (10, 1) if self.quick else (40, 5)
+        table, fig, ax = {}, *new_figure(1, 2)
+        for j, variant in enumerate(("pull", "push")):
+            for p in ps:
+                out = self.r.out / "runs" / f"consensus-{variant}-p{p}.json"
+                cmd = [mpiexec(), "-n", str(p), sys.executable, str(ROOT / "benchmarks" / "consensus.py"),
+                       "--variant", variant, "--rounds", str(rounds), "--repeats", str(reps),
+                       "--json", str(out)]
+                env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
+                                      stdin=subprocess.DEVNULL)
+                if proc.returncode:
+                    raise SystemExit(f"experiments: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+                d = json.loads(out.read_text())
+                table[f"{variant}/p{p}"] = d
+                ax[0, j].plot(np.arange(len(d["distance"])), d["distance"], "o-", ms=3, label=f"p = {p}")
+            ax[0, j].set(yscale="log", xlabel="exchanges per rank", ylabel="consensus distance (relative)",
+                         title=f"gossip {variant}, no gradients")
+            ax[0, j].legend(fontsize=8)
+        print(f"{'run':>10} {'rate/exchange':>14} {'exchanges to 1e-3':>18} {'mean drift':>11}")
+        for k, d in table.items():
+            print(f"{k:>10} {d['rate_per_exchange']:>14.3f} {fmt(d['exchanges_to_1e-3']):>18} "
+                  f"{d['mean_drift']:>11.2e}")
+        return self.save(fig, dict(rounds=rounds, repeats=reps, runs=table))
+
+
+# ----------------------------------------------------------------------------- 6. easgd
+class EASGD(Experiment):
+    name = "easgd"
+
+    def run(self) -> dict:
+        w = 2 if self.quick else 4
+        taus = [1, 4] if self.quick else [1, 4, 16]
+        betas = [0.8] if self.quick else [0.8, 0.9]
+        table, fig, ax = {}, *new_figure(1, 2)
+        from replicas import evaluate_checkpoint  # noqa: PLC0415  (benchmarks/replicas.py)
+        for beta in betas:
+            row = []
+            for tau in taus:
+                tag = "" if (tau, beta) == (1, 0.8) else f"-tau{tau}-beta{beta:g}"
+                res = self.method_run("easgd", w, 0, ["--tau", str(tau), "--beta", f"{beta:g}"], tag=tag)
+                server = [r for r in _read_rank0_server(res)]
+                served = server[-1]["served"] if server else None
+                nbytes = res.summary["num_params"] * 4
+                ev = evaluate_checkpoint(res.data.path)
+                row.append(dict(tau=tau, beta=beta, exchanges=served,
+                                comm_megabytes=2 * served * nbytes / 1e6 if served else None,
+                                center_error=ev["errors"][0], worker_errors=ev["errors"][1:],
+                                worker_distance=res.data.val[-1].get("worker_distance"),
+                                **measures(res)))
+            table[f"beta{beta:g}"] = row
+            ax[0, 0].plot([r["comm_megabytes"] for r in row], [100 * r["center_error"] for r in row], "o-",
+                          label=f"center, beta {beta:g}")
+            ax[0, 0].plot([r["comm_megabytes"] for r in row], [100 * np.mean(r["worker_errors"]) for r in row],
+                          "s--", label=f"workers (mean), beta {beta:g}")
+            for r in row:
+                ax[0, 0].annotate(f"tau {r['tau']}", (r["comm_megabytes"], 100 * r["center_error"]), fontsize=7)
+            ax[0, 1].plot(taus, [r["worker_distance"] for r in row], "o-", label=f"beta {beta:g}")
+        ax[0, 0].set(xscale="log", xlabel="MB moved through the server", ylabel="final validation error (%)",
+                     title=f"EASGD, {w} workers")
+        ax[0, 1].set(xscale="log", xlabel="tau", ylabel="mean ||x_i - center|| at the end")
+        for a in ax.flat:
+            a.legend(fontsize=8)
+        print(f"{'beta':>5} {'tau':>4} {'exch':>6} {'MB':>8} {'center err':>10} {'worker errs':>24}")
+        for row in table.values():
+            for r in row:
+                print(f"{r['beta']:>5} {r['tau']:>4} {r['exchanges']:>6} {fmt(r['comm_megabytes'], '.0f'):>8} "
+                      f"{100 * r['center_error']:>9.2f}% "
+                      f"{' '.join(f'{100 * e:.2f}' for e in r['worker_errors']):>24}")
+        return self.save(fig, dict(workers=w, runs=table))
+
+
+def _read_rank0_server(res: Result) -> list[dict]:
+    from scalesgd.io.plot import read_jsonl  # noqa: PLC0415
+    return [r for r in read_jsonl(res.data.path / "metrics" / "rank-0.jsonl") if r.get("kind") == "server"]
+
+
+# ----------------------------------------------------------------------------- 7. A-SGD (Paine)
+class ASGD(Experiment):
+    """n_sync x clients x cold/warm; warm = from one rank trained for WARM_EPOCHS."""
+
+    name = "asgd"
+    BATCH, LR, EPOCHS, WARM_EPOCHS, WINDOW = 8, 0.05, 3, 1, 50
+    TRAIN_TARGET = 0.15
+
+    def run(self) -> dict:
+        syncs = [1, 10] if self.quick else [1, 10, 100]
+        ks = [1, 2] if self.quick else [1, 2, 4, 7]
+        common = ["--batch-size", str(self.BATCH), "--lr", f"{self.LR:g}", "--log-every", "100000"]
+        if not self.quick:
+            common += ["--epochs", str(self.EPOCHS)]
+        warm = self.r.run("asgd-warmup", "single", 1, [*common, "--epochs", str(self.WARM_EPOCHS),
+                                                      "--schedule", "constant"], ranks=1)
+        table = {}
+        fig, ax = new_figure(2, len(syncs))
+        for j, ns in enumerate(syncs):
+            for start in ("cold", "warm"):
+                for k in ks:
+                    flags = [*common, "--n-sync", str(ns)]
+                    if start == "warm":
+                        flags += ["--init-from", str(warm.data.path)]
+                    res = self.r.run(f"asgd-k{k}-nsync{ns}-{start}", "asgd", k, flags)
+                    t, _, e = merged_training_error(res, self.WINDOW)
+                    server = _read_rank0_server(res)
+                    hist = server[-1].get("staleness_histogram", {}) if server else {}
+                    row = dict(k=k, n_sync=ns, start=start,
+                               time_to_train_target=time_to_train_error(res, self.TRAIN_TARGET, self.WINDOW),
+                               staleness_histogram=hist,
+                               exchanges=server[-1]["served"] if server else None, **measures(res))
+                    table[f"k{k}/nsync{ns}/{start}"] = row
+                    i = 0 if start == "cold" else 1
+                    ax[i, j].plot(t, 100 * e, lw=1, label=f"{k} client{'s' if k > 1 else ''}")
+                ax[0 if start == "cold" else 1, j].set(
+                    title=f"n_sync {ns}, {start} start", xlabel="training seconds",
+                    ylabel=f"training error % ({self.WINDOW}-minibatch window)")
+        for a in ax.flat:
+            a.legend(fontsize=8)
+            a.axhline(100 * self.TRAIN_TARGET, color="k", lw=0.6, ls=":")
+        for key, row in table.items():
+            base = table[f"k1/nsync{row['n_sync']}/{row['start']}"]["time_to_train_target"]
+            row["speedup"] = base / row["time_to_train_target"] if base and row["time_to_train_target"] else None
+        print(f"{'run':>20} {'t to train err':>14} {'speed-up':>8} {'final val err':>13} {'stale mean':>10}")
+        for key, row in table.items():
+            h = {int(a): b for a, b in row["staleness_histogram"].items()}
+            mean = sum(a * b for a, b in h.items()) / max(sum(h.values()), 1)
+            row["staleness_mean"] = mean
+            print(f"{key:>20} {fmt(row['time_to_train_target'], '.1f'):>14} {fmt(row['speedup'], '.2f'):>8} "
+                  f"{100 * row['final_error']:>12.2f}% {mean:>10.2f}")
+        return self.save(fig, dict(batch=self.BATCH, lr=self.LR, window=self.WINDOW,
+                                   warm_epochs=self.WARM_EPOCHS, train_target=self.TRAIN_TARGET,
+                                   warm_val_error=float(warm.val_error[-1]), runs=table))
+
+
+EXPERIMENTS = {"sync": Sync, "methods": Methods, "stragglers": Stragglers, "lr": StepSize,
+               "consensus": Consensus, "easgd": EASGD, "asgd": ASGD}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
+    ap.add_argument("--quick", action="store_true", help="smoke test: smallest sweep, 1 epoch")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per setting in 'methods' (default 2)")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "experiments")
+    ap.add_argument("--no-publish", action="store_true",
+                    help="write results and figures under --out, not benchmarks/results and docs/figures")
+    a = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    runner = Runner(a.out, a.quick)
+    names = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]
+    t = time.perf_counter()
+    for name in names:
+        print(f"== {name}", flush=True)
+        t0 = time.perf_counter()
+        EXPERIMENTS[name](runner, a.seeds, publish=not (a.quick or a.no_publish)).run()
+        print(f"== {name}: {time.perf_counter() - t0:.0f}s", flush=True)
+    print(f"{runner.launched} runs launched, {runner.reused} reused, {time.perf_counter() - t:.0f}s "
+          f"({os.cpu_count()} cores)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""benchmarks/experiments.py: its measures on synthetic records, and real quick sweeps."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import experiments as X  # noqa: E402
+
+from scalesgd.io.plot import RunData  # noqa: E402
+
+
+def fake_result(val_errors, times, steps=None, method="gossip-pull"):
+    val = [dict(val_top1_accuracy=1 - e, train_seconds=t, epoch=0.25 * (i + 1))
+           for i, (e, t) in enumerate(zip(val_errors, times))]
+    data = RunData(Path("/nonexistent"), method, 2, steps or {}, val)
+    summary = dict(train_seconds=times[-1], images_per_second=100.0)
+    return X.Result("r", method, 2, data, summary)
+
+
+def test_first_reach_and_measures():
+    assert X.first_reach([0.5, 0.2, 0.09, 0.05], [1, 2, 3, 4], 0.1) == 3.0
+    assert X.first_reach([0.5, 0.2], [1, 2], 0.1) is None
+    steps = {0: [dict(train_seconds=t, top1_error=0.5) for t in (1.0, 2.0, 3.0, 5.0)]}
+    m = X.measures(fake_result([0.5, 0.08, 0.09], [10.0, 20.0, 30.0], steps))
+    assert m["final_error"] == pytest.approx(0.09) and m["best_error"] == pytest.approx(0.08)
+    assert m["time_to_target"] == 20.0 and m["epochs_to_target"] == 0.5
+    assert m["step_seconds"] == pytest.approx(4.0 / 3)
+
+
+def test_mean_spread_counts_runs_that_never_reached():
+    agg = X.mean_spread([1.0, None, 3.0])
+    assert agg == dict(mean=2.0, min=1.0, max=3.0, n=2, missing=1)
+    assert X.mean_spread([None])["mean"] is None
+    assert X.pm(agg) == "2 [1, 3] (1 never)"
+
+
+def test_merged_training_error_orders_workers_by_time_and_smooths():
+    steps = {1: [dict(train_seconds=t, top1_error=1.0) for t in (1, 3, 5, 7)],
+             2: [dict(train_seconds=t, top1_error=0.0) for t in (2, 4, 6, 8)]}
+    res = fake_result([0.5], [8.0], steps, "asgd")
+    t, idx, e = X.merged_training_error(res, window=2)
+    assert t.tolist() == [1, 2, 3, 4, 5, 6, 7, 8] and idx.tolist() == list(range(1, 9))
+    assert e.tolist() == [1.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
+    assert X.time_to_train_error(res, 0.5, window=2) == 3.0
+    assert X.time_to_train_error(res, 0.1, window=2) is None
+
+
+def test_mean_curve_averages_seeds_at_each_evaluation():
+    a = fake_result([0.4, 0.2], [1.0, 2.0])
+    b = fake_result([0.2, 0.1, 0.05], [3.0, 4.0, 5.0])
+    t, e, lo, hi = X.mean_curve([a, b])
+    assert t.tolist() == [2.0, 3.0] and e.tolist() == pytest.approx([0.3, 0.15])
+    assert lo.tolist() == pytest.approx([0.2, 0.1]) and hi.tolist() == pytest.approx([0.4, 0.2])
+
+
+def run_driver(*args, timeout=600):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "experiments.py"), *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_consensus_quick_real_mpi(tmp_path):
+    """Gossip with gradients off on 2 and 4 real ranks: distances fall, push-sum keeps the mean."""
+    out = run_driver("consensus", "--quick", "--out", str(tmp_path))
+    res = json.loads((tmp_path / "consensus.json").read_text())
+    assert (tmp_path / "consensus.png").stat().st_size > 10_000
+    for key, d in res["runs"].items():
+        dist = np.array(d["distance"])
+        assert dist[0] == 1.0 and dist[-1] < 0.05, (key, dist)
+        assert d["rate_per_exchange"] < 0.8
+        if key.startswith("push"):
+            assert d["mean_drift"] < 1e-12, d        # push-sum conserves sum w x / sum w
+    assert "rate/exchange" in out
+
+
+def test_experiments_rejects_unknown_name():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "experiments.py"), "nope"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+@pytest.mark.slow
+def test_sync_and_easgd_quick_real_runs(tmp_path):
+    """The two sweeps with the most plumbing (per-rank loss averaging; replicas from checkpoints)
+    end to end on real runs; a second invocation reuses every run directory."""
+    run_driver("sync", "--quick", "--out", str(tmp_path))
+    s = json.loads((tmp_path / "sync.json").read_text())
+    assert s["workers"] == 2 and len(s["val_error_single"]) == len(s["val_error_allreduce"]) == 2
+    assert s["loss_rel_diff_first_step"] < 0.05            # same weights, same 32 samples; BN differs
+    run_driver("easgd", "--quick", "--out", str(tmp_path))
+    e = json.loads((tmp_path / "easgd.json").read_text())
+    row = e["runs"]["beta0.8"][0]
+    assert row["exchanges"] > 0 and len(row["worker_errors"]) == 2 and 0 <= row["center_error"] <= 1
+    again = run_driver("sync", "--quick", "--out", str(tmp_path))
+    assert "0 runs launched, 2 reused" in again

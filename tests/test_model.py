@@ -1,0 +1,148 @@
+"""The cost model and the discrete-event simulation against closed forms and each other."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scalesgd.model import calibration, cost, sim
+
+ROOT = Path(__file__).resolve().parents[1]
+NET = cost.Net(alpha=5e-6, bandwidth=10e9, mem=20e9)
+W = cost.Work("w", step_seconds=0.05, batch=64, param_bytes=40e6)
+
+
+def test_allreduce_is_the_ring_formula():
+    assert cost.allreduce_seconds(1e6, 1, NET) == 0.0
+    assert cost.allreduce_seconds(1e6, 2, NET) == pytest.approx(2 * 5e-6 + 1e6 / 10e9)
+    # bandwidth term tends to 2 S / B, latency term grows linearly in p
+    big = cost.allreduce_seconds(1e9, 1024, NET)
+    assert big == pytest.approx(2 * 1023 * 5e-6 + 2 * 1023 / 1024 * 0.1)
+
+
+def test_mva_limits():
+    x1, r1 = cost.server_throughput(1, think=0.05, service=0.01)
+    assert x1 == pytest.approx(1 / 0.06) and r1 == pytest.approx(0.01)
+    xn, _ = cost.server_throughput(200, think=0.05, service=0.01)
+    assert xn == pytest.approx(100.0, rel=1e-6)                  # saturated: 1 / service
+    xs = [cost.server_throughput(p, 0.05, 0.01)[0] for p in range(1, 30)]
+    assert all(a < b for a, b in zip(xs, xs[1:]))                 # more workers never hurt throughput
+    assert cost.saturation_workers(0.05, 0.01) == pytest.approx(6.0)
+    assert cost.tau_to_keep_up(16, 0.05, 0.01) == 3               # (16-1)*0.01/0.05 = 3
+    assert cost.tau_to_keep_up(1, 0.05, 0.01) == 1
+
+
+def test_simulated_server_single_worker_is_exact_and_never_stale():
+    r = sim.simulate("easgd", 1, W, NET, steps=100)
+    ts = cost.server_service_seconds(W.param_bytes, NET)
+    assert r.samples_per_second == pytest.approx(W.batch / (W.step_seconds + ts), rel=1e-9)
+    assert set(r.staleness) == {0}
+    assert r.server_utilization == pytest.approx(ts / (W.step_seconds + ts), rel=1e-6)
+
+
+def test_simulated_server_saturates_at_one_over_service_and_staleness_is_p_minus_1():
+    ts = cost.server_service_seconds(W.param_bytes, NET)
+    p = 40                                                     # far beyond saturation (~3.8)
+    r = sim.simulate("asgd", p, W, NET, steps=200)
+    assert r.samples_per_second == pytest.approx(W.batch / ts, rel=0.02)
+    assert r.server_utilization > 0.98
+    assert r.staleness_mean == pytest.approx(p - 1, abs=0.5)  # FIFO, everyone queued: round robin
+    # below saturation the deterministic simulation and MVA agree on the no-wait bound
+    r2 = sim.simulate("easgd", 2, W, NET, steps=300)
+    assert r2.samples_per_second == pytest.approx(2 * W.batch / (W.step_seconds + ts), rel=0.05)
+
+
+def test_simulated_allreduce_pays_for_the_slowest_worker():
+    d = 0.3
+    st = sim.Straggle(stragglers=1, max_delay=d)
+    r = sim.simulate("allreduce", 8, W, NET, steps=3000, straggle=st, seed=1)
+    want = W.step_seconds + d / 2 + cost.allreduce_seconds(W.param_bytes, 8, NET)
+    assert r.step_seconds == pytest.approx(want, rel=0.03)
+    assert sim.simulate("allreduce", 8, W, NET, steps=50).step_seconds == pytest.approx(
+        cost.step_seconds("allreduce", 8, W, NET)["step"], rel=1e-9)
+
+
+def test_simulated_gossip_matches_analytic_and_its_step_is_flat_in_p():
+    for p in (8, 64):
+        an = cost.step_seconds("gossip", p, W, NET)["step"]
+        r = sim.simulate("gossip", p, W, NET, steps=300, seed=p)
+        assert r.step_seconds == pytest.approx(an, rel=0.08), p   # NIC collisions add a little
+    s8 = sim.simulate("gossip", 8, W, NET, steps=300, seed=3).step_seconds
+    s64 = sim.simulate("gossip", 64, W, NET, steps=300, seed=3).step_seconds
+    assert s64 / s8 < 1.1
+    # one straggler barely slows gossip's other workers, but stalls all-reduce
+    st = sim.Straggle(stragglers=1, max_delay=0.3)
+    g = sim.simulate("gossip", 16, W, NET, steps=300, straggle=st).samples_per_second
+    g0 = sim.simulate("gossip", 16, W, NET, steps=300).samples_per_second
+    a = sim.simulate("allreduce", 16, W, NET, steps=300, straggle=st).samples_per_second
+    a0 = sim.simulate("allreduce", 16, W, NET, steps=300).samples_per_second
+    assert g / g0 > 0.85 and a / a0 < 0.4
+
+
+def test_fit_link_and_interpolation():
+    tab = {s: 3e-6 + s / 5e9 for s in (1e3, 1e4, 1e5, 1e6, 1e7)}
+    alpha, bw, misfit = calibration.fit_link(tab)
+    assert alpha == pytest.approx(3e-6, rel=1e-6) and bw == pytest.approx(5e9, rel=1e-6) and misfit < 1e-9
+    power = {s: 2e-9 * s ** 0.8 for s in (1e3, 1e5, 1e7)}
+    for s in (3e3, 2e6, 5e7, 100.0):
+        assert calibration.at(power, s) == pytest.approx(2e-9 * s ** 0.8, rel=1e-9)
+
+
+def test_calibration_errors_are_clear(tmp_path):
+    with pytest.raises(calibration.CalibrationError, match="benchmarks/calibrate.py"):
+        calibration.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(calibration.CalibrationError, match="not a calibration file"):
+        calibration.load(bad)
+    cal = fake_calibration()
+    with pytest.raises(calibration.CalibrationError, match="no 16-rank"):
+        calibration.table(cal, "get", 16)
+
+
+def fake_calibration() -> dict:
+    sizes = [str(256 * 4 ** k * 4) for k in range(7)]
+    mpi = {}
+    for p in (2, 3):
+        mpi[str(p)] = {k: {s: 1e-5 * p + float(s) / 5e9 for s in sizes}
+                       for k in ("allreduce", "get", "accumulate", "server")}
+    return {"cores": 2, "compute": {"resnet20_b16": {"seconds": 0.08, "num_params": 272474},
+                                    "mix": {s: float(s) / 10e9 for s in sizes}},
+            "end_to_end": {"resnet20_b16": {"seconds": 0.09}}, "mpi": mpi}
+
+
+def test_model_cli_validates_and_projects(tmp_path):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(fake_calibration()))
+    measured = tmp_path / "m.json"
+    step = {"mean": 0.1}
+    measured.write_text(json.dumps({"runs": {
+        "allreduce/w2": {"method": "allreduce", "workers": 2, "ranks": 2, "step_seconds": step},
+        "easgd/w2": {"method": "easgd", "workers": 2, "ranks": 3, "step_seconds": step},
+        "gossip-push/w2": {"method": "gossip-push", "workers": 2, "ranks": 2, "step_seconds": step}}}))
+    out, fig = tmp_path / "out.json", tmp_path / "fig.png"
+    proc = subprocess.run([sys.executable, "-m", "scalesgd.model", "--calibration", str(cal), "--measured",
+                           str(measured), "--stragglers", str(tmp_path / "none.json"), "--workers", "8", "32",
+                           "--sim-steps", "60", "--figure", str(fig), "--json", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"),
+                                                                         "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    rows = {r["run"]: r for r in res["validation"]["rows"]}
+    # allreduce at 2 ranks on 2 cores: 0.09 s + the table's all-reduce of 1.09 MB
+    want = 0.09 + 2e-5 + 272474 * 4 / 5e9
+    assert rows["allreduce/w2"]["predicted"] == pytest.approx(want, rel=0.02)
+    assert rows["easgd/w2"]["predicted"] > 0.09 * 1.5            # 3 ranks on 2 cores
+    assert "resnet50" in res["projection"] and fig.stat().st_size > 10_000
+    assert "saturates at" in proc.stdout and "all-reduce overtakes it" in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "scalesgd.model", "--calibration", str(tmp_path / "x.json")],
+                         capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src")})
+    assert bad.returncode == 2 and "benchmarks/calibrate.py" in bad.stderr
+
+
+def test_server_never_loses_an_exchange_in_the_simulation():
+    r = sim.simulate("easgd", 6, W, NET, steps=100, straggle=sim.Straggle(jitter_cv=0.2, stragglers=2,
+                                                                           max_delay=0.1))
+    assert sum(r.staleness.values()) > 0 and np.isfinite(r.samples_per_second)
