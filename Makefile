@@ -5,7 +5,7 @@ VENV   ?= .venv
 RANKS  ?= 4
 PY     := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast bench experiments model clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,16 @@ test-fast: install
 
 bench: install
 	$(PY) benchmarks/bench_cpu.py
+
+# The papers' claims as experiments (docs/results.md; ~45 min on 2 cores), then the cost model:
+# calibrate on this machine, validate on the experiment runs, project to a cluster.
+EXPERIMENT ?= all
+experiments: install
+	$(PY) benchmarks/experiments.py $(EXPERIMENT)
+
+model: install
+	$(PY) benchmarks/calibrate.py
+	$(PY) -m scalesgd.model
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

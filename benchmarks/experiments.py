@@ -1,6 +1,7 @@
 """The seed papers' claims as experiments anyone can rerun (issue 7; results in docs/results.md).
 
     python benchmarks/experiments.py EXPERIMENT [--quick] [--seeds N] [--out DIR] [--no-publish]
+                                     [--data DIR] [--image-size N] [--model NAME]
 
 EXPERIMENT is one of sync, methods, stragglers, lr, consensus, easgd, asgd, or all.  Each runs its
 sweep with real ``mpiexec`` launches of ``python -m scalesgd`` (base config ``jobs/experiments.toml``),
@@ -8,7 +9,10 @@ writes every run directory under ``OUT/runs/`` (default ``runs/experiments``; a 
 already holds a ``summary.json`` for the same argv is reused, so an interrupted sweep continues),
 prints a table, and writes ``benchmarks/results/EXPERIMENT.json`` and ``docs/figures/EXPERIMENT.png``
 (``--quick`` or ``--no-publish``: both under ``OUT/`` instead).  ``--quick`` shrinks every sweep to a
-smoke test of the whole path (1 epoch, fewest settings); its numbers mean nothing.
+smoke test of the whole path (1 epoch, fewest settings); its numbers mean nothing.  ``--data``
+(a directory made by ``python -m scalesgd.data.make_shards``), ``--image-size`` and ``--model`` are
+passed to every training run, to repeat the sweeps on your own data (their run directories then go
+to ``runs/experiments-NAME``; add ``--no-publish`` to keep the committed results).
 
 "p workers" means p ranks computing gradients; easgd and asgd add one server rank (p + 1 ranks).
 Every rank is one single-threaded process: on this 2-core machine ``-n 9`` is 4.5 processes per core,
@@ -43,7 +47,7 @@ METHODS = {                                          # label -> command-line fla
     "gossip-push": ["--method", "gossip", "--gossip", "push"],
 }
 COLORS = {"allreduce": "#4C72B0", "easgd": "#DD8452", "asgd": "#55A868", "gossip-pull": "#C44E52",
-          "gossip-push": "#8172B3", "single": "#333333"}
+          "gossip-push": "#8172B3", "single": "#333333", "asgd lr/p": "#2CA02C"}
 TARGET_ERROR = 0.10            # validation top-1 error for "time to target" (digits: 90% accuracy)
 
 
@@ -85,8 +89,8 @@ class Result:
 class Runner:
     """Launches (or reuses) runs; every run directory lives in ``out/runs/NAME``."""
 
-    def __init__(self, out: Path, quick: bool, timeout: float = 900.0):
-        self.out, self.quick, self.timeout = out, quick, timeout
+    def __init__(self, out: Path, quick: bool, timeout: float = 900.0, extra: list[str] = ()):
+        self.out, self.quick, self.timeout, self.extra = out, quick, timeout, list(extra)
         (out / "runs").mkdir(parents=True, exist_ok=True)
         self.launched = self.reused = 0
 
@@ -97,7 +101,7 @@ class Runner:
         run_dir = self.out / "runs" / name
         argv = ["-m", "scalesgd", "--config", str(JOB.relative_to(ROOT)), *method_flags,
                 "--run-dir", str(run_dir), *(["--epochs", "1", "--eval-every", "0.5"] if self.quick else []),
-                *flags]
+                *self.extra, *flags]
         key = json.dumps({"ranks": n, "argv": argv})
         saved = run_dir / "argv.json"
         if (run_dir / "summary.json").exists() and saved.exists() and saved.read_text() == key:
@@ -246,6 +250,13 @@ class Experiment:
 
     def method_run(self, method: str, workers: int, seed: int = 0, flags: list[str] = (),
                    tag: str = "") -> Result:
+        """One run of a METHODS label, or of "asgd lr/p" (asgd with the learning rate divided by the
+        workers: the server sums every worker's update)."""
+        if method == "asgd lr/p":
+            res = self.method_run("asgd", workers, seed, ["--lr", f"{0.1 / workers:.4g}", *flags],
+                                  tag="-lrp" + tag)
+            res.method = method
+            return res
         name = f"{method}-w{workers}-s{seed}{tag}"
         return self.r.run(name, method, workers, ["--seed", str(seed), *flags])
 
@@ -305,21 +316,35 @@ class Sync(Experiment):
 
 # ----------------------------------------------------------------------------- 2. methods
 class Methods(Experiment):
+    """Every method at 2, 4, 8 workers, same hyper-parameters (lr 0.1, batch 16 per worker), plus
+    asgd with lr 0.1/p ("asgd lr/p": at lr 0.1 the summed updates of p workers diverge).  8 workers
+    train 6 epochs instead of 3 (3 epochs are only ~100 steps of a 128-sample global batch)."""
+
     name = "methods"
+    EPOCHS = {8: 6}
 
     def workers(self) -> list[int]:
         return [2] if self.quick else [2, 4, 8]
 
-    def methods(self) -> list[str]:
-        return ["allreduce", "gossip-pull"] if self.quick else list(METHODS)
+    def methods(self, w: int) -> list[str]:
+        if self.quick:
+            return ["allreduce", "gossip-pull"]
+        ms = [m for m in METHODS if not (m == "asgd" and w >= 8)]    # lr 0.1 diverged at 2 and 4
+        return ms + ["asgd lr/p"]
+
+    def one(self, label: str, w: int, seed: int) -> Result:
+        flags, tag = [], ""
+        if w in self.EPOCHS and not self.quick:
+            flags, tag = ["--epochs", str(self.EPOCHS[w])], f"-e{self.EPOCHS[w]}"
+        return self.method_run(label, w, seed, flags, tag=tag)
 
     def run(self) -> dict:
-        ws, ms = self.workers(), self.methods()
-        runs = {(m, w): [self.method_run(m, w, s) for s in self.seed_list()] for w in ws for m in ms}
+        ws = self.workers()
+        runs = {(m, w): [self.one(m, w, s) for s in self.seed_list()] for w in ws for m in self.methods(w)}
         fig, ax = new_figure(2, len(ws))
         table = {}
         for j, w in enumerate(ws):
-            for m in ms:
+            for m in self.methods(w):
                 rs = runs[(m, w)]
                 t, e, lo, hi = mean_curve(rs, "time")
                 ax[0, j].plot(t, e, "-", color=COLORS[m], label=m)
@@ -327,15 +352,18 @@ class Methods(Experiment):
                 ep, e2, lo2, hi2 = mean_curve(rs, "epoch")
                 ax[1, j].plot(ep, e2, "-", color=COLORS[m], label=m)
                 ax[1, j].fill_between(ep, lo2, hi2, color=COLORS[m], alpha=0.15)
-                table[f"{m}/w{w}"] = dict(method=m, workers=w, ranks=ranks_for(m, w), **aggregate(rs))
-            ax[0, j].set(title=f"{w} workers", xlabel="training seconds (evaluation excluded)",
+                table[f"{m}/w{w}"] = dict(method=m, workers=w, ranks=ranks_for(m.split()[0], w),
+                                          epochs=rs[0].summary["epochs"], **aggregate(rs))
+            ax[0, j].set(title=f"{w} workers, {table[f'{m}/w{w}']['epochs']} epochs",
+                         xlabel="training seconds (evaluation excluded)",
                          ylabel="validation top-1 error", yscale="log")
             ax[1, j].set(xlabel="epochs (global samples / train set)", ylabel="validation top-1 error",
                          yscale="log")
             ax[0, j].axhline(TARGET_ERROR, color="k", lw=0.6, ls=":")
         ax[0, 0].legend(fontsize=8)
         print_table(table)
-        return self.save(fig, dict(target_error=TARGET_ERROR, seeds=len(self.seed_list()), runs=table))
+        return self.save(fig, dict(target_error=TARGET_ERROR, seeds=len(self.seed_list()),
+                                   runs=table))
 
 
 def print_table(table: dict) -> None:
@@ -356,10 +384,10 @@ class Stragglers(Experiment):
     def run(self) -> dict:
         w = 2 if self.quick else 4
         delays = [0, 300] if self.quick else [0, 100, 300]
-        ms = ["allreduce", "gossip-pull"] if self.quick else list(METHODS)
+        ms = ["allreduce", "gossip-pull"] if self.quick else [*METHODS, "asgd lr/p"]
         table, fig, ax = {}, *new_figure(1, 2)
         for m in ms:
-            last = ranks_for(m, w) - 1
+            last = ranks_for(m.split()[0], w) - 1
             row = []
             for d in delays:
                 flags = ["--straggler", f"{last}:{d / 2:g}:{d / 2:g}"] if d else []
@@ -393,12 +421,19 @@ class StepSize(Experiment):
     def run(self) -> dict:
         w = 2 if self.quick else 4
         lrs = [0.4, 0.1] if self.quick else [0.4, 0.2, 0.1, 0.05]
-        ms = ["allreduce", "gossip-pull"] if self.quick else ["allreduce", "easgd", "gossip-pull", "asgd"]
+        ms = ["allreduce", "gossip-pull"] if self.quick else ["allreduce", "easgd", "gossip-pull", "gossip-push",
+                                                               "asgd lr/p"]
         table, fig, ax = {}, *new_figure(1, 2)
         for m in ms:
             row = []
             for lr in lrs:
-                res = self.method_run(m, w, 0, ["--lr", f"{lr:g}"], tag="" if lr == 0.1 else f"-lr{lr:g}")
+                if m == "asgd lr/p":                     # the server sums p updates: lr / p each
+                    res = self.method_run("asgd", w, 0, ["--lr", f"{lr / w:.4g}"],
+                                          tag="-lrp" if lr == 0.1 else f"-lrp{lr:g}")   # = experiment 2's
+                    res.method = m
+                else:      # lr 0.1 is the config's: the same argv (and run directory) as experiment 2's
+                    res = self.method_run(m, w, 0, [] if lr == 0.1 else ["--lr", f"{lr:g}"],
+                                          tag="" if lr == 0.1 else f"-lr{lr:g}")
                 row.append(dict(lr=lr, **measures(res)))
             table[m] = row
             ax[0, 0].plot(lrs, [100 * r["final_error"] for r in row], "o-", color=COLORS[m], label=m)
@@ -462,8 +497,9 @@ class EASGD(Experiment):
         for beta in betas:
             row = []
             for tau in taus:
-                tag = "" if (tau, beta) == (1, 0.8) else f"-tau{tau}-beta{beta:g}"
-                res = self.method_run("easgd", w, 0, ["--tau", str(tau), "--beta", f"{beta:g}"], tag=tag)
+                default = (tau, beta) == (1, 0.8)           # the config's: experiment 2's run
+                res = self.method_run("easgd", w, 0, [] if default else ["--tau", str(tau), "--beta", f"{beta:g}"],
+                                      tag="" if default else f"-tau{tau}-beta{beta:g}")
                 server = [r for r in _read_rank0_server(res)]
                 served = server[-1]["served"] if server else None
                 nbytes = res.summary["num_params"] * 4
@@ -484,6 +520,9 @@ class EASGD(Experiment):
         ax[0, 0].set(xscale="log", xlabel="MB moved through the server", ylabel="final validation error (%)",
                      title=f"EASGD, {w} workers")
         ax[0, 1].set(xscale="log", xlabel="tau", ylabel="mean ||x_i - center|| at the end")
+        from matplotlib.ticker import NullFormatter  # noqa: PLC0415
+        for a in ax.flat:
+            a.xaxis.set_minor_formatter(NullFormatter())
         for a in ax.flat:
             a.legend(fontsize=8)
         print(f"{'beta':>5} {'tau':>4} {'exch':>6} {'MB':>8} {'center err':>10} {'worker errs':>24}")
@@ -502,7 +541,9 @@ def _read_rank0_server(res: Result) -> list[dict]:
 
 # ----------------------------------------------------------------------------- 7. A-SGD (Paine)
 class ASGD(Experiment):
-    """n_sync x clients x cold/warm; warm = from one rank trained for WARM_EPOCHS."""
+    """n_sync x clients x cold/warm; warm = from one rank trained for WARM_EPOCHS.  Batch 8, lr
+    0.05 / k with k clients (the server adds every client's accumulated update, so k clients step k
+    times as often; at lr 0.1 and batch 16 asgd diverged already with 2 clients, experiment 2)."""
 
     name = "asgd"
     BATCH, LR, EPOCHS, WARM_EPOCHS, WINDOW = 8, 0.05, 3, 1, 50
@@ -511,17 +552,18 @@ class ASGD(Experiment):
     def run(self) -> dict:
         syncs = [1, 10] if self.quick else [1, 10, 100]
         ks = [1, 2] if self.quick else [1, 2, 4, 7]
-        common = ["--batch-size", str(self.BATCH), "--lr", f"{self.LR:g}", "--log-every", "100000"]
+        common = ["--batch-size", str(self.BATCH), "--log-every", "100000"]
         if not self.quick:
             common += ["--epochs", str(self.EPOCHS)]
-        warm = self.r.run("asgd-warmup", "single", 1, [*common, "--epochs", str(self.WARM_EPOCHS),
+        warm = self.r.run("asgd-warmup", "single", 1, [*common, "--lr", f"{self.LR:g}",
+                                                      "--epochs", str(self.WARM_EPOCHS),
                                                       "--schedule", "constant"], ranks=1)
         table = {}
-        fig, ax = new_figure(2, len(syncs))
+        fig, ax = new_figure(3, len(syncs))
         for j, ns in enumerate(syncs):
             for start in ("cold", "warm"):
                 for k in ks:
-                    flags = [*common, "--n-sync", str(ns)]
+                    flags = [*common, "--n-sync", str(ns), "--lr", f"{self.LR / k:.4g}"]
                     if start == "warm":
                         flags += ["--init-from", str(warm.data.path)]
                     res = self.r.run(f"asgd-k{k}-nsync{ns}-{start}", "asgd", k, flags)
@@ -535,11 +577,19 @@ class ASGD(Experiment):
                     table[f"k{k}/nsync{ns}/{start}"] = row
                     i = 0 if start == "cold" else 1
                     ax[i, j].plot(t, 100 * e, lw=1, label=f"{k} client{'s' if k > 1 else ''}")
+                    if start == "cold" and k > 1 and hist:
+                        h = {int(a): b for a, b in hist.items()}
+                        n = sum(h.values())
+                        xs = sorted(h)
+                        ax[2, j].plot(xs, [h[x] / n for x in xs], "o-", ms=3, label=f"{k} clients")
+                ax[2, j].set(title=f"n_sync {ns}: staleness (cold)", xlabel="staleness (server updates)",
+                             ylabel="fraction of pushes")
                 ax[0 if start == "cold" else 1, j].set(
                     title=f"n_sync {ns}, {start} start", xlabel="training seconds",
                     ylabel=f"training error % ({self.WINDOW}-minibatch window)")
         for a in ax.flat:
             a.legend(fontsize=8)
+        for a in ax[:2].flat:
             a.axhline(100 * self.TRAIN_TARGET, color="k", lw=0.6, ls=":")
         for key, row in table.items():
             base = table[f"k1/nsync{row['n_sync']}/{row['start']}"]["time_to_train_target"]
@@ -568,9 +618,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "experiments")
     ap.add_argument("--no-publish", action="store_true",
                     help="write results and figures under --out, not benchmarks/results and docs/figures")
+    ap.add_argument("--data", default="", help="a dataset directory (make_shards) instead of the digits")
+    ap.add_argument("--image-size", type=int, default=0, help="with --data: crop side (default: the config's)")
+    ap.add_argument("--model", default="", help="override the config's model (e.g. resnet18)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    runner = Runner(a.out, a.quick)
+    extra = (["--data", a.data] if a.data else []) + (["--image-size", str(a.image_size)] if a.image_size else []) \
+        + (["--model", a.model] if a.model else [])
+    if extra and a.out == ROOT / "runs" / "experiments":
+        a.out = ROOT / "runs" / f"experiments-{Path(a.data).name or a.model}"
+    runner = Runner(a.out, a.quick, extra=extra)
     names = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]
     t = time.perf_counter()
     for name in names:

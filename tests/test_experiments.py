@@ -101,3 +101,31 @@ def test_sync_and_easgd_quick_real_runs(tmp_path):
     assert row["exchanges"] > 0 and len(row["worker_errors"]) == 2 and 0 <= row["center_error"] <= 1
     again = run_driver("sync", "--quick", "--out", str(tmp_path))
     assert "0 runs launched, 2 reused" in again
+
+
+def test_results_doc_tables_match_the_committed_results(tmp_path):
+    """docs/results.md's generated blocks are what benchmarks/report.py makes of the JSON files
+    (so no number in them was typed by hand or left stale)."""
+    import report  # noqa: PLC0415  (benchmarks/report.py)
+    doc = ROOT / "docs" / "results.md"
+    copy = tmp_path / "results.md"
+    copy.write_text(doc.read_text())
+    done = report.update(copy, ROOT / "benchmarks" / "results")
+    assert {"methods", "sync", "consensus", "model"} <= set(done), done
+    assert copy.read_text() == doc.read_text(), \
+        "docs/results.md is stale: run python benchmarks/report.py --update docs/results.md"
+
+
+def test_report_update_rewrites_only_marked_blocks(tmp_path):
+    import report  # noqa: PLC0415
+    res = tmp_path / "results"
+    res.mkdir()
+    (res / "consensus.json").write_text(json.dumps({"repeats": 2, "rounds": 3, "runs": {"pull/p2": dict(
+        variant="pull", ranks=2, distance=[1.0, 0.5, 0.25, 0.125], rate_per_exchange=0.5,
+        **{"exchanges_to_1e-3": None}, mean_drift=0.1)}}))
+    doc = tmp_path / "d.md"
+    doc.write_text("intro\n<!-- begin:consensus -->\nold\n<!-- end:consensus -->\n"
+                   "<!-- begin:methods -->\nkeep\n<!-- end:methods -->\n")
+    assert report.update(doc, res) == ["consensus"]
+    text = doc.read_text()
+    assert "old" not in text and "| pull | 2 | 1.25e-01 | 0.500 | — | 1.0e-01 |" in text and "keep" in text

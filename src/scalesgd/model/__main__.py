@@ -39,6 +39,7 @@ IMAGENET_TRAIN = 1_281_167
 RESNET50_GMAC, RESNET18_GMAC = 4.09, 1.81
 PARAMS = {"resnet18": 11_689_512, "resnet50": 25_557_032}
 METHOD_OF = {"allreduce": ("allreduce", "pull"), "easgd": ("easgd", "pull"), "asgd": ("asgd", "pull"),
+             "asgd lr/p": ("asgd", "pull"),
              "gossip-pull": ("gossip", "pull"), "gossip-push": ("gossip", "push")}
 
 
@@ -134,7 +135,8 @@ def cluster_workloads(a) -> list[cost.Work]:
 def project(w: cost.Work, net: cost.Net, workers: list[int], straggle: sim.Straggle, steps: int) -> dict:
     out = {}
     single = w.batch / w.step_seconds
-    for m, (method, variant) in METHOD_OF.items():
+    for m in ("allreduce", "easgd", "asgd", "gossip-pull", "gossip-push"):
+        method, variant = METHOD_OF[m]
         rows = []
         for p in workers:
             an = cost.step_seconds(method, p, w, net, variant=variant)

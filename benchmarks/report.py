@@ -1,0 +1,197 @@
+"""Markdown tables for docs/results.md from benchmarks/results/*.json (no number typed by hand).
+
+    python benchmarks/report.py [EXPERIMENT ...] [--results benchmarks/results] [--model-json F]
+    python benchmarks/report.py --update docs/results.md     # rewrite its generated blocks
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def f(x, spec=".2f", none="—"):
+    return none if x is None else format(x, spec)
+
+
+def agg(a, scale=1.0, spec=".1f"):
+    if a is None or a.get("mean") is None:
+        return "never"
+    s = f(a["mean"] * scale, spec)
+    if a.get("n", 1) > 1:
+        s += f" [{f(a['min'] * scale, spec)}–{f(a['max'] * scale, spec)}]"
+    if a.get("missing"):
+        s += f" ({a['missing']} of {a['n'] + a['missing']} never)"
+    return s
+
+
+def cores(d):
+    return d.get("cores") or 2
+
+
+def sync(d):
+    return "\n".join([
+        f"{d['workers']} ranks × batch {d['batch']} (allreduce) vs 1 rank × batch {d['workers'] * d['batch']} "
+        f"({d['workers']} and 1 processes on {cores(d)} cores)", "",
+        "| | value |", "|---|---|",
+        f"| largest difference of validation error at the same evaluation | "
+        f"{100 * d['max_abs_val_error_diff']:.2f} points |",
+        f"| training loss (mean over ranks vs one rank), step 0, relative difference | "
+        f"{d['loss_rel_diff_first_step']:.1e} |",
+        f"| same, median over the {d['steps_compared']} steps | {d['loss_rel_diff_median']:.3f} |",
+        f"| final validation error, 1 rank / allreduce | {100 * d['val_error_single'][-1]:.2f}% / "
+        f"{100 * d['val_error_allreduce'][-1]:.2f}% |"])
+
+
+def methods(d):
+    rows = ["| method | workers (ranks on 2 cores) | epochs | final error % | best error % | "
+            f"seconds to {100 * d['target_error']:g}% | epochs to {100 * d['target_error']:g}% | img/s | s/step |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for v in d["runs"].values():
+        rows.append(f"| {v['method']} | {v['workers']} ({v['ranks']}) | {v.get('epochs', 3)} | "
+                    f"{agg(v['final_error'], 100)} | {agg(v['best_error'], 100)} | {agg(v['time_to_target'])} | "
+                    f"{agg(v['epochs_to_target'], 1, '.2f')} | {agg(v['images_per_second'], 1, '.0f')} | "
+                    f"{f(v['step_seconds']['mean'], '.3f')} |")
+    return "\n".join(rows) + f"\n\nMean over {d['seeds']} seeds [min–max]."
+
+
+def stragglers(d):
+    delays = d["delays_ms"]
+    rows = ["| method | " + " | ".join(f"D = {x} ms: throughput ×, time-to-target ×, final err %" for x in delays)
+            + " |", "|---" * (len(delays) + 1) + "|"]
+    for m, row in d["runs"].items():
+        rows.append(f"| {m} | " + " | ".join(
+            f"{r['slowdown_images_per_second']:.2f}, {f(r['slowdown_time_to_target'])}, {100 * r['final_error']:.1f}"
+            for r in row) + " |")
+    return "\n".join(rows) + (f"\n\n{d['workers']} workers; the last worker rank sleeps U[0, D] ms after each "
+                              "backward pass. ×: slow-down relative to D = 0 (higher is slower).")
+
+
+def lr(d):
+    rows = ["| method | " + " | ".join(f"lr {x:g}: final err %, s to target" for x in d["lrs"]) + " |",
+            "|---" * (len(d["lrs"]) + 1) + "|"]
+    for m, row in d["runs"].items():
+        rows.append(f"| {m} | " + " | ".join(f"{100 * r['final_error']:.1f}, {f(r['time_to_target'], '.1f')}"
+                                             for r in row) + " |")
+    return "\n".join(rows) + f"\n\n{d['workers']} workers, 3 epochs, target {100 * d['target_error']:g}% error."
+
+
+def consensus(d):
+    rows = ["| variant | ranks (on 2 cores) | distance after 10 exchanges | decay per exchange | "
+            "exchanges to 1e-3 | drift of the mean (relative) |", "|---|---|---|---|---|---|"]
+    for v in d["runs"].values():
+        dist = v["distance"]
+        rows.append(f"| {v['variant']} | {v['ranks']} | {dist[min(10, len(dist) - 1)]:.2e} | "
+                    f"{v['rate_per_exchange']:.3f} | {f(v['exchanges_to_1e-3'], 'd')} | {v['mean_drift']:.1e} |")
+    return "\n".join(rows) + f"\n\nGeometric mean over {d['repeats']} repeats; {d['rounds']} exchanges per rank."
+
+
+def easgd(d):
+    rows = ["| β | τ | exchanges | MB through the server | center error % | worker errors % | "
+            "mean ‖x_i − center‖ | s to target |", "|---|---|---|---|---|---|---|---|"]
+    for row in d["runs"].values():
+        for r in row:
+            rows.append(f"| {r['beta']:g} | {r['tau']} | {r['exchanges']} | {f(r['comm_megabytes'], '.0f')} | "
+                        f"{100 * r['center_error']:.2f} | "
+                        f"{', '.join(f'{100 * e:.2f}' for e in r['worker_errors'])} | "
+                        f"{f(r['worker_distance'], '.3f')} | {f(r['time_to_target'], '.1f')} |")
+    return "\n".join(rows) + f"\n\n{d['workers']} workers + 1 server ({d['workers'] + 1} ranks on 2 cores), 3 epochs."
+
+
+def asgd(d):
+    rows = ["| n_sync | start | clients (ranks on 2 cores) | s to train error "
+            f"{100 * d['train_target']:g}% | speed-up vs 1 client | final val err % | staleness mean | exchanges |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in d["runs"].values():
+        rows.append(f"| {r['n_sync']} | {r['start']} | {r['k']} ({r['k'] + 1}) | {f(r['time_to_train_target'], '.1f')} | "
+                    f"{f(r['speedup'])} | {100 * r['final_error']:.1f} | {r['staleness_mean']:.1f} | "
+                    f"{r['exchanges']} |")
+    return "\n".join(rows) + (f"\n\nBatch {d['batch']}, lr {d['lr']:g}/k, training error smoothed over "
+                              f"{d['window']} merged minibatches; warm start = 1 rank trained "
+                              f"{d['warm_epochs']} epoch (validation error {100 * d['warm_val_error']:.1f}%).")
+
+
+def model(d):
+    out = []
+    v = d.get("validation")
+    if v:
+        out += ["| run | ranks on 2 cores | measured s/step | predicted | error |", "|---|---|---|---|---|"]
+        out += [f"| {r['run']} | {r['ranks']} | {r['measured']:.3f} | {r['predicted']:.3f} | {100 * r['error']:+.0f}% |"
+                for r in v["rows"]]
+        out += ["", f"Median |error| {100 * v['median_abs_error']:.0f}%, largest {100 * v['max_abs_error']:.0f}%.", ""]
+    sv = d.get("straggler_validation")
+    if sv:
+        out += ["| method | D ms | measured slow-down | simulated |", "|---|---|---|---|"]
+        out += [f"| {r['method']} | {r['delay_ms']} | {r['measured']:.2f} | {r['simulated']:.2f} |" for r in sv]
+        out += [""]
+    for name, proj in d["projection"].items():
+        ws = [r["workers"] for r in next(iter(proj.values()))]
+        out += [f"**{name}** — minutes per ImageNet epoch / scaling efficiency (analytic; simulated with "
+                "stragglers)", "", "| method | " + " | ".join(f"p = {p}" for p in ws) + " |",
+                "|---" * (len(ws) + 1) + "|"]
+        for m, rows in proj.items():
+            out.append(f"| {m} | " + " | ".join(f"{r['epoch_minutes']:.1f} / {r['efficiency']:.2f} "
+                                                f"({r['sim_efficiency']:.2f})" for r in rows) + " |")
+        a = d["answers"][name]
+        out += ["", f"Server service {a['server_service_ms']:.1f} ms per exchange: saturates at "
+                f"{a['server_saturates_at_workers']:.1f} workers with τ = 1; all-reduce overtakes it from "
+                f"{a['allreduce_overtakes_server_at_workers']} workers; τ keeping one server below saturation: "
+                + ", ".join(f"p = {p}: {t}" for p, t in a["easgd_tau_to_keep_up"].items())
+                + ". Gossip-pull ms per step: " + ", ".join(f"{p}: {x:.1f}" for p, x in a["gossip_step_ms"].items())
+                + " (simulated with stragglers: " + ", ".join(f"{x:.1f}" for x in a["gossip_sim_step_ms"].values())
+                + "); all-reduce ms per step of communication: "
+                + ", ".join(f"{p}: {x:.1f}" for p, x in a["allreduce_comm_ms"].items()) + ".", ""]
+    return "\n".join(out)
+
+
+TABLES = {"sync": sync, "methods": methods, "stragglers": stragglers, "lr": lr, "consensus": consensus,
+          "easgd": easgd, "asgd": asgd}
+
+
+def update(doc: Path, results: Path) -> list[str]:
+    """Rewrites every block ``<!-- begin:NAME -->`` .. ``<!-- end:NAME -->`` of ``doc`` with the
+    table of ``results/NAME.json`` (NAME = an experiment, or ``model`` for model.json); returns the
+    names updated."""
+    import re  # noqa: PLC0415
+    text, done = doc.read_text(), []
+
+    def repl(m):
+        name = m.group(1)
+        p = results / f"{name}.json"
+        if not p.exists():
+            return m.group(0)
+        done.append(name)
+        fn = model if name == "model" else TABLES[name]
+        return f"<!-- begin:{name} -->\n{fn(json.loads(p.read_text()))}\n<!-- end:{name} -->"
+    new = re.sub(r"<!-- begin:(\w+) -->.*?<!-- end:\1 -->", repl, text, flags=re.S)
+    doc.write_text(new)
+    return done
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("experiments", nargs="*", default=list(TABLES))
+    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--model-json", type=Path, default=None)
+    ap.add_argument("--update", type=Path, default=None,
+                    help="rewrite the <!-- begin:NAME --> blocks of this markdown file (docs/results.md)")
+    a = ap.parse_args()
+    if a.update:
+        print("updated:", ", ".join(update(a.update, a.results)))
+        return 0
+    for name in a.experiments:
+        p = a.results / f"{name}.json"
+        if p.exists():
+            print(f"### {name}\n\n{TABLES[name](json.loads(p.read_text()))}\n")
+        else:
+            print(f"### {name}\n\n(no {p})\n")
+    if a.model_json:
+        print(f"### model\n\n{model(json.loads(a.model_json.read_text()))}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
