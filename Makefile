@@ -38,7 +38,8 @@ experiments: install
 
 model: install
 	$(PY) benchmarks/calibrate.py
-	$(PY) -m scalesgd.model
+	$(PY) -m scalesgd.model --json benchmarks/results/model.json
+	$(PY) benchmarks/report.py --update docs/results.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

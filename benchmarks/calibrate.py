@@ -7,9 +7,9 @@
    one gossip mixing pass per size; and the **end-to-end** seconds per step of a real one-rank
    1-epoch run on the digits (data loading and logging included), batch 8 and 16.
 2. **allreduce** (``mpiexec -n P``): median time of ``MPI.Allreduce`` (SUM, float32) for sizes
-   1 KB .. 16 MB (the slowest rank's time).
+   1 KB .. 4 MB (the slowest rank's time).
 3. **get**: one pull of the gossip protocol (``PublishedVector.read``, one-sided Get under
-   ``Lock_all(NOCHECK)``) of a random peer, every rank pulling at once, sizes 1 KB .. 16 MB.
+   ``Lock_all(NOCHECK)``) of a random peer, every rank pulling at once, sizes 1 KB .. 4 MB.
 4. **accumulate**: one push-sum message (``Inbox.push``: ``Accumulate(SUM)``) into a random peer.
 5. **server**: rank 0 serves exchanges the way ``ServerMethod`` does (receive a header and the whole
    vector from any worker, add it to its own, send the vector back); the workers exchange back to
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-SIZES = [256 * 4 ** k for k in range(7)]          # floats: 1 KB .. 16 MB
+SIZES = [256 * 4 ** k for k in range(7)]          # floats: 1 KB .. 4 MB
 REPEATS = 9
 
 

@@ -21,6 +21,7 @@ so the absolute times are those of an oversubscribed machine, not of p nodes (do
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -93,9 +94,22 @@ class Runner:
         self.out, self.quick, self.timeout, self.extra = out, quick, timeout, list(extra)
         (out / "runs").mkdir(parents=True, exist_ok=True)
         self.launched = self.reused = 0
+        self.keys: dict[str, str] = {}           # name -> argv key asked for in this invocation
+
+    @staticmethod
+    def inputs(deps: list[Path]) -> str:
+        """Digest of what the argv only names: the job file's contents and the dependencies'."""
+        h = hashlib.blake2b(JOB.read_bytes(), digest_size=8)
+        for d in deps:
+            h.update(Path(d).read_bytes())
+        return h.hexdigest()
 
     def run(self, name: str, method: str, workers: int, flags: list[str] = (), ranks: int | None = None,
-            label: str | None = None) -> Result:
+            label: str | None = None, deps: list[Path] = ()) -> Result:
+        """Runs (or reuses) one training run.  A finished run directory is reused when its argv and
+        the digest of the job file and ``deps`` (e.g. the warm-start run's summary) are unchanged;
+        otherwise it is deleted and run again.  Asking for one name with two different argvs in
+        the same invocation is a bug of the sweep (two settings would share a directory)."""
         method_flags = METHODS.get(method, ["--method", method])
         n = ranks or ranks_for(method, workers)
         run_dir = self.out / "runs" / name
@@ -103,8 +117,14 @@ class Runner:
                 "--run-dir", str(run_dir), *(["--epochs", "1", "--eval-every", "0.5"] if self.quick else []),
                 *self.extra, *flags]
         key = json.dumps({"ranks": n, "argv": argv})
-        saved = run_dir / "argv.json"
-        if (run_dir / "summary.json").exists() and saved.exists() and saved.read_text() == key:
+        if self.keys.setdefault(name, key) != key:
+            raise SystemExit(f"experiments: run name {name} asked for with two different settings:\n"
+                             f"  {self.keys[name]}\n  {key}")
+        saved, digest = run_dir / "argv.json", run_dir / "inputs.digest"
+        inputs = self.inputs(list(deps))
+        same_inputs = not digest.exists() or digest.read_text() == inputs   # (older runs: no digest)
+        if (run_dir / "summary.json").exists() and saved.exists() and saved.read_text() == key \
+                and same_inputs:
             self.reused += 1
         else:
             if run_dir.exists():
@@ -112,6 +132,7 @@ class Runner:
             self._launch(n, argv, name)
             saved.write_text(key)
             self.launched += 1
+        digest.write_text(inputs)
         summary = json.loads((run_dir / "summary.json").read_text())
         return Result(name, label or method, workers, load_run(run_dir), summary)
 
@@ -564,9 +585,11 @@ class ASGD(Experiment):
             for start in ("cold", "warm"):
                 for k in ks:
                     flags = [*common, "--n-sync", str(ns), "--lr", f"{self.LR / k:.4g}"]
+                    deps = []
                     if start == "warm":
                         flags += ["--init-from", str(warm.data.path)]
-                    res = self.r.run(f"asgd-k{k}-nsync{ns}-{start}", "asgd", k, flags)
+                        deps = [warm.data.path / "summary.json"]          # a new warm-up: rerun
+                    res = self.r.run(f"asgd-k{k}-nsync{ns}-{start}", "asgd", k, flags, deps=deps)
                     t, _, e = merged_training_error(res, self.WINDOW)
                     server = _read_rank0_server(res)
                     hist = server[-1].get("staleness_histogram", {}) if server else {}
@@ -615,17 +638,23 @@ def main(argv=None) -> int:
     ap.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
     ap.add_argument("--quick", action="store_true", help="smoke test: smallest sweep, 1 epoch")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per setting in 'methods' (default 2)")
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "experiments")
+    ap.add_argument("--out", type=Path, help="default runs/experiments (runs/experiments-quick with --quick)")
     ap.add_argument("--no-publish", action="store_true",
                     help="write results and figures under --out, not benchmarks/results and docs/figures")
     ap.add_argument("--data", default="", help="a dataset directory (make_shards) instead of the digits")
     ap.add_argument("--image-size", type=int, default=0, help="with --data: crop side (default: the config's)")
     ap.add_argument("--model", default="", help="override the config's model (e.g. resnet18)")
+    ap.set_defaults(out=None)
     a = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if a.data:
+        a.data = str(Path(a.data).resolve())            # the runs start in the repository root
+    if a.out is None:                                   # quick runs never replace the full ones
+        a.out = ROOT / "runs" / ("experiments-quick" if a.quick else "experiments")
+    a.out = a.out.resolve()
     extra = (["--data", a.data] if a.data else []) + (["--image-size", str(a.image_size)] if a.image_size else []) \
         + (["--model", a.model] if a.model else [])
-    if extra and a.out == ROOT / "runs" / "experiments":
+    if extra and a.out == (ROOT / "runs" / "experiments").resolve():
         a.out = ROOT / "runs" / f"experiments-{Path(a.data).name or a.model}"
     runner = Runner(a.out, a.quick, extra=extra)
     names = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]

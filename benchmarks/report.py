@@ -47,11 +47,11 @@ def sync(d):
 
 
 def methods(d):
-    rows = ["| method | workers (ranks on 2 cores) | epochs | final error % | best error % | "
+    rows = [f"| method | workers (ranks on {cores(d)} cores) | epochs | final error % | best error % | "
             f"seconds to {100 * d['target_error']:g}% | epochs to {100 * d['target_error']:g}% | img/s | s/step |",
             "|---|---|---|---|---|---|---|---|---|"]
     for v in d["runs"].values():
-        rows.append(f"| {v['method']} | {v['workers']} ({v['ranks']}) | {v.get('epochs', 3)} | "
+        rows.append(f"| {v['method']} | {v['workers']} ({v['ranks']}) | {v['epochs']} | "
                     f"{agg(v['final_error'], 100)} | {agg(v['best_error'], 100)} | {agg(v['time_to_target'])} | "
                     f"{agg(v['epochs_to_target'], 1, '.2f')} | {agg(v['images_per_second'], 1, '.0f')} | "
                     f"{f(v['step_seconds']['mean'], '.3f')} |")

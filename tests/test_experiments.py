@@ -129,3 +129,11 @@ def test_report_update_rewrites_only_marked_blocks(tmp_path):
     assert report.update(doc, res) == ["consensus"]
     text = doc.read_text()
     assert "old" not in text and "| pull | 2 | 1.25e-01 | 0.500 | — | 1.0e-01 |" in text and "keep" in text
+
+
+def test_runner_refuses_one_name_for_two_settings(tmp_path):
+    """Two settings sharing a run directory would silently replace each other's runs."""
+    r = X.Runner(tmp_path, quick=False)
+    r.keys["allreduce-w2-s0"] = json.dumps({"ranks": 2, "argv": ["something", "else"]})
+    with pytest.raises(SystemExit, match="two different settings"):
+        r.run("allreduce-w2-s0", "allreduce", 2, ["--seed", "0"])

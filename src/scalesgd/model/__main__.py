@@ -55,12 +55,13 @@ def predict_machine_step(cal: dict, label: str, workers: int, ranks: int, batch:
     if method == "allreduce":
         comm = cal_mod.at(cal_mod.table(cal, "allreduce", ranks), nbytes)
         return dict(step=tc + comm, compute=tc, comm=comm)
-    if method == "gossip":
+    if method == "gossip":                  # a rank picks itself with probability 1/p: no exchange
         if variant == "pull":
-            comm = cal_mod.at(cal_mod.table(cal, "get", ranks), nbytes) + mix
+            one = cal_mod.at(cal_mod.table(cal, "get", ranks), nbytes) + mix
         else:
-            comm = cal_mod.at(cal_mod.table(cal, "accumulate", ranks), nbytes) + 2 * mix
-        return dict(step=tc + comm, compute=tc, comm=comm)
+            one = cal_mod.at(cal_mod.table(cal, "accumulate", ranks), nbytes) + 2 * mix
+        comm = (1 - 1 / ranks) * one
+        return dict(step=tc + comm, compute=tc, comm=comm, exchange=one)
     ts = cal_mod.at(cal_mod.table(cal, "server", ranks), nbytes)
     x, r = cost.server_throughput(workers, tc, ts)
     return dict(step=workers / x, compute=tc, comm=workers / x - tc, service=ts)
@@ -100,7 +101,7 @@ def validate_stragglers(cal: dict, strag: dict, seed: int = 0) -> list[dict]:
                                      steps=600, straggle=st, seed=seed)
                 elif method == "gossip":
                     work = cost.Work(label, base["compute"], 16, nbytes)
-                    s = sim.simulate("gossip", w, work, _fixed_net(base["comm"], "gossip", w), steps=600,
+                    s = sim.simulate("gossip", w, work, _fixed_net(base["exchange"], "gossip", w), steps=600,
                                      straggle=st, seed=seed)
                 else:
                     work = cost.Work(label, base["compute"], 16, nbytes)
@@ -219,7 +220,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64, help="per-GPU batch of the projection")
     ap.add_argument("--workers", type=int, nargs="+", default=[8, 16, 32, 64, 128])
     ap.add_argument("--straggler-ms", type=float, default=300.0)
-    ap.add_argument("--stragglers-per-16", type=float, default=1.0)
+    ap.add_argument("--stragglers-per-16", type=float, default=1.0,
+                    help="straggling workers per 16 (rounded up: 1 of 8 too)")
     ap.add_argument("--jitter", type=float, default=0.05)
     ap.add_argument("--sim-steps", type=int, default=200)
     ap.add_argument("--figure", type=Path, default=ROOT / "docs" / "figures" / "model.png")
@@ -273,7 +275,7 @@ def main(argv=None) -> int:
               f"{a.latency_us:g} us")
         rows_by_m = {}
         for p in a.workers:
-            st = sim.Straggle(jitter_cv=a.jitter, stragglers=int(round(p * a.stragglers_per_16 / 16)),
+            st = sim.Straggle(jitter_cv=a.jitter, stragglers=math.ceil(p * a.stragglers_per_16 / 16),
                               max_delay=a.straggler_ms / 1000)
             pr = project(w, net, [p], st, a.sim_steps)
             for m, rows in pr.items():

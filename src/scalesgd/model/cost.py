@@ -18,6 +18,7 @@ an update); a ``Work`` is one worker's step: compute seconds per minibatch, batc
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -85,7 +86,7 @@ def saturation_workers(think: float, service: float) -> float:
 def tau_to_keep_up(workers: int, step: float, service: float) -> int:
     """Smallest tau (local steps between exchanges) with saturation_workers >= workers:
     tau >= (p - 1) t_s / t_c."""
-    return max(1, int(-(-(workers - 1) * service // step)))
+    return max(1, math.ceil((workers - 1) * service / step - 1e-9))
 
 
 def step_seconds(method: str, p: int, w: Work, net: Net, tau: int = 1, variant: str = "pull") -> dict:

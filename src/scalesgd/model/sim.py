@@ -11,7 +11,8 @@ after each step as in Jin et al.'s straggler hook), and the shared resources are
 * **gossip**: after ``tau`` steps a worker pulls from (or pushes to) a uniformly random peer (itself
   included, as the authors' code: then nothing moves); the peer's NIC serves one transfer at a time.
 
-Throughput is measured in steady state: after the first ``warmup`` fraction of the simulated steps.
+Throughput is measured in steady state: from the first completion after ``warmup`` x the simulated
+time until the first worker has done its ``steps`` (a slow worker does not stretch the window).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class SimResult:
     server_utilization: float = 0.0
     wait_mean: float = 0.0        # seconds an exchange waited in a queue (server or a peer's NIC)
     staleness: Counter = field(default_factory=Counter)
+    exchanges: int = 0            # exchanges completed inside the measurement window
 
     @property
     def staleness_mean(self) -> float:
@@ -85,6 +87,8 @@ def _window_rate(ends: list[float], t_stop: float, warmup: float, per_event: flo
     process is measured exactly); returns (rate, events counted)."""
     t0 = min(e for e in ends if e >= warmup * t_stop)      # start the window at an event
     n = sum(1 for e in ends if t0 < e <= t_stop)
+    if n == 0 or t_stop <= t0:
+        raise ValueError("simulation too short for a steady-state window: raise steps (or lower tau)")
     return n * per_event / (t_stop - t0), n
 
 
@@ -118,7 +122,7 @@ def _server(p, w, net, steps, tau, draw, warmup) -> SimResult:
     busy = sum(min(e, t_stop) - max(s, t0) for _, s, e, _ in log if e > t0 and s < t_stop)
     stale = Counter(x[3] for x in inside)
     waited = float(np.mean([s - a for a, s, _, _ in inside])) if inside else 0.0
-    return SimResult(rate, p * w.batch / rate, busy / (t_stop - t0), waited, stale)
+    return SimResult(rate, p * w.batch / rate, busy / (t_stop - t0), waited, stale, n)
 
 
 def _gossip(p, w, net, steps, tau, variant, draw, warmup, seed) -> SimResult:
@@ -148,10 +152,10 @@ def _gossip(p, w, net, steps, tau, variant, draw, warmup, seed) -> SimResult:
         log.append((t, start, end))
         done[i] += 1
         if done[i] == rounds:
-            t_stop = end
+            t_stop = t        # every exchange ending by now has been simulated (requests come in order)
             break
         heapq.heappush(heap, (end + draw(i, tau), i))
     rate, n = _window_rate([e for _, _, e in log], t_stop, warmup, tau * w.batch)
     t0 = t_stop - n * tau * w.batch / rate
     waits = [s - r for r, s, e in log if t0 < e <= t_stop]
-    return SimResult(rate, p * w.batch / rate, 0.0, float(np.mean(waits)) if waits else 0.0)
+    return SimResult(rate, p * w.batch / rate, 0.0, float(np.mean(waits)) if waits else 0.0, Counter(), n)
