@@ -5,7 +5,9 @@
 1. **compute**: one training step (forward, backward, Nesterov update) of ResNet-20 at 32x32 for
    batch 8 and 16, one thread, in this process: median of 15 timed steps after 3 warm-up steps;
    one gossip mixing pass per size; and the **end-to-end** seconds per step of a real one-rank
-   1-epoch run on the digits (data loading and logging included), batch 8 and 16.
+   1-epoch run on the digits (data loading and logging included), batch 8 and 16; and the
+   **contended** compute step when R single-threaded processes run at once (R = 1 and each rank
+   count), which is how oversubscription stretches compute on this machine.
 2. **allreduce** (``mpiexec -n P``): median time of ``MPI.Allreduce`` (SUM, float32) for sizes
    1 KB .. 4 MB (the slowest rank's time).
 3. **get**: one pull of the gossip protocol (``PublishedVector.read``, one-sided Get under
@@ -77,6 +79,49 @@ def compute_times() -> dict:
         mix[str(n * 4)] = float(np.median(ts))
     out["mix"] = mix
     return out
+
+
+def compute_worker(out: Path, steps: int = 20) -> None:
+    """One of R concurrent processes: median seconds of a ResNet-20 batch-16 step (1 thread)."""
+    from threadpoolctl import threadpool_limits  # noqa: PLC0415
+
+    from scalesgd import config as C  # noqa: PLC0415
+    from scalesgd.nn.resnet import ResNet  # noqa: PLC0415
+    from scalesgd.optim.sgd import SGD  # noqa: PLC0415
+    from scalesgd.train.step import train_step  # noqa: PLC0415
+    with threadpool_limits(1):
+        model = ResNet("resnet20", 10, 1.0, False, np, "float32")
+        model.ps.initialize(0)
+        opt = SGD(model.ps.params, C.build().optim, model.ps.decay_mask())
+        x = np.random.default_rng(0).standard_normal((16, 32, 32, 3)).astype(np.float32)
+        y = np.arange(16) % 10
+        ts = []
+        for i in range(steps + 3):
+            t = time.perf_counter()
+            train_step(model, x, y, 0.0, 1.0)
+            opt.step(model.ps.params, model.ps.grads, 0.01)
+            if i >= 3:
+                ts.append(time.perf_counter() - t)
+    out.write_text(json.dumps(float(np.median(ts))))
+
+
+def contended_compute(ranks: list[int]) -> dict:
+    """Seconds per compute step when R single-threaded processes share the machine (R = 1 and each
+    rank count): how oversubscription stretches compute, measured without any communication."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
+    res = {}
+    for r in sorted({1, *ranks}):
+        outs = [Path(f"/tmp/scalesgd-contended-{os.getpid()}-{r}-{i}.json") for i in range(r)]
+        procs = [subprocess.Popen([sys.executable, __file__, "--compute-worker", str(o)], env=env,
+                                  stdin=subprocess.DEVNULL) for o in outs]
+        if any(p.wait(timeout=600) for p in procs):
+            raise SystemExit("calibrate: a contended-compute process failed")
+        vals = [json.loads(o.read_text()) for o in outs]
+        for o in outs:
+            o.unlink()
+        res[str(r)] = float(np.median(vals))
+        print(f"contended compute: {r} processes: {1e3 * res[str(r)]:.1f} ms/step", flush=True)
+    return res
 
 
 def end_to_end_step(batch: int = 16) -> dict:
@@ -189,9 +234,13 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4, 5, 8, 9])
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "calibration-cpu.json")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--compute-worker", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         worker(a.worker)
+        return 0
+    if a.compute_worker:
+        compute_worker(a.compute_worker)
         return 0
     from experiments import mpiexec  # noqa: PLC0415
     t0 = time.perf_counter()
@@ -199,6 +248,7 @@ def main() -> int:
                date=time.strftime("%Y-%m-%d"),
                probe_before=probe(), compute=compute_times(), mpi={})
     out["end_to_end"] = {"resnet20_b16": end_to_end_step(16), "resnet20_b8": end_to_end_step(8)}
+    out["contended_compute"] = contended_compute(a.ranks)
     print("compute:", json.dumps(out["compute"]), "end to end:", json.dumps(out["end_to_end"]))
     for p in a.ranks:
         tmp = Path(f"/tmp/scalesgd-calibrate-{os.getpid()}-{p}.json")

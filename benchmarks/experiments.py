@@ -217,6 +217,15 @@ def merged_training_error(res: Result, window: int):
     return t, np.arange(1, len(recs) + 1), e
 
 
+def minibatches_to_train_error(res: Result, target: float, window: int) -> int | None:
+    """Merged minibatches (all workers) until the smoothed training error first reaches ``target``."""
+    _, idx, e = merged_training_error(res, window)
+    if len(e) <= window:
+        return None
+    hit = first_reach(e[window:], idx[window:], target)
+    return None if hit is None else int(hit)
+
+
 def time_to_train_error(res: Result, target: float, window: int) -> float | None:
     """Training seconds at which the smoothed merged training error first reaches ``target``
     (ignoring the first ``window`` minibatches, whose mean is over fewer points)."""
@@ -595,6 +604,8 @@ class ASGD(Experiment):
                     hist = server[-1].get("staleness_histogram", {}) if server else {}
                     row = dict(k=k, n_sync=ns, start=start,
                                time_to_train_target=time_to_train_error(res, self.TRAIN_TARGET, self.WINDOW),
+                               minibatches_to_train_target=minibatches_to_train_error(
+                                   res, self.TRAIN_TARGET, self.WINDOW),
                                staleness_histogram=hist,
                                exchanges=server[-1]["served"] if server else None, **measures(res))
                     table[f"k{k}/nsync{ns}/{start}"] = row
@@ -615,14 +626,21 @@ class ASGD(Experiment):
         for a in ax[:2].flat:
             a.axhline(100 * self.TRAIN_TARGET, color="k", lw=0.6, ls=":")
         for key, row in table.items():
-            base = table[f"k1/nsync{row['n_sync']}/{row['start']}"]["time_to_train_target"]
+            one = table[f"k1/nsync{row['n_sync']}/{row['start']}"]
+            base = one["time_to_train_target"]
             row["speedup"] = base / row["time_to_train_target"] if base and row["time_to_train_target"] else None
-        print(f"{'run':>20} {'t to train err':>14} {'speed-up':>8} {'final val err':>13} {'stale mean':>10}")
+            # with k clients each as fast as the lone one (k GPUs, a server that keeps up), the time to
+            # the target scales with minibatches / k: speed-up = k * minibatches(1) / minibatches(k)
+            mb1, mbk = one["minibatches_to_train_target"], row["minibatches_to_train_target"]
+            row["speedup_k_nodes"] = row["k"] * mb1 / mbk if mb1 and mbk else None
+        print(f"{'run':>20} {'t to train err':>14} {'speed-up':>8} {'k-node':>7} {'final val err':>13} "
+              f"{'stale mean':>10}")
         for key, row in table.items():
             h = {int(a): b for a, b in row["staleness_histogram"].items()}
             mean = sum(a * b for a, b in h.items()) / max(sum(h.values()), 1)
             row["staleness_mean"] = mean
             print(f"{key:>20} {fmt(row['time_to_train_target'], '.1f'):>14} {fmt(row['speedup'], '.2f'):>8} "
+                  f"{fmt(row['speedup_k_nodes'], '.2f'):>7} "
                   f"{100 * row['final_error']:>12.2f}% {mean:>10.2f}")
         return self.save(fig, dict(batch=self.BATCH, lr=self.LR, window=self.WINDOW,
                                    warm_epochs=self.WARM_EPOCHS, train_target=self.TRAIN_TARGET,

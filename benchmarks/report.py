@@ -102,15 +102,18 @@ def easgd(d):
 
 
 def asgd(d):
-    rows = ["| n_sync | start | clients (ranks on 2 cores) | s to train error "
-            f"{100 * d['train_target']:g}% | speed-up vs 1 client | final val err % | staleness mean | exchanges |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = [f"| n_sync | start | clients (ranks on {cores(d)} cores) | s to train error "
+            f"{100 * d['train_target']:g}% | speed-up here | minibatches to it | speed-up on k nodes | "
+            "final val err % | staleness mean | exchanges |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["runs"].values():
         rows.append(f"| {r['n_sync']} | {r['start']} | {r['k']} ({r['k'] + 1}) | {f(r['time_to_train_target'], '.1f')} | "
-                    f"{f(r['speedup'])} | {100 * r['final_error']:.1f} | {r['staleness_mean']:.1f} | "
-                    f"{r['exchanges']} |")
+                    f"{f(r['speedup'])} | {f(r['minibatches_to_train_target'], 'd')} | {f(r['speedup_k_nodes'])} | "
+                    f"{100 * r['final_error']:.1f} | {r['staleness_mean']:.1f} | {r['exchanges']} |")
     return "\n".join(rows) + (f"\n\nBatch {d['batch']}, lr {d['lr']:g}/k, training error smoothed over "
-                              f"{d['window']} merged minibatches; warm start = 1 rank trained "
+                              f"{d['window']} merged minibatches (all clients'); \"speed-up on k nodes\" = "
+                              "k × minibatches(1 client) / minibatches(k): the speed-up if each client ran as fast "
+                              "as the lone one and the server kept up; warm start = 1 rank trained "
                               f"{d['warm_epochs']} epoch (validation error {100 * d['warm_val_error']:.1f}%).")
 
 

@@ -49,6 +49,8 @@ def test_merged_training_error_orders_workers_by_time_and_smooths():
     assert e.tolist() == [1.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
     assert X.time_to_train_error(res, 0.5, window=2) == 3.0
     assert X.time_to_train_error(res, 0.1, window=2) is None
+    assert X.minibatches_to_train_error(res, 0.5, window=2) == 3
+    assert X.minibatches_to_train_error(res, 0.1, window=2) is None
 
 
 def test_mean_curve_averages_seeds_at_each_evaluation():

@@ -8,7 +8,8 @@
 
 1. **Validation**: for every run of experiment 2 (``benchmarks/experiments.py methods``) it
    predicts seconds per local step from the calibration alone: the end-to-end one-rank step time
-   times the oversubscription max(1, ranks / cores), plus each method's exchange from the measured
+   stretched by the measured contention of that many processes computing at once (or, without
+   that measurement, by max(1, ranks / cores)), plus each method's exchange from the measured
    operation tables at that rank count (all-reduce; Get + mixing; Accumulate + 2 passes; the server
    by mean-value analysis with the measured service time), and prints the error against the
    measured step time.  With ``--stragglers`` it also compares the simulated slow-down under a
@@ -49,7 +50,11 @@ def predict_machine_step(cal: dict, label: str, workers: int, ranks: int, batch:
     cores = int(cal.get("cores") or 2)
     t1 = cal["end_to_end"][f"resnet20_b{batch}"]["seconds"]
     nbytes = cal["compute"][f"resnet20_b{batch}"]["num_params"] * 4
-    tc = t1 * max(1.0, ranks / cores)
+    cc = cal.get("contended_compute", {})
+    if str(ranks) in cc and "1" in cc:      # measured: R processes computing at once
+        tc = t1 * cc[str(ranks)] / cc["1"]
+    else:                                   # ideal time-slicing
+        tc = t1 * max(1.0, ranks / cores)
     mix = cal_mod.at({float(k): v for k, v in cal["compute"]["mix"].items()}, nbytes)
     method, variant = METHOD_OF[label]
     if method == "allreduce":
