@@ -335,12 +335,22 @@ class Sync(Experiment):
         ax[0, 1].set(xlabel="step", ylabel="training loss", title="per-step training loss")
         for a_ in ax.flat:
             a_.legend(fontsize=8)
+        # the trained weights themselves (BN-free): relative distance of the final parameters
+        from scalesgd.io import checkpoint as ckpt  # noqa: PLC0415
+        w1 = ckpt.read_rank(ckpt.latest_good(ckpt.checkpoint_dir(single.data.path)), 0)[1]["params"]
+        wp = ckpt.read_rank(ckpt.latest_good(ckpt.checkpoint_dir(sync.data.path)), 0)[1]["params"]
+        w0 = ckpt.read_rank(ckpt.latest_good(ckpt.checkpoint_dir(self.r.run(
+            f"allreduce-w{p}-s1", "allreduce", p, ["--seed", "1"]).data.path)), 0)[1]["params"]
+        param_diff = float(np.linalg.norm(wp - w1) / np.linalg.norm(w1))
+        seed_diff = float(np.linalg.norm(w0 - w1) / np.linalg.norm(w1))
         out = dict(workers=p, batch=b, val_error_single=s.tolist(), val_error_allreduce=a.tolist(),
+                   final_param_rel_diff=param_diff, other_seed_param_rel_diff=seed_diff,
                    max_abs_val_error_diff=float(np.abs(a[:n] - s[:n]).max()),
                    loss_rel_diff_first_step=float(rel[0]), loss_rel_diff_median=float(np.median(rel)),
                    steps_compared=int(m))
         print(f"sync: max |val error diff| {out['max_abs_val_error_diff']:.4f}; per-step loss rel. diff "
-              f"step 0 {rel[0]:.2e}, median {np.median(rel):.3f} over {m} steps")
+              f"step 0 {rel[0]:.2e}, median {np.median(rel):.3f} over {m} steps; final weights differ by "
+              f"{param_diff:.3f} (relative; another seed: {seed_diff:.3f})")
         return self.save(fig, out)
 
 

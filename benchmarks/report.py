@@ -43,7 +43,9 @@ def sync(d):
         f"{d['loss_rel_diff_first_step']:.1e} |",
         f"| same, median over the {d['steps_compared']} steps | {d['loss_rel_diff_median']:.3f} |",
         f"| final validation error, 1 rank / allreduce | {100 * d['val_error_single'][-1]:.2f}% / "
-        f"{100 * d['val_error_allreduce'][-1]:.2f}% |"])
+        f"{100 * d['val_error_allreduce'][-1]:.2f}% |",
+        f"| final weights, ‖w_allreduce − w_1rank‖ / ‖w_1rank‖ | {d['final_param_rel_diff']:.3f} |",
+        f"| the same for allreduce with another seed (a different run) | {d['other_seed_param_rel_diff']:.3f} |"])
 
 
 def methods(d):
@@ -80,7 +82,7 @@ def lr(d):
 
 
 def consensus(d):
-    rows = ["| variant | ranks (on 2 cores) | distance after 10 exchanges | decay per exchange | "
+    rows = [f"| variant | ranks (on {cores(d)} cores) | distance after 10 exchanges | decay per exchange | "
             "exchanges to 1e-3 | drift of the mean (relative) |", "|---|---|---|---|---|---|"]
     for v in d["runs"].values():
         dist = v["distance"]
