@@ -7,7 +7,8 @@
    one gossip mixing pass per size; and the **end-to-end** seconds per step of a real one-rank
    1-epoch run on the digits (data loading and logging included), batch 8 and 16; and the
    **contended** compute step when R single-threaded processes run at once (R = 1 and each rank
-   count), which is how oversubscription stretches compute on this machine.
+   count), which is how oversubscription stretches compute on this machine; and the seconds per
+   batch of the DALI loader alone with one thread (decode + augmentation, no training).
 2. **allreduce** (``mpiexec -n P``): median time of ``MPI.Allreduce`` (SUM, float32) for sizes
    1 KB .. 4 MB (the slowest rank's time).
 3. **get**: one pull of the gossip protocol (``PublishedVector.read``, one-sided Get under
@@ -122,6 +123,26 @@ def contended_compute(ranks: list[int]) -> dict:
         res[str(r)] = float(np.median(vals))
         print(f"contended compute: {r} processes: {1e3 * res[str(r)]:.1f} ms/step", flush=True)
     return res
+
+
+def data_seconds(batch: int = 16) -> float:
+    """Seconds per training batch of the DALI loader alone on the digits with one thread (no
+    training): the decode and augmentation work a rank does per step.  In a one-rank run it overlaps
+    the compute on the idle second core; once every core runs a rank, it is CPU time of its own."""
+    from scalesgd.data.demo import build_digits, default_data_dir  # noqa: PLC0415
+    from scalesgd.data.pipeline import Loader  # noqa: PLC0415
+    from scalesgd.data.shards import ShardSet  # noqa: PLC0415
+    root = default_data_dir(32)
+    build_digits(root, 32)
+    ld = Loader(ShardSet.open(root, "train"), train=True, batch_size=batch, image_size=32, augment="multiscale",
+                scale=(32.0, 40.0), flip=False, num_threads=1, seed=0)
+    for _ in ld.epoch(0):                     # warm-up epoch (pipeline build, first decode)
+        pass
+    t, n = time.perf_counter(), 0
+    for e in (1, 2):
+        for _ in ld.epoch(e):
+            n += 1
+    return (time.perf_counter() - t) / n
 
 
 def end_to_end_step(batch: int = 16) -> dict:
@@ -249,6 +270,8 @@ def main() -> int:
                probe_before=probe(), compute=compute_times(), mpi={})
     out["end_to_end"] = {"resnet20_b16": end_to_end_step(16), "resnet20_b8": end_to_end_step(8)}
     out["contended_compute"] = contended_compute(a.ranks)
+    out["data_seconds"] = {"resnet20_b16": data_seconds(16), "resnet20_b8": data_seconds(8)}
+    print("data loading per batch:", json.dumps(out["data_seconds"]), flush=True)
     print("compute:", json.dumps(out["compute"]), "end to end:", json.dumps(out["end_to_end"]))
     for p in a.ranks:
         tmp = Path(f"/tmp/scalesgd-calibrate-{os.getpid()}-{p}.json")

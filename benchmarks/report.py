@@ -88,7 +88,7 @@ def consensus(d):
         dist = v["distance"]
         rows.append(f"| {v['variant']} | {v['ranks']} | {dist[min(10, len(dist) - 1)]:.2e} | "
                     f"{v['rate_per_exchange']:.3f} | {f(v['exchanges_to_1e-3'], 'd')} | {v['mean_drift']:.1e} |")
-    return "\n".join(rows) + f"\n\nGeometric mean over {d['repeats']} repeats; {d['rounds']} exchanges per rank."
+    return "\n".join(rows) + f"\n\nMean over {d['repeats']} repeats; {d['rounds']} exchanges per rank."
 
 
 def easgd(d):
@@ -104,15 +104,17 @@ def easgd(d):
 
 
 def asgd(d):
-    rows = [f"| n_sync | start | clients (ranks on {cores(d)} cores) | s to train error "
-            f"{100 * d['train_target']:g}% | speed-up here | minibatches to it | speed-up on k nodes | "
+    rows = [f"| n_sync | start | clients (ranks on {cores(d)} cores) | s to the train error target "
+            "| speed-up here | minibatches to it | speed-up on k nodes | "
             "final val err % | staleness mean | exchanges |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["runs"].values():
         rows.append(f"| {r['n_sync']} | {r['start']} | {r['k']} ({r['k'] + 1}) | {f(r['time_to_train_target'], '.1f')} | "
                     f"{f(r['speedup'])} | {f(r['minibatches_to_train_target'], 'd')} | {f(r['speedup_k_nodes'])} | "
                     f"{100 * r['final_error']:.1f} | {r['staleness_mean']:.1f} | {r['exchanges']} |")
-    return "\n".join(rows) + (f"\n\nBatch {d['batch']}, lr {d['lr']:g}/k, training error smoothed over "
+    tt = d["train_target"]
+    return "\n".join(rows) + (f"\n\nTraining error targets: {100 * tt['cold']:g}% (cold), {100 * tt['warm']:g}% "
+                              f"(warm). Batch {d['batch']}, lr {d['lr']:g}/k, training error smoothed over "
                               f"{d['window']} merged minibatches (all clients'); \"speed-up on k nodes\" = "
                               "k × minibatches(1 client) / minibatches(k): the speed-up if each client ran as fast "
                               "as the lone one and the server kept up; warm start = 1 rank trained "

@@ -112,7 +112,7 @@ def fake_calibration() -> dict:
     return {"cores": 2, "compute": {"resnet20_b16": {"seconds": 0.08, "num_params": 272474},
                                     "mix": {s: float(s) / 10e9 for s in sizes}},
             "end_to_end": {"resnet20_b16": {"seconds": 0.09}}, "mpi": mpi,
-            "contended_compute": {"1": 0.08, "2": 0.1, "3": 0.2}}
+            "contended_compute": {"1": 0.08, "2": 0.1, "3": 0.2}, "data_seconds": {"resnet20_b16": 0.01}}
 
 
 def test_model_cli_validates_and_projects(tmp_path):
@@ -136,14 +136,15 @@ def test_model_cli_validates_and_projects(tmp_path):
     # allreduce at 2 ranks on 2 cores: 0.09 s + the table's all-reduce of 1.09 MB
     nbytes = 272474 * 4
     op = 2e-5 + nbytes / 5e9                                     # every fake table at 2 ranks
-    t2 = 0.09 * 0.1 / 0.08               # the one-rank step stretched by the measured contention
+    # the one-rank step plus the loader's CPU (no idle core left), stretched by the contention
+    t2 = (0.09 + 0.01) * 0.1 / 0.08
     assert rows["allreduce/w2"]["predicted"] == pytest.approx(t2 + op, rel=1e-5)
     # push-sum at 2 ranks: half the steps pick the other rank: Accumulate + two mixing passes
     mix = nbytes / 10e9
     assert rows["gossip-push/w2"]["predicted"] == pytest.approx(t2 + 0.5 * (op + 2 * mix), rel=1e-5)
     # easgd: 3 ranks stretch compute by 0.2 / 0.08; 2 workers at one server (MVA)
     # (the tables are interpolated log-log between measured sizes: 1e-5 relative here)
-    tc, ts = 0.09 * 0.2 / 0.08, 3e-5 + nbytes / 5e9
+    tc, ts = (0.09 + 0.01) * 0.2 / 0.08, 3e-5 + nbytes / 5e9
     x, _ = cost.server_throughput(2, tc, ts)
     assert rows["easgd/w2"]["predicted"] == pytest.approx(2 / x, rel=1e-4)
     assert "resnet50" in res["projection"] and fig.stat().st_size > 10_000
