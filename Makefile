@@ -30,7 +30,7 @@ test-fast: install
 bench: install
 	$(PY) benchmarks/bench_cpu.py
 
-# The papers' claims as experiments (docs/results.md; ~45 min on 2 cores), then the cost model:
+# The papers' claims as experiments (docs/results.md; ~50 min on 2 cores), then the cost model:
 # calibrate on this machine, validate on the experiment runs, project to a cluster.
 EXPERIMENT ?= all
 experiments: install

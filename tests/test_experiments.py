@@ -96,7 +96,10 @@ def test_sync_and_easgd_quick_real_runs(tmp_path):
     run_driver("sync", "--quick", "--out", str(tmp_path))
     s = json.loads((tmp_path / "sync.json").read_text())
     assert s["workers"] == 2 and len(s["val_error_single"]) == len(s["val_error_allreduce"]) == 2
-    assert s["loss_rel_diff_first_step"] < 0.05            # same weights, same 32 samples; BN differs
+    # same weights, same 32 samples at step 0: only the BN batch statistics (16 vs 32) differ
+    assert s["loss_rel_diff_first_step"] < 0.2
+    # the trained weights stay far closer to the one-rank run than another seed's run is
+    assert s["final_param_rel_diff"] < 0.4 * s["other_seed_param_rel_diff"]
     run_driver("easgd", "--quick", "--out", str(tmp_path))
     e = json.loads((tmp_path / "easgd.json").read_text())
     row = e["runs"]["beta0.8"][0]
