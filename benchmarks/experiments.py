@@ -1,7 +1,8 @@
 """The seed papers' claims as experiments anyone can rerun (issue 7; results in docs/results.md).
 
     python benchmarks/experiments.py EXPERIMENT [--quick] [--seeds N] [--out DIR] [--no-publish]
-                                     [--data DIR] [--image-size N] [--model NAME]
+                                     [--data DIR --tag NAME] [--image-size N] [--model NAME]
+                                     [--workers P ...]
 
 EXPERIMENT is one of sync, methods, stragglers, lr, consensus, easgd, asgd, or all.  Each runs its
 sweep with real ``mpiexec`` launches of ``python -m scalesgd`` (base config ``jobs/experiments.toml``),
@@ -12,7 +13,8 @@ prints a table, and writes ``benchmarks/results/EXPERIMENT.json`` and ``docs/fig
 smoke test of the whole path (1 epoch, fewest settings); its numbers mean nothing.  ``--data``
 (a directory made by ``python -m scalesgd.data.make_shards``), ``--image-size`` and ``--model`` are
 passed to every training run, to repeat the sweeps on your own data (their run directories then go
-to ``runs/experiments-NAME``; add ``--no-publish`` to keep the committed results).
+to ``runs/experiments-NAME`` and the published files get ``--tag``: ``EXPERIMENT-TAG.json``).
+``--workers`` restricts experiment 2 to the worker counts given.
 
 "p workers" means p ranks computing gradients; easgd and asgd add one server rank (p + 1 ranks).
 Every rank is one single-threaded process: on this 2-core machine ``-n 9`` is 4.5 processes per core,
@@ -170,7 +172,8 @@ def worker_step_seconds(res: Result) -> float:
     return float(np.median(per)) if per else float("nan")
 
 
-def measures(res: Result, target: float = TARGET_ERROR) -> dict:
+def measures(res: Result, target: float | None = None) -> dict:
+    target = TARGET_ERROR if target is None else target
     err, t = res.val_error, res.val_time
     s = res.summary
     return dict(
@@ -191,7 +194,7 @@ def mean_spread(values) -> dict:
                 missing=missing)
 
 
-def aggregate(results: list[Result], target: float = TARGET_ERROR) -> dict:
+def aggregate(results: list[Result], target: float | None = None) -> dict:
     """Mean and spread over seeds of each measure."""
     ms = [measures(r, target) for r in results]
     keys = ("final_error", "best_error", "time_to_target", "epochs_to_target", "train_seconds",
@@ -252,9 +255,12 @@ class Experiment:
 
     name = ""
 
-    def __init__(self, runner: Runner, seeds: int, publish: bool):
+    def __init__(self, runner: Runner, seeds: int, publish: bool, tag: str = "", workers=()):
         self.r, self.seeds, self.publish = runner, seeds, publish
         self.quick = runner.quick
+        self.only_workers = tuple(workers)          # methods: --workers overrides 2, 4, 8
+        if tag:
+            self.name = f"{self.name}-{tag}"
 
     @property
     def figure_path(self) -> Path:
@@ -364,6 +370,8 @@ class Methods(Experiment):
     EPOCHS = {8: 6}
 
     def workers(self) -> list[int]:
+        if self.only_workers:
+            return list(self.only_workers)
         return [2] if self.quick else [2, 4, 8]
 
     def methods(self, w: int) -> list[str]:
@@ -665,6 +673,7 @@ EXPERIMENTS = {"sync": Sync, "methods": Methods, "stragglers": Stragglers, "lr":
 
 
 def main(argv=None) -> int:
+    global TARGET_ERROR
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
     ap.add_argument("--quick", action="store_true", help="smoke test: smallest sweep, 1 epoch")
@@ -675,6 +684,11 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default="", help="a dataset directory (make_shards) instead of the digits")
     ap.add_argument("--image-size", type=int, default=0, help="with --data: crop side (default: the config's)")
     ap.add_argument("--model", default="", help="override the config's model (e.g. resnet18)")
+    ap.add_argument("--epochs", type=int, default=0, help="with --data: epochs of every run (default 3)")
+    ap.add_argument("--target", type=float, default=0.0,
+                    help=f"validation error of 'time to target' (default {TARGET_ERROR})")
+    ap.add_argument("--tag", default="", help="suffix of the published files (EXPERIMENT-TAG.json/.png)")
+    ap.add_argument("--workers", type=int, nargs="+", default=[], help="methods: these worker counts only")
     ap.set_defaults(out=None)
     a = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -684,16 +698,22 @@ def main(argv=None) -> int:
         a.out = ROOT / "runs" / ("experiments-quick" if a.quick else "experiments")
     a.out = a.out.resolve()
     extra = (["--data", a.data] if a.data else []) + (["--image-size", str(a.image_size)] if a.image_size else []) \
-        + (["--model", a.model] if a.model else [])
+        + (["--model", a.model] if a.model else []) + (["--epochs", str(a.epochs)] if a.epochs else [])
+    if a.target:
+        TARGET_ERROR = a.target
     if extra and a.out == (ROOT / "runs" / "experiments").resolve():
         a.out = ROOT / "runs" / f"experiments-{Path(a.data).name or a.model}"
+    publish = not (a.quick or a.no_publish)
+    if extra and publish and not a.tag:
+        ap.error("with --data/--image-size/--model, give --tag NAME (or --no-publish): the published "
+                 "results of the built-in sweeps would be replaced")
     runner = Runner(a.out, a.quick, extra=extra)
     names = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]
     t = time.perf_counter()
     for name in names:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
-        EXPERIMENTS[name](runner, a.seeds, publish=not (a.quick or a.no_publish)).run()
+        EXPERIMENTS[name](runner, a.seeds, publish=publish, tag=a.tag, workers=a.workers).run()
         print(f"== {name}: {time.perf_counter() - t0:.0f}s", flush=True)
     print(f"{runner.launched} runs launched, {runner.reused} reused, {time.perf_counter() - t:.0f}s "
           f"({os.cpu_count()} cores)")

@@ -171,9 +171,10 @@ def update(doc: Path, results: Path) -> list[str]:
         if not p.exists():
             return m.group(0)
         done.append(name)
-        fn = model if name == "model" else TABLES[name]
+        base = name.split("-")[0]                  # methods-textures: a tagged rerun of methods
+        fn = model if base == "model" else TABLES[base]
         return f"<!-- begin:{name} -->\n{fn(json.loads(p.read_text()))}\n<!-- end:{name} -->"
-    new = re.sub(r"<!-- begin:(\w+) -->.*?<!-- end:\1 -->", repl, text, flags=re.S)
+    new = re.sub(r"<!-- begin:([\w-]+) -->.*?<!-- end:\1 -->", repl, text, flags=re.S)
     doc.write_text(new)
     return done
 

@@ -142,3 +142,13 @@ def test_runner_refuses_one_name_for_two_settings(tmp_path):
     r.keys["allreduce-w2-s0"] = json.dumps({"ranks": 2, "argv": ["something", "else"]})
     with pytest.raises(SystemExit, match="two different settings"):
         r.run("allreduce-w2-s0", "allreduce", 2, ["--seed", "0"])
+
+
+def test_texture_cells_never_share_a_pixel_between_train_and_val():
+    import textures  # noqa: PLC0415  (benchmarks/textures.py; scikit-image only for build())
+    rng = np.random.default_rng(0)
+    cells = textures.split_cells((660, 550), rng)
+    tr, va = set(cells["train"]), set(cells["val"])
+    assert not tr & va and len(tr) + len(va) == (660 // 32) * (550 // 32)
+    assert len(va) == round(0.2 * (len(tr) + len(va)))
+    assert max(r for r, _ in tr | va) * 32 + 32 <= 660 and max(c for _, c in tr | va) * 32 + 32 <= 550
