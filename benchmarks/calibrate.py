@@ -43,31 +43,38 @@ SIZES = [256 * 4 ** k for k in range(7)]          # floats: 1 KB .. 4 MB
 REPEATS = 9
 
 
-def compute_times() -> dict:
+def step_seconds(batch: int, steps: int = 15, warmup: int = 3) -> tuple[list[float], int]:
+    """Seconds of each of ``steps`` training steps (forward, backward, Nesterov update) of ResNet-20
+    at 32x32 on one thread, after ``warmup`` untimed steps; and the model's parameter count."""
     from threadpoolctl import threadpool_limits  # noqa: PLC0415
 
     from scalesgd import config as C  # noqa: PLC0415
     from scalesgd.nn.resnet import ResNet  # noqa: PLC0415
     from scalesgd.optim.sgd import SGD  # noqa: PLC0415
     from scalesgd.train.step import train_step  # noqa: PLC0415
-    out = {}
     with threadpool_limits(1):
-        for batch in (8, 16):
-            model = ResNet("resnet20", 10, 1.0, False, np, "float32")
-            model.ps.initialize(0)
-            opt = SGD(model.ps.params, C.build().optim, model.ps.decay_mask())
-            rng = np.random.default_rng(0)
-            x = rng.standard_normal((batch, 32, 32, 3)).astype(np.float32)
-            y = rng.integers(0, 10, batch)
-            ts = []
-            for i in range(18):
-                t = time.perf_counter()
-                train_step(model, x, y, 0.0, 1.0)
-                opt.step(model.ps.params, model.ps.grads, 0.01)
-                if i >= 3:
-                    ts.append(time.perf_counter() - t)
-            out[f"resnet20_b{batch}"] = dict(seconds=float(np.median(ts)), num_params=model.num_params,
-                                             spread=[float(min(ts)), float(max(ts))])
+        model = ResNet("resnet20", 10, 1.0, False, np, "float32")
+        model.ps.initialize(0)
+        opt = SGD(model.ps.params, C.build().optim, model.ps.decay_mask())
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((batch, 32, 32, 3)).astype(np.float32)
+        y = rng.integers(0, 10, batch)
+        ts = []
+        for i in range(steps + warmup):
+            t = time.perf_counter()
+            train_step(model, x, y, 0.0, 1.0)
+            opt.step(model.ps.params, model.ps.grads, 0.01)
+            if i >= warmup:
+                ts.append(time.perf_counter() - t)
+    return ts, model.num_params
+
+
+def compute_times() -> dict:
+    out = {}
+    for batch in (8, 16):
+        ts, n = step_seconds(batch)
+        out[f"resnet20_b{batch}"] = dict(seconds=float(np.median(ts)), num_params=n,
+                                         spread=[float(min(ts)), float(max(ts))])
     from scalesgd.methods import mixing  # noqa: PLC0415
     mix = {}
     for n in SIZES[3:]:                            # one gossip mixing pass x <- (x + y) / 2
@@ -84,26 +91,7 @@ def compute_times() -> dict:
 
 def compute_worker(out: Path, steps: int = 20) -> None:
     """One of R concurrent processes: median seconds of a ResNet-20 batch-16 step (1 thread)."""
-    from threadpoolctl import threadpool_limits  # noqa: PLC0415
-
-    from scalesgd import config as C  # noqa: PLC0415
-    from scalesgd.nn.resnet import ResNet  # noqa: PLC0415
-    from scalesgd.optim.sgd import SGD  # noqa: PLC0415
-    from scalesgd.train.step import train_step  # noqa: PLC0415
-    with threadpool_limits(1):
-        model = ResNet("resnet20", 10, 1.0, False, np, "float32")
-        model.ps.initialize(0)
-        opt = SGD(model.ps.params, C.build().optim, model.ps.decay_mask())
-        x = np.random.default_rng(0).standard_normal((16, 32, 32, 3)).astype(np.float32)
-        y = np.arange(16) % 10
-        ts = []
-        for i in range(steps + 3):
-            t = time.perf_counter()
-            train_step(model, x, y, 0.0, 1.0)
-            opt.step(model.ps.params, model.ps.grads, 0.01)
-            if i >= 3:
-                ts.append(time.perf_counter() - t)
-    out.write_text(json.dumps(float(np.median(ts))))
+    out.write_text(json.dumps(float(np.median(step_seconds(16, steps)[0]))))
 
 
 def contended_compute(ranks: list[int]) -> dict:
