@@ -90,21 +90,33 @@ def warm_key(run: str) -> str:
 
 
 
+def asgd_sweep(prefix: str, nsyncs, head, body) -> dict[str, str]:
+    """``PREFIX-asgd8-nsyncN-{cold,warm}.toml`` for each n_sync: ``head(n_sync, start)`` (comment
+    lines) + the warm-start comment + ``body(n_sync, train_keys)``; warm runs start from
+    ``runs/PREFIX-warmup`` made by ``PREFIX-warmup.toml``."""
+    warm_run = "runs/asgd-warmup" if prefix == "imagenet" else f"runs/{prefix}-warmup"
+    out = {}
+    for n_sync in nsyncs:
+        for start in ("cold", "warm"):
+            text = head(n_sync, start)
+            if start == "warm":
+                text += warm_comment(f"{prefix}-warmup.toml", warm_run)
+            out[f"{prefix}-asgd8-nsync{n_sync}-{start}.toml"] = text + body(
+                n_sync, warm_key(warm_run) if start == "warm" else "")
+    return out
+
+
 def asgd_jobs() -> dict[str, str]:
     out = {"imagenet-warmup.toml": (
         "# Warm-up for Paine et al.'s warm start: ResNet-18 trained on one GPU for a few epochs.\n"
         "#   python -m src.main --config jobs/imagenet-warmup.toml --run-dir runs/asgd-warmup\n"
         + imagenet_body("single", 128, epochs=5))}
-    for n_sync in NSYNC:
-        for start in ("cold", "warm"):
-            head = (f"# Paine et al. 2013 A-SGD: 8 clients + 1 parameter server (9 ranks), n_sync = {n_sync}, "
-                    f"{start} start.\n#   sbatch slurm/asgd_8.sh  with CONFIG=jobs/imagenet-asgd8-nsync"
-                    f"{n_sync}-{start}.toml\n")
-            if start == "warm":
-                head += warm_comment("imagenet-warmup.toml", "runs/asgd-warmup")
-            out[f"imagenet-asgd8-nsync{n_sync}-{start}.toml"] = head + imagenet_body(
-                "asgd", 128, dist=f"n_sync = {n_sync}\n",
-                train=warm_key("runs/asgd-warmup") if start == "warm" else "")
+    out.update(asgd_sweep(
+        "imagenet", NSYNC,
+        lambda n, start: (f"# Paine et al. 2013 A-SGD: 8 clients + 1 parameter server (9 ranks), n_sync = {n}, "
+                          f"{start} start.\n#   sbatch slurm/asgd_8.sh  with CONFIG=jobs/imagenet-asgd8-nsync"
+                          f"{n}-{start}.toml\n"),
+        lambda n, train: imagenet_body("asgd", 128, dist=f"n_sync = {n}\n", train=train)))
     return out
 
 
@@ -134,16 +146,12 @@ def laptop_jobs() -> dict[str, str]:
         "# Warm-up for the laptop A-SGD warm start: ResNet-20 on the digits, one rank, 2 epochs.\n"
         "#   python -m src.main --config jobs/laptop-warmup.toml --run-dir runs/laptop-warmup\n"
         + laptop_body("single", 2, 0.1))}
-    for n_sync in LAPTOP_NSYNC:
-        for start in ("cold", "warm"):
-            head = (f"# A-SGD on the digits, CPU: 8 clients + 1 server, n_sync = {n_sync}, {start} start.\n"
-                    f"#   mpiexec -n 9 python -m src.main --config jobs/laptop-asgd8-nsync{n_sync}-{start}.toml\n"
-                    f"# The server sums 8 clients' updates: lr 0.1/8.\n")
-            if start == "warm":
-                head += warm_comment("laptop-warmup.toml", "runs/laptop-warmup")
-            out[f"laptop-asgd8-nsync{n_sync}-{start}.toml"] = head + laptop_body(
-                "asgd", 12, 0.0125, dist=f"n_sync = {n_sync}\n",
-                train=warm_key("runs/laptop-warmup") if start == "warm" else "")
+    out.update(asgd_sweep(
+        "laptop", LAPTOP_NSYNC,
+        lambda n, start: (f"# A-SGD on the digits, CPU: 8 clients + 1 server, n_sync = {n}, {start} start.\n"
+                          f"#   mpiexec -n 9 python -m src.main --config jobs/laptop-asgd8-nsync{n}-{start}.toml\n"
+                          f"# The server sums 8 clients' updates: lr 0.1/8.\n"),
+        lambda n, train: laptop_body("asgd", 12, 0.0125, dist=f"n_sync = {n}\n", train=train)))
     return out
 
 
