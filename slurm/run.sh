@@ -4,6 +4,8 @@
 # CONFIG (the job file) and SCALESGD_DEFAULT_NAME; see slurm/template.sh and docs/slurm.md.
 VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
+SIGNAL_LEAD=${SIGNAL_LEAD:-300}   # seconds; must match --signal=B:USR1@N (#SBATCH line or sbatch option)
+fail() { echo "scalesgd: error: $*" >&2; exit 1; }
 RUN_DIR=${RUN_DIR:-${RUNS:-runs}/${SLURM_JOB_NAME:-$SCALESGD_DEFAULT_NAME}-${SLURM_JOB_ID:-local}}
 read -r -a extra <<< "${EXTRA_ARGS:-}"
 args=(-m src.main --config "$CONFIG")
@@ -16,6 +18,43 @@ else
 fi
 args+=("${extra[@]}")
 
+# Checks before anything is launched, each failing with one line.
+[ -x "$PY" ] || fail "no Python at $PY (VENV=$VENV): run 'make install' in $(pwd), or set VENV=/path/to/venv"
+
+# "[D-][H:]M:S" (squeue %L, the job's time left) -> seconds; nothing for UNLIMITED or unknown.
+to_seconds() {
+    local t=$1 days=0 s=0 f
+    [[ $t =~ ^([0-9]+-)?[0-9]+(:[0-9]+)*$ ]] || return 0
+    [[ $t == *-* ]] && { days=${t%%-*}; t=${t#*-}; }
+    IFS=: read -r -a f <<< "$t"
+    for x in "${f[@]}"; do s=$((s * 60 + 10#$x)); done
+    echo $((days * 86400 + s))
+}
+# Slurm sends the warning (USR1) SIGNAL_LEAD seconds before the limit, up to a minute earlier; a
+# limit that leaves almost no time before it makes the job checkpoint and requeue itself endlessly.
+left=""
+[ -n "${SLURM_JOB_ID:-}" ] && left=$(to_seconds "$(timeout 30 squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null)")
+if [ -n "$left" ]; then
+    shorter="a longer --time, or a shorter lead: sbatch --signal=B:USR1@60 with SIGNAL_LEAD=60"
+    if (( left - SIGNAL_LEAD < 90 )); then
+        fail "time limit: ${left} s left, but the warning signal comes ${SIGNAL_LEAD} s before the end" \
+             "(--signal=B:USR1@${SIGNAL_LEAD}), leaving no time to train before every requeue: use $shorter"
+    elif (( left < 2 * SIGNAL_LEAD )); then
+        echo "scalesgd: warning: time limit: ${left} s left and the warning signal comes ${SIGNAL_LEAD} s" \
+             "before the end: each attempt trains about $(( (left - SIGNAL_LEAD) / 60 )) min, then" \
+             "checkpoints and requeues; for more, use $shorter" >&2
+    fi
+fi
+
+# The config, the data and the model, checked as the ranks will check them (a dry run, one process).
+err=$("$PY" "${args[@]}" --dry-run 2>&1 >/dev/null); dry=$?
+if [ "$dry" -ne 0 ]; then
+    line=$(grep '^scalesgd: error: ' <<< "$err" | tail -n 1)
+    echo "${line:-scalesgd: error: $(tail -n 1 <<< "$err")} (checked before launching: CONFIG=$CONFIG" \
+         "DATA=${DATA:-unset}; see docs/slurm.md)" >&2
+    exit "$dry"
+fi
+
 # CuPy compiles kernels into a cache; keep it on node-local disk, one per job and node.
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-${TMPDIR:-/tmp}/cupy-cache-${USER:-u}-${SLURM_JOB_ID:-0}}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
@@ -25,7 +64,8 @@ ntasks=${SLURM_NTASKS:-1}
 case "${SCALESGD_LAUNCHER:-srun}" in
     srun)   launch=(srun --mpi="${SCALESGD_PMI:-pmi2}" --kill-on-bad-exit=1
                     bash -c 'mkdir -p "$CUPY_CACHE_DIR" && exec "$@"' _ "$PY") ;;
-    mpirun) launch=("$VENV/bin/mpiexec" -n "$ntasks" "$PY") ;;
+    mpirun) read -r -a margs <<< "${MPIEXEC_ARGS:-}"       # e.g. Open MPI: --bind-to none
+            launch=("${MPIEXEC:-$VENV/bin/mpiexec}" "${margs[@]}" -n "$ntasks" "$PY") ;;
     *)      echo "SCALESGD_LAUNCHER must be srun or mpirun" >&2; exit 2 ;;
 esac
 echo "$(date -Is) job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}): $ntasks ranks, run dir $RUN_DIR"
@@ -45,6 +85,17 @@ while :; do
     kill -0 "$pid" 2>/dev/null || break
 done
 echo "$(date -Is) launcher exited with code $rc"
+
+# A step that ended in MPI_Abort or a kill skipped MPI_Finalize, which removes MPI's shared-memory
+# segments in /dev/shm: remove this user's segments that no live process uses, on every node.
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 75 ]; then
+    clean=("$PY" src/scalesgd/comm/shm.py)
+    if [ -n "${SLURM_JOB_ID:-}" ]; then
+        nodes=${SLURM_JOB_NUM_NODES:-1}
+        clean=(srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --mpi=none "${clean[@]}")
+    fi
+    timeout 60 "${clean[@]}" || echo "$(date -Is) could not clean /dev/shm (see docs/slurm.md)"
+fi
 
 # Preempted or out of time before the end: put the job back in the queue (same job id, same RUN_DIR).
 if [ -n "$got_signal" ] && [ ! -f "$RUN_DIR/summary.json" ] && [ -n "${SLURM_JOB_ID:-}" ]; then

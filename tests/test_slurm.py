@@ -4,9 +4,14 @@ Installs slurm-wlm + munge with apt when absent (CI runs as root), else skips sa
 step has a timeout; the cluster is torn down even when a test fails.
 """
 import json
+import mmap
+import os
 import re
+import shlex
+import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -29,6 +34,27 @@ method = "gossip"
 epochs = 1
 log_every = 1
 """
+
+
+def documented_try_out() -> tuple[dict, list[str], str]:
+    """The small try-out line of docs/slurm.md, as written: (its VAR=value prefix, the sbatch
+    options, the script)."""
+    lines = [ln for ln in (ROOT / "docs" / "slurm.md").read_text().splitlines() if "# a small try-out" in ln]
+    assert len(lines) == 1, lines
+    words = shlex.split(lines[0].split("#")[0])
+    at = words.index("sbatch")
+    env = dict(w.split("=", 1) for w in words[:at])
+    return env, words[at + 1:-1], words[-1]
+
+
+def submit(cluster, options: list[str], out_dir: Path, **env) -> str:
+    """sbatch OPTIONS slurm/gossip_64.sh from the repository root; returns the job id."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    p = cluster.run(["sbatch", "--parsable", *options, f"--output={out_dir}/%x-%j.out", "slurm/gossip_64.sh"],
+                    timeout=30, env=dict(cluster.env, **env), cwd=ROOT)
+    job = p.stdout.strip().split(";")[0]
+    assert job.isdigit(), f"sbatch rc={p.returncode}: {p.stdout} {p.stderr}"
+    return job
 
 
 def job_state(cluster, job: str) -> str:
@@ -65,15 +91,15 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gossip_job(cluster, tmp_path_factory):
-    """Runs slurm/gossip_64.sh shrunk to 1 node x 4 tasks; returns (job id, run dir, log text)."""
+    """Runs slurm/gossip_64.sh with the sbatch options of the documented try-out (1 node x 4 tasks,
+    no GPU) on the 16-CPU test node, on a tiny job file; returns (job id, run dir, log text)."""
     tmp = tmp_path_factory.mktemp("gossip64")
     (tmp / "tiny.toml").write_text(TINY_JOB)
     data = make_dataset(tmp / "data", n=96, n_val=24, num_classes=4)
     env = dict(cluster.env, CONFIG=str(tmp / "tiny.toml"), DATA=str(data), VENV=sys.prefix,
                SCALESGD_PMI="pmi2", RUNS=str(tmp / "runs"), EXTRA_ARGS="--eval-every 0.5")
-    cmd = ["sbatch", "--parsable", "--nodes=1", "--ntasks=4", "--ntasks-per-node=4",
-           "--cpus-per-task=1", "--gres=none", "--time=10", f"--output={tmp}/%x-%j.out",
-           "slurm/gossip_64.sh"]
+    _, options, script = documented_try_out()
+    cmd = ["sbatch", "--parsable", *options, f"--output={tmp}/%x-%j.out", script]
     p = cluster.run(cmd, timeout=30, env=env, cwd=ROOT)
     job = p.stdout.strip().split(";")[0]
     state = wait_for_job(cluster, job, timeout=120) if job.isdigit() else "not submitted"
@@ -136,7 +162,12 @@ def test_signal_checkpoints_requeues_and_the_job_finishes(cluster, tmp_path):
     while "Restarts=1" not in cluster.run(["scontrol", "show", "job", job], timeout=10).stdout:
         assert time.monotonic() < deadline, f"job {job} was not requeued:\n{cluster.logs()}"
         time.sleep(0.3)
-    if job_state(cluster, job) == "PENDING":          # (only a pending job may be touched)
+    # (only a pending job may be touched; right after the requeue it may still be COMPLETING)
+    deadline = time.monotonic() + 30
+    while (state := job_state(cluster, job)) in ("REQUEUED", "COMPLETING", "CONFIGURING") \
+            and time.monotonic() < deadline:
+        time.sleep(0.3)
+    if state == "PENDING":
         cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=10)
     state = wait_for_job(cluster, job, timeout=120)
     logs = "\n".join(f.read_text(errors="replace") for f in tmp_path.glob("*.out"))
@@ -146,3 +177,73 @@ def test_signal_checkpoints_requeues_and_the_job_finishes(cluster, tmp_path):
     reasons = [ckpt.read_meta(f)["reason"] for f in ckpt.listing(ckpt.checkpoint_dir(run_dir))]
     assert "stop" in reasons and reasons[-1] == "end", (reasons, logs)
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 30
+
+
+def test_documented_try_out_fits_a_16_cpu_node_and_test_only_says_why_not(cluster):
+    """The try-out line of docs/slurm.md gets a start time on the 16-CPU node; without its
+    --cpus-per-task=1 (the line the docs gave before) the request is 4 x 8 CPUs, which pends for ever,
+    and `sbatch --test-only` says why, as the docs promise."""
+    env, options, script = documented_try_out()
+    assert script == "slurm/gossip_64.sh" and env == {"CONFIG": "jobs/digits-gossip.toml"}, (env, script)
+    assert (ROOT / env["CONFIG"]).exists()
+    ok = cluster.run(["sbatch", "--test-only", *options, script], cwd=ROOT)
+    assert ok.returncode == 0 and "to start at" in ok.stderr, ok.stderr
+    old = [o for o in options if not o.startswith(("--cpus-per-task", "--time"))]
+    bad = cluster.run(["sbatch", "--test-only", *old, script], cwd=ROOT)
+    assert bad.returncode != 0, bad
+    assert "Requested node configuration is not available" in bad.stderr + bad.stdout, bad
+
+
+def test_run_sh_checks_before_launching_and_cleans_dev_shm_after_a_failed_step(cluster, tmp_path):
+    """Four jobs at once, with the try-out's options: no venv, the default job file's placeholder
+    data, a time limit within the warning lead (each: one line, FAILED, no srun), and a short but
+    workable limit (a warning) whose step fails on an injected fault, after which run.sh removes this
+    user's unused MPI segments from /dev/shm (a planted one stands for those of a killed job)."""
+    (tmp_path / "tiny.toml").write_text(TINY_JOB.replace("epochs = 1", "epochs = 20"))
+    data = make_dataset(tmp_path / "data", n=96, n_val=24, num_classes=4)
+    _, options, _ = documented_try_out()
+    base = dict(VENV=sys.prefix, SCALESGD_PMI="pmi2", RUNS=str(tmp_path / "runs"), OMP_NUM_THREADS="1")
+    tiny = dict(base, CONFIG=str(tmp_path / "tiny.toml"), DATA=str(data))
+    planted = Path("/dev/shm") / f"mpich_shm_scalesgdtest{uuid.uuid4().hex[:8]}_0"
+    planted.write_bytes(b"\0" * mmap.PAGESIZE)
+    cases = {"venv": (options, dict(tiny, VENV=str(tmp_path / "no-venv"))),
+             "data": (options, base),
+             "time": ([*options, "--time=6"], tiny),
+             "fault": ([*options, "--time=8"], dict(tiny, SCALESGD_INJECT_FAULT="1:2"))}
+    try:
+        jobs = {name: submit(cluster, opts, tmp_path / name, **env) for name, (opts, env) in cases.items()}
+        states = {name: wait_for_job(cluster, job, timeout=120) for name, job in jobs.items()}
+        logs = {name: "\n".join(f.read_text(errors="replace") for f in (tmp_path / name).glob("*.out"))
+                for name in jobs}
+    finally:
+        still_there = planted.exists()
+        planted.unlink(missing_ok=True)
+    needles = {"venv": f"no Python at {tmp_path}/no-venv/bin/python",
+               "data": "/data/imagenet-shards/manifest.json: manifest not found (checked before launching",
+               "time": "s left, but the warning signal comes 300 s before the end (--signal=B:USR1@300)"}
+    for name, needle in needles.items():
+        errors = [ln for ln in logs[name].splitlines() if ln.startswith("scalesgd: error")]
+        assert states[name] == "FAILED", (name, states[name], logs[name])
+        assert len(errors) == 1 and needle in errors[0], (name, logs[name])
+        assert "+ srun" not in logs[name] and "Traceback" not in logs[name], logs[name]
+    fault = logs["fault"]
+    assert states["fault"] == "FAILED", fault
+    assert "scalesgd: warning: time limit: " in fault and "injected fault" in fault, fault
+    assert re.search(r"removed \d+ stale MPI segment", fault) and str(planted) in fault, fault
+    assert not still_there, fault
+
+
+def test_run_sh_checks_also_run_outside_slurm(tmp_path):
+    """The same checks when a script is run by hand with bash (no Slurm needed): one line each,
+    nothing launched, nothing written."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    runs = tmp_path / "runs"
+    for extra, needle, code in ((dict(VENV=str(tmp_path / "none")), "no Python at", 1),
+                                (dict(VENV=sys.prefix), "manifest not found (checked before launching", 1),
+                                (dict(VENV=sys.prefix, EXTRA_ARGS="--lr abc"), "lr", 2)):
+        p = subprocess.run(["bash", "slurm/gossip_64.sh"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120, env=dict(env, RUNS=str(runs), **extra))
+        errors = [ln for ln in p.stderr.splitlines() if ln.startswith("scalesgd: error")]
+        assert p.returncode == code, (extra, p.returncode, p.stderr)
+        assert len(errors) == 1 and needle in errors[0], (extra, p.stderr)
+        assert "+ srun" not in p.stdout and not runs.exists(), p.stdout

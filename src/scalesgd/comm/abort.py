@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 import time
 
+from .shm import unlink_mapped_segments
+
 SHARED_ERROR_GRACE_S = 10.0   # how long ranks wait for each other to agree on a shared error
 DRAIN_S = 0.5                 # lets the launcher forward the message before MPI_Abort kills the job
 
@@ -39,5 +41,6 @@ def fail(topo, message: str, code: int = 1, shared: bool = False) -> None:
     print(f"scalesgd: error{where}: {message}", file=sys.stderr, flush=True)
     if several:
         time.sleep(DRAIN_S)
+        unlink_mapped_segments()      # MPI_Abort skips MPI_Finalize, which would free /dev/shm
         topo.comm.Abort(code)
     sys.exit(code)

@@ -1,0 +1,135 @@
+"""MPI shared-memory segments in /dev/shm, and removing the ones a dead job left behind.
+
+MPICH keeps one segment per node, ``/dev/shm/mpich_shm_<job>_<n>``, mapped by every rank of the node;
+Open MPI one per rank, ``sm_segment.<host>.<uid>.<job>.<rank>`` (``vader_segment.*`` before 5.0).
+The library unlinks them in MPI_Finalize; a job ended by MPI_Abort or SIGKILL never gets there, so the
+files stay in RAM until someone removes them, and MPICH names them after the job id, so a later job
+that reuses the id can hang in MPI_Init on the stale file.
+
+Unlinking a segment that is still mapped is safe: existing mappings stay valid and the memory goes
+back when the last process unmaps it; only a process that has not opened it yet can no longer do so.
+Standard library only: ``python src/scalesgd/comm/shm.py`` runs without the package installed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+PREFIXES = ("mpich_shm_", "sm_segment.", "vader_segment.")    # MPICH; Open MPI 5; Open MPI 4
+
+
+def is_mpi_segment(path: Path) -> bool:
+    return path.parent == SHM_DIR and path.name.startswith(PREFIXES)
+
+
+def mapped_files(pid: str | int = "self") -> set[Path]:
+    """Files under /dev/shm that process ``pid`` maps, from /proc/PID/maps (unlinked ones skipped:
+    their line ends in " (deleted)").  Empty when the process is gone or not ours to read."""
+    found = set()
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)                 # addr perms offset dev inode path
+                if len(fields) == 6 and fields[5].startswith(f"{SHM_DIR}/"):
+                    path = fields[5].rstrip("\n")
+                    if not path.endswith(" (deleted)"):
+                        found.add(Path(path))
+    except OSError:
+        pass
+    return found
+
+
+def open_files(pid: str | int) -> set[Path]:
+    """Files under /dev/shm that process ``pid`` holds open (a segment between shm_open and mmap)."""
+    found = set()
+    try:
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(fd.path)
+            except OSError:
+                continue
+            if target.startswith(f"{SHM_DIR}/"):
+                found.add(Path(target))
+    except OSError:
+        pass
+    return found
+
+
+def unlink_mapped_segments() -> list[Path]:
+    """On the abort path: unlink the MPI segments this process maps (every rank of a node maps the
+    node's segment, so the aborting rank frees it for all of them).  Never raises."""
+    removed = []
+    for path in sorted(mapped_files()):
+        if is_mpi_segment(path):
+            try:
+                path.unlink()
+                removed.append(path)
+            except OSError:                 # a peer was faster, or not ours
+                pass
+    return removed
+
+
+def in_use() -> set[Path]:
+    """Every /dev/shm file some live process we can inspect maps or holds open."""
+    used: set[Path] = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            used |= mapped_files(entry.name) | open_files(entry.name)
+    return used
+
+
+def stale_segments(uid: int | None = None) -> list[Path]:
+    """MPI segments owned by ``uid`` (default: this user) that no live process maps or holds open.
+    The directory is listed before /proc is scanned, so a segment created meanwhile is not a
+    candidate, and one listed earlier is seen through its creator's mapping or open descriptor."""
+    uid = os.getuid() if uid is None else uid
+    candidates = []
+    for entry in os.scandir(SHM_DIR):
+        try:
+            if entry.name.startswith(PREFIXES) and entry.stat(follow_symlinks=False).st_uid == uid:
+                candidates.append(Path(entry.path))
+        except OSError:
+            continue
+    used = in_use()
+    return sorted(p for p in candidates if p not in used)
+
+
+def clean_stale(dry_run: bool = False) -> tuple[list[Path], int]:
+    """Removes this user's stale MPI segments; returns (paths, bytes freed)."""
+    removed, freed = [], 0
+    for path in stale_segments():
+        try:
+            size = path.stat().st_size
+            if not dry_run:
+                path.unlink()
+        except OSError:
+            continue
+        removed.append(path)
+        freed += size
+    return removed, freed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalesgd.comm.shm",
+        description="Remove this user's MPI shared-memory segments in /dev/shm that no live process "
+                    f"uses ({', '.join(p + '*' for p in PREFIXES)}), left by jobs that ended in "
+                    "MPI_Abort or SIGKILL.")
+    parser.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    args = parser.parse_args(argv)
+    if not SHM_DIR.is_dir():
+        print(f"scalesgd: no {SHM_DIR} on this machine, nothing to clean")
+        return 0
+    removed, freed = clean_stale(args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    host = os.uname().nodename
+    print(f"scalesgd: {host}: {verb} {len(removed)} stale MPI segment(s) in {SHM_DIR} "
+          f"({freed / 2**20:.1f} MiB)" + "".join(f"\n  {p}" for p in removed), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
