@@ -13,9 +13,10 @@ from PIL import Image
 from scalesgd.data import DataError, ShardError, ShardSet
 from scalesgd.data.demo import build_digits, default_data_dir
 from scalesgd.data.pipeline import Loader, train_indices, val_indices
-from scalesgd.data.shards import write_manifest, write_split
+from scalesgd.data.shards import sample_id, split_of, write_manifest, write_split
+from scalesgd.data.validate import decode_problem, header_size
 
-from synth import make_dataset
+from synth import entropy_range, garbled, jpeg, make_dataset
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -234,12 +235,63 @@ def test_unreadable_shard_after_open_raises_data_error(tmp_path):
         list(ld.epoch(0))
 
 
-def test_bad_arguments(digits):
+def test_bad_arguments(digits, tmp_path):
     val = ShardSet.open(digits, "val")
     with pytest.raises(ValueError, match="multiscale"):
         Loader(val, batch_size=8, image_size=32, train=True, scale=(16, 40))
-    with pytest.raises(ValueError, match="no full step"):
+    with pytest.raises(ValueError, match=r"/val: 359 samples, but one training step needs 512 "
+                                         r"\(2 workers x batch size 256\): use a smaller batch size"):
         Loader(val, batch_size=256, image_size=32, train=True, world=2)
+    Loader(val, batch_size=256, image_size=32, train=False, world=2)   # validation: a batch < 256 is fine
+    tiny = ShardSet.open(make_dataset(tmp_path, n=8, n_val=3), "val")
+    why = (r"/val: 3 samples for 4 workers that share the validation, each needs at least one: "
+           r"use fewer ranks or a larger val split")
+    for rank in range(4):            # every rank says it, also those whose share is not empty
+        with pytest.raises(ValueError, match=why):
+            Loader(tiny, batch_size=8, image_size=16, train=False, rank=rank, world=4)
+    assert Loader(tiny, batch_size=8, image_size=16, train=False, rank=2, world=3).steps_per_epoch == 1
+
+
+def _encode(img, fmt="JPEG", **kw):
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return np.frombuffer(buf.getvalue(), np.uint8)
+
+
+def test_strict_decode_catches_what_dali_and_pil_let_through():
+    """Good images of every kind pass with their size; a JPEG whose compressed data is garbage
+    (markers stuffed or not, zeros) fails with libjpeg's reason, as do truncated and junk bytes."""
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (24, 30, 3), dtype=np.uint8)
+    good = {"rgb": _encode(Image.fromarray(a)), "gray": _encode(Image.fromarray(a[..., 0])),
+            "cmyk": _encode(Image.fromarray(a).convert("CMYK")),
+            "progressive": _encode(Image.fromarray(a), progressive=True),
+            "png": _encode(Image.fromarray(a), "PNG")}
+    good["trailing bytes"] = np.concatenate([good["rgb"], np.zeros(64, np.uint8)])
+    for name, data in good.items():
+        assert decode_problem(data) is None, name
+        assert header_size(data) == (30, 24), name
+    src = jpeg(rng, 40)
+    lo, hi = entropy_range(src)                             # the compressed data: src[lo:hi]
+    bad = {f"garbled {k}": garbled(src, k) for k in range(20)}
+    bad["raw noise"] = src[:lo] + rng.integers(0, 256, hi - lo, np.uint8).tobytes() + src[hi:]
+    bad["zeros"] = src[:lo] + bytes(hi - lo) + src[hi:]
+    for name, data in bad.items():
+        arr = np.frombuffer(data, np.uint8)
+        assert header_size(arr) == (40, 40), name          # the header is intact...
+        with Image.open(io.BytesIO(data)) as im:            # ...and Pillow sees nothing wrong
+            if name.startswith("garbled") or name == "zeros":
+                im.load()
+        why = decode_problem(arr)                           # "Corrupt JPEG data: ..."
+        assert why and ("Corrupt JPEG data" in why or name == "raw noise"), (name, why)
+    for name, data in {"empty": b"", "junk": b"hello", "half jpeg": src[:len(src) // 2],
+                       "half png": good["png"][:good["png"].size // 2].tobytes()}.items():
+        assert decode_problem(np.frombuffer(data, np.uint8)), name
+
+
+def test_sample_ids_are_unique_over_splits():
+    assert sample_id("train", 5) == 5 and split_of(5) == ("train", 5)
+    assert sample_id("val", 5) == 2 ** 40 + 5 and split_of(2 ** 40 + 5) == ("val", 5)
 
 
 def test_imports_have_no_side_effects():

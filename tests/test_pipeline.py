@@ -1,13 +1,19 @@
 """Loader determinism: augmentation from (seed, epoch, index) only, mid-epoch start, ten-crop,
-lighting, bad samples that only DALI finds. Real DALI on the CPU."""
+lighting, bad samples: those only DALI finds, corrupt JPEGs DALI decodes without an error, and
+their count over ranks. Real DALI on the CPU, real HDF5 shards, real mpiexec."""
+import json
+import re
+
 import numpy as np
 import pytest
 
 from scalesgd.data import ShardSet
 from scalesgd.data import pipeline
-from scalesgd.data.augment import image_size
 from scalesgd.data.pipeline import Loader
+from scalesgd.data.shards import sample_id
+from scalesgd.data.validate import header_size
 
+from mpirun import check, run_mpi, uses_mpi
 from synth import make_dataset
 
 
@@ -82,9 +88,96 @@ def test_bad_sample_found_only_by_the_decoder_is_replaced(tmp_path, monkeypatch)
     the pipeline at the failed step and replaces it; the epoch has all its batches."""
     root = make_dataset(tmp_path, n=40, bad=23)
     shards = ShardSet.open(root, "train")
-    monkeypatch.setattr(pipeline, "image_size", lambda d: image_size(d) or (16, 16))
+    monkeypatch.setattr(pipeline._Ledger, "check", lambda self, g, d: header_size(d) or (16, 16))
     ld = Loader(shards, batch_size=8, image_size=16, train=True, scale=(16, 20), seed=3)
     ys = [y.copy() for _, y in ld.epoch(0)]
     assert len(ys) == 5 and ld.bad_samples == [(str(root / "train-00001-of-00002.h5"), 3)]
     expect = shards.labels[np.where(ld.indices(0) == 23, 24, ld.indices(0))]
     assert np.array_equal(np.concatenate(ys), expect)
+
+
+def _header_only(monkeypatch):
+    """Switch the strict first decode off: the Loader then checks headers only, as it did before."""
+    monkeypatch.setattr(pipeline._Ledger, "check", lambda self, g, d: header_size(d))
+
+
+def test_corrupt_jpeg_that_dali_decodes_is_skipped(tmp_path, monkeypatch):
+    """Samples 5 and 23 keep their JPEG headers but their compressed data is garbage. DALI decodes
+    them to noise without an error (first half: the premise); the Loader's strict first decode
+    finds them, replaces each by the next good sample and names it with libjpeg's reason."""
+    root = make_dataset(tmp_path, n=40, garbage=[5, 23])
+    shards = ShardSet.open(root, "train")
+    common = dict(batch_size=8, image_size=16, scale=(16, 20), seed=3)
+    with monkeypatch.context() as m:
+        _header_only(m)
+        blind = Loader(shards, train=False, **common)
+        assert sum(len(y) for _, y in blind.epoch(0)) == 40 and blind.bad_samples == []
+    files = [str(root / f"train-0000{i}-of-00002.h5") for i in (0, 1)]
+    for train in (True, False):
+        ld = Loader(shards, train=train, **common)
+        ys = [y.copy() for _, y in ld.epoch(0)]
+        assert len(ys) == ld.steps_per_epoch and all(len(y) == 8 for y in ys)
+        assert sorted(ld.bad_samples) == [(files[0], 5), (files[1], 3)]
+        idx = ld.indices(0)
+        used = np.where(np.isin(idx, [5, 23]), idx + 1, idx)          # the next good ones
+        assert np.array_equal(np.concatenate(ys), shards.labels[used])
+        new = ld.take_new_bad()
+        assert sorted(sid for sid, _, _ in new) == [sample_id("train", 5), sample_id("train", 23)]
+        assert all(why.startswith("Corrupt JPEG data") for _, _, why in new), new
+        assert {where for _, where, _ in new} == {f"{files[0]}[5]", f"{files[1]}[3]"}
+        assert ld.take_new_bad() == []                      # each handed out once
+
+
+def test_each_sample_is_decoded_strictly_once_and_checks_merge(tmp_path, monkeypatch):
+    """The strict decode runs once per sample per job: not again in later epochs, and not in a
+    loader that merged another's checks (as ranks do at each evaluation), which also skips the
+    other's bad sample without counting it again."""
+    root = make_dataset(tmp_path, n=48, garbage=[7])
+    shards = ShardSet.open(root, "train")
+    strict = []
+    real = pipeline.decode_problem
+    monkeypatch.setattr(pipeline, "decode_problem", lambda d: strict.append(1) or real(d))
+    common = dict(batch_size=8, image_size=16, train=True, scale=(16, 20), world=2, seed=1)
+    a = Loader(shards, rank=0, **common)
+    for epoch in range(3):
+        list(a.epoch(epoch))
+    assert 7 in set(np.concatenate([a.indices(e) for e in range(3)]).tolist())
+    checked = int((a.checks > 0).sum())
+    assert len(strict) == checked < 48                      # one strict decode per sample met
+    assert a.bad_samples == [(str(root / "train-00000-of-00002.h5"), 7)]
+    assert np.flatnonzero(a.checks == 2).tolist() == [7]
+    b = Loader(shards, rank=1, **common)
+    b.merge_checks(a.checks)
+    del strict[:]
+    for epoch in range(3):
+        list(b.epoch(epoch))
+    assert 7 in set(np.concatenate([b.indices(e) for e in range(3)]).tolist())
+    assert len(strict) == int((b.checks > 0).sum()) - checked        # only the ones a never met
+    assert b.bad_samples == [] and b.take_new_bad() == []
+
+
+@uses_mpi
+def test_bad_samples_are_counted_once_per_dataset_over_ranks(tmp_path):
+    """Two ranks, three epochs: four truncated and two corrupt training JPEGs and one corrupt
+    validation JPEG. The ranks meet most of them, in different epochs (train 36 is met by both
+    before the first evaluation, the others after another rank reported them); the job warns once
+    per sample and ``bad_samples`` is 7 at both evaluations (it was a per-rank sum of warnings,
+    and the corrupt ones were trained on without a word). libjpeg never complains: DALI never
+    sees them."""
+    root = make_dataset(tmp_path / "d", n=48, n_val=20, num_classes=4, bad=[3, 17, 30, 41],
+                        garbage=[8, 36], val_garbage=[2])
+    run = tmp_path / "run"
+    p = run_mpi(2, ["-m", "src.main", "--data", str(root), "--run-dir", str(run), "--method",
+                    "allreduce", "--width", "0.25", "--image-size", "16", "--scale", "16,20",
+                    "--batch-size", "8", "--epochs", "3", "--eval-every", "1.5"], timeout=180)
+    check(p)
+    named = re.findall(r"scalesgd: warning: rank \d: skipped undecodable sample (\S+) \(", p.stderr)
+    expect = [f"{root}/train-00000-of-00002.h5[{i}]" for i in (3, 8, 17)] \
+        + [f"{root}/train-00001-of-00002.h5[{i}]" for i in (6, 12, 17)] \
+        + [f"{root}/val-00000-of-00001.h5[2]"]
+    assert sorted(named) == sorted(expect), p.stderr                # each once
+    assert p.stderr.count("(Corrupt JPEG data: ") == 3, p.stderr      # ours; libjpeg never printed
+    assert p.stderr.count("Corrupt JPEG data") == 3, p.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert [h["bad_samples"] for h in summary["history"]] == [7, 7] == [summary["bad_samples"]] * 2
+    assert summary["history"][-1]["val_samples"] == 20

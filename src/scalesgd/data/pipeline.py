@@ -7,17 +7,19 @@ GPU) decoding only the crop window -> ``fn.resize`` of that window to the output
 validation decodes the whole image instead (see ``_ten_crop``). DALI has no HDF5 reader and no
 sharding for external sources, so the callback does the index math (``train_indices`` /
 ``val_indices``, docs/data.md). DALI is imported lazily, when a pipeline is first built.
+Every sample is decoded strictly once (``validate.decode_problem``) the first time the Loader
+meets it, because DALI's decoder turns garbage compressed data into noise without an error.
 """
 from __future__ import annotations
 
 import collections
-import io
 from typing import Iterator
 
 import numpy as np
 
-from .augment import AugmentSpec, draw, image_size, slice_args
-from .shards import DataError, ShardSet
+from .augment import AugmentSpec, draw, slice_args
+from .shards import DataError, ShardSet, sample_id
+from .validate import decode_problem, header_size
 
 AUGMENTS = ("multiscale", "rrc", "center")
 IMAGENET_MEAN = (123.675, 116.28, 103.53)   # 0..255 units
@@ -44,6 +46,43 @@ def val_indices(n: int, rank: int, world: int) -> np.ndarray:
     return np.arange(rank * n // world, (rank + 1) * n // world, dtype=np.int64)
 
 
+# ----------------------------------------------------------------------------- checks
+UNCHECKED, GOOD, BAD = 0, 1, 2     # ledger states; merging two ledgers is an element-wise max
+
+
+class _Ledger:
+    """What one Loader knows about the samples of its split: ``state`` (n,) uint8 (UNCHECKED,
+    GOOD: decoded strictly once, BAD: skipped), and the bad ones it found itself, in the order
+    found, with the reason: ``found`` [(global index, reason)]. ``reported`` counts the entries
+    of ``found`` already handed out by ``Loader.take_new_bad``."""
+
+    def __init__(self, n: int):
+        self.state = np.zeros(n, dtype=np.uint8)
+        self.found: list[tuple[int, str]] = []
+        self.reported = 0
+
+    def is_bad(self, g: int) -> bool:
+        return self.state[g] == BAD
+
+    def check(self, g: int, data: np.ndarray) -> tuple[int, int] | None:
+        """(width, height) of sample ``g`` if it is good, else None (and it is recorded bad).
+        The strict decode runs only while ``g`` is UNCHECKED; later only the header is read."""
+        if self.state[g] == GOOD:
+            return header_size(data)
+        problem = decode_problem(data)
+        wh = None if problem else header_size(data)
+        if wh is None:
+            self.mark_found(g, problem or "no image size in the header")
+        else:
+            self.state[g] = GOOD
+        return wh
+
+    def mark_found(self, g: int, reason: str) -> None:
+        if self.state[g] != BAD:
+            self.state[g] = BAD
+            self.found.append((g, reason))
+
+
 # ----------------------------------------------------------------------------- callback
 class _Source:
     """External-source callback (batch mode, ``batch_info=True``): BatchInfo -> output lists.
@@ -51,18 +90,18 @@ class _Source:
     Outputs per sample: encoded bytes (nbytes,) uint8, label () int64 and, unless ``whole`` (ten-crop),
     the slice start/end (x, y) int32, resize roi start/end (y, x) float32, mirror () int32 and mean
     (3,) float32. Batch ``i`` of the pipeline's first epoch is batch ``start_step + i`` of
-    ``first_epoch``. A sample that is known bad (``bad``) or fails the cheap header check is
-    replaced by the next good global index (deterministic) and recorded in ``found``. Raises only
-    StopIteration: a failed HDF5 read is recorded in ``error`` and delivered as empty bytes, so
-    the decoder fails and the Loader reports the recorded cause.
+    ``first_epoch``. A sample that is known bad or fails its check (``_Ledger.check``: a strict
+    decode the first time, the header after) is replaced by the next good global index
+    (deterministic) and recorded in the ledger. Raises only StopIteration: a failed HDF5 read is
+    recorded in ``error`` and delivered as empty bytes, so the decoder fails and the Loader
+    reports the recorded cause.
     """
 
     def __init__(self, shards: ShardSet, indices_of, batch_size: int, first_epoch: int,
-                 start_step: int, spec: AugmentSpec, seed: int, bad: set, found: list,
-                 whole: bool):
+                 start_step: int, spec: AugmentSpec, seed: int, ledger: _Ledger, whole: bool):
         self.shards, self.indices_of, self.batch_size = shards, indices_of, batch_size
         self.first_epoch, self.start_step, self.spec, self.seed = first_epoch, start_step, spec, seed
-        self.bad, self.found, self.whole = bad, found, whole    # shared with the Loader
+        self.ledger, self.whole = ledger, whole                 # the ledger is the Loader's
         self.recent: collections.deque = collections.deque(maxlen=8)
         self.error: str | None = None
         self._cache: tuple[int, np.ndarray] | None = None
@@ -96,7 +135,7 @@ class _Source:
         n = self.shards.num_samples
         for k in range(n):
             j = (g + k) % n
-            if j in self.bad:
+            if self.ledger.is_bad(j):
                 continue
             try:
                 data = self.shards.read(j)[0]
@@ -105,11 +144,9 @@ class _Source:
                 if self.error is None:
                     self.error = f"{path}[{local}]: cannot read sample ({' '.join(str(e).split())})"
                 return j, np.zeros(0, dtype=np.uint8), None
-            wh = image_size(data)
+            wh = self.ledger.check(j, data)
             if wh is not None:
                 return j, data, wh
-            self.bad.add(j)
-            self.found.append(j)
         self.error = self.error or f"{self.shards.root}/{self.shards.split}: no decodable sample left"
         return g, np.zeros(0, dtype=np.uint8), None
 
@@ -149,8 +186,7 @@ class Loader:
         self._check_args()
         self.spec = AugmentSpec(self.augment, self.image_size, self.scale, self.flip, self.lighting,
                                 self.val_resize, tuple(self.mean))
-        self._bad: set[int] = set()
-        self._found: list[int] = []
+        self._ledger = _Ledger(shards.num_samples)
         self._pipe = self._source = None
         self._next: tuple[int, int] | None = None
 
@@ -175,9 +211,15 @@ class Loader:
         if self.lighting < 0 or self.val_resize < self.image_size:
             raise ValueError(f"lighting={self.lighting}, val_resize={self.val_resize}: need "
                              f"lighting >= 0 and val_resize >= image_size={self.image_size}")
-        if self.steps_per_epoch < 1:
-            raise ValueError(f"{where}: {self.shards.num_samples} samples give no full step "
-                             f"for world={self.world}, batch_size={self.batch_size}")
+        n, w, b = self.shards.num_samples, self.world, self.batch_size
+        if self.train and n < w * b:
+            raise ValueError(f"{where}: {n} samples, but one training step needs {w * b} "
+                             f"({w} workers x batch size {b}): use a smaller batch size or fewer "
+                             "ranks, or add samples")
+        if not self.train and n < w:
+            raise ValueError(f"{where}: {n} samples for {w} workers that share the validation, "
+                             "each needs at least one: use fewer ranks or a larger "
+                             f"{self.shards.split} split")
 
     @property
     def steps_per_epoch(self) -> int:
@@ -187,13 +229,35 @@ class Loader:
             return n // (self.world * self.batch_size)
         return -(-len(val_indices(n, self.rank, self.world)) // self.batch_size)
 
-    bad_count = property(lambda self: len(self._found), doc="len(bad_samples), cheap")
+    bad_count = property(lambda self: len(self._ledger.found), doc="len(bad_samples), cheap")
 
     @property
     def bad_samples(self) -> list[tuple[str, int]]:
-        """(shard file, index in it) of every sample skipped as undecodable so far, in the order
-        found; each was replaced by the next good sample (see docs/data.md, Bad input)."""
-        return [(str(p), int(i)) for p, i in (self.shards.locate(g) for g in self._found)]
+        """(shard file, index in it) of every sample this loader found bad so far (undecodable, or
+        decodable only with libjpeg's "Corrupt JPEG data" warnings), in the order found; each was
+        replaced by the next good sample (docs/data.md, Bad input). Samples that ``merge_checks``
+        brought in as bad are skipped too but not listed: another loader found them."""
+        return [(str(p), int(i)) for p, i in (self.shards.locate(g) for g, _ in self._ledger.found)]
+
+    def take_new_bad(self) -> list[tuple[int, str, str]]:
+        """The bad samples found since the last call: [(sample id, "<shard file>[<i>]", reason)];
+        sample ids (``shards.sample_id``) are unique across the splits of the dataset."""
+        led, split = self._ledger, self.shards.split
+        new, led.reported = led.found[led.reported:], len(led.found)
+        return [(sample_id(split, g), "{}[{}]".format(*self.shards.locate(g)), why)
+                for g, why in new]
+
+    @property
+    def checks(self) -> np.ndarray:
+        """(num_samples,) uint8, per sample: 0 not checked yet, 1 good, 2 bad (a copy)."""
+        return self._ledger.state.copy()
+
+    def merge_checks(self, other: np.ndarray) -> None:
+        """Adopt another loader's ``checks`` of the same split (element-wise max), e.g. those of the
+        other ranks: samples they checked are not decoded strictly again here, their bad ones are
+        skipped here without being counted again."""
+        np.maximum(self._ledger.state, np.asarray(other, dtype=np.uint8),
+                   out=self._ledger.state)
 
     def indices(self, epoch: int) -> np.ndarray:
         """Global indices this rank reads in ``epoch``, in delivery order: (samples,) int64."""
@@ -248,7 +312,7 @@ class Loader:
         from nvidia.dali import Pipeline, fn, types
         self.close()
         self._source = _Source(self.shards, self.indices, self.batch_size, first_epoch, start_step,
-                               self.spec, self.seed, self._bad, self._found, self.ten_crop)
+                               self.spec, self.seed, self._ledger, self.ten_crop)
         pipe = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
                         device_id=self.device_id, seed=self.seed,
                         prefetch_queue_depth=self.prefetch, exec_dynamic=True)
@@ -309,17 +373,21 @@ class Loader:
         if src.error:
             self.close()
             raise DataError(src.error)
-        new = [int(j) for batch in list(src.recent) for j in batch
-               if int(j) not in self._bad and _decode_error(self.shards.read(int(j))[0])]
+        led = self._ledger
+        seen = dict.fromkeys(int(j) for batch in list(src.recent) for j in batch)
+        new = {}
+        for j in seen:                           # strict decode: the reason DALI failed
+            why = None if led.is_bad(j) else decode_problem(self.shards.read(j)[0])
+            if why:
+                new[j] = why
         if not new:
             self.close()
             lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
             hint = next((ln for ln in lines if "ailed" in ln), lines[-1] if lines else repr(exc))
             raise DataError(f"{self.shards.root}/{self.shards.split}: DALI pipeline failed and "
                             f"the bad sample was not identified ({hint[:200]})")
-        for j in dict.fromkeys(new):
-            self._bad.add(j)
-            self._found.append(j)
+        for j, why in new.items():
+            led.mark_found(j, why)
 
 
 def _default_scale(augment: str, image_size: int) -> tuple[float, float]:
@@ -327,15 +395,3 @@ def _default_scale(augment: str, image_size: int) -> tuple[float, float]:
         return (0.08, 1.0)
     return (round(image_size * 256 / 224), round(image_size * 480 / 224))
 
-
-def _decode_error(data: np.ndarray) -> str | None:
-    """None if PIL fully decodes the bytes, else a one-line reason."""
-    from PIL import Image
-    if data.size == 0:
-        return "empty"
-    try:
-        with Image.open(io.BytesIO(data.tobytes())) as im:
-            im.load()
-    except Exception as e:                      # noqa: BLE001 - any PIL failure is the answer
-        return " ".join(str(e).split()) or type(e).__name__
-    return None

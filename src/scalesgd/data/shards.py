@@ -188,6 +188,21 @@ def write_manifest(out_dir, *, name: str, dataset_id: str, classes: Iterable[dic
     return final
 
 
+# ----------------------------------------------------------------------------- sample ids
+SPLIT_STRIDE = 1 << 40       # sample id = SPLITS.index(split) * SPLIT_STRIDE + global index
+
+
+def sample_id(split: str, index: int) -> int:
+    """A sample's id, unique within the dataset and stable (it depends only on the manifest):
+    train sample g has id g, val sample g has id 2**40 + g."""
+    return SPLITS.index(split) * SPLIT_STRIDE + int(index)
+
+
+def split_of(sid: int) -> tuple[str, int]:
+    """Inverse of ``sample_id``: (split, global index in that split)."""
+    return SPLITS[int(sid) // SPLIT_STRIDE], int(sid) % SPLIT_STRIDE
+
+
 # ----------------------------------------------------------------------------- reading
 def read_manifest(root) -> dict:
     """Parse and sanity-check ``root/manifest.json``; raises ShardError naming the path."""
