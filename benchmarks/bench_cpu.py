@@ -19,7 +19,7 @@ Usage (from the repository root)::
     PYTHONPATH=src python benchmarks/bench_cpu.py [--threads 1 2] [--repeats 3] [--json out.json]
 
 Also prints a per-layer-type profile of one scalesgd ResNet-20 step on one thread (``--no-profile`` to
-skip), and runs the core-to-core placement probe (``/work/shared/tools/c2c.c``, or ``--c2c PATH``) before,
+skip), and runs the core-to-core placement probe (``benchmarks/c2c.c``, or ``--c2c PATH``) before,
 between and after the configurations when gcc is available.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ CONFIGS = {
 }
 LR = 0.01
 TARGET_IMG_S, TARGET_RATIO = 130.0, 0.5      # ResNet-20, batch 64, 1 thread
-DEFAULT_C2C_SRC = Path("/work/shared/tools/c2c.c")
+DEFAULT_C2C_SRC = Path(__file__).resolve().parent / "c2c.c"
 
 
 # ============================================================================ placement probe

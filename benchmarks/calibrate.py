@@ -20,7 +20,9 @@
    second.  With P = 2 (one worker) it is the unloaded round trip.
 
 The driver writes one JSON file; the model fits latency/bandwidth from it (``scalesgd.model.cost``).
-Intra-node MPI timings on this machine are bimodal (``../shared/PERF_NOTES.md``): medians of
+Intra-node MPI timings on this machine are bimodal (the host moves the two vCPUs between placements
+that share an L3 and placements that do not, every few tens of seconds; 64 KB-4 MB messages vary 2-5x
+between runs, measured on a 2-core development machine, 2026-11-29): medians of
 interleaved repeats, and the core-to-core probe is recorded with them.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A throw-away one-node Slurm cluster for tests (docs: /work/shared/CLUSTER_NOTES.md, section 2).
+"""A throw-away one-node Slurm cluster for tests (used by tests/test_slurm.py; docs/slurm.md).
 
 munged, slurmctld and slurmd run in the foreground as child processes of the test, with their state,
 logs, sockets and config under one base directory and on free ports, so the fixture owns every PID

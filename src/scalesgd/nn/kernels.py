@@ -1,4 +1,4 @@
-"""Fused element-wise CuPy kernels, each with an xp reference twin (DESIGN principle 5).
+"""Fused element-wise CuPy kernels, each with an xp reference twin (docs/architecture.md).
 
 Every public function here takes xp arrays and picks its implementation from them:
 
