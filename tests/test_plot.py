@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from mpirun import mpiexec, needs_mpi
+from mpirun import mpi_launcher, uses_mpi
 from synth import make_dataset
 from test_cli import TINY, run_cli
 
@@ -22,12 +22,12 @@ def two_runs(tmp_path_factory):
     p = run_cli([*common, "--run-dir", str(single)], tmp)
     assert p.returncode == 0, p.stderr
     p = run_cli([*common, "--method", "allreduce", "--run-dir", str(ar)], tmp, timeout=120,
-                launcher=(mpiexec(), "-n", "2"))
+                launcher=mpi_launcher(2))
     assert p.returncode == 0, p.stderr
     return single, ar
 
 
-@needs_mpi
+@uses_mpi
 def test_plot_of_two_runs_has_one_line_per_run_in_every_panel(two_runs, tmp_path):
     out = tmp_path / "fig.png"
     res = plot_runs(two_runs, out, window=3, target=0.9)
@@ -48,7 +48,7 @@ def test_plot_of_two_runs_has_one_line_per_run_in_every_panel(two_runs, tmp_path
     assert set(res.reached) == set(steps)
 
 
-@needs_mpi
+@uses_mpi
 def test_plot_command_line(two_runs, tmp_path, capsys):
     out = tmp_path / "sub" / "cmp.png"
     assert plot_main([*map(str, two_runs), "-o", str(out), "--target", "0.99", "--merge-workers"]) == 0
@@ -62,7 +62,7 @@ def test_plot_of_a_directory_without_metrics_is_a_clear_error(tmp_path, capsys):
     assert "no metrics/rank-*.jsonl" in capsys.readouterr().err
 
 
-@needs_mpi
+@uses_mpi
 def test_merged_workers_series_holds_every_workers_steps(two_runs):
     run = load_run(two_runs[1])
     from scalesgd.io.plot import training_curve
@@ -86,3 +86,54 @@ def test_time_to_targets_first_record_at_or_below_each_target():
     assert got["0.05"] is None
     assert json.loads(json.dumps(got)) == got
     assert time_to_targets([], [0.5]) == {"0.5": None}
+
+
+@uses_mpi
+def test_window_is_capped_to_the_run_and_the_title_says_so(two_runs, tmp_path):
+    """400 minibatches over a 12-step run would be a cumulative mean: the window becomes 12 // 4."""
+    single = two_runs[0]
+    res = plot_runs([single], tmp_path / "fig.png")                      # window 400 asked
+    assert (res.window, res.window_asked, res.shortest) == (3, 400, 12)
+    errors = [r["top1_error"] for r in load_run(single).steps[0]]
+    np.testing.assert_allclose(res.panels["train_epochs"][0].y, sliding_mean(errors, 3))
+    assert not np.allclose(res.panels["train_epochs"][0].y, sliding_mean(errors, 400))
+    axes = res.figures[0].axes
+    assert axes[0].get_title().startswith("training top-1 error, 3-minibatch sliding window")
+    assert "window 400 capped" in axes[0].get_title()
+    assert all(ax.get_ylim() == (0, 100) for ax in axes)               # error axes fixed to 0-100 %
+    res = plot_runs([single], tmp_path / "fig2.png", window=2)          # under the cap: as asked
+    assert res.window == 2 and "capped" not in res.figures[0].axes[0].get_title()
+
+
+@uses_mpi
+def test_four_runs_with_long_labels_fit_the_figures(two_runs, tmp_path):
+    """Four runs whose labels carry their directory names: the legend lies inside the figure and
+    the time split's run labels do not overlap."""
+    import shutil
+    dirs = []
+    for i in range(4):
+        d = tmp_path / f"2025010{i}-12000{i}-allreduce-resnet20"
+        shutil.copytree(two_runs[1], d)
+        dirs.append(d)
+    res = plot_runs(dirs, tmp_path / "fig.png", target=0.5)
+    assert all("(2025010" in label for label in res.split)             # long labels indeed
+    curves, split = res.figures
+    renderer = curves.canvas.get_renderer()
+    box = curves.legends[0].get_window_extent(renderer)
+    assert 0 <= box.x0 and box.x1 <= curves.bbox.width, (box, curves.bbox)
+    renderer = split.canvas.get_renderer()
+    ticks = [t.get_window_extent(renderer) for t in split.axes[0].get_xticklabels()]
+    assert len(ticks) == 4
+    for a, b in zip(ticks, ticks[1:]):
+        assert a.x1 < b.x0, (a, b)
+
+
+@uses_mpi
+def test_plot_without_output_writes_next_to_the_first_run(two_runs, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    single = two_runs[0]
+    assert plot_main([str(single), str(two_runs[1])]) == 0
+    fig, split = single.parent / f"{single.name}_fig.png", single.parent / f"{single.name}_fig_time.png"
+    assert fig.exists() and split.exists()
+    assert f"wrote {fig}" in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.png"))

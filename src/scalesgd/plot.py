@@ -2,12 +2,14 @@
 
 Writes ``fig.png`` (training and validation top-1 error against training time and epochs, one
 line per run) and ``fig_time.png`` (the time split per run); with ``--target`` prints when each
-run first reached that validation error.
+run first reached that validation error.  Without ``-o`` the figures go next to the first run
+directory: ``runs/A`` -> ``runs/A_fig.png`` and ``runs/A_fig_time.png``.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .io.plot import plot_runs
 
@@ -15,8 +17,10 @@ from .io.plot import plot_runs
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scalesgd-plot", description=__doc__.split("\n\n")[1])
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics/)")
-    p.add_argument("-o", "--output", default="fig.png", help="figure 1 path; figure 2 is STEM_time.png")
-    p.add_argument("--window", type=int, default=400, help="sliding window in minibatches (default 400)")
+    p.add_argument("-o", "--output", default=None, help="figure 1 path; figure 2 is STEM_time.png "
+                   "(default: RUN_fig.png next to the first RUN_DIR)")
+    p.add_argument("--window", type=int, default=400, help="sliding window in minibatches (default 400; "
+                   "capped at a quarter of the shortest run, the title says)")
     p.add_argument("--target", type=float, default=None,
                    help="target validation top-1 error as a fraction, e.g. 0.3: drawn and reported")
     p.add_argument("--merge-workers", action="store_true",
@@ -29,7 +33,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--window: must be >= 1, got {args.window}")
     if args.target is not None and not 0 < args.target < 1:
         p.error(f"--target: a top-1 error in (0, 1), got {args.target}")
+    if args.output is None:
+        args.output = str(default_output(args.runs[0]))
     return args
+
+
+def default_output(first_run: str) -> Path:
+    """``runs/A`` (or ``runs/A/``, or ``.`` inside it) -> ``runs/A_fig.png``, beside the run."""
+    run = Path(first_run).resolve()
+    return run.with_name(f"{run.name}_fig.png")
 
 
 def report(res, target: float) -> str:

@@ -15,8 +15,17 @@ or all writers use accumulate operations, which are element-wise atomic w.r.t. e
 - ``PublishedVector``: a seqlock over two halves; the owner publishes, anyone reads a consistent copy.
 - ``Inbox``: others ``Accumulate(SUM)`` into it; the owner empties it with an atomic fetch-and-replace.
 - ``Counter``: one int64 on a root rank, ``Fetch_and_op(SUM)``.
+
+Each of the three counts ``waited``: cumulative seconds its calls were blocked on another rank
+rather than moving their own data (what the methods report as ``wait_seconds``): a
+``PublishedVector`` read's failed tries (the owner was publishing that half), and the whole of a
+``Counter`` update (16 bytes: its time is the atomics' serialisation at the root, and across
+nodes the root's progress).  An ``Inbox`` push or drain moves a parameter-sized message; MPI cannot
+tell a blocked part apart inside it, so it counts none (see docs/methods.md).
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -118,6 +127,7 @@ class PublishedVector:
         self.halves = [self.win.view(self._offset(h), self.n, self.dtype) for h in (0, 1)]
         self.published = 0                          # k of the last publication
         self._hdr, self._s = np.zeros(2, np.int64), np.zeros(1, np.int64)
+        self.waited = 0.0                           # seconds in failed tries of read()
 
     def _offset(self, h: int) -> int:
         return HEADER_BYTES + h * self.half_bytes
@@ -137,9 +147,11 @@ class PublishedVector:
 
     def read(self, target: int, out: np.ndarray) -> tuple[int, int]:
         """A consistent copy of ``target``'s latest publication into ``out`` (scratch: a failed try
-        leaves garbage in it).  Returns (version, torn-read retries).  Never waits for the target."""
+        leaves garbage in it).  Returns (version, torn-read retries).  Never waits for the target;
+        the time of failed tries (a torn copy, or no complete half) is added to ``waited``."""
         assert out.dtype == self.dtype and out.size == self.n and out.flags.c_contiguous
         retries = 0
+        t = time.perf_counter()
         for _ in range(self.max_tries):
             self.win.get(self._hdr, target, 0)
             for h in sorted((0, 1), key=lambda h: -self._hdr[h]):
@@ -151,8 +163,15 @@ class PublishedVector:
                 if int(self._s[0]) == s:
                     return s // 2, retries
                 retries += 1
+                t = self._count_wait(t)             # a torn copy: the owner was writing it
+            t = self._count_wait(t)                 # no consistent half under this header
         raise TornReadError(f"no consistent copy of rank {target}'s vector after {self.max_tries} "
                             f"header reads ({retries} torn reads; seq {self._hdr.tolist()})")
+
+    def _count_wait(self, since: float) -> float:
+        now = time.perf_counter()
+        self.waited += now - since
+        return now
 
     def free(self) -> None:
         self.win.free()
@@ -169,6 +188,7 @@ class Inbox:
         self.win = Window(comm, self.n * self.dtype.itemsize, disp_unit=self.dtype.itemsize)
         self.local = self.win.view(0, self.n, self.dtype)       # for tests / inspection only
         self._zeros = np.zeros(self.n, self.dtype)
+        self.waited = 0.0                  # stays 0: a push or drain is all transfer (module doc)
 
     def push(self, target: int, msg: np.ndarray) -> None:
         self.win.accumulate(msg, target, 0, MPI.SUM)
@@ -187,20 +207,24 @@ class Counter:
 
     ``add(k, raised)`` atomically adds k to the count (``Fetch_and_op`` SUM) and merges this rank's
     raised signals (``Get_accumulate`` MAX, which returns the previous ones); returns (new total,
-    signals seen)."""
+    signals seen).  Its whole time is added to ``waited`` (two 8-byte atomics: nothing to transfer;
+    they wait for the root's window, serialised with every other rank's update)."""
 
     def __init__(self, comm, root: int = 0):
         self.root = root
         self.win = Window(comm, 24 if comm.Get_rank() == root else 0, disp_unit=8)
         self._v, self._r = np.zeros(1, np.int64), np.zeros(1, np.int64)
         self._sig = np.zeros(2, np.int64)
+        self.waited = 0.0
 
     def add(self, k: int, raised=None) -> tuple[int, np.ndarray]:
+        t = time.perf_counter()
         self._v[0] = k
         self.win.fetch_and_op(self._v, self._r, self.root, 0, MPI.SUM)
         total = int(self._r[0]) + k
         mine = np.zeros(2, np.int64) if raised is None else np.asarray(raised, np.int64)
         self.win.get_accumulate(mine, self._sig, self.root, 1, MPI.MAX)
+        self.waited += time.perf_counter() - t
         return total, np.maximum(self._sig, mine)
 
     def set(self, total: int) -> None:

@@ -7,9 +7,14 @@ display needed).  Choices, documented in ``docs/cli.md``:
 * Training curve: by default the step records of the *first worker* (rank 0, or rank 1 when rank 0
   is the parameter server), i.e. the minibatches one worker saw, smoothed with a trailing sliding
   window of ``window`` minibatches (Paine et al. use 400); the first ``window - 1`` points average
-  what is available so far.  ``merge=True`` instead merges every worker's step records ordered by
-  ``train_seconds`` (the global sequence of minibatches; less noisy, the window then spans
-  ``window / workers`` steps per worker).
+  what is available so far.  The window is capped at a quarter of the shortest curve (a window as
+  long as the run would draw a cumulative mean, not a sliding one); the titles give the window used.
+  ``merge=True`` instead merges every worker's step records ordered by ``train_seconds`` (the
+  global sequence of minibatches; less noisy, the window then spans ``window / workers`` steps per
+  worker).
+* Error axes are fixed to 0-100 % so that figures compare at a glance; the legend is laid out in as
+  many rows as its labels need to fit the figure's width, and long run labels are wrapped under
+  the bars of the time split.
 * x axes: ``train_seconds`` (training wall-clock time, evaluation excluded) shown in seconds,
   minutes or hours depending on the longest run, and the global epoch (global samples / epoch).
 * Validation error: ``1 - val_top1_accuracy`` of the "val" records (the evaluated model: the
@@ -20,6 +25,7 @@ display needed).  Choices, documented in ``docs/cli.md``:
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +35,8 @@ from .summary import target_key, time_to_targets
 
 SPLIT_KINDS = ("compute", "comm", "wait", "data")
 SPLIT_COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "wait": "#C44E52", "data": "#8C8C8C"}
+WINDOWS_PER_CURVE = 4          # the smoothing window spans at most 1/4 of the shortest training curve
+TICK_LABEL_CHARS = 16          # time split: run labels wrapped to lines of at most this many characters
 
 
 @dataclass
@@ -60,6 +68,10 @@ class PlotResult:
     split: dict[str, dict[str, float]] = field(default_factory=dict)
     reached: dict[str, dict | None] = field(default_factory=dict)   # label -> time_to_targets entry
     time_unit: str = "s"
+    window: int = 0                       # the smoothing window used (after the cap) ...
+    window_asked: int = 0                 # ... and the one asked for
+    shortest: int = 0                     # minibatches in the shortest training curve
+    figures: list = field(default_factory=list)    # the matplotlib Figures drawn (curves, split)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -122,6 +134,14 @@ def training_records(run: RunData, merge: bool = False) -> list[dict]:
     return sorted(merged, key=lambda r: r["train_seconds"])
 
 
+def effective_window(window: int, lengths: list[int]) -> int:
+    """``window`` capped to 1/WINDOWS_PER_CURVE of the shortest curve (at least 1): 400 minibatches
+    over a 66-step run would be a cumulative mean, not a sliding window."""
+    if not lengths:
+        return window
+    return max(1, min(window, min(lengths) // WINDOWS_PER_CURVE))
+
+
 def training_curve(run: RunData, window: int, merge: bool = False):
     """(train_seconds, epoch, smoothed top-1 error), each (n,)."""
     recs = training_records(run, merge)
@@ -157,8 +177,10 @@ def time_unit(max_seconds: float) -> tuple[float, str]:
 
 def collect(runs: list[RunData], window: int, merge: bool, target: float | None) -> PlotResult:
     """Every series to draw, in the chosen time unit, without drawing anything."""
-    res = PlotResult(paths=[])
-    curves = [(r, training_curve(r, window, merge), validation_curve(r)) for r in runs]
+    lengths = [n for n in (len(training_records(r, merge)) for r in runs) if n]
+    res = PlotResult(paths=[], window=effective_window(window, lengths), window_asked=window,
+                     shortest=min(lengths or [0]))
+    curves = [(r, training_curve(r, res.window, merge), validation_curve(r)) for r in runs]
     longest = max([float(c[0].max()) for _, tr, va in curves for c in (tr, va) if len(c[0])] or [0.0])
     div, res.time_unit = time_unit(longest)
     for name in ("train_time", "train_epochs", "val_time", "val_epochs"):
@@ -181,29 +203,43 @@ def _style_axis(ax, xlabel: str, ylabel: str, title: str) -> None:
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=11)
     ax.grid(True, which="major", alpha=0.35, linewidth=0.6)
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, 100)                    # error in %: the same frame for every figure
+    ax.set_yticks(range(0, 101, 20))
     ax.set_xlim(left=0)
     ax.tick_params(labelsize=9)
 
 
-def draw_curves(res: PlotResult, path: Path, window: int, target: float | None, dpi: int) -> None:
-    """Figure 1: 2x2 panels, training (smoothed) and validation top-1 error against time and epochs."""
+def train_title(res: PlotResult) -> str:
+    """The training panels' title, with the window used (and why, when it was capped)."""
+    title = f"training top-1 error, {res.window}-minibatch sliding window"
+    if res.window < res.window_asked:
+        title += (f"\n(window {res.window_asked} capped to 1/{WINDOWS_PER_CURVE} of the shortest run, "
+                  f"{res.shortest} minibatches)")
+    return title
+
+
+def draw_curves(res: PlotResult, path: Path, target: float | None, dpi: int):
+    """Figure 1: 2x2 panels, training (smoothed) and validation top-1 error against time and
+    epochs; returns the Figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 7.5), layout="constrained")
+    FigureCanvasAgg(fig)                   # a renderer, to measure the legend (_fit_legend)
     axes = fig.subplots(2, 2, sharey="row")
     labels = list(dict.fromkeys(s.label for p in res.panels.values() for s in p))
     colors = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
     tlabel = f"training time ({res.time_unit}, evaluation excluded)"
-    spec = [("train_time", 0, 0, tlabel, f"training top-1 error, {window}-minibatch sliding window"),
-            ("train_epochs", 0, 1, "epoch", f"training top-1 error, {window}-minibatch sliding window"),
+    spec = [("train_time", 0, 0, tlabel, train_title(res)),
+            ("train_epochs", 0, 1, "epoch", train_title(res)),
             ("val_time", 1, 0, tlabel, "validation top-1 error"),
             ("val_epochs", 1, 1, "epoch", "validation top-1 error")]
     for name, i, j, xlabel, title in spec:
         ax, val = axes[i][j], name.startswith("val")
         for s in res.panels[name]:
             ax.plot(s.x, 100 * s.y, color=colors[s.label], label=s.label, linewidth=1.6,
-                    marker="o" if val and len(s.x) <= 60 else None, markersize=3.5)
+                    marker="o" if val and len(s.x) <= 60 else None, markersize=3.5,
+                    clip_on=False)         # a point at 0 or 100 % is drawn whole on the frame
         if target is not None and val:
             ax.axhline(100 * target, color="0.25", linestyle="--", linewidth=1.0,
                        label=f"target {100 * target:g}% (\u2605 first reached)")
@@ -212,9 +248,21 @@ def draw_curves(res: PlotResult, path: Path, window: int, target: float | None, 
     handles, names = axes[1][0].get_legend_handles_labels()
     if not handles:
         handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 5), fontsize=10,
-               frameon=False)
+    _fit_legend(fig, handles, names)
     fig.savefig(path, dpi=dpi)
+    return fig
+
+
+def _fit_legend(fig, handles, names) -> None:
+    """The figure legend below the panels in as few rows as fit the figure's width (measured, so
+    long labels such as ``gossip ×4 (RUN_DIR name)`` wrap to more rows instead of being clipped)."""
+    renderer = fig.canvas.get_renderer()
+    for ncols in range(min(len(names), 5), 0, -1):
+        leg = fig.legend(handles, names, loc="outside lower center", ncols=ncols, fontsize=10,
+                         frameon=False)
+        if ncols == 1 or leg.get_window_extent(renderer).width <= 0.98 * fig.bbox.width:
+            return
+        leg.remove()
 
 
 def _mark_targets(ax_time, ax_epochs, res: PlotResult, colors: dict, target: float | None) -> None:
@@ -230,14 +278,28 @@ def _mark_targets(ax_time, ax_epochs, res: PlotResult, colors: dict, target: flo
             ax_epochs.plot([hit["epoch"]], [100 * hit["val_top1_error"]], **kw)
 
 
-def draw_split(res: PlotResult, path: Path, dpi: int) -> None:
-    """Figure 2: per run, the mean worker's training time as stacked bars (compute/comm/wait/data)."""
+def wrap_label(label: str) -> str:
+    """A run label on lines of at most TICK_LABEL_CHARS characters, broken at spaces and hyphens
+    only (a longer word keeps its own line; the slot width follows the longest line)."""
+    lines = textwrap.wrap(label, TICK_LABEL_CHARS, break_on_hyphens=True, break_long_words=False)
+    return "\n".join(lines) or label
+
+
+def draw_split(res: PlotResult, path: Path, dpi: int):
+    """Figure 2: per run, the mean worker's training time as stacked bars (compute/comm/wait/data);
+    returns the Figure.  Each bar gets a slot wide enough for its wrapped label."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     labels = list(res.split)
     totals = [sum(res.split[lab].values()) for lab in labels]
     div, unit = time_unit(max(totals or [0.0]))
-    fig = Figure(figsize=(max(5.0, 1.3 * len(labels) + 2.5), 4.8), layout="constrained")
+    ticks = [wrap_label(lab) for lab in labels]
+    longest = max((len(line) for t in ticks for line in t.split("\n")), default=0)
+    slot = max(1.3, 0.08 * longest + 0.3)          # inches per bar: ~0.07 in per 9-pt character
+    fig = Figure(figsize=(max(5.0, slot * len(labels) + 2.5), 4.8 + 0.15 * ticks_lines(ticks)),
+                 layout="constrained")
+    FigureCanvasAgg(fig)                   # a renderer for whoever measures the figure afterwards
     ax = fig.subplots()
     x, bottom = np.arange(len(labels)), np.zeros(len(labels))
     for kind in SPLIT_KINDS:
@@ -253,13 +315,19 @@ def draw_split(res: PlotResult, path: Path, dpi: int) -> None:
         ax.text(xi, tot / div, f"{tot / div:.3g} {unit[0] if unit != 'seconds' else 's'}", ha="center",
                 va="bottom", fontsize=9)
     ax.margins(y=0.08)
-    ax.set_xticks(x, labels, rotation=20 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center")
+    ax.set_xticks(x, ticks, fontsize=9)
     ax.set_ylabel(f"time per worker ({unit})")
     ax.set_title("where the training time goes (mean over workers)", fontsize=11)
     ax.grid(True, axis="y", alpha=0.35, linewidth=0.6)
     ax.set_axisbelow(True)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
     fig.savefig(path, dpi=dpi)
+    return fig
+
+
+def ticks_lines(ticks: list[str]) -> int:
+    """Lines of the tallest wrapped tick label."""
+    return max((t.count("\n") + 1 for t in ticks), default=1)
 
 
 def split_path(out: str | Path) -> Path:
@@ -278,7 +346,6 @@ def plot_runs(run_dirs, out: str | Path, window: int = 400, target: float | None
     res = collect(runs, window, merge, target)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    draw_curves(res, out, window, target, dpi)
-    draw_split(res, split_path(out), dpi)
+    res.figures = [draw_curves(res, out, target, dpi), draw_split(res, split_path(out), dpi)]
     res.paths = [out, split_path(out)]
     return res

@@ -16,6 +16,10 @@ all ranks, itself included unless ``--no-gossip-self``; seeded by ``train.seed``
 The global sample count lives in an int64 on rank 0 (``Fetch_and_op(SUM)``, added once per exchange);
 between exchanges ``after_update`` returns the last total it fetched.  Evaluation averages the replicas
 exactly (the de-biased x_i for push) and reports the consensus distance.  Momentum stays local.
+
+Timers: ``wait`` is the counter update (two 8-byte atomics on rank 0) and the failed tries of a
+pull read (the peer was publishing that copy); ``comm`` is the rest of the exchange (read, mix and
+publish; or push, drain and fold).
 """
 from __future__ import annotations
 
@@ -74,12 +78,21 @@ class Gossip(Method):
         self._unreported += samples
         if (step + 1) % self.tau:
             return self.global_samples
+        waited = self.waited()
         with self.timed("comm"):
             self.exchange()
             self.global_samples, sig = self.counter.add(self._unreported, self.raised)
             self.seen[:] = np.maximum(self.seen, sig)
+        waited = self.waited() - waited          # blocked, not moving data: comm -> wait
+        self.timers["comm"] -= waited
+        self.timers["wait"] += waited
         self._unreported = 0
         return self.global_samples
+
+    def waited(self) -> float:
+        """Seconds the windows were blocked on other ranks so far (``comm/window.py``): the counter
+        updates, and the pull reads' failed tries (the peer was publishing)."""
+        return sum(w.waited for w in (self.pub, self.inbox, self.counter) if w is not None)
 
     def exchange(self) -> None:
         """One gossip exchange on the current parameters (the host copy, for device arrays)."""
