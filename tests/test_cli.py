@@ -1,7 +1,6 @@
 """The program as a user runs it: real processes, real shards, real mpiexec."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 import h5py
 import pytest
 
+from mpirun import mpi_launcher, mpiexec
 from synth import make_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,17 +119,12 @@ def test_unreadable_jpeg_is_skipped_named_and_counted(tmp_path):
     assert summary["bad_samples"] == 1 and summary["samples"] == 48       # no step lost
 
 
-def mpiexec():
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else shutil.which("mpiexec")
-
-
 @pytest.mark.mpi
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the [mpi] extra)")
 def test_several_ranks_are_refused_together(tmp_path, tiny_data):
     """Until the distributed methods land, -n 2 with the single method fails on every rank, fast."""
     p = run_cli(["--data", str(tiny_data), "--run-dir", str(tmp_path / "run"), *TINY], tmp_path,
-                timeout=60, launcher=(mpiexec(), "-n", "2"))
+                timeout=60, launcher=mpi_launcher(2))
     report = f"rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     assert p.returncode != 0, report
     assert "method 'single' trains on one rank, but this job has 2 ranks" in p.stderr, report
@@ -144,7 +139,37 @@ def test_one_ranks_bad_sample_does_not_stop_the_job(tmp_path):
     same number of steps (the gradient all-reduce would hang otherwise), the summary counts it."""
     root = make_dataset(tmp_path / "d", n=48, n_val=20, num_classes=4, bad=30)
     p = run_cli(["--data", str(root), "--run-dir", str(tmp_path / "run"), "--method", "allreduce", *TINY],
-                tmp_path, timeout=60, launcher=(mpiexec(), "-n", "2"))
+                tmp_path, timeout=60, launcher=mpi_launcher(2))
     assert len(bad_sample_warnings(p, "train-00001-of-00002.h5[6]")) == 1
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["bad_samples"] == 1 and summary["samples"] == 48
+
+
+def test_help_lists_every_choice_and_section_and_version_is_setup_cfgs(tmp_path):
+    """--help shows each enum-like key's choices (as config.py validates them) and every job-file
+    section; --version prints setup.cfg's version."""
+    import configparser
+
+    from scalesgd import config as C
+    p = run_cli(["--help"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    text = " ".join(p.stdout.split())                  # argparse wraps at the terminal width
+    for flag in ("--method {single,allreduce,easgd,asgd,gossip}", "--gossip {pull,push}",
+                 "--device {cpu,gpu,auto}", "--dtype {float32,float64}",
+                 "--augment {multiscale,rrc,center}", "--schedule {constant,step,cosine}",
+                 "--model {resnet18,"):
+        assert flag in text, flag
+    with_choices = 0
+    for section in C.SECTIONS:
+        for f, meta in C.fields_of(section):
+            if meta.get("choices"):
+                with_choices += 1
+                flag = C.flag_name(section, f.name).replace("_", "-")
+                assert f"--{flag} {{{','.join(map(str, meta['choices']))}}}" in text, flag
+    assert with_choices >= 10
+    sections = " ".join(f"[{s}]" for s in C.SECTIONS)
+    assert f"TOML job file (sections {sections})" in text and "[dist]" in sections
+    p = run_cli(["--version"], tmp_path)
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    assert p.returncode == 0 and p.stdout.strip() == f"scalesgd {cfg['metadata']['version']}", p

@@ -49,7 +49,7 @@ def test_each_method_trains_the_digits_on_4_ranks(tmp_path, method):
 def test_async_methods_terminate_20_times_in_a_row(tmp_path_factory, method, knob):
     """20 short real runs (3 ranks, tiny data, varied seed, exchange period, evaluation period and a
     straggler) each end with exit 0 on every rank and a summary, never a hang."""
-    from mpirun import mpiexec
+    from mpirun import mpi_launcher, mpiexec
     from synth import make_dataset
     from test_cli import TINY, run_cli
     if mpiexec() is None:
@@ -64,6 +64,6 @@ def test_async_methods_terminate_20_times_in_a_row(tmp_path_factory, method, kno
         if method == "gossip":
             extra += ["--gossip", ("pull", "push")[i % 2]]
         p = run_cli(["--data", str(data), "--run-dir", str(run_dir), "--method", method, *TINY, *extra],
-                    tmp, timeout=60, launcher=(mpiexec(), "-n", "3"))
+                    tmp, timeout=60, launcher=mpi_launcher(3))
         assert p.returncode == 0, f"run {i} {extra}:\n{p.stdout}\n{p.stderr}"
         assert (run_dir / "summary.json").exists(), f"run {i}"

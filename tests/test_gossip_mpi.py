@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from mpirun import check, mpiexec, needs_mpi, run_mpi
+from mpirun import check, mpi_launcher, needs_mpi, run_mpi
 from synth import make_dataset
 from test_cli import TINY, run_cli
 
@@ -32,7 +32,7 @@ def test_cli_run_ends_and_writes_summary(tmp_path, tiny_data, variant, extra, bo
     run_dir = tmp_path / "run"
     p = run_cli(["--data", str(tiny_data), "--run-dir", str(run_dir), "--method", "gossip",
                  "--gossip", variant, *TINY, *extra], tmp_path, timeout=90,
-                launcher=(mpiexec(), "-n", "3"))
+                launcher=mpi_launcher(3))
     assert p.returncode == 0, f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     s = json.loads((run_dir / "summary.json").read_text())
     assert (s["method"], s["ranks"], s["workers"]) == ("gossip", 3, 3)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from mpirun import check, mpiexec, needs_mpi, run_mpi
+from mpirun import check, mpi_launcher, needs_mpi, run_mpi
 from synth import make_dataset
 from test_cli import TINY, bad_sample_warnings, one_line_error, run_cli
 
@@ -33,7 +33,7 @@ def tiny_data(tmp_path_factory):
 def test_cli_run_ends_and_writes_summary(tmp_path, tiny_data, method, extra, boundaries):
     run_dir = tmp_path / "run"
     p = run_cli(["--data", str(tiny_data), "--run-dir", str(run_dir), "--method", method, *TINY,
-                 *extra], tmp_path, timeout=90, launcher=(mpiexec(), "-n", "3"))
+                 *extra], tmp_path, timeout=90, launcher=mpi_launcher(3))
     assert p.returncode == 0, f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     s = json.loads((run_dir / "summary.json").read_text())
     assert (s["method"], s["ranks"], s["workers"]) == (method, 3, 2)
@@ -54,7 +54,7 @@ def test_cli_run_ends_and_writes_summary(tmp_path, tiny_data, method, extra, bou
 def test_one_rank_is_refused_fast(tmp_path, tiny_data):
     t = time.perf_counter()
     p = run_cli(["--data", str(tiny_data), "--run-dir", str(tmp_path / "run"), "--method", "easgd",
-                 *TINY], tmp_path, timeout=60, launcher=(mpiexec(), "-n", "1"))
+                 *TINY], tmp_path, timeout=60, launcher=mpi_launcher(1))
     one_line_error(p, "easgd", "at least 2 ranks")
     assert time.perf_counter() - t < 20
     assert not (tmp_path / "run").exists()
@@ -65,7 +65,7 @@ def test_workers_skip_bad_samples_and_the_job_ends(tmp_path):
     it, and the run (server included) ends normally with the count in the summary."""
     root = make_dataset(tmp_path / "d", n=48, n_val=20, num_classes=4, bad=range(24, 48))
     p = run_cli(["--data", str(root), "--run-dir", str(tmp_path / "run"), "--method", "asgd", *TINY],
-                tmp_path, timeout=60, launcher=(mpiexec(), "-n", "3"))
+                tmp_path, timeout=60, launcher=mpi_launcher(3))
     lines = bad_sample_warnings(p, "train-00001-of-00002.h5[")
     assert all("rank 1:" in ln or "rank 2:" in ln for ln in lines), lines
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

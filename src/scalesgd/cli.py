@@ -8,6 +8,7 @@ the whole job is aborted so no rank hangs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -32,10 +33,12 @@ def make_parser() -> argparse.ArgumentParser:
     ap = _Parser(
         prog="scalesgd", description="Train a ResNet with distributed SGD over MPI "
         "(defaults: the built-in digits demo).", argument_default=argparse.SUPPRESS)
-    ap.add_argument("--config", help="TOML job file (sections [model] [data] [optim] [schedule] [train]); "
-                    "flags override it")
+    sections = " ".join(f"[{s}]" for s in C.SECTIONS)
+    ap.add_argument("--config", help=f"TOML job file (sections {sections}); flags override it")
     ap.add_argument("--dry-run", action="store_true", help="print the resolved config and the "
                     "parameter count, then exit")
+    from ._version import version
+    ap.add_argument("--version", action="version", version=f"scalesgd {version()}")
     defaults = C.Config()
     for section in C.SECTIONS:
         group = ap.add_argument_group(f"[{section}]")
@@ -48,8 +51,10 @@ def make_parser() -> argparse.ArgumentParser:
             kw = dict(dest=f"{section}.{f.name}", help=helptext)
             if hints[f.name] is bool:
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-            else:
-                group.add_argument(flag, metavar=f.name.upper(), **kw)
+            else:       # the choices config.py validates against, shown as argparse shows choices
+                choices = meta.get("choices")
+                metavar = "{" + ",".join(map(str, choices)) + "}" if choices else f.name.upper()
+                group.add_argument(flag, metavar=metavar, **kw)
     return ap
 
 
@@ -82,8 +87,19 @@ def resolve_config(args: argparse.Namespace) -> C.Config:
 
 
 def resume_run_dir(path: Path) -> Path:
-    """RUN_DIR given directly, or the RUN_DIR of RUN_DIR/checkpoints/ckpt-*.h5."""
-    return path if path.is_dir() else path.parent.parent
+    """RUN_DIR given directly, or the RUN_DIR of RUN_DIR/checkpoints/ckpt-*.h5.  Anything else is
+    a ConfigError naming the path as the user gave it (not a directory derived from it)."""
+    if path.is_dir():
+        run_dir = path
+    elif path.is_file():            # RUN_DIR/checkpoints/ckpt-*.h5 (absolute when given as ckpt.h5)
+        run_dir = (path if len(path.parts) >= 2 else path.absolute()).parent.parent
+    else:
+        raise C.ConfigError(f"--resume {path}: no such run directory or checkpoint file")
+    if not (run_dir / "config.json").is_file():
+        raise C.ConfigError(f"--resume {path}: not a run directory (no config.json in it)"
+                            if run_dir == path else f"--resume {path}: no config.json in {run_dir} "
+                            f"(a checkpoint file must lie in RUN_DIR/checkpoints/)")
+    return run_dir
 
 
 def check_resume_identity(saved: C.Config, new: C.Config, run_dir: Path) -> None:
@@ -112,7 +128,10 @@ def _stopped():
 def _user_errors():
     from .data.shards import DataError
     from .io.checkpoint import CheckpointError
-    return (C.ConfigError, DataError, CheckpointError, backend_mod.BackendError, ValueError, OSError)
+    from .methods.base import PhaseError
+    from .train.loop import Diverged
+    return (C.ConfigError, DataError, CheckpointError, backend_mod.BackendError, PhaseError, Diverged,
+            ValueError, OSError)
 
 
 def _num_classes_for_dry_run(cfg: C.Config) -> int:
@@ -136,10 +155,52 @@ def _data_root(cfg: C.Config, topo) -> Path:
     if cfg.data.data:
         return Path(cfg.data.data)
     from .data.demo import build_digits, default_data_dir
-    if topo.local_rank == 0:
-        build_digits(default_data_dir())
-    topo.node_comm.Barrier()                 # the others then find it built (writes are atomic)
-    return build_digits(default_data_dir())
+    with together(topo):
+        if topo.local_rank == 0:
+            build_digits(default_data_dir())
+    with together(topo):                     # (a barrier) the others then find it built: writes are atomic
+        return build_digits(default_data_dir())
+
+
+class SetupError(Exception):
+    """A set-up error settled by all ranks together (``together``); every rank raises it."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+@contextlib.contextmanager
+def together(topo):
+    """Set-up work every rank does, with no collective inside.  A user error on any rank is settled
+    by all ranks at the end of the block (one all-gather of the messages): an error every rank hit
+    alike is reported once, one that only some ranks hit names them (``ranks 1,3/4: ...``), and
+    every rank raises ``SetupError``, so the job ends cleanly with one report.  On one rank the
+    error passes through unchanged.  Anything that is not a user error is a bug and aborts at once."""
+    if topo.size == 1:
+        yield
+        return
+    from .comm.collectives import allgather_text
+    text = ""
+    try:
+        yield
+    except C.ConfigError as exc:
+        text = f"{EXIT_USAGE} {exc}"
+    except _user_errors() as exc:
+        text = f"{EXIT_ERROR} {exc}"
+    texts = allgather_text(topo.comm, text)
+    failed = {r: t.split(" ", 1) for r, t in enumerate(texts) if t}
+    if not failed:
+        return
+    by_message: dict[str, list[int]] = {}
+    for r, (_, msg) in failed.items():
+        by_message.setdefault(msg, []).append(r)
+    if len(by_message) == 1 and len(failed) == topo.size:
+        message = next(iter(by_message))
+    else:
+        message = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}/{topo.size}: {msg}"
+                            for msg, rs in by_message.items())
+    raise SetupError(message, max(int(code) for code, _ in failed.values()))
 
 
 def _run_dir(cfg: C.Config, topo) -> Path:
@@ -182,19 +243,20 @@ class ResumeError(RuntimeError):
 _STOP = {"requested": False, "method": None}
 
 
-def _on_stop_signal(signum, frame) -> None:
+def _on_stop_signal() -> None:
+    """SIGTERM / SIGUSR1 on any rank: checkpoint at the next phase, then exit 75 everywhere (or exit 1
+    after ``train.stop_timeout`` if the job is stuck: ``comm/watchdog.py``).  May run on the
+    watchdog's signal thread: it only sets flags."""
     _STOP["requested"] = True
     if _STOP["method"] is not None:
         _STOP["method"].request_stop()
 
 
 def _install_stop_handlers() -> None:
-    """SIGTERM / SIGUSR1 on any rank: checkpoint at the next safe point, then exit 75 everywhere.
-    Installed first thing, so a signal during start-up (e.g. Slurm's early warning arriving during
+    """Installed first thing, so a signal during start-up (e.g. Slurm's early warning arriving during
     MPI initialisation) is remembered instead of killing the rank."""
-    import signal
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, _on_stop_signal)
+    from .comm import watchdog
+    watchdog.install(_on_stop_signal)
 
 
 def _attach_stop(method) -> None:
@@ -207,17 +269,32 @@ def run(cfg: C.Config, topo) -> dict:
     from . import methods
     from .io.files import write_json_atomic
     from .train import loop
+    cfg = C.fit_to_world(cfg, topo.size)         # rank-count defaults of unset keys (rank 0 logs)
     method = methods.create(cfg, topo)          # refuses a wrong rank count first
-    backend = backend_mod.select(cfg.train.device, topo.local_rank)
-    threads = backend_mod.blas_threads_for(topo.local_size)
-    backend_mod.set_blas_threads(threads)
+    with together(topo):
+        backend = backend_mod.select(cfg.train.device, topo.local_rank)
+        threads = backend_mod.blas_threads_for(topo.local_size)
+        backend_mod.set_blas_threads(threads)
     resume = _resume_checkpoint(cfg, topo)
-    setup = loop.build(cfg, topo, backend, method, _data_root(cfg, topo), cfg.data.data_threads or threads)
-    run_dir = _run_dir(cfg, topo)                            # nothing is written before this point
-    run_dir.mkdir(parents=True, exist_ok=True)
+    data_root = _data_root(cfg, topo)
+    with together(topo):                        # everything is validated before anything is written
+        setup = loop.build(cfg, topo, backend, method, data_root, cfg.data.data_threads or threads)
+        if resume is not None:
+            loop.check_fits(setup, resume)
+        elif cfg.train.init_from:
+            loop.warm_start(setup, Path(cfg.train.init_from))
+    run_dir = _run_dir(cfg, topo)
+    with together(topo):
+        if topo.is_root:
+            if resume is None and (run_dir / "config.json").exists():
+                raise C.ConfigError(f"--run-dir {run_dir} already holds a run (its config.json): continue "
+                                    f"it with --resume {run_dir}, or choose another run directory")
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(run_dir / "config.json", cfg.to_dict())
     _attach_stop(method)
+    from .comm import watchdog
+    watchdog.configure(cfg.train.stop_timeout)
     if topo.is_root:
-        write_json_atomic(run_dir / "config.json", cfg.to_dict())
         logging.info("run directory %s; model %s, %s parameters; device %s; %d BLAS thread(s)",
                      run_dir, cfg.model.model, f"{setup.model.num_params:,}", backend.name, threads)
     if resume is not None and topo.is_root:
@@ -232,6 +309,18 @@ def run(cfg: C.Config, topo) -> dict:
               f"{summary['images_per_second']:.1f} img/s, {summary['wall_seconds']:.1f} s; "
               f"results in {run_dir}/summary.json", flush=True)
     return summary
+
+
+def _launched_world():
+    """For an error found before MPI started (a bad flag): the topology when a launcher started
+    several ranks, so that the error is printed once (by rank 0) instead of once per rank."""
+    from .comm import topology
+    if max(topology.launched_size(), 1) == 1:
+        return None
+    try:
+        return topology.init()
+    except Exception:                     # a broken launch: every rank reports on its own
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"--resume {getattr(exc, 'run_dir', 'RUN_DIR')}", file=sys.stderr, flush=True)
         return EXIT_STOPPED
     except C.ConfigError as exc:
-        fail(topo, str(exc), EXIT_USAGE, shared=True)
+        fail(topo or _launched_world(), str(exc), EXIT_USAGE, shared=True)
+    except SetupError as exc:
+        fail(topo, str(exc), exc.code, shared=True)
     except _shared_errors() as exc:
         fail(topo, str(exc), EXIT_ERROR, shared=True)
     except _user_errors() as exc:

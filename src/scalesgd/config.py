@@ -3,13 +3,23 @@
 A config has five sections, each a frozen dataclass: ``[model]``, ``[data]``, ``[optim]``,
 ``[schedule]``, ``[train]``.  Every field is also a command-line flag named after it (``--batch-size``,
 ``--lr``, ``--nesterov/--no-nesterov``...); field names are unique across sections.  Precedence:
-defaults < ``--config FILE.toml`` < flags.  Unknown keys, wrong types and out-of-range values raise
-:class:`ConfigError` naming the key.  The defaults are the built-in demo (ResNet-20 on the digits).
+defaults < ``--config FILE.toml`` < flags.  Unknown keys, wrong types, non-finite numbers and
+out-of-range values raise :class:`ConfigError` naming the key.  The defaults are the built-in demo
+(ResNet-20 on the digits).
+
+Derived defaults follow the data and the job, but only for keys nobody set (``Config.explicit`` holds
+the keys the job file or the flags set; an explicit value is never changed):
+
+* ``data.scale`` follows ``data.image_size`` and ``data.augment`` (``build``);
+* ``data.batch_size`` and, for ``asgd``, ``schedule.lr`` follow the number of workers
+  (``fit_to_world``, applied once the rank count is known and logged by rank 0).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -22,6 +32,13 @@ from .optim.sgd import SGDConfig
 METHODS = ("single", "allreduce", "easgd", "asgd", "gossip")
 GOSSIP_VARIANTS = ("pull", "push")
 AUGMENTS = ("multiscale", "rrc", "center")
+SERVER_METHODS = ("easgd", "asgd")      # rank 0 is a parameter server: workers = ranks - 1
+
+# Derived defaults (used only when the key was not set; see the module docstring).
+MULTISCALE_RATIO = (1.0, 1.25)          # multiscale: shorter side ~ image_size x U[1, 1.25] (32 -> 32..40)
+RRC_SCALE = (0.08, 1.0)                 # rrc: crop area fraction (Inception / torchvision)
+GLOBAL_BATCH = 64                       # the one-rank demo's batch, split over the workers ...
+MIN_WORKER_BATCH = 8                    # ... but never below 8 per worker (batch-norm statistics)
 
 
 class ConfigError(ValueError):
@@ -52,10 +69,12 @@ class ModelConfig:
 class DataConfig:
     data: str = _f("", "dataset directory with manifest.json; empty = built-in digits (built on first use)")
     image_size: int = _f(32, "side of the square training/validation crops (pixels)", lo=8)
-    batch_size: int = _f(64, "minibatch per worker", lo=1)
+    batch_size: int = _f(64, "minibatch per worker; when unset, 64 split over the workers "
+                         "(at least 8 each)", lo=1)
     augment: str = _f("multiscale", "training augmentation", choices=AUGMENTS)
-    scale: tuple[float, float] = _f((32.0, 40.0), "multiscale: shorter side ~ U[lo, hi] pixels; "
-                                    "rrc: crop area fraction ~ U[lo, hi]", lo=0, lo_open=True)
+    scale: tuple[float, float] = _f((32.0, 40.0), "multiscale: shorter side ~ U[lo, hi] pixels "
+                                    "(unset: image_size x [1, 1.25]); rrc: crop area fraction ~ U[lo, hi] "
+                                    "(unset: [0.08, 1])", lo=0, lo_open=True)
     flip: bool = _f(False, "random horizontal flips in training")
     val_resize: int = _f(0, "validation: shorter side before the centre crop (0 = image_size*256/224)",
                          lo=0)
@@ -78,6 +97,9 @@ class TrainConfig:
     device: str = _f("auto", "cpu, gpu, or auto (GPU when CuPy sees one)", choices=("cpu", "gpu", "auto"))
     label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy", lo=0, hi=0.99)
     log_every: int = _f(10, "steps between log lines", lo=1)
+    progress: str = _f("auto", "step display: bar (one line redrawn in place), lines (one every log_every "
+                       "steps), off, auto (bar on a terminal unless an MPI launcher started the ranks)",
+                       choices=("auto", "bar", "lines", "off"))
     run_dir: str = _f("", "where results go (empty = runs/<time>-<method>-<model>)")
     checkpoint_every: float = _f(0.0, "epochs (of global samples) between checkpoints; 0 = only at the "
                                  "end and on SIGTERM/SIGUSR1", lo=0)
@@ -87,6 +109,9 @@ class TrainConfig:
     resume: str = _f("", "continue a run: its RUN_DIR (newest good checkpoint) or a checkpoint file")
     init_from: str = _f("", "warm start: every rank starts from the weights of this checkpoint file "
                         "(or a run directory's newest) with a fresh optimizer")
+    stop_timeout: float = _f(180.0, "seconds a stop (SIGTERM/SIGUSR1) may take to checkpoint and end the "
+                             "job; past it every rank exits 1 naming the phase it was stuck in "
+                             "(0 = wait for ever)", lo=0)
 
 
 @dataclass(frozen=True)
@@ -113,7 +138,7 @@ EXTRA_META = {
     "nesterov": {"help": "Nesterov momentum"},
     "weight_decay": {"help": "L2 weight decay", "lo": 0},
     "decay_bn_and_bias": {"help": "also apply weight decay to BN parameters and biases"},
-    "lr": {"help": "base learning rate", "lo": 0},
+    "lr": {"help": "base learning rate; when unset with asgd, divided by the workers", "lo": 0},
     "schedule": {"help": "learning-rate schedule", "choices": SCHEDULES},
     "milestones": {"help": "step schedule: epochs where lr is multiplied by gamma", "lo": 0},
     "gamma": {"help": "step schedule: decay factor", "lo": 0},
@@ -134,9 +159,12 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(schedule="cosine", epochs=0.0))
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    # "section.key" of every key the job file or the flags set (not saved, not compared): derived
+    # defaults never replace these
+    explicit: frozenset = field(default=frozenset(), compare=False, repr=False)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -182,9 +210,12 @@ def _coerce(key: str, value, typ):
         if isinstance(value, bool):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         try:
-            return float(value)
+            out = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        if not math.isfinite(out):          # nan / inf would train (and summarise) garbage
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return out
     if typ is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
@@ -227,8 +258,52 @@ def build(file_values: dict | None = None, overrides: dict | None = None) -> Con
             if not isinstance(vals, dict):
                 raise ConfigError(f"{sec}: expected a table of keys, got {vals!r}")
             merged[sec].update(vals)
-    cfg = Config(**{s: _section(s, v) for s, v in merged.items()})
-    return _cross_checks(cfg)
+    explicit = frozenset(f"{s}.{k}" for s, vals in merged.items() for k in vals)
+    cfg = Config(**{s: _section(s, v) for s, v in merged.items()}, explicit=explicit)
+    return _cross_checks(_derive_scale(cfg))
+
+
+def _derive_scale(cfg: Config) -> Config:
+    """An unset ``data.scale`` follows the augmentation and the crop size (as ``val_resize`` does)."""
+    d = cfg.data
+    if "data.scale" in cfg.explicit:
+        return cfg
+    lo, hi = RRC_SCALE if d.augment == "rrc" else (d.image_size * r for r in MULTISCALE_RATIO)
+    return dataclasses.replace(cfg, data=dataclasses.replace(d, scale=(float(lo), float(hi))))
+
+
+def workers_of(method: str, ranks: int) -> int:
+    """Ranks that train (the parameter-server methods give rank 0 to the server); at least 1, and
+    1 for ``single`` (which refuses more ranks later)."""
+    if method == "single":
+        return 1
+    return max(1, ranks - (1 if method in SERVER_METHODS else 0))
+
+
+def fit_to_world(cfg: Config, ranks: int) -> Config:
+    """The defaults that depend on the rank count, for keys nobody set; each change is logged (only
+    rank 0 logs at INFO).  An explicit value is kept as given.
+
+    * ``data.batch_size``: the demo's global batch of 64 split over the workers, at least 8 per
+      worker (4 workers: 16, as jobs/digits-*.toml), so an epoch keeps the step count of one rank.
+    * ``schedule.lr`` for ``asgd``: the base rate / workers: the server adds every worker's update,
+      so each one must be a worker's share of a single-rank step (jobs/digits-asgd.toml: 0.033).
+    """
+    workers = workers_of(cfg.train.method, ranks)
+    log = logging.getLogger("scalesgd")
+    data, sched = cfg.data, cfg.schedule
+    if "data.batch_size" not in cfg.explicit:
+        batch = max(MIN_WORKER_BATCH, GLOBAL_BATCH // workers)
+        if batch != data.batch_size:
+            log.info("data.batch_size not set: %d per worker (global batch %d over %d workers); "
+                     "--batch-size sets it", batch, batch * workers, workers)
+            data = dataclasses.replace(data, batch_size=batch)
+    if cfg.train.method == "asgd" and "schedule.lr" not in cfg.explicit and workers > 1:
+        lr = sched.lr / workers
+        log.info("schedule.lr not set: asgd uses %g / %d workers = %.4g (its server adds every "
+                 "worker's update); --lr sets it", sched.lr, workers, lr)
+        sched = dataclasses.replace(sched, lr=lr)
+    return dataclasses.replace(cfg, data=data, schedule=sched)
 
 
 def _cross_checks(cfg: Config) -> Config:
@@ -286,7 +361,11 @@ def load_toml(path: str | Path) -> dict:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"{p}: config file not found") from None
-    except tomllib.TOMLDecodeError as exc:
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory, not a TOML config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the config file ({exc.strerror or exc})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: malformed TOML: {exc}") from None
 
 

@@ -7,6 +7,7 @@ buffers handed to MPI after a stream sync) or NCCL (the gradient all-reduce, ``B
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -82,6 +83,17 @@ def bcast_text(comm, text: str | None, root: int = 0) -> str:
     return buf.tobytes().decode()
 
 
+def allgather_text(comm, text: str) -> list[str]:
+    """Every rank's short string, in rank order, as bytes (lengths first), without pickle."""
+    data = np.frombuffer(text.encode(), dtype=np.uint8)
+    sizes = np.empty(comm.Get_size(), dtype=np.int64)
+    comm.Allgather(np.array([data.size], dtype=np.int64), sizes)
+    out = np.empty(int(sizes.sum()), dtype=np.uint8)
+    comm.Allgatherv(data.copy(), [out, sizes.tolist()])
+    ends = np.cumsum(sizes)
+    return [out[e - n:e].tobytes().decode() for n, e in zip(sizes, ends)]
+
+
 def allreduce_sum_host(comm, a: np.ndarray) -> np.ndarray:
     """Sum of a small host array over ``comm`` (a new array)."""
     out = np.empty_like(a)
@@ -94,6 +106,32 @@ def allreduce_max_host(comm, a: np.ndarray) -> np.ndarray:
     out = np.empty_like(a)
     comm.Allreduce(a, out, op=MPI.MAX)
     return out
+
+
+def iallreduce_max_host(comm, a: np.ndarray, poll=None) -> np.ndarray:
+    """``allreduce_max_host`` as a non-blocking collective (every rank must use this one: a
+    non-blocking collective never matches a blocking one) that calls ``poll()`` while it waits, if
+    given (``poll`` may raise: the caller then ends the job, so the request is never completed)."""
+    out = np.empty_like(a)
+    req = comm.Iallreduce(a, out, op=MPI.MAX)
+    if poll is None:
+        req.Wait()
+        return out
+    while not req.Test():
+        poll()
+        time.sleep(0.0002)
+    return out
+
+
+def allgather_int64(comm, a) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's small int64 vector, concatenated in rank order, and the rank each entry came
+    from: ((total,), (total,)) on every rank. Sizes first, then one Allgatherv (no pickle)."""
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    sizes = np.empty(comm.Get_size(), dtype=np.int64)
+    comm.Allgather(np.array([a.size], dtype=np.int64), sizes)
+    out = np.empty(int(sizes.sum()), dtype=np.int64)
+    comm.Allgatherv(a, [out, sizes.tolist()])
+    return out, np.repeat(np.arange(comm.Get_size()), sizes)
 
 
 def allreduce_mean(comm, arr) -> None:

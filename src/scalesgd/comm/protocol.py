@@ -4,7 +4,7 @@ One exchange between worker ``i`` and the server (rank 0) is four point-to-point
 
     worker i                                   server (rank 0)
     Irecv(REPLY_HEADER), Irecv(REPLY_PAYLOAD)  # reply buffers posted first
-    Send(PUSH_HEADER)    ----------------->    Recv(PUSH_HEADER, ANY_SOURCE) -> source i
+    Ssend(PUSH_HEADER)   ----------------->    Recv(PUSH_HEADER, ANY_SOURCE) -> source i
     Send(PUSH_PAYLOAD)   ----------------->    Recv(PUSH_PAYLOAD, source i)
                          <-----------------    Send(REPLY_HEADER, i); Send(REPLY_PAYLOAD, i)
     Waitall(replies)
@@ -80,8 +80,22 @@ class WorkerPort:
                           self.comm.Irecv(payload, source=SERVER, tag=Tag.REPLY_PAYLOAD)]
 
     def push(self, hdr: np.ndarray, payload: np.ndarray) -> None:
-        self.comm.Send(hdr, dest=SERVER, tag=Tag.PUSH_HEADER)
+        self.push_header(hdr)
+        self.push_payload(payload)
+
+    def push_header(self, hdr: np.ndarray) -> None:
+        """Synchronous send (``Ssend``): returns once the server has received the header, i.e. has
+        started serving this push, so the time in it is queueing behind other workers (wait) and
+        the payload's transfer can be timed apart.  Costs one small-message round trip."""
+        self.comm.Ssend(hdr, dest=SERVER, tag=Tag.PUSH_HEADER)
+
+    def push_payload(self, payload: np.ndarray) -> None:
         self.comm.Send(payload, dest=SERVER, tag=Tag.PUSH_PAYLOAD)
+
+    def wait_reply_header(self) -> None:
+        """Blocks until the reply's header has arrived (the server is done with this push and
+        replying); ``wait_reply`` then completes the payload's transfer."""
+        self._requests[0].Wait()
 
     def wait_reply(self) -> np.ndarray:
         MPI.Request.Waitall(self._requests)
@@ -105,19 +119,33 @@ class ServerPort:
     def recv_push(self, payload: np.ndarray) -> int:
         """Blocks for the next push from any worker; fills ``self.push_hdr`` and ``payload``;
         returns the sender's rank.  A payload of the wrong size is a protocol error."""
+        src = self.recv_push_header()
+        self.recv_push_payload(src, payload)
+        return src
+
+    def recv_push_header(self) -> int:
+        """Blocks for the next push's header from any worker (into ``self.push_hdr``); its sender."""
         self.comm.Recv(self.push_hdr, source=MPI.ANY_SOURCE, tag=Tag.PUSH_HEADER, status=self.status)
-        src = self.status.Get_source()
+        return self.status.Get_source()
+
+    def recv_push_payload(self, src: int, payload: np.ndarray) -> None:
+        """The payload that follows ``src``'s header, checked for size."""
         self.comm.Recv(payload, source=src, tag=Tag.PUSH_PAYLOAD, status=self.status)
         got = self.status.Get_count(MPI.BYTE)
         if got != payload.nbytes:
             raise RuntimeError(f"parameter server: rank {src} pushed {got} bytes, expected "
                                f"{payload.nbytes} (do all ranks build the same model?)")
-        return src
 
     def send_reply(self, dest: int, payload: np.ndarray) -> None:
         """Sends ``self.reply`` and ``payload`` to ``dest`` (which posted its receives first)."""
         self.comm.Send(self.reply, dest=dest, tag=Tag.REPLY_HEADER)
         self.comm.Send(payload, dest=dest, tag=Tag.REPLY_PAYLOAD)
+
+    def push_waiting(self) -> int | None:
+        """The rank of a worker whose push is waiting to be received, or None."""
+        if self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=Tag.PUSH_HEADER, status=self.status):
+            return self.status.Get_source()
+        return None
 
     def anything_pending(self) -> bool:
         """True if a parameter-server message is waiting (used to check clean termination)."""

@@ -1,4 +1,4 @@
-"""Rank 0's progress display: one updating line on a terminal, plain periodic lines otherwise.
+"""The first worker's progress display: one updating line on a terminal, plain periodic lines otherwise.
 
 Pure apart from the injected ``stream`` and ``clock``, so it is testable without a terminal::
 
@@ -7,17 +7,43 @@ Pure apart from the injected ``stream`` and ``clock``, so it is testable without
     bar.message("epoch 1.00 validation top-1 ...")           # any other line (clears the bar first)
     bar.close()                                               # ends the updating line
 
-On a terminal (``stream.isatty()``) the line is redrawn with ``\\r`` at most every ``min_interval``
-seconds; otherwise a plain line is printed every ``every`` steps (Slurm logs).  Loss and error are
-exponentially smoothed (``smoothing`` = weight of the past, bias-corrected like Adam's moments so
-the first values are not pulled towards 0).  ETA: wall time since the first update divided by the
-epochs done since then, times the epochs left (evaluation time included, so it is a real ETA).
+``mode`` (the ``progress`` key): ``bar`` redraws one line with ``\\r`` at most every ``min_interval``
+seconds; ``lines`` prints a plain line every ``every`` steps (logs); ``off`` prints no step lines;
+``auto`` is ``bar`` when the stream is a terminal and no MPI launcher started this process, else
+``lines``.  The launcher test matters because Open MPI hands each rank a pty: ``isatty()`` is true
+there even when the job's output is redirected to a file, which a ``\\r`` line would flood.
+
+Loss and error are exponentially smoothed (``smoothing`` = weight of the past, bias-corrected like
+Adam's moments so the first values are not pulled towards 0).  ETA: wall time since the first update
+divided by the epochs done since then, times the epochs left (evaluation time included, so it is a
+real ETA).
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
-from typing import Callable, TextIO
+from typing import Callable, Mapping, TextIO
+
+MODES = ("auto", "bar", "lines", "off")
+# Set in every rank by an MPI launcher: Open MPI (OMPI_*, PMIX_*), MPICH's hydra and srun --mpi=pmi2
+# (PMI_*), srun --mpi=pmix (PMIX_*).  Under one of them stdout goes wherever the launcher's does.
+LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
+
+
+def launched_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return any(v in env for v in LAUNCHER_VARS)
+
+
+def resolve_mode(mode: str, stream: TextIO, environ: Mapping[str, str] | None = None) -> str:
+    """'auto' -> 'bar' on a terminal that no launcher stands between, else 'lines'; others as given."""
+    if mode not in MODES:
+        raise ValueError(f"progress mode {mode!r} is not one of {', '.join(MODES)}")
+    if mode != "auto":
+        return mode
+    tty = bool(getattr(stream, "isatty", lambda: False)())
+    return "bar" if tty and not launched_by_mpi(environ) else "lines"
 
 
 def format_duration(seconds: float) -> str:
@@ -47,11 +73,13 @@ class Smoothed:
 
 class ProgressLine:
     def __init__(self, total_epochs: float, every: int = 10, stream: TextIO | None = None,
-                 clock: Callable[[], float] = time.monotonic, tty: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic, mode: str = "auto",
+                 environ: Mapping[str, str] | None = None,
                  smoothing: float = 0.98, min_interval: float = 0.2, width: int = 120):
         self.total_epochs, self.every = float(total_epochs), max(1, int(every))
         self.stream = stream if stream is not None else sys.stdout
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)()) if tty is None else tty
+        self.mode = resolve_mode(mode, self.stream, environ)      # bar | lines | off
+        self.tty = self.mode == "bar"
         self.clock, self.min_interval, self.width = clock, min_interval, width
         self.loss, self.err = Smoothed(smoothing), Smoothed(smoothing)
         self._start: tuple[float, float] | None = None     # (time, epoch) of the first update
@@ -86,7 +114,7 @@ class ProgressLine:
                 self.stream.write("\r" + line.ljust(self.width) if self._open else line.ljust(self.width))
                 self._open = True
                 self.stream.flush()
-        elif step % self.every == 0:
+        elif self.mode == "lines" and step % self.every == 0:
             self.stream.write(self.text(step, epoch, images_per_second, lr) + "\n")
             self.stream.flush()
 

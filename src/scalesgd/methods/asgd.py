@@ -10,6 +10,9 @@ exchange.  The server applies each push as it arrives and replies with the resul
 
 Staleness of an update = server versions applied (by other workers) between this worker's
 previous fetch and the application of its update; 0 with a single worker.
+
+Learning rate: w moves by the sum of the W workers' updates, so a single rank's rate is W times too
+large; an unset ``schedule.lr`` is the base rate / W (``config.fit_to_world``, logged at start).
 """
 from __future__ import annotations
 

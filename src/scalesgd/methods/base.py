@@ -17,15 +17,20 @@ that will never come.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 import numpy as np
 
-from ..comm import collectives
+from ..comm import collectives, watchdog
 
 
 class MethodError(RuntimeError):
     """The method cannot run on this MPI world (wrong number of ranks, bad setting...)."""
+
+
+class PhaseError(RuntimeError):
+    """A phase can never complete (inconsistent state found by one rank); the job ends, not hangs."""
 
 
 class Method:
@@ -114,10 +119,16 @@ class Method:
             return v.copy()
         return collectives.allreduce_max_host(self.comm, np.asarray(v, dtype=np.int64))
 
+    poll_in_phase = None
+    """None, or a callable run while this rank waits in a phase agreement; it raises when the
+    agreement can never complete (the server methods: a push arrives, so a worker is not there)."""
+
     def agree(self, want: int) -> tuple[int, bool, int]:
         """Collective over all ranks at a phase (see train/loop.py): the furthest boundary index any
         rank reached, whether any rank knows of a stop, the newest checkpoint generation asked for."""
-        v = self.max_over_ranks(np.array([want, self.seen[0], self.seen[1]], dtype=np.int64))
+        v = np.array([want, self.seen[0], self.seen[1]], dtype=np.int64)
+        if self.topo.size > 1:          # non-blocking on every rank, so that a server can poll
+            v = collectives.iallreduce_max_host(self.comm, v, self.poll_in_phase)
         self.seen[:] = np.maximum(self.seen, v[1:])
         return int(v[0]), bool(v[1]), int(v[2])
 
@@ -195,10 +206,18 @@ class Phases:
     enters a phase as soon as it knows the count reached a boundary beyond ``method.phase_done`` or
     it has heard of a new signal (stop, checkpoint).  In the phase all ranks agree (``agree``: the
     furthest boundary any reached, stop, checkpoint generation), then each runs
-    ``on_boundary(i)`` for every boundary up to the agreed one, ``on_checkpoint()`` if a checkpoint
-    was asked for (or before stopping), and raises ``Stopped`` on a stop.  Because every trigger is
-    a monotone global condition that each rank learns at its next exchange (and a server only enters
-    once every worker was told), all ranks enter the same phases in the same order.
+    ``on_boundary(i)`` for every boundary up to the agreed one (evaluation), and last, once
+    ``phase_done`` is the agreed boundary, ``on_checkpoint(reason)`` if a checkpoint is due at one
+    of them, was asked for, or a stop was; then it raises ``Stopped`` on a stop.  Because every
+    trigger is a monotone global condition that each rank learns at its next exchange (and a server
+    only enters once every worker was told), all ranks enter the same phases in the same order.
+
+    Invariant (what makes a checkpoint resumable): after a phase, no rank's global count has reached
+    a boundary beyond ``phase_done`` (the agreed index is the maximum over the ranks), and a
+    checkpoint is written only after the phase, so it records exactly that ``phase_done``.  A
+    resumed run therefore enters no phase before its first exchange, like the run it continues;
+    ``reconcile`` checks this (and repairs checkpoints of older versions, which recorded the
+    boundary before the one being processed).
     """
 
     def __init__(self, method, boundaries, on_boundary, on_checkpoint=None):
@@ -223,17 +242,41 @@ class Phases:
     def run(self, want: int) -> bool:
         """Collective: one phase.  Returns True when the last boundary has been processed."""
         m = self.m
+        watchdog.doing(f"in the phase agreement after boundary {m.phase_done} (this rank wants "
+                       f"{want}{', a stop' if m.stop_seen else ''})")
         idx, stop, gen = m.agree(want)
-        wrote = False                      # on_boundary returns True when it wrote a checkpoint
+        due = False                        # a checkpoint is scheduled at one of the boundaries
         while m.phase_done < idx:
-            wrote |= bool(self.on_boundary(m.phase_done + 1))
+            due |= bool(self.on_boundary(m.phase_done + 1))
             m.phase_done += 1
-        if (gen > m.ckpt_done or stop) and not wrote and self.on_checkpoint is not None:
-            self.on_checkpoint()
+        asked = gen > m.ckpt_done
         m.ckpt_done = max(m.ckpt_done, gen)
+        if (due or asked or stop) and self.on_checkpoint is not None:
+            self.on_checkpoint("end" if self.finished else "stop" if stop else
+                               "scheduled" if due else "clock")
         if stop and not self.finished:
             raise Stopped()
         return self.finished
+
+    def reconcile(self, source) -> None:
+        """Collective, right after a resumed run restored its state: every rank continues after the
+        same boundary, and no rank is past a boundary that is not recorded as processed.
+
+        Checkpoints written before this invariant existed recorded the boundary *before* the one
+        being processed; for them the furthest boundary any rank's count reached is the one the
+        phase really processed (see the class docstring), so ``phase_done`` becomes that."""
+        m = self.m
+        ahead = self.reached(m.global_samples)
+        v = m.max_over_ranks(np.array([ahead, m.phase_done, -m.phase_done], dtype=np.int64))
+        if v[1] != -v[2]:
+            raise MethodError(f"{source}: the ranks restored different phases "
+                              f"(boundaries {-int(v[2])}..{int(v[1])}): corrupt checkpoint")
+        if v[0] > m.phase_done:
+            logging.getLogger("scalesgd").info(
+                "%s records boundary %d as the last processed but the ranks are past boundary %d "
+                "(a checkpoint of an older version): continuing after %d", source, m.phase_done,
+                int(v[0]), int(v[0]))
+            m.phase_done = int(v[0])
 
 
 def eval_boundaries(total: int, period: int) -> list[int]:

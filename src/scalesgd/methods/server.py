@@ -25,10 +25,10 @@ from collections import Counter
 
 import numpy as np
 
-from ..comm import collectives
+from ..comm import collectives, watchdog
 from ..comm.collectives import HostStage
 from ..comm.protocol import PushHeader, ReplyHeader, ServerPort, WorkerPort, header
-from .base import Method
+from .base import Method, PhaseError
 
 
 class ServerMethod(Method, metaclass=abc.ABCMeta):
@@ -53,6 +53,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         self.rx = HostStage(ps.params.copy())      # payload receive buffer (host side in rx.host)
         if self.is_server:
             self.port = ServerPort(self.comm)
+            self.poll_in_phase = self._push_during_phase
             self.told = np.zeros(self.num_workers, dtype=np.int64)
             self.told_sig = np.zeros((self.num_workers, 2), dtype=np.int64)
             self.fetched = np.zeros(self.num_workers, dtype=np.int64)   # version at last reply
@@ -79,11 +80,17 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         h[PushHeader.STEPS], h[PushHeader.SEQ] = self._steps, self.exchanges
         h[PushHeader.STOP:PushHeader.CKPT + 1] = self.raised
         payload = self.push_payload(ps)               # host array
+        watchdog.doing(f"in exchange {self.exchanges} with the server")
         with self.timed("comm"):
             self.port.post_reply(self.reply_buffer(ps))
-            self.port.push(h, payload)
         with self.timed("wait"):
-            r = self.port.wait_reply()
+            self.port.push_header(h)                  # until the server takes it: queueing
+        with self.timed("comm"):
+            self.port.push_payload(payload)
+        with self.timed("wait"):
+            self.port.wait_reply_header()             # the server applying it (and replying)
+        with self.timed("comm"):
+            r = self.port.wait_reply()                # the reply's payload arriving
         self.global_samples = int(r[ReplyHeader.GLOBAL])
         self.version = int(r[ReplyHeader.VERSION])
         self.seen[:] = r[ReplyHeader.STOP:ReplyHeader.CKPT + 1]
@@ -124,8 +131,12 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         while True:
             if tick is not None:
                 tick()                                  # rank 0's clock may raise a checkpoint
+            watchdog.doing(f"serving: waiting for a push (global sample {self.global_samples}, "
+                           f"told {self.told.tolist()})")
             with self.timed("wait"):
-                src = port.recv_push(self.rx.host)
+                src = port.recv_push_header()           # idle until some worker pushes
+            with self.timed("comm"):
+                port.recv_push_payload(src, self.rx.host)
             h = port.push_hdr
             if h[PushHeader.KIND] != self.kind:
                 raise RuntimeError(f"{self.name} server: rank {src} pushed kind {int(h[0])}, "
@@ -147,6 +158,18 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
             if want > self.phase_done or everyone[0] or everyone[1] > self.ckpt_done:
                 if on_phase(want):
                     return
+
+    def _push_during_phase(self) -> None:
+        """Server, waiting in a phase agreement: every worker enters a phase right after the reply
+        that told it of the phase, so a push arriving now means that worker will never join the
+        agreement (inconsistent state, e.g. a checkpoint of another run): fail instead of hanging."""
+        src = self.port.push_waiting()
+        if src is not None:
+            raise PhaseError(
+                f"{self.name} server: worker rank {src} sent an exchange while the server waited for "
+                f"every rank in the phase after boundary {self.phase_done} (global sample "
+                f"{self.global_samples}, told {self.told.tolist()}): this phase can never complete; "
+                "the job's phase state is inconsistent (a checkpoint that does not fit this run?)")
 
     def reply(self, w: int, stale: int, payload: np.ndarray, version: int) -> None:
         """Sends worker ``w`` the reply header (count, ``version``, ``stale``) and ``payload``."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import to_numpy
+from ..comm import watchdog
 from ..config import Config, parse_straggler
 from ..data.pipeline import Loader
 from ..data.shards import ShardSet
@@ -71,6 +73,11 @@ def build(cfg: Config, topo, backend, method, data_root: Path, data_threads: int
     if steps < 1:
         raise ValueError(f"data.batch_size: {d.batch_size} x {method.num_workers} workers exceeds the "
                          f"{train_shards.num_samples} training samples in {data_root}")
+    if steps < 10 and topo.is_root:            # warned once; an explicit batch is kept as set
+        logging.warning("warning: an epoch is only %d step(s) (%d training samples / global batch %d "
+                        "= %d workers x data.batch_size %d): too few updates to train well; a smaller "
+                        "--batch-size gives more", steps, train_shards.num_samples,
+                        d.batch_size * method.num_workers, method.num_workers, d.batch_size)
     train = val = None
     if not method.is_server:
         common = dict(batch_size=d.batch_size, image_size=d.image_size, mean=d.mean, std=d.std,
@@ -87,6 +94,10 @@ def _input_dtype(cfg: Config) -> str:
     """data.output_dtype, or the model's dtype when it is 'model' (float32 unless float16)."""
     want = cfg.data.output_dtype
     return want if want != "model" else ("float16" if cfg.model.dtype == "float16" else "float32")
+
+
+class Diverged(RuntimeError):
+    """The training loss is no longer finite (a per-rank error: the job ends, naming rank and step)."""
 
 
 class Straggler:
@@ -115,11 +126,11 @@ def evaluate_local(model, loader: Loader | None) -> np.ndarray:
 
 class Progress:
     """Log lines: per-step progress from the first worker (an updating line on a terminal, plain
-    lines every ``log_every`` steps otherwise: ``io/progress.py``), validation from rank 0 (with a
-    parameter server these are two different ranks)."""
+    lines every ``log_every`` steps otherwise, as ``train.progress`` says: ``io/progress.py``),
+    validation from rank 0 (with a parameter server these are two different ranks)."""
 
-    def __init__(self, steps: bool, evaluations: bool, every: int, epochs: float):
-        self.bar = ProgressLine(epochs, every=every) if steps else None
+    def __init__(self, steps: bool, evaluations: bool, every: int, epochs: float, mode: str = "auto"):
+        self.bar = ProgressLine(epochs, every=every, mode=mode) if steps else None
         self.enabled = evaluations
 
     def step(self, epoch, step, loss, err, lr, ips):
@@ -156,15 +167,16 @@ class Run:
         ckpts = eval_boundaries(self.total, int(round(every * self.spe))) if every else [self.total]
         self.eval_at, self.ckpt_at = set(evals), set(ckpts)
         self.boundaries = sorted(self.eval_at | self.ckpt_at)
-        self.phases = Phases(s.method, self.boundaries, self.on_boundary, self.on_signal_checkpoint)
+        self.phases = Phases(s.method, self.boundaries, self.on_boundary, self.on_checkpoint)
         self.run_dir = run_dir
         self.straggle = Straggler(s.cfg.dist.straggler, s.topo.rank, s.cfg.train.seed)
         self.step = self.local_epoch = self.step_in_epoch = 0
         self.t_start, self.t_excluded, self.train_offset = time.perf_counter(), 0.0, 0.0
+        self.wall_offset, self.allocations = 0.0, 1     # earlier allocations of a resumed run
         self.last_ckpt_clock = time.perf_counter()
         self.metrics = MetricsWriter(run_dir, s.topo.rank)
         self.progress = Progress(s.method.worker_index == 0, s.topo.is_root, s.cfg.train.log_every,
-                                 s.cfg.train.epochs)
+                                 s.cfg.train.epochs, s.cfg.train.progress)
         self.history: list[dict] = []
         self.t_train = self.t_eval = self.t_data = self.t_compute = 0.0
         self.local_samples = 0
@@ -192,19 +204,35 @@ class Run:
                                  self.t_eval, extra)
 
     def report_bad(self) -> int:
-        """Warn (stderr) about samples this rank's loaders newly skipped; returns their total."""
-        total = 0
-        for name, ld in (("train", self.s.train_data), ("val", self.s.val_data)):
-            if ld is None:
-                continue
-            done = self._bad_reported.get(name, 0)
-            if ld.bad_count > done:
-                for path, i in ld.bad_samples[done:]:
-                    print(f"scalesgd: warning: rank {self.s.topo.rank}: skipped undecodable sample "
-                          f"{path}[{i}] (replaced by the next good one)", file=sys.stderr, flush=True)
-                self._bad_reported[name] = ld.bad_count
-            total += ld.bad_count
-        return total
+        """Bad samples (undecodable or corrupt images the loaders skipped and replaced).
+
+        Collective, at each evaluation (every rank, server included): the ranks
+        gather the ids of the samples they found since the last evaluation (int64 buffers); each
+        distinct sample is warned about once per job, on stderr, by the lowest rank that found it,
+        and counted by that rank. Returns this rank's count so far: summed over the ranks it is
+        the number of distinct bad samples met. The ranks then merge which training samples they
+        have checked (``Loader.merge_checks``): a sample is decoded strictly by one rank, not by
+        each (unless two meet it between the same evaluations), and one found bad is skipped
+        everywhere without a second warning.
+        """
+        from ..comm import collectives  # noqa: PLC0415 - only this method talks to MPI directly
+        s, rank, comm = self.s, self.s.topo.rank, self.s.method.comm
+        new = {sid: (where, why) for ld in (s.train_data, s.val_data) if ld is not None
+               for sid, where, why in ld.take_new_bad()}
+        ids, src = collectives.allgather_int64(comm, np.fromiter(new, np.int64, len(new)))
+        uniq, first = np.unique(ids, return_index=True)     # rank order: first = lowest finder
+        for sid in uniq[src[first] == rank].tolist():       # one write per line: lines of
+            where, why = new[sid]                           # several ranks never interleave
+            sys.stderr.write(f"scalesgd: warning: rank {rank}: skipped undecodable sample {where} "
+                             f"({why}; replaced by the next good one)\n")
+            sys.stderr.flush()
+            self._bad_reported["owned"] = self._bad_reported.get("owned", 0) + 1
+        train = s.train_data
+        checks = train.checks if train is not None else np.zeros(s.train_samples, np.uint8)
+        checks = collectives.allreduce_max_host(comm, checks)
+        if train is not None:
+            train.merge_checks(checks)
+        return self._bad_reported.get("owned", 0)
 
     # ------------------------------------------------------------------ phases
     def train_seconds(self) -> float:
@@ -213,21 +241,22 @@ class Run:
         return self.train_offset + time.perf_counter() - self.t_start - self.t_excluded
 
     def on_boundary(self, i: int) -> bool:
-        """Phase action for boundary i (collective); True if it wrote a checkpoint."""
+        """Phase action for boundary i (collective): evaluates if it is an evaluation boundary;
+        True if a checkpoint is due at it (``Phases`` writes it once the phase is complete)."""
         b, t = self.boundaries[i], time.perf_counter()
         self.t_train = self.train_seconds()
         if b in self.eval_at:
+            watchdog.doing(f"evaluating at global sample {b}")
             self.evaluate(b)
-        wrote = b in self.ckpt_at
-        if wrote:
-            self.checkpoint("end" if b == self.total else "scheduled")
         self.t_excluded += time.perf_counter() - t
-        return wrote
+        return b in self.ckpt_at
 
-    def on_signal_checkpoint(self) -> None:
+    def on_checkpoint(self, reason: str) -> None:
+        """Phase action (collective), after every boundary of the phase was processed."""
         t = time.perf_counter()
         self.t_train = self.train_seconds()
-        self.checkpoint("stop" if self.s.method.stop_seen else "clock")
+        watchdog.doing(f"writing a checkpoint ({reason}) after boundary {self.s.method.phase_done}")
+        self.checkpoint(reason)
         self.t_excluded += time.perf_counter() - t
 
     def tick(self) -> None:
@@ -273,7 +302,12 @@ class Run:
         return dict(step=self.step, local_epoch=self.local_epoch, step_in_epoch=self.step_in_epoch,
                     local_samples=self.local_samples, train_seconds=self.t_train,
                     eval_seconds=self.t_eval, data_seconds=self.t_data,
-                    compute_seconds=self.t_compute, global_samples=self.s.method.global_samples)
+                    compute_seconds=self.t_compute, global_samples=self.s.method.global_samples,
+                    wall_seconds=self.wall_seconds(), allocations=self.allocations)
+
+    def wall_seconds(self) -> float:
+        """Wall time of this run so far, earlier allocations of a resumed run included."""
+        return self.wall_offset + time.perf_counter() - self.t_start
 
     def restore(self, path: Path) -> None:
         """After ``method.start``: this rank's state from checkpoint ``path`` (digests checked)."""
@@ -290,6 +324,8 @@ class Run:
         self.train_offset = self.t_train = loop["train_seconds"]
         self.t_eval, self.t_data = loop["eval_seconds"], loop["data_seconds"]
         self.t_compute = loop["compute_seconds"]
+        self.wall_offset = loop.get("wall_seconds", loop["train_seconds"] + loop["eval_seconds"])
+        self.allocations = loop.get("allocations", 1) + 1
         self.straggle.rng.bit_generator.state = state["straggler"]
         self.history = meta["history"]
         # boundaries may differ in the resumed run (e.g. more epochs): continue after the last one
@@ -297,6 +333,7 @@ class Run:
         m.phase_done = self.phases.reached(meta["boundary_done"]) if meta["boundary_done"] >= 0 else -1
         m.ckpt_done = meta["ckpt_done"]
         m.raised[1] = m.seen[1] = m.ckpt_done       # the clock's next request is a new generation
+        self.phases.reconcile(path)
 
     # ------------------------------------------------------------------ worker
     def work(self) -> None:
@@ -308,7 +345,14 @@ class Run:
                 tc = time.perf_counter()
                 self.t_data += tc - td
                 lr = lr_at(cfg.schedule, gs / self.spe, m.lr_batch)
+                watchdog.doing(f"training step {self.step}")
                 loss, errors = train_step(s.model, x, y, cfg.train.label_smoothing, m.grad_scale)
+                loss = float(loss)
+                if not math.isfinite(loss):
+                    raise Diverged(f"the training loss became {loss} at step {self.step} (epoch "
+                                   f"{gs / self.spe:.2f}, lr {lr:.4g}) on rank {s.topo.rank}: training "
+                                   "diverged; lower --lr (or --warmup-epochs) and start again, or "
+                                   "--resume from an earlier checkpoint with a lower --lr")
                 self.straggle()
                 m.after_backward(self.step, ps)
                 s.opt.step(ps.params, ps.grads, lr)
@@ -317,7 +361,7 @@ class Run:
                 self.step_in_epoch += 1
                 self.local_samples += len(y)
                 self.t_compute += time.perf_counter() - tc
-                self.log_step(gs, float(loss), int(errors) / len(y), lr)
+                self.log_step(gs, loss, int(errors) / len(y), lr)
                 self.tick()
                 self.inject_fault()
                 if self.phases.check(gs):
@@ -327,15 +371,24 @@ class Run:
             self.step_in_epoch = 0
 
     def inject_fault(self) -> None:
-        """Testing aid: ``SCALESGD_INJECT_FAULT=RANK:STEP`` raises on that rank after that step, to
-        check that one rank's error ends the whole job (never a hang)."""
+        """Testing aid: ``SCALESGD_INJECT_FAULT=RANK:STEP[:MODE]`` acts on that rank after that step,
+        to check that a failing rank ends the whole job, never a hang.  MODE ``raise`` (default):
+        an exception; ``hang``: this rank blocks for ever in an MPI receive nobody sends (a
+        deadlock; only a stop's deadline ends it)."""
         spec = os.environ.get("SCALESGD_INJECT_FAULT")
-        if spec and [int(v) for v in spec.split(":")] == [self.s.topo.rank, self.step]:
-            raise RuntimeError(f"injected fault (SCALESGD_INJECT_FAULT={spec})")
+        if not spec:
+            return
+        rank, step, *mode = spec.split(":")
+        if (int(rank), int(step)) != (self.s.topo.rank, self.step):
+            return
+        mode = mode[0] if mode else "raise"
+        if mode == "hang":
+            watchdog.doing(f"hung on purpose (SCALESGD_INJECT_FAULT={spec})")
+            self.s.topo.comm.Recv(np.empty(1), source=self.s.topo.rank, tag=32000)
+        raise RuntimeError(f"injected fault (SCALESGD_INJECT_FAULT={spec})")
 
     def log_step(self, gs: int, loss: float, err: float, lr: float) -> None:
         s, timers = self.s, self.s.method.timers
-        self.report_bad()
         train_s = self.train_seconds()
         self.metrics.write("step", step=self.step, global_samples=gs, epoch=gs / self.spe,
                            samples=self.local_samples, loss=loss, top1_error=err, lr=lr,
@@ -365,8 +418,10 @@ class Run:
             bad_samples=last["bad_samples"], time_to_targets=time_to_targets(self.history),
             images_per_second=g / max(self.t_train, 1e-9),
             train_seconds=self.t_train, eval_seconds=self.t_eval, wall_seconds=wall,
-            time_split_rank0=dict(data=self.t_data,
-                                  compute=self.t_compute - sum(s.method.timers.values()),
+            allocations=self.allocations,
+            time_split_rank0=dict(data=self.t_data,      # (a server computes nothing: its timers)
+                                  compute=0.0 if s.method.is_server else
+                                  self.t_compute - sum(s.method.timers.values()),
                                   **s.method.timers),
             history=self.history)
 
@@ -389,22 +444,30 @@ def warm_start(s: Setup, path: Path) -> None:
     if path.is_dir():                                 # a run directory: its newest good checkpoint
         path = ckpt.latest_good(ckpt.checkpoint_dir(path))
     meta, arrays, _ = ckpt.read_rank(path, 0)
+    _check_layout(s, path, meta)
     ps = s.model.ps
-    if meta.get("layout") != layout_signature(ps):
-        raise ckpt.CheckpointError(
-            f"{path}: its model ({meta.get('model')}, {meta.get('num_params'):,} parameters) is not "
-            f"this run's ({s.cfg.model.model}, {s.model.num_params:,} parameters)")
     ps.params[...] = s.backend.xp.asarray(arrays["params"])
     ps.buffers[...] = s.backend.xp.asarray(arrays["buffers"])
+
+
+def check_fits(s: Setup, path: Path) -> None:
+    """Refuses a checkpoint written for another model (before anything is written or changed)."""
+    _check_layout(s, path, ckpt.read_meta(path))
+
+
+def _check_layout(s: Setup, path: Path, meta: dict) -> None:
+    if meta.get("layout") != layout_signature(s.model.ps):
+        n = meta.get("num_params")
+        raise ckpt.CheckpointError(
+            f"{path}: its model ({meta.get('model')}, {n:,} parameters) is not this run's "
+            f"({s.cfg.model.model}, {s.model.num_params:,} parameters)" if isinstance(n, int) else
+            f"{path}: written for another model than this run's ({s.cfg.model.model})")
 
 
 def train(s: Setup, run_dir: Path, resume: Path | None = None) -> dict:
     """Runs the schedule on this rank (from checkpoint ``resume`` if given); rank 0 writes
     ``summary.json``; returns the summary.  Raises ``Stopped`` after a stop checkpoint."""
-    if s.cfg.train.init_from and resume is None:
-        warm_start(s, Path(s.cfg.train.init_from))
     run = Run(s, run_dir)
-    t = time.perf_counter()
     s.method.start(s.model.ps)
     if resume is not None:
         run.restore(resume)
@@ -417,7 +480,7 @@ def train(s: Setup, run_dir: Path, resume: Path | None = None) -> dict:
     finally:                              # local only: on an error, MPI_Abort must not be delayed
         run.metrics.close()
         run.progress.close()
-    summary = run.summary(time.perf_counter() - t)
+    summary = run.summary(run.wall_seconds())
     # rank 0 is a worker or the server; either way it has every evaluation (they are collective)
     if s.topo.is_root:
         write_json_atomic(run_dir / "summary.json", summary)

@@ -1,0 +1,117 @@
+"""Errors a user meets on several ranks: said once, before anything is written, naming the cause.
+
+Every case is a real 4-rank mpiexec launch that must fail with exactly one ``scalesgd: error`` line
+and leave the run directory as it was (absent, or an earlier run's files unchanged)."""
+import hashlib
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mpirun import needs_mpi
+from synth import make_dataset
+from test_checkpoint import launch
+from test_cli import TINY, one_line_error, run_cli
+
+from scalesgd.io import checkpoint as ckpt
+
+pytestmark = [needs_mpi, pytest.mark.mpi]
+
+
+def tree_digest(d: Path) -> dict:
+    return {str(p.relative_to(d)): hashlib.sha1(p.read_bytes()).hexdigest()
+            for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A data set, a truncated copy, and two finished runs (resnet20 at two widths)."""
+    root = tmp_path_factory.mktemp("errors")
+    data = make_dataset(root / "data", n=48, n_val=16, num_classes=4)
+    trunc = root / "trunc"
+    shutil.copytree(data, trunc)
+    shard = sorted(trunc.glob("train-*.h5"))[0]
+    shard.write_bytes(shard.read_bytes()[:3000])
+    runs = {}
+    for name, width in (("narrow", "0.25"), ("wide", "0.5")):
+        runs[name] = root / name
+        p = run_cli(["--data", str(data), "--method", "allreduce", *TINY, "--width", width, "--epochs", "1",
+                     "--batch-size", "4", "--run-dir", str(runs[name])], root, launcher=launch(2))
+        assert p.returncode == 0, p.stderr
+    garbage = root / "garbage.h5"
+    garbage.write_bytes(b"not a checkpoint at all" * 100)
+    return dict(root=root, data=data, trunc=trunc, garbage=garbage, **runs)
+
+
+def test_errors_every_rank_hits_are_printed_once_and_write_nothing(world, tmp_path):
+    w = world
+    narrow_ckpt = ckpt.listing(ckpt.checkpoint_dir(w["narrow"]))[-1]
+    base = ["--method", "allreduce", *TINY, "--batch-size", "4"]
+    new = tmp_path / "new"
+    cases = {   # name: (args, expected exit status, text the one line must contain); 4 ranks (resume: 2)
+        "bad number": (["--lr", "abc"], 2, "schedule.lr"),
+        "missing data": (["--data", str(tmp_path / "nowhere"), *base, "--run-dir", str(new)], 1, "nowhere"),
+        "truncated shard": (["--data", str(w["trunc"]), *base, "--run-dir", str(new)], 1, "train-00000"),
+        "too few samples": (["--data", str(w["data"]), *base, "--batch-size", "64", "--run-dir", str(new)],
+                            1, "training samples"),
+        "garbage init-from": (["--data", str(w["data"]), *base, "--init-from", str(w["garbage"]),
+                               "--run-dir", str(new)], 1, str(w["garbage"])),
+        "other model init-from": (["--data", str(w["data"]), *base, "--init-from", str(narrow_ckpt),
+                                   "--width", "0.5", "--run-dir", str(new)], 1, "17,432 parameters"),
+        "init-from into a finished run": (["--data", str(w["data"]), *base, "--width", "0.5", "--init-from",
+                                           str(w["garbage"]), "--run-dir", str(w["wide"])], 1, "garbage"),
+        "new run into a finished run": (["--data", str(w["data"]), *base, "--width", "0.5", "--run-dir",
+                                         str(w["wide"])], 2, "already holds a run"),
+        "resume with another model's checkpoint": (["--resume", str(_foreign(w, tmp_path))], 1,
+                                                   "is not this run's"),
+    }
+    before = {k: tree_digest(w[k]) for k in ("narrow", "wide")}
+    foreign_before = tree_digest(tmp_path / "foreign")
+    with ThreadPoolExecutor(3) as pool:
+        procs = dict(zip(cases, pool.map(
+            lambda c: run_cli(c[0], w["root"], launcher=launch(2 if "--resume" in c[0] else 4)),
+            cases.values())))
+    for name, (args, code, needle) in cases.items():
+        p = procs[name]
+        line = one_line_error(p, needle)
+        assert p.returncode == code, (name, p.returncode, p.stderr)
+        assert "(rank" not in line, (name, line)          # the same on every rank: said without one
+    assert not new.exists()                               # validated before anything was created
+    assert {k: tree_digest(w[k]) for k in ("narrow", "wide")} == before
+    assert tree_digest(tmp_path / "foreign") == foreign_before
+
+
+def _foreign(w, tmp_path) -> Path:
+    """A copy of the 'wide' run whose newest checkpoint is the narrow run's (another model)."""
+    d = tmp_path / "foreign"
+    shutil.copytree(w["wide"], d)
+    for f in ckpt.listing(ckpt.checkpoint_dir(d)):
+        f.unlink()
+    src = ckpt.listing(ckpt.checkpoint_dir(w["narrow"]))[-1]
+    target = ckpt.checkpoint_dir(d) / src.name
+    shutil.copy(src, target)
+    (d / "summary.json").unlink()
+    return d
+
+
+def test_a_diverging_loss_stops_the_run_naming_step_and_rank(world, tmp_path):
+    run_dir = tmp_path / "run"
+    p = run_cli(["--data", str(world["data"]), *TINY, "--batch-size", "4", "--lr", "1e30",
+                 "--run-dir", str(run_dir)], tmp_path)
+    line = one_line_error(p, "training loss became", "on rank 0", "lower --lr")
+    assert "at step" in line
+    assert not (run_dir / "summary.json").exists()
+
+
+def test_resumed_summary_times_are_cumulative(world, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(world["narrow"], run_dir)
+    first = json.loads((run_dir / "summary.json").read_text())
+    p = run_cli(["--resume", str(run_dir), "--epochs", "2"], tmp_path, launcher=launch(2))
+    assert p.returncode == 0, p.stderr
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["allocations"] == 2 and first["allocations"] == 1
+    assert s["wall_seconds"] > first["wall_seconds"] and s["train_seconds"] > first["train_seconds"]
+    assert s["wall_seconds"] >= s["train_seconds"] + s["eval_seconds"] - 1e-6

@@ -1,0 +1,67 @@
+"""The launcher can be chosen and given options: $MPIEXEC and $MPIEXEC_ARGS reach the real mpiexec,
+from the tests' helper and from slurm/run.sh (run here without Slurm: SCALESGD_LAUNCHER=mpirun).
+
+Each test puts a launcher option that sets an environment variable into MPIEXEC_ARGS (hydra's
+``-genv NAME VALUE``, Open MPI's ``-x NAME=VALUE``), after whatever MPIEXEC_ARGS already holds
+(``make test-openmpi`` needs its own), and MPIEXEC names a script that records its arguments and
+then runs the real launcher: every rank must see the variable, and the script its arguments."""
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from mpirun import ROOT, check, mpi_launcher, mpiexec, run_mpi, uses_mpi
+from synth import make_dataset
+
+PRINT_PROBE = ["-c", "import os; print('probe=' + os.environ.get('SCALESGD_PROBE', 'unset'))"]
+
+
+def set_env_option(name: str, value: str) -> list[str]:
+    """The launcher's option that sets NAME=VALUE in every rank."""
+    version = subprocess.run([mpiexec(), "--version"], capture_output=True, text=True, timeout=30)
+    return ["-x", f"{name}={value}"] if "Open MPI" in version.stdout else ["-genv", name, value]
+
+
+def recording_launcher(tmp_path: Path) -> tuple[Path, Path]:
+    """(a script that writes its arguments, one a line, to a log and execs the real mpiexec; the log)."""
+    log, script = tmp_path / "argv.txt", tmp_path / "my-mpiexec"
+    script.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {shlex.quote(str(log))}\n"
+                      f"exec {shlex.quote(mpiexec())} \"$@\"\n")
+    script.chmod(0o755)
+    return script, log
+
+
+@uses_mpi
+def test_mpiexec_and_its_args_reach_every_rank(tmp_path, monkeypatch):
+    script, log = recording_launcher(tmp_path)
+    option = set_env_option("SCALESGD_PROBE", "a b")            # a value with a space: shlex keeps it
+    before = os.environ.get("MPIEXEC_ARGS", "")
+    monkeypatch.setenv("MPIEXEC_ARGS", f"{before} {shlex.join(option)}")
+    monkeypatch.setenv("MPIEXEC", str(script))
+    assert mpi_launcher(2) == [str(script), *shlex.split(before), *option, "-n", "2"]
+    out = check(run_mpi(2, PRINT_PROBE, timeout=60))
+    assert out.count("probe=a b") == 2 and "unset" not in out, out     # hydra may interleave lines
+    assert log.read_text().splitlines() == [*shlex.split(before), *option, "-n", "2", sys.executable,
+                                            *PRINT_PROBE]
+
+
+@uses_mpi
+def test_run_sh_passes_mpiexec_args_to_the_launcher(tmp_path):
+    """slurm/run.sh with SCALESGD_LAUNCHER=mpirun outside Slurm: 2 ranks of a dry run (no training)."""
+    script, log = recording_launcher(tmp_path)
+    data = make_dataset(tmp_path / "d", n=16, n_val=8, num_classes=4)
+    option = set_env_option("SCALESGD_PROBE", "7")
+    env = dict(os.environ, SCALESGD_LAUNCHER="mpirun", SLURM_NTASKS="2",
+               VENV=str(Path(sys.executable).parents[1]), MPIEXEC=str(script),
+               MPIEXEC_ARGS=f"{os.environ.get('MPIEXEC_ARGS', '')} {' '.join(option)}",
+               CONFIG="jobs/demo.toml", DATA=str(data), RUN_DIR=str(tmp_path / "run"),
+               EXTRA_ARGS="--dry-run", SCALESGD_DEFAULT_NAME="t")
+    env.pop("SLURM_JOB_ID", None)
+    p = subprocess.run(["bash", "slurm/run.sh"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    argv = log.read_text().splitlines()
+    n = argv.index("-n")
+    assert argv[n - len(option):n + 2] == [*option, "-n", "2"], argv
+    assert p.stdout.count('"method"') == 2, p.stdout              # each rank printed its config

@@ -1,0 +1,168 @@
+"""Resume, for every method, in the three ways users do it (real mpiexec, real checkpoints):
+
+- **partial**: a finished run cut back to its first checkpoint, resumed;
+- **extend**: a finished 2-epoch run resumed with ``--epochs 3``;
+- **killed**: a run whose worker is SIGKILLed mid-run, resumed from its last periodic checkpoint.
+
+Each must finish (never hang), evaluate every boundary exactly once, and write no extra checkpoint
+on resuming.  Where the method is deterministic (allreduce) the parameters and the validation
+history equal those of an uninterrupted run, bit for bit.  Plus: a stop request always ends the
+job, even a deadlocked one (the stop deadline).
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpirun import needs_mpi
+from synth import make_dataset
+from test_checkpoint import final_arrays, launch, rank_pids
+from test_cli import ROOT, TINY, run_cli
+
+from scalesgd.io import checkpoint as ckpt
+
+pytestmark = [needs_mpi, pytest.mark.mpi]
+
+METHODS = {"allreduce": [], "easgd": [], "asgd": [], "gossip-pull": ["--gossip", "pull"],
+           "gossip-push": ["--gossip", "push"]}
+RANKS = 3                    # server methods: a server and two workers
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("resume"), n=48, n_val=16, num_classes=4)
+
+
+def args_for(name, data, run_dir, epochs=2):
+    method = name.split("-")[0]
+    return ["--data", str(data), "--method", method, *METHODS[name], *TINY, "--batch-size", "4",
+            "--epochs", str(epochs), "--checkpoint-every", "0.5", "--keep-checkpoints", "10",
+            "--run-dir", str(run_dir), "--progress", "off",
+            "--cosine-epochs", "3"]     # the same learning rates for 2 epochs extended to 3 as for 3
+
+
+def ok(p):
+    assert p.returncode == 0, f"rc={p.returncode}\n{p.stdout}\n{p.stderr}"
+
+
+def history(run_dir: Path) -> list[tuple[int, float]]:
+    h = json.loads((run_dir / "summary.json").read_text())["history"]
+    return [(r["global_samples"], r["val_top1_accuracy"]) for r in h]
+
+
+def boundaries(run_dir: Path) -> list[int]:
+    return [g for g, _ in history(run_dir)]
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    return ckpt.listing(ckpt.checkpoint_dir(run_dir))
+
+
+def resume(run_dir, tmp_path, *extra):
+    p = run_cli(["--resume", str(run_dir), *extra], tmp_path, timeout=120, launcher=launch(RANKS))
+    ok(p)
+    return p
+
+
+def assert_same_state(a: Path, b: Path):
+    fa, fb = final_arrays(a), final_arrays(b)
+    assert fa.keys() == fb.keys()
+    for k in fa:
+        np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+    assert history(a) == history(b)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_resume_partial_extended_and_killed_runs(tmp_path, data, name):
+    deterministic = name == "allreduce"
+    a = tmp_path / "a"
+    ok(run_cli(args_for(name, data, a), tmp_path, launcher=launch(RANKS)))
+    assert boundaries(a) == [48, 96] and len(checkpoints(a)) == 4
+
+    # partial: cut back to the first checkpoint (half an epoch), resume
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    for f in checkpoints(b)[1:]:
+        f.unlink()
+    (b / "summary.json").unlink()
+    resume(b, tmp_path)
+    assert boundaries(b) == [48, 96]                  # each boundary evaluated once
+    assert len(checkpoints(b)) == 4                   # no extra checkpoint after resuming
+    first = ckpt.read_meta(checkpoints(b)[0])
+    assert first["boundary_done"] == 24 and first["reason"] == "scheduled"
+    if deterministic:
+        assert_same_state(a, b)
+
+    # extend: the finished run continued to 3 epochs
+    c = tmp_path / "c"
+    shutil.copytree(a, c)
+    resume(c, tmp_path, "--epochs", "3")
+    assert boundaries(c) == [48, 96, 144]
+    assert len(checkpoints(c)) == 6
+    assert ckpt.read_meta(checkpoints(a)[-1])["boundary_done"] == 96
+    if deterministic:
+        d = tmp_path / "d"
+        ok(run_cli(args_for(name, data, d, epochs=3), tmp_path, launcher=launch(RANKS)))
+        assert_same_state(d, c)
+
+    # killed: a 3-epoch run slowed down (a 100 ms sleep per step: the same numbers) whose last rank, a
+    # worker, is SIGKILLed once its first checkpoint exists, then resumed from its last good checkpoint
+    e = tmp_path / "e"
+    p = subprocess.Popen([*launch(RANKS), sys.executable, "-m", "src.main",
+                          *args_for(name, data, e, epochs=3), "--straggler", "0,1,2:100"],
+                         cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not checkpoints(e):
+            assert time.monotonic() < deadline and p.poll() is None, "no checkpoint"
+            time.sleep(0.01)
+        os.kill(rank_pids(str(e))[-1], signal.SIGKILL)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode != 0 and not (e / "summary.json").exists(), err
+    resume(e, tmp_path)
+    assert boundaries(e) == [48, 96, 144]
+    if deterministic:
+        assert_same_state(d, e)
+
+
+def test_a_stop_ends_a_deadlocked_job_naming_where_it_hung(tmp_path, data):
+    """Rank 2 blocks for ever in an MPI receive (a deadlock); SIGTERM to the launcher then cannot
+    checkpoint through the stuck collectives, so after --stop-timeout the job exits non-zero, the
+    ranks saying what they were doing (before the deadline existed it ran until killed)."""
+    env = dict(os.environ, SCALESGD_INJECT_FAULT="2:3:hang", OMP_NUM_THREADS="1")
+    run_dir = tmp_path / "run"
+    p = subprocess.Popen([*launch(RANKS), sys.executable, "-m", "src.main",
+                          *args_for("easgd", data, run_dir, epochs=100), "--stop-timeout", "3"],
+                         cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        metrics = run_dir / "metrics" / "rank-2.jsonl"
+        while not (metrics.exists() and metrics.read_text().count('"kind": "step"') >= 3):
+            assert time.monotonic() < deadline and p.poll() is None, "rank 2 never reached step 3"
+            time.sleep(0.1)
+        time.sleep(1.0)                                 # the others are now blocked on rank 2
+        t = time.monotonic()
+        for pid in rank_pids(str(run_dir)):             # SIGTERM to every rank, as Slurm sends it
+            os.kill(pid, signal.SIGTERM)                # (launchers differ in forwarding it)
+        out, err = p.communicate(timeout=60)
+        took = time.monotonic() - t
+    finally:
+        p.kill()
+    assert p.returncode not in (0, 75), err
+    assert took < 30, took
+    lines = [ln for ln in err.splitlines() if ln.startswith("scalesgd: error")]
+    # every rank's deadline expires at about the same time; the first MPI_Abort ends the others,
+    # so which ranks get to say what they were doing varies: at least one does
+    assert lines and all("train.stop_timeout" in ln and "but this rank is still" in ln
+                         for ln in lines), err
