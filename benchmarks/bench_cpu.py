@@ -133,9 +133,8 @@ class OursRunner:
     def __init__(self, key: str, seed: int = 0):
         name, size, batch, classes, nparams = CONFIGS[key]
         self.batch = batch
-        self.model = ResNet(name, num_classes=classes, width=1.0, dtype="float32")
+        self.model = ResNet(name, num_classes=classes, width=1.0, dtype="float32", seed=seed)
         assert self.model.num_params == nparams, (self.model.num_params, nparams)
-        self.model.ps.initialize(seed)
         self.opt = SGD(self.model.ps.params, SGDConfig(), self.model.ps.decay_mask())
         rng = np.random.default_rng(1234)
         self.x = rng.standard_normal((batch, size, size, 3), dtype=np.float32)

@@ -55,8 +55,7 @@ def step_seconds(batch: int, steps: int = 15, warmup: int = 3) -> tuple[list[flo
     from scalesgd.optim.sgd import SGD  # noqa: PLC0415
     from scalesgd.train.step import train_step  # noqa: PLC0415
     with threadpool_limits(1):
-        model = ResNet("resnet20", 10, 1.0, False, np, "float32")
-        model.ps.initialize(0)
+        model = ResNet("resnet20", 10, 1.0, False, np, "float32", seed=0)
         opt = SGD(model.ps.params, C.build().optim, model.ps.decay_mask())
         rng = np.random.default_rng(0)
         x = rng.standard_normal((batch, 32, 32, 3)).astype(np.float32)

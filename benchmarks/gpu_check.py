@@ -161,8 +161,7 @@ def _bn_parity(xp, rng, eng) -> dict:
 class OursRunner:
     def __init__(self, xp, impl, precision, batch, size, classes=1000, name="resnet50"):
         self.xp, self.batch = xp, batch
-        self.model = ResNet(name, classes, xp=xp)
-        self.model.ps.initialize(0)
+        self.model = ResNet(name, classes, xp=xp, seed=0)
         if impl == "cudnn":
             self.model.set_engine(CC.CudnnEngine(CC.probe_cudnn(), xp, precision))
         self.opt = SGD(self.model.ps.params, SGDConfig(), self.model.ps.decay_mask())

@@ -39,7 +39,7 @@ def evaluate_checkpoint(path: str | Path) -> dict:
         raise FileNotFoundError(f"{path}: no summary.json beside its checkpoints (dataset unknown)")
     val = ShardSet.open(data_root, "val")
     m, d = cfg.model, cfg.data
-    model = ResNet(m.model, val.num_classes, m.width, m.zero_init_residual, np, m.dtype)
+    model = ResNet(m.model, val.num_classes, m.width, m.zero_init_residual, np, m.dtype, seed=None)
     loader = Loader(val, train=False, batch_size=64, image_size=d.image_size, mean=d.mean, std=d.std,
                     augment="center", flip=False, val_resize=d.val_resize or None, seed=cfg.train.seed,
                     dtype=m.dtype, num_threads=1)

@@ -66,7 +66,8 @@ def test_sgd_update_matches_optimizer(rng, dt, mu, nesterov, wd, masked):
     n = 1001
     p0 = rng.standard_normal(n).astype(dt)
     mask = (rng.random(n) < 0.6).astype(dt) if masked else None
-    opt = SGD(p0.copy(), SGDConfig(momentum=mu, nesterov=nesterov, weight_decay=wd), mask)
+    cfg = SGDConfig(momentum=mu, nesterov=nesterov, weight_decay=wd, decay_bn_and_bias=not masked)
+    opt = SGD(p0.copy(), cfg, mask)
     p_ref, p, buf = p0.copy(), p0.copy(), np.zeros(n, dt)
     for step in range(3):
         g = rng.standard_normal(n).astype(dt)

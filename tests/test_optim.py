@@ -51,7 +51,7 @@ def test_weight_decay_and_mask():
 def test_matches_pytorch_reference_formula_over_many_steps():
     rng = np.random.default_rng(0)
     p0, gs = rng.standard_normal(50), rng.standard_normal((7, 50))
-    cfg = SGDConfig(momentum=0.9, nesterov=True, weight_decay=5e-4)
+    cfg = SGDConfig(momentum=0.9, nesterov=True, weight_decay=5e-4, decay_bn_and_bias=True)
     p, _ = run(cfg, p0, gs, 0.05)
     ref, buf = p0.copy(), np.zeros(50)
     for g in gs:                        # torch.optim.SGD's documented algorithm
@@ -59,6 +59,24 @@ def test_matches_pytorch_reference_formula_over_many_steps():
         buf = 0.9 * buf + d
         ref = ref - 0.05 * (d + 0.9 * buf)
     np.testing.assert_allclose(p, ref, rtol=1e-12)
+
+
+def test_decay_mask_is_required_when_bn_and_bias_are_exempt():
+    """Without the mask the flat buffer cannot tell BN gamma/beta from weights: refuse, don't decay them."""
+    from scalesgd.nn.resnet import ResNet
+    ps = ResNet("resnet20", 10, width=0.25, dtype="float64").ps
+    with pytest.raises(ValueError, match="decay_bn_and_bias=False needs decay_mask"):
+        SGD(ps.params, SGDConfig())
+    with pytest.raises(ValueError, match="decay_mask has shape"):
+        SGD(ps.params, SGDConfig(), ps.decay_mask()[:-1])
+    SGD(ps.params, SGDConfig(weight_decay=0.0))                     # nothing to decay: no mask needed
+    SGD(ps.params, SGDConfig(decay_bn_and_bias=True))               # decays everything, as documented
+    # with the model's mask, a zero-gradient step decays conv weights but leaves BN gamma at 1
+    p = ps.params.copy()
+    SGD(p, SGDConfig(momentum=0.0, weight_decay=0.1), ps.decay_mask()).step(p, np.zeros_like(p), 1.0)
+    views = ps.layout.views(p)
+    assert np.all(views["bn1.weight"] == 1.0) and np.all(views["fc.bias"] == ps.p["fc.bias"])
+    np.testing.assert_allclose(views["conv1.weight"], 0.9 * ps.p["conv1.weight"], rtol=1e-15)
 
 
 def test_step_schedule_and_warmup():

@@ -11,7 +11,7 @@ from gradcheck import numeric_grad, rel_error, sample_idx
 @pytest.mark.parametrize("name,count", [("resnet18", 11_689_512), ("resnet34", 21_797_672),
                                         ("resnet50", 25_557_032)])
 def test_parameter_counts_match_reference(name, count):
-    assert ResNet(name, 1000).num_params == count
+    assert ResNet(name, 1000, seed=None).num_params == count
 
 
 def test_cifar_resnets_have_expected_depth():
@@ -56,6 +56,44 @@ def test_init_is_deterministic_and_he_scaled():
     z = ResNet("resnet20", 10, zero_init_residual=True)
     z.ps.initialize(3)
     assert np.all(z.ps.p["layer1.0.bn2.weight"] == 0) and np.all(z.ps.p["layer1.0.bn1.weight"] == 1)
+
+
+def test_a_constructed_model_is_initialised_from_its_seed():
+    """No all-zero model by default: ResNet(seed=s) equals ps.initialize(s), bit for bit."""
+    a = ResNet("resnet20", 10, width=0.5)                            # seed 0
+    assert np.std(a.ps.p["conv1.weight"]) > 0 and np.all(a.ps.b["bn1.running_var"] == 1)
+    logits, _ = a.forward(np.ones((1, 8, 8, 3), np.float32), True)
+    assert np.any(logits != 0)
+    b = ResNet("resnet20", 10, width=0.5, seed=None)                 # caller initialises or loads
+    assert not np.any(b.ps.params)
+    for seed in (0, 5):
+        b.ps.initialize(seed)
+        c = ResNet("resnet20", 10, width=0.5, seed=seed)
+        np.testing.assert_array_equal(b.ps.params, c.ps.params)
+        np.testing.assert_array_equal(b.ps.buffers, c.ps.buffers)
+    before = a.ps.params.copy()
+    a.ps.initialize(0)                                               # the training loop's call
+    np.testing.assert_array_equal(a.ps.params, before)
+
+
+def test_backward_refuses_a_cache_overwritten_by_an_eval_forward():
+    """forward(A, train), forward(B, eval) of the same shape, backward(A): stale im2col -> error;
+    an eval forward of another shape leaves A's buffers alone and A's gradients exact."""
+    m = ResNet("resnet20", 4, width=0.25, dtype="float64")
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 8, 8, 3)), rng.standard_normal((2, 8, 8, 3))
+    logits, cache = m.forward(a, True)
+    _, d, _ = L.softmax_cross_entropy(logits, np.array([1, 3]))
+    m.backward(d, cache)
+    ref = m.ps.grads.copy()
+    logits, cache = m.forward(a, True)
+    m.forward(b, False)
+    with pytest.raises(RuntimeError, match="stale forward cache"):
+        m.backward(d, cache)
+    logits, cache = m.forward(a, True)
+    m.forward(b[:1], False)                                          # other shape: other buffers
+    m.backward(d, cache)
+    np.testing.assert_array_equal(m.ps.grads, ref)
 
 
 @pytest.mark.parametrize("name,width,hw", [("resnet20", 0.25, 8), ("resnet18", 1 / 16, 32),

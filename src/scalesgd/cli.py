@@ -144,7 +144,7 @@ def _num_classes_for_dry_run(cfg: C.Config) -> int:
 def dry_run(cfg: C.Config) -> None:
     from .nn.resnet import ResNet
     n_cls = _num_classes_for_dry_run(cfg)
-    model = ResNet(cfg.model.model, n_cls, cfg.model.width, cfg.model.zero_init_residual)
+    model = ResNet(cfg.model.model, n_cls, cfg.model.width, cfg.model.zero_init_residual, seed=None)
     print(cfg.to_json())
     print(f"model {cfg.model.model} (width {cfg.model.width}, {n_cls} classes): "
           f"{model.num_params:,} parameters")

@@ -23,18 +23,38 @@ class Workspace:
 
     Reuse avoids re-faulting large allocations (glibc maps every array above 32 MiB afresh) and
     re-zeroing padding: a padded buffer is zeroed once and afterwards only its interior is written.
-    Consequence: a cache from ``forward`` is valid until the next forward through the same layer.
+    Consequence: a cache from ``forward`` is valid until the next forward of the same shape through
+    the same layer.  Every hand-out of a buffer bumps its generation; a cache keeps the generation
+    it was made at (:meth:`stamp`) and backward refuses a cache whose buffer was handed out again
+    (:meth:`check`) instead of silently computing gradients from another batch.
     """
 
     def __init__(self):
         self._bufs: dict = {}
+        self._gen: dict = {}         # key -> number of hand-outs of that buffer
 
     def zeros(self, xp, name: str, shape, dtype):
         key = (name, tuple(shape), str(dtype))
         buf = self._bufs.get(key)
         if buf is None:
             buf = self._bufs[key] = xp.zeros(shape, dtype=dtype)
+        self._gen[key] = self._gen.get(key, 0) + 1
         return buf
+
+    def stamp(self, name: str, shape, dtype) -> tuple:
+        """(workspace, key, generation) of the buffer last handed out under (name, shape, dtype)."""
+        key = (name, tuple(shape), str(dtype))
+        return self, key, self._gen[key]
+
+    @staticmethod
+    def check(stamp, what: str) -> None:
+        """Raises if the buffer behind ``stamp`` was handed out again since the stamp was taken."""
+        ws, key, gen = stamp
+        if ws._gen[key] != gen:
+            raise RuntimeError(
+                f"{what}: stale forward cache: a later forward with the same shapes through this "
+                f"layer overwrote its im2col buffer {key[1]}; run backward before the next forward "
+                f"(an eval forward included), or give that forward its own Workspace")
 
 
 def _scratch(ws, xp, name, shape, dtype):
@@ -103,19 +123,24 @@ def conv2d_forward(x, w, stride: int = 1, pad: int = 0, ws: Workspace | None = N
         xs = x[:, ::stride, ::stride, :] if stride > 1 else x
         cols = get_array_module(x).ascontiguousarray(xs).reshape(-1, c)
         ho, wo = xs.shape[1], xs.shape[2]
+        stamp = None                     # cols is x itself or a fresh copy: never reused
     else:
         cols = im2col(x, kh, kw, stride, pad, ws)
         ho, wo = _out_size(h, kh, stride, pad), _out_size(wd, kw, stride, pad)
+        stamp = None if ws is None else ws.stamp("cols", (n, ho, wo, kh, kw, c), x.dtype)
     out = cols @ w.reshape(-1, f)
-    return out.reshape(n, ho, wo, f), (cols, x.shape, w, stride, pad)
+    return out.reshape(n, ho, wo, f), (cols, x.shape, w, stride, pad, stamp)
 
 
 def conv2d_backward(dout, cache, dw, need_dx: bool = True, ws: Workspace | None = None):
     """dout: (N, Ho, Wo, F) -> dx: (N, H, W, C) (None unless need_dx); writes dL/dw into ``dw``.
 
-    dw is computed first, so the forward's im2col buffer is free again for dout's im2col."""
+    dw is computed first, so the forward's im2col buffer is free again for dout's im2col.
+    Raises RuntimeError if that buffer was reused by another forward since ``cache`` was made."""
     xp = get_array_module(dout)
-    cols, x_shape, w, stride, pad = cache
+    cols, x_shape, w, stride, pad, stamp = cache
+    if stamp is not None:
+        Workspace.check(stamp, "conv2d_backward")
     kh, kw, c, f = w.shape
     d2 = dout.reshape(-1, f)
     xp.matmul(cols.T, d2, out=dw.reshape(-1, f))
@@ -137,16 +162,44 @@ def conv2d_backward(dout, cache, dw, need_dx: bool = True, ws: Workspace | None 
 
 
 # ----------------------------------------------------------------------------- batch norm
+# Per-channel sums over M rows in two stages, so that the float32 error does not grow with M (a
+# plain float32 GEMV over 802,816 rows is off by ~4e-4 relative; this stays near 1e-7, see
+# benchmarks/bn_accuracy.py): stage 1 folds the rows into _FOLD-term sums in the input dtype by
+# one GEMV / einsum over a (_FOLD, b*C) view (rows i, i+b, i+2b, ...); stage 2 adds the (b, C)
+# partials and the < _FOLD leftover rows in float64 (1/_FOLD of the data).  Results keep a2's dtype.
+_FOLD = 128
+
+
+def _split(a2):
+    """(_FOLD, b*C) view of the first _FOLD*b rows (None when M < _FOLD), and the leftover rows."""
+    m, c = a2.shape
+    b = m // _FOLD
+    if b == 0:
+        return None, a2, c
+    return a2[:_FOLD * b].reshape(_FOLD, b * c), a2[_FOLD * b:], c
+
+
+def _finish(xp, part, rest64, c, dtype):
+    """float64 total of the (b*C,) stage-1 partials and the (C,) leftover sum, cast to ``dtype``."""
+    total = rest64 if part is None else part.astype(xp.float64).reshape(-1, c).sum(axis=0) + rest64
+    return total.astype(dtype, copy=False)
+
+
 def _colsum(a2):
-    """Column sums of a (M, C) array via one GEMV (much faster than sum(axis=0) for small C)."""
+    """Column sums of a (M, C) array (see _FOLD): a GEMV, faster than sum(axis=0) for small C."""
     xp = get_array_module(a2)
-    return xp.ones(a2.shape[0], dtype=a2.dtype) @ a2
+    main, rest, c = _split(a2)
+    part = None if main is None else xp.ones(_FOLD, dtype=a2.dtype) @ main
+    return _finish(xp, part, rest.astype(xp.float64).sum(axis=0), c, a2.dtype)
 
 
 def _coldot(a2, b2):
-    """Per-column dot products sum_i a[i, c] * b[i, c] of two (M, C) arrays."""
+    """Per-column dot products sum_i a[i, c] * b[i, c] of two (M, C) arrays (see _FOLD)."""
     xp = get_array_module(a2)
-    return xp.einsum("ij,ij->j", a2, b2)
+    (ma, ra, c), (mb, rb, _) = _split(a2), _split(b2)
+    part = None if ma is None else xp.einsum("ij,ij->j", ma, mb)
+    rest = xp.einsum("ij,ij->j", ra.astype(xp.float64), rb.astype(xp.float64))
+    return _finish(xp, part, rest, c, a2.dtype)
 
 
 def batchnorm_forward(x, gamma, beta, running_mean, running_var, train: bool,

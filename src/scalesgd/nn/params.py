@@ -104,9 +104,8 @@ class ParamSet:
             self.buffers[...] = self.xp.asarray(np.concatenate(bhost))
 
     def decay_mask(self):
-        """Flat 0/1 array: 1 where weight decay applies (None if it applies everywhere)."""
+        """Flat 0/1 array of the params layout: 1 where weight decay applies (``optim.SGD`` needs it
+        unless ``decay_bn_and_bias``)."""
         specs = self.layout.specs
-        if all(s.decay for s in specs):
-            return None
         host = np.concatenate([np.full(s.size, 1.0 if s.decay else 0.0, self.dtype) for s in specs])
         return self.xp.asarray(host)

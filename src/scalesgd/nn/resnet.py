@@ -228,10 +228,15 @@ def _leaves(mod):
 
 
 class ResNet:
-    """A whole ResNet bound to one ParamSet.  ``forward(x, train)``, ``backward(dlogits, cache)``."""
+    """A whole ResNet bound to one ParamSet.  ``forward(x, train)``, ``backward(dlogits, cache)``.
+
+    ``seed``: the parameters and BN buffers are initialised from it at construction, exactly as
+    ``ps.initialize(seed)`` does (calling that again with the same seed changes nothing).  ``None``
+    leaves every weight at zero, for a caller that loads or initialises them itself (it then costs
+    nothing: ResNet-50's init takes ~0.5 s)."""
 
     def __init__(self, name: str, num_classes: int = 1000, width: float = 1.0,
-                 zero_init_residual: bool = False, xp=None, dtype="float32"):
+                 zero_init_residual: bool = False, xp=None, dtype="float32", seed: int | None = 0):
         if name not in ARCHS:
             raise ValueError(f"unknown model {name!r}; choose from {', '.join(ARCHS)}")
         if xp is None:
@@ -265,6 +270,8 @@ class ResNet:
             if isinstance(m, ParamModule):
                 m.bind(self.ps)
                 m.param_names = tuple(t.name for t in m.specs()[0])
+        if seed is not None:
+            self.ps.initialize(seed)
 
     @property
     def num_params(self) -> int:

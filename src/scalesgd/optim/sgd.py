@@ -26,10 +26,21 @@ class SGDConfig:
 
 
 class SGD:
-    """Owns the momentum buffer (same layout as params) for one replica."""
+    """Owns the momentum buffer (same layout as params) for one replica.
+
+    ``decay_mask`` (flat 0/1, the params layout: ``ParamSet.decay_mask()``) says which entries are
+    decayed; it is required when ``weight_decay > 0`` and not ``decay_bn_and_bias``, since the flat
+    buffer alone cannot tell BN gamma/beta and biases from weights."""
 
     def __init__(self, params, cfg: SGDConfig, decay_mask=None):
         xp = get_array_module(params)
+        if cfg.weight_decay and not cfg.decay_bn_and_bias:
+            if decay_mask is None:
+                raise ValueError("SGD: decay_bn_and_bias=False needs decay_mask (ParamSet.decay_mask()) "
+                                 "to skip BN gamma/beta and biases; pass it, or set "
+                                 "decay_bn_and_bias=True to decay every parameter")
+            if decay_mask.shape != params.shape:
+                raise ValueError(f"SGD: decay_mask has shape {decay_mask.shape}, params {params.shape}")
         self.cfg = cfg
         self.momentum = xp.zeros_like(params)
         self._scratch = xp.empty_like(params)

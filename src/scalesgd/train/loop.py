@@ -62,10 +62,10 @@ def build(cfg: Config, topo, backend, method, data_root: Path, data_threads: int
         from .. import backend as backend_mod  # noqa: PLC0415
         from ..nn import cudnn_conv  # noqa: PLC0415
         backend_mod.set_precision(m.precision)
-    model = ResNet(m.model, train_shards.num_classes, m.width, m.zero_init_residual, backend.xp, m.dtype)
+    model = ResNet(m.model, train_shards.num_classes, m.width, m.zero_init_residual, backend.xp, m.dtype,
+                   seed=cfg.train.seed)
     if getattr(backend, "is_gpu", False):
         cudnn_conv.attach(model, m.conv_impl, m.precision, backend, m.dtype)
-    model.ps.initialize(cfg.train.seed)
     opt = SGD(model.ps.params, cfg.optim, model.ps.decay_mask())
     if hasattr(method, "attach"):
         method.attach(model)
