@@ -239,7 +239,7 @@ def test_bad_arguments(digits, tmp_path):
     val = ShardSet.open(digits, "val")
     with pytest.raises(ValueError, match="multiscale"):
         Loader(val, batch_size=8, image_size=32, train=True, scale=(16, 40))
-    with pytest.raises(ValueError, match=r"/val: 359 samples, but one training step needs 512 "
+    with pytest.raises(DataError, match=r"/val: 359 samples, but one training step needs 512 "
                                          r"\(2 workers x batch size 256\): use a smaller batch size"):
         Loader(val, batch_size=256, image_size=32, train=True, world=2)
     Loader(val, batch_size=256, image_size=32, train=False, world=2)   # validation: a batch < 256 is fine
@@ -247,7 +247,7 @@ def test_bad_arguments(digits, tmp_path):
     why = (r"/val: 3 samples for 4 workers that share the validation, each needs at least one: "
            r"use fewer ranks or a larger val split")
     for rank in range(4):            # every rank says it, also those whose share is not empty
-        with pytest.raises(ValueError, match=why):
+        with pytest.raises(DataError, match=why):
             Loader(tiny, batch_size=8, image_size=16, train=False, rank=rank, world=4)
     assert Loader(tiny, batch_size=8, image_size=16, train=False, rank=2, world=3).steps_per_epoch == 1
 

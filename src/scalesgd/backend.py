@@ -12,13 +12,11 @@ from types import ModuleType
 
 import numpy as np
 
+from .errors import BackendError  # noqa: F401 - re-exported: backend.BackendError
+
 log = logging.getLogger("scalesgd")
 
 DEVICES = ("cpu", "gpu", "auto")
-
-
-class BackendError(RuntimeError):
-    """The requested device cannot be used (e.g. ``--device gpu`` without CuPy or a GPU)."""
 
 
 @dataclass(frozen=True)

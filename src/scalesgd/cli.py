@@ -2,8 +2,9 @@
 
 ``python -m src.main [--config jobs/X.toml] [--flag value ...]``; ``--dry-run`` prints the resolved
 config and the model's parameter count.  User errors (bad flag or key, missing/corrupt data, unknown
-model, wrong rank count) print one line ``scalesgd: error: ...`` and exit non-zero; with several ranks
-the whole job is aborted so no rank hangs.
+model, wrong rank count: ``errors.UserError``) print one line ``scalesgd: error: ...`` and exit non-zero;
+with several ranks the whole job is aborted so no rank hangs.  Any other exception is a bug: its
+traceback is printed, then the job is aborted.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from . import backend as backend_mod
 from . import config as C
+from .errors import ResumeError, RunDirError, UserError
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
 
@@ -113,25 +115,9 @@ def check_resume_identity(saved: C.Config, new: C.Config, run_dir: Path) -> None
         raise C.ConfigError(f"cannot resume {run_dir}: " + "; ".join(diffs))
 
 
-def _shared_errors():
-    """Errors every rank detects alike: rank 0 alone reports them."""
-    from .methods.base import MethodError
-    from .comm.topology import TopologyError
-    return (MethodError, TopologyError, ResumeError)
-
-
 def _stopped():
     from .methods.base import Stopped
     return Stopped
-
-
-def _user_errors():
-    from .data.shards import DataError
-    from .io.checkpoint import CheckpointError
-    from .methods.base import PhaseError
-    from .train.loop import Diverged
-    return (C.ConfigError, DataError, CheckpointError, backend_mod.BackendError, PhaseError, Diverged,
-            ValueError, OSError)
 
 
 def _num_classes_for_dry_run(cfg: C.Config) -> int:
@@ -184,10 +170,8 @@ def together(topo):
     text = ""
     try:
         yield
-    except C.ConfigError as exc:
-        text = f"{EXIT_USAGE} {exc}"
-    except _user_errors() as exc:
-        text = f"{EXIT_ERROR} {exc}"
+    except UserError as exc:                  # anything else is a bug: it aborts the job at once
+        text = f"{exc.exit_code} {exc}"
     texts = allgather_text(topo.comm, text)
     failed = {r: t.split(" ", 1) for r, t in enumerate(texts) if t}
     if not failed:
@@ -234,10 +218,6 @@ def _resume_checkpoint(cfg: C.Config, topo) -> Path | None:
     if err:
         raise ResumeError(err)
     return Path(bcast_text(topo.comm, str(path) if path else None))
-
-
-class ResumeError(RuntimeError):
-    """The checkpoint cannot be resumed (every rank raises it alike)."""
 
 
 _STOP = {"requested": False, "method": None}
@@ -289,8 +269,12 @@ def run(cfg: C.Config, topo) -> dict:
             if resume is None and (run_dir / "config.json").exists():
                 raise C.ConfigError(f"--run-dir {run_dir} already holds a run (its config.json): continue "
                                     f"it with --resume {run_dir}, or choose another run directory")
-            run_dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(run_dir / "config.json", cfg.to_dict())
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(run_dir / "config.json", cfg.to_dict())
+            except OSError as exc:          # read-only, a file in the way, disk full: the user's path
+                raise RunDirError(f"--run-dir {run_dir}: cannot write the run directory "
+                                  f"({exc.strerror or exc})") from None
     _attach_stop(method)
     from .comm import watchdog
     watchdog.configure(cfg.train.stop_timeout)
@@ -344,14 +328,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"scalesgd: stopped on a signal; checkpoint written; continue with "
                   f"--resume {getattr(exc, 'run_dir', 'RUN_DIR')}", file=sys.stderr, flush=True)
         return EXIT_STOPPED
-    except C.ConfigError as exc:
-        fail(topo or _launched_world(), str(exc), EXIT_USAGE, shared=True)
     except SetupError as exc:
         fail(topo, str(exc), exc.code, shared=True)
-    except _shared_errors() as exc:
-        fail(topo, str(exc), EXIT_ERROR, shared=True)
-    except _user_errors() as exc:
-        fail(topo, str(exc), EXIT_ERROR)
+    except UserError as exc:                # errors.py: bad input, one line; exit_code 2 for usage
+        where = topo if topo is not None or not exc.shared else _launched_world()
+        fail(where, str(exc), exc.exit_code, shared=exc.shared)
     except KeyboardInterrupt:
         fail(topo, "interrupted", 130)
     except BaseException as exc:            # a bug: show the traceback, but still end every rank

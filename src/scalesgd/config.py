@@ -25,6 +25,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError
 from .nn.resnet import ARCHS
 from .optim.schedule import SCHEDULES, ScheduleConfig
 from .optim.sgd import SGDConfig
@@ -39,10 +40,6 @@ MULTISCALE_RATIO = (1.0, 1.25)          # multiscale: shorter side ~ image_size 
 RRC_SCALE = (0.08, 1.0)                 # rrc: crop area fraction (Inception / torchvision)
 GLOBAL_BATCH = 64                       # the one-rank demo's batch, split over the workers ...
 MIN_WORKER_BATCH = 8                    # ... but never below 8 per worker (batch-norm statistics)
-
-
-class ConfigError(ValueError):
-    """A bad key or value; the message names the key (``section.key``) and the cause."""
 
 
 def _f(default, help: str, choices=None, lo=None, hi=None, lo_open=False):

@@ -11,9 +11,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-
-class TopologyError(RuntimeError):
-    """The MPI world is not what the launcher promised (e.g. srun with the wrong --mpi plugin)."""
+from ..errors import TopologyError  # noqa: F401 - re-exported: topology.TopologyError
 
 
 @dataclass(frozen=True)

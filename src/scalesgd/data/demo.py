@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .shards import (MANIFEST_NAME, ShardError, content_id, read_manifest, write_manifest,
+from .shards import (MANIFEST_NAME, DataError, ShardError, content_id, read_manifest, write_manifest,
                      write_split)
 
 DIGITS_VERSION = 1
@@ -54,11 +54,15 @@ def build_digits(out_dir=None, image_size: int = 32, seed: int = 0, *, val_fract
     splits = {"train": [(encoded[i], int(labels[i])) for i in train_idx],
               "val": [(encoded[i], int(labels[i])) for i in val_idx]}
     dataset_id = content_id(splits, num_classes=10)
-    entries = {"train": write_split(out_dir, "train", splits["train"], train_shards, dataset_id, 10),
-               "val": write_split(out_dir, "val", splits["val"], val_shards, dataset_id, 10)}
     classes = [{"index": c, "wnid": str(c), "name": str(c)} for c in range(10)]
-    write_manifest(out_dir, name="digits", dataset_id=dataset_id, classes=classes,
-                   splits=entries, options=options)
+    try:
+        entries = {s: write_split(out_dir, s, splits[s], n, dataset_id, 10)
+                   for s, n in (("train", train_shards), ("val", val_shards))}
+        write_manifest(out_dir, name="digits", dataset_id=dataset_id, classes=classes,
+                       splits=entries, options=options)
+    except OSError as exc:          # read-only home, a file in the way, a full disk
+        raise DataError(f"{out_dir}: cannot build the digits demo data set there "
+                        f"({exc.strerror or exc}); set SCALESGD_DATA to a writable directory") from None
     return out_dir
 
 

@@ -213,13 +213,13 @@ class Loader:
                              f"lighting >= 0 and val_resize >= image_size={self.image_size}")
         n, w, b = self.shards.num_samples, self.world, self.batch_size
         if self.train and n < w * b:
-            raise ValueError(f"{where}: {n} samples, but one training step needs {w * b} "
+            raise DataError(f"{where}: {n} samples, but one training step needs {w * b} "
                              f"({w} workers x batch size {b}): use a smaller batch size or fewer "
                              "ranks, or add samples")
         if not self.train and n < w:
-            raise ValueError(f"{where}: {n} samples for {w} workers that share the validation, "
-                             "each needs at least one: use fewer ranks or a larger "
-                             f"{self.shards.split} split")
+            raise DataError(f"{where}: {n} samples for {w} workers that share the validation, "
+                            "each needs at least one: use fewer ranks or a larger "
+                            f"{self.shards.split} split")
 
     @property
     def steps_per_epoch(self) -> int:

@@ -22,6 +22,8 @@ from typing import Iterable, Sequence
 import h5py
 import numpy as np
 
+from ..errors import DataError  # noqa: F401 - re-exported: shards.DataError
+
 FORMAT = "scalesgd-shard"
 MANIFEST_FORMAT = "scalesgd-dataset"
 FORMAT_VERSION = 1
@@ -30,10 +32,6 @@ SPLITS = ("train", "val")
 SHARD_ATTRS = ("format", "format_version", "split", "shard_index", "num_shards",
                "dataset_id", "num_classes", "count")
 _WRITE_CHUNK = 4096          # samples assigned to h5py per slice write
-
-
-class DataError(Exception):
-    """Bad input data: one line naming the file (and index) and the cause."""
 
 
 class ShardError(DataError):

@@ -26,12 +26,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from ..errors import CheckpointError  # noqa: F401 - re-exported
+
 FORMAT, FORMAT_VERSION = "scalesgd-checkpoint", 1
 NAME = re.compile(r"^ckpt-(\d{12})\.h5$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used: the message names the file and the cause."""
 
 
 def digest(a: np.ndarray) -> str:
@@ -50,10 +48,14 @@ class Writer:
     """Root only: collects every rank's state (``add_rank``), then ``commit()`` makes it visible."""
 
     def __init__(self, directory: Path, global_samples: int, meta: dict):
-        directory.mkdir(parents=True, exist_ok=True)
         self.final = directory / file_name(global_samples)
-        fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=directory)
-        os.close(fd)
+        try:                        # a read-only or full run directory is the user's to fix
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=directory)
+            os.close(fd)
+        except OSError as exc:
+            raise CheckpointError(f"{directory}: cannot write a checkpoint here ({exc.strerror or exc})"
+                                  ) from None
         self.tmp = Path(tmp)
         self.f = h5py.File(self.tmp, "w")
         self.f.attrs["format"], self.f.attrs["format_version"] = FORMAT, FORMAT_VERSION
@@ -67,6 +69,13 @@ class Writer:
             ds.attrs["blake2b"] = digest(np.asarray(a))
 
     def commit(self) -> Path:
+        try:
+            return self._commit()
+        except OSError as exc:      # e.g. the disk filled up while the file was written
+            raise CheckpointError(f"{self.final}: cannot write the checkpoint ({exc.strerror or exc})"
+                                  ) from None
+
+    def _commit(self) -> Path:
         self.f.close()
         with open(self.tmp, "rb+") as fh:
             os.fsync(fh.fileno())

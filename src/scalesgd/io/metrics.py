@@ -4,15 +4,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import RunDirError
+
 
 class MetricsWriter:
     """Appends records (dicts of JSON scalars) for one rank; line-buffered so a crash loses little."""
 
     def __init__(self, run_dir: str | Path, rank: int):
         d = Path(run_dir) / "metrics"
-        d.mkdir(parents=True, exist_ok=True)
         self.path = d / f"rank-{rank}.jsonl"
-        self._fh = self.path.open("a", buffering=1)
+        try:                        # e.g. a run directory this rank's node cannot write
+            d.mkdir(parents=True, exist_ok=True)
+            self._fh = self.path.open("a", buffering=1)
+        except OSError as exc:
+            raise RunDirError(f"{self.path}: cannot write metrics ({exc.strerror or exc})") from None
 
     def write(self, kind: str, **values) -> None:
         self._fh.write(json.dumps({"kind": kind, **values}) + "\n")

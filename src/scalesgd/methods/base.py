@@ -23,14 +23,7 @@ import time
 import numpy as np
 
 from ..comm import collectives, watchdog
-
-
-class MethodError(RuntimeError):
-    """The method cannot run on this MPI world (wrong number of ranks, bad setting...)."""
-
-
-class PhaseError(RuntimeError):
-    """A phase can never complete (inconsistent state found by one rank); the job ends, not hangs."""
+from ..errors import MethodError, PhaseError  # noqa: F401 - re-exported
 
 
 class Method:

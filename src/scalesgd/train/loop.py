@@ -26,6 +26,7 @@ from ..comm import watchdog
 from ..config import Config, parse_straggler
 from ..data.pipeline import Loader
 from ..data.shards import ShardSet
+from ..errors import DataError, Diverged, RunDirError
 from ..io import checkpoint as ckpt
 from ..io.files import write_json_atomic
 from ..io.metrics import MetricsWriter
@@ -71,8 +72,8 @@ def build(cfg: Config, topo, backend, method, data_root: Path, data_threads: int
         method.attach(model)
     steps = train_shards.num_samples // (d.batch_size * method.num_workers)
     if steps < 1:
-        raise ValueError(f"data.batch_size: {d.batch_size} x {method.num_workers} workers exceeds the "
-                         f"{train_shards.num_samples} training samples in {data_root}")
+        raise DataError(f"data.batch_size: {d.batch_size} x {method.num_workers} workers exceeds the "
+                        f"{train_shards.num_samples} training samples in {data_root}")
     if steps < 10 and topo.is_root:            # warned once; an explicit batch is kept as set
         logging.warning("warning: an epoch is only %d step(s) (%d training samples / global batch %d "
                         "= %d workers x data.batch_size %d): too few updates to train well; a smaller "
@@ -94,10 +95,6 @@ def _input_dtype(cfg: Config) -> str:
     """data.output_dtype, or the model's dtype when it is 'model' (float32 unless float16)."""
     want = cfg.data.output_dtype
     return want if want != "model" else ("float16" if cfg.model.dtype == "float16" else "float32")
-
-
-class Diverged(RuntimeError):
-    """The training loss is no longer finite (a per-rank error: the job ends, naming rank and step)."""
 
 
 class Straggler:
@@ -483,5 +480,9 @@ def train(s: Setup, run_dir: Path, resume: Path | None = None) -> dict:
     summary = run.summary(run.wall_seconds())
     # rank 0 is a worker or the server; either way it has every evaluation (they are collective)
     if s.topo.is_root:
-        write_json_atomic(run_dir / "summary.json", summary)
+        try:
+            write_json_atomic(run_dir / "summary.json", summary)
+        except OSError as exc:
+            raise RunDirError(f"{run_dir}/summary.json: cannot write the summary ({exc.strerror or exc}); "
+                              "the final checkpoint is in RUN_DIR/checkpoints") from exc
     return summary
