@@ -4,16 +4,19 @@ Every case is a real 4-rank mpiexec launch that must fail with exactly one ``sca
 and leave the run directory as it was (absent, or an earlier run's files unchanged)."""
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from mpirun import needs_mpi
+from mpirun import mpi_launcher, needs_mpi
 from synth import make_dataset
 from test_checkpoint import launch
-from test_cli import TINY, one_line_error, run_cli
+from test_cli import ROOT, TINY, one_line_error, run_cli
 
 from scalesgd.io import checkpoint as ckpt
 
@@ -115,3 +118,17 @@ def test_resumed_summary_times_are_cumulative(world, tmp_path):
     assert s["allocations"] == 2 and first["allocations"] == 1
     assert s["wall_seconds"] > first["wall_seconds"] and s["train_seconds"] > first["train_seconds"]
     assert s["wall_seconds"] >= s["train_seconds"] + s["eval_seconds"] - 1e-6
+
+
+def test_an_error_only_some_ranks_hit_names_them_and_ends_the_job(world, tmp_path):
+    """Rank 0 finds the data, ranks 1-2 do not (e.g. a node without its local copy): the ranks that
+    did not fail must not be left in a collective of the set-up (this once hung), and the one
+    line names the failing ranks."""
+    common = ["-m", "src.main", "--method", "allreduce", *TINY, "--batch-size", "4",
+              "--run-dir", str(tmp_path / "run")]
+    cmd = [*mpi_launcher(1), sys.executable, *common, "--data", str(world["data"]), ":",
+           "-n", "2", sys.executable, *common, "--data", str(tmp_path / "nowhere")]
+    p = subprocess.run(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    one_line_error(p, "ranks 1,2/3:", "nowhere")
+    assert not (tmp_path / "run").exists()

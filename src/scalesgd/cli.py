@@ -263,6 +263,8 @@ def run(cfg: C.Config, topo) -> dict:
             loop.check_fits(setup, resume)
         elif cfg.train.init_from:
             loop.warm_start(setup, Path(cfg.train.init_from))
+    if hasattr(method, "attach"):               # collective (allreduce: the transport's selection)
+        method.attach(setup.model)
     run_dir = _run_dir(cfg, topo)
     with together(topo):
         if topo.is_root:
@@ -276,8 +278,6 @@ def run(cfg: C.Config, topo) -> dict:
                 raise RunDirError(f"--run-dir {run_dir}: cannot write the run directory "
                                   f"({exc.strerror or exc})") from None
     _attach_stop(method)
-    from .comm import watchdog
-    watchdog.configure(cfg.train.stop_timeout)
     if topo.is_root:
         logging.info("run directory %s; model %s, %s parameters; device %s; %d BLAS thread(s)",
                      run_dir, cfg.model.model, f"{setup.model.num_params:,}", backend.name, threads)
@@ -315,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     from .comm.abort import fail
     try:
         cfg = resolve_config(args)
+        from .comm import watchdog
+        watchdog.configure(cfg.train.stop_timeout)
         if getattr(args, "dry_run", False):
             dry_run(cfg)
             return 0
@@ -324,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger().setLevel(logging.WARNING)
         run(cfg, topo)
     except _stopped() as exc:
+        from .comm import watchdog
+        watchdog.disarm()
         if topo is not None and topo.is_root:
             print(f"scalesgd: stopped on a signal; checkpoint written; continue with "
                   f"--resume {getattr(exc, 'run_dir', 'RUN_DIR')}", file=sys.stderr, flush=True)

@@ -31,11 +31,12 @@ class _State:
     activity = "starting up"         # what this rank is doing now (one short phrase)
     since = time.monotonic()
     stop_at: float | None = None     # monotonic time of the first stop signal
-    deadline: float | None = None    # seconds a stop may take (None = not configured yet, 0 = off)
+    deadline: float = 180.0          # seconds a stop may take (train.stop_timeout's default; 0 = off)
     timer: threading.Timer | None = None
     on_stop = None                   # callable: records the stop request (set by the CLI)
     installed = False
-    lock = threading.Lock()
+    saved = False                    # the stop's checkpoint has been written
+    lock = threading.RLock()
 
 
 def doing(activity: str) -> None:
@@ -54,8 +55,8 @@ def install(on_stop) -> None:
     if _State.installed:              # (main() called again in one process, e.g. by tests)
         return
     _State.installed = True
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda signum, frame: _stop_signal())
+    for sig in STOP_SIGNALS:          # the Python-level handler only records (no lock, no timer):
+        signal.signal(sig, lambda signum, frame: _record())   # it may interrupt _arm itself
     r, w = socket.socketpair()
     w.setblocking(False)
     signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
@@ -72,22 +73,39 @@ def _watch(r: socket.socket, w: socket.socket) -> None:
             _stop_signal()
 
 
-def _stop_signal() -> None:
-    with _State.lock:
-        first = _State.stop_at is None
-        if first:
-            _State.stop_at = time.monotonic()
+def _record() -> None:
+    """Records a stop request (flags only: safe in a signal handler and in any thread)."""
+    if _State.stop_at is None:
+        _State.stop_at = time.monotonic()
     if _State.on_stop is not None:
         _State.on_stop()
-    if first:
-        _arm()
+
+
+def _stop_signal() -> None:
+    """The wake-up thread: records the request and arms the deadline."""
+    _record()
+    _arm()
 
 
 def configure(stop_timeout: float) -> None:
-    """Sets the deadline (seconds after the first stop signal; 0 = none), arming it if a signal
-    already came (e.g. during start-up)."""
+    """Sets the deadline (seconds after the first stop signal; 0 = none; until this is called the
+    config's default applies), arming it if a signal already came (e.g. during start-up)."""
     _State.deadline = float(stop_timeout)
     _arm()
+
+
+def stop_checkpointed() -> None:
+    """The stop's checkpoint is written; what is left is closing MPI objects and exiting 75."""
+    _State.saved = True
+    doing("closing after the stop checkpoint")
+
+
+def disarm() -> None:
+    """The job is ending as asked (exit 75): no deadline for the way out."""
+    with _State.lock:
+        _State.deadline = 0.0
+        if _State.timer is not None:
+            _State.timer.cancel()
 
 
 def _arm() -> None:
@@ -97,20 +115,22 @@ def _arm() -> None:
         left = max(0.0, _State.stop_at + _State.deadline - time.monotonic())
         _State.timer = threading.Timer(left, _expired)
         _State.timer.daemon = True
-        _State.timer.start()
+    _State.timer.start()               # outside the lock: a signal may interrupt the start
 
 
 def _expired() -> None:
     stuck = time.monotonic() - _State.since
     msg = (f"a stop was requested {_State.deadline:g} s ago (train.stop_timeout) but this rank is still "
-           f"{_State.activity} (for {stuck:.0f} s); ending the job without a checkpoint "
-           "(the newest checkpoint in RUN_DIR/checkpoints is still good)")
+           f"{_State.activity} (for {stuck:.0f} s); ending the job " +
+           ("(its stop checkpoint was written)" if _State.saved else "without a checkpoint (the newest "
+            "checkpoint in RUN_DIR/checkpoints is still good)"))
     mpi = sys.modules.get("mpi4py.MPI")
     running = mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
     size = mpi.COMM_WORLD.Get_size() if running else 1
     where = f" (rank {mpi.COMM_WORLD.Get_rank()}/{size})" if size > 1 else ""
     print(f"scalesgd: error{where}: {msg}", file=sys.stderr, flush=True)
-    if running:
+    if running and mpi.Query_thread() == mpi.THREAD_MULTIPLE:    # else Abort from a 2nd thread is erroneous
         unlink_mapped_segments()      # MPI_Abort skips MPI_Finalize, which would free /dev/shm
         mpi.COMM_WORLD.Abort(EXIT_STUCK)
-    os._exit(EXIT_STUCK)              # (MPICH's MPI_Abort may return in a thread once it told the launcher)
+    os._exit(EXIT_STUCK)              # MPICH's MPI_Abort may return in a thread once it told the
+                                      # launcher; without MPI_THREAD_MULTIPLE the launcher sees this exit

@@ -248,6 +248,7 @@ class Phases:
             self.on_checkpoint("end" if self.finished else "stop" if stop else
                                "scheduled" if due else "clock")
         if stop and not self.finished:
+            watchdog.stop_checkpointed()
             raise Stopped()
         return self.finished
 

@@ -68,8 +68,6 @@ def build(cfg: Config, topo, backend, method, data_root: Path, data_threads: int
     if getattr(backend, "is_gpu", False):
         cudnn_conv.attach(model, m.conv_impl, m.precision, backend, m.dtype)
     opt = SGD(model.ps.params, cfg.optim, model.ps.decay_mask())
-    if hasattr(method, "attach"):
-        method.attach(model)
     steps = train_shards.num_samples // (d.batch_size * method.num_workers)
     if steps < 1:
         raise DataError(f"data.batch_size: {d.batch_size} x {method.num_workers} workers exceeds the "
