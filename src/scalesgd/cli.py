@@ -220,16 +220,15 @@ def _resume_checkpoint(cfg: C.Config, topo) -> Path | None:
     return Path(bcast_text(topo.comm, str(path) if path else None))
 
 
-_STOP = {"requested": False, "method": None}
+_STOPPABLE = []                  # the method a stop signal is handed to, once it exists
 
 
 def _on_stop_signal() -> None:
     """SIGTERM / SIGUSR1 on any rank: checkpoint at the next phase, then exit 75 everywhere (or exit 1
     after ``train.stop_timeout`` if the job is stuck: ``comm/watchdog.py``).  May run on the
     watchdog's signal thread: it only sets flags."""
-    _STOP["requested"] = True
-    if _STOP["method"] is not None:
-        _STOP["method"].request_stop()
+    for method in _STOPPABLE:
+        method.request_stop()
 
 
 def _install_stop_handlers() -> None:
@@ -240,8 +239,9 @@ def _install_stop_handlers() -> None:
 
 
 def _attach_stop(method) -> None:
-    _STOP["method"] = method
-    if _STOP["requested"]:
+    from .comm import watchdog
+    _STOPPABLE[:] = [method]
+    if watchdog.stop_requested():        # the signal came during start-up
         method.request_stop()
 
 

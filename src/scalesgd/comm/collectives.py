@@ -85,13 +85,20 @@ def bcast_text(comm, text: str | None, root: int = 0) -> str:
 
 def allgather_text(comm, text: str) -> list[str]:
     """Every rank's short string, in rank order, as bytes (lengths first), without pickle."""
-    data = np.frombuffer(text.encode(), dtype=np.uint8)
-    sizes = np.empty(comm.Get_size(), dtype=np.int64)
-    comm.Allgather(np.array([data.size], dtype=np.int64), sizes)
-    out = np.empty(int(sizes.sum()), dtype=np.uint8)
-    comm.Allgatherv(data.copy(), [out, sizes.tolist()])
+    out, sizes = _allgatherv(comm, np.frombuffer(text.encode(), dtype=np.uint8))
     ends = np.cumsum(sizes)
     return [out[e - n:e].tobytes().decode() for n, e in zip(sizes, ends)]
+
+
+def _allgatherv(comm, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's small 1-D array (any length), concatenated in rank order, and each rank's
+    length: sizes first (one Allgather), then one Allgatherv of the data."""
+    a = np.ascontiguousarray(a)
+    sizes = np.empty(comm.Get_size(), dtype=np.int64)
+    comm.Allgather(np.array([a.size], dtype=np.int64), sizes)
+    out = np.empty(int(sizes.sum()), dtype=a.dtype)
+    comm.Allgatherv(a.copy() if not a.flags.writeable else a, [out, sizes.tolist()])
+    return out, sizes
 
 
 def allreduce_sum_host(comm, a: np.ndarray) -> np.ndarray:
@@ -125,12 +132,8 @@ def iallreduce_max_host(comm, a: np.ndarray, poll=None) -> np.ndarray:
 
 def allgather_int64(comm, a) -> tuple[np.ndarray, np.ndarray]:
     """Every rank's small int64 vector, concatenated in rank order, and the rank each entry came
-    from: ((total,), (total,)) on every rank. Sizes first, then one Allgatherv (no pickle)."""
-    a = np.ascontiguousarray(a, dtype=np.int64)
-    sizes = np.empty(comm.Get_size(), dtype=np.int64)
-    comm.Allgather(np.array([a.size], dtype=np.int64), sizes)
-    out = np.empty(int(sizes.sum()), dtype=np.int64)
-    comm.Allgatherv(a, [out, sizes.tolist()])
+    from: ((total,), (total,)) on every rank (no pickle)."""
+    out, sizes = _allgatherv(comm, np.asarray(a, dtype=np.int64))
     return out, np.repeat(np.arange(comm.Get_size()), sizes)
 
 

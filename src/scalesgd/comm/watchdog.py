@@ -44,8 +44,9 @@ def doing(activity: str) -> None:
     _State.activity, _State.since = activity, time.monotonic()
 
 
-def current() -> str:
-    return _State.activity
+def stop_requested() -> bool:
+    """A stop signal came (at any time since start-up)."""
+    return _State.stop_at is not None
 
 
 def install(on_stop) -> None:
