@@ -1,4 +1,4 @@
-"""Measures the constants of the cost model (``python -m scalesgd.model``) on this machine.
+"""Measures the constants of the cost model (``python -m scalesgd.costmodel``) on this machine.
 
     python benchmarks/calibrate.py [--ranks 2 4 8] [--json benchmarks/results/calibration-cpu.json]
 
@@ -19,7 +19,7 @@
    back with no compute, so the server is saturated: service time per exchange = 1 / exchanges per
    second.  With P = 2 (one worker) it is the unloaded round trip.
 
-The driver writes one JSON file; the model fits latency/bandwidth from it (``scalesgd.model.cost``).
+The driver writes one JSON file; the model fits latency/bandwidth from it (``scalesgd.costmodel.cost``).
 Intra-node MPI timings on this machine are bimodal (the host moves the two vCPUs between placements
 that share an L3 and placements that do not, every few tens of seconds; 64 KB-4 MB messages vary 2-5x
 between runs, measured on a 2-core development machine, 2026-11-29): medians of

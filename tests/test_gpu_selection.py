@@ -61,7 +61,7 @@ def test_probes_on_this_machine(monkeypatch):
 def test_host_stage_and_bucketed_allreduce_unchanged_on_host():
     a = np.arange(5.0)
     st = collectives.HostStage(a, device_ok=True)
-    assert st.host is a and st.pull() is a
+    assert st.host is a and st.to_host() is a
     device.sync_stream(a)                       # no-op on NumPy
 
 

@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from scalesgd import config as C
 from scalesgd.comm import topology
-from scalesgd.comm.window import Counter, Inbox, PublishedVector
+from scalesgd.comm.window import SampleCounter, Inbox, PublishedVector
 from scalesgd.methods import mixing
 from scalesgd.methods.gossip import Gossip
 
@@ -54,7 +54,7 @@ def rma_calls_do_not_wait_for_a_busy_target(comm):
     after setup; rank 1's Get of its 4M-float vector, Accumulate into its inbox and Fetch_and_op on
     its counter must each finish in < 0.2 s."""
     pub, inbox, counter = PublishedVector(comm, BIG, np.float32), Inbox(comm, 1001, np.float32), \
-        Counter(comm, root=0)
+        SampleCounter(comm, root=0)
     pub.publish(np.full(BIG, 10.0 + comm.rank, np.float32))
     out = np.empty(BIG, np.float32)
     comm.Barrier()

@@ -40,8 +40,8 @@ def _pinned_like(arr) -> np.ndarray:
 
 class HostStage:
     """A host array MPI can use for ``arr``: ``arr`` itself on NumPy, a (pinned) host copy for CuPy
-    arrays.  ``pull()`` copies device -> host (synchronous, so the stream is done with the data
-    before MPI touches it), ``push()`` host -> device.  The device path has not been run on a GPU.
+    arrays.  ``to_host()`` copies device -> host (synchronous, so the stream is done with the data
+    before MPI touches it), ``to_device()`` host -> device.  The device path has not been run on a GPU.
     """
 
     def __init__(self, arr, device_ok: bool = False):
@@ -49,14 +49,14 @@ class HostStage:
         self.direct = _is_host(arr) or (device_ok and _cuda_aware())
         self.host = arr if self.direct else _pinned_like(arr)
 
-    def pull(self):
+    def to_host(self):
         if self.host is self.arr and not _is_host(self.arr):
             device.sync_stream(self.arr)         # CUDA-aware MPI: the stream must be done first
         if self.host is not self.arr:
             self.arr.get(out=self.host)          # synchronous on the current stream
         return self.host
 
-    def push(self):
+    def to_device(self):
         if self.host is not self.arr:
             self.arr.set(self.host)
 
@@ -69,8 +69,8 @@ def _cuda_aware() -> bool:
 def bcast(comm, arr, root: int = 0) -> None:
     """Broadcasts ``arr`` (flat, contiguous) from ``root`` in place."""
     st = HostStage(arr, device_ok=True)
-    comm.Bcast(st.pull(), root=root)
-    st.push()
+    comm.Bcast(st.to_host(), root=root)
+    st.to_device()
 
 
 def bcast_text(comm, text: str | None, root: int = 0) -> str:
@@ -140,9 +140,9 @@ def allgather_int64(comm, a) -> tuple[np.ndarray, np.ndarray]:
 def allreduce_mean(comm, arr) -> None:
     """In-place average of ``arr`` over ``comm`` (one blocking all-reduce)."""
     st = HostStage(arr, device_ok=True)
-    comm.Allreduce(MPI.IN_PLACE, st.pull(), op=MPI.SUM)
+    comm.Allreduce(MPI.IN_PLACE, st.to_host(), op=MPI.SUM)
     st.host /= comm.Get_size()
-    st.push()
+    st.to_device()
 
 
 def make_buckets(layout, bucket_bytes: int, itemsize: int) -> list[tuple[int, int, list[str]]]:
@@ -211,10 +211,10 @@ class BucketedAllreduce:
             MPI.Request.Waitall(self.requests)
             assert len(self.requests) == len(self.buckets), "a bucket was never started"
         else:                                    # no overlap (or device buffers): reduce now
-            host = self.stage.pull()
+            host = self.stage.to_host()
             for lo, hi, _ in self.buckets:
                 self.comm.Allreduce(MPI.IN_PLACE, host[lo:hi], op=MPI.SUM)
-        self.stage.push()
+        self.stage.to_device()
         self._reset()
 
 

@@ -10,16 +10,16 @@ its target before it returns, so no operation is ever in flight when the caller 
 ``MODE_NOCHECK`` means MPI does not serialise readers and writers: consistency comes from the
 protocols below, where each rank writes only its own memory with local stores (``PublishedVector``)
 or all writers use accumulate operations, which are element-wise atomic w.r.t. each other (``Inbox``,
-``Counter``).
+``SampleCounter``).
 
 - ``PublishedVector``: a seqlock over two halves; the owner publishes, anyone reads a consistent copy.
 - ``Inbox``: others ``Accumulate(SUM)`` into it; the owner empties it with an atomic fetch-and-replace.
-- ``Counter``: one int64 on a root rank, ``Fetch_and_op(SUM)``.
+- ``SampleCounter``: one int64 on a root rank, ``Fetch_and_op(SUM)``.
 
 Each of the three counts ``waited``: cumulative seconds its calls were blocked on another rank
 rather than moving their own data (what the methods report as ``wait_seconds``): a
 ``PublishedVector`` read's failed tries (the owner was publishing that half), and the whole of a
-``Counter`` update (16 bytes: its time is the atomics' serialisation at the root, and across
+``SampleCounter`` update (16 bytes: its time is the atomics' serialisation at the root, and across
 nodes the root's progress).  An ``Inbox`` push or drain moves a parameter-sized message; MPI cannot
 tell a blocked part apart inside it, so it counts none (see docs/methods.md).
 """
@@ -201,7 +201,7 @@ class Inbox:
         self.win.free()
 
 
-class Counter:
+class SampleCounter:
     """int64[3] in ``root``'s window: the global sample count, then the signals (stop, checkpoint
     generation), max-merged.
 

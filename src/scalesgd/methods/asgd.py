@@ -40,21 +40,21 @@ class ASGD(ServerMethod):
         d = self.base.arr
         d *= -1
         d += ps.params                           # d_i = x_i - x_f  (exact: -x_f + x_i)
-        return self.base.pull()
+        return self.base.to_host()
 
     def reply_buffer(self, ps):
         return self.own.host                     # the fetched w lands in ps.params (host side)
 
     def apply_reply(self, ps) -> None:
-        self.own.push()                          # x_i <- w
+        self.own.to_device()                          # x_i <- w
         self.base.arr[...] = ps.params           # x_f <- w
 
     # server --------------------------------------------------------------
     def serve_push(self, ps, w: int, stale: int) -> None:
-        self.rx.push()
+        self.rx.to_device()
         ps.params += self.rx.arr                 # w <- w + d_i
         self.version += 1
-        self.reply(w, stale, self.own.pull(), self.version)
+        self.reply(w, stale, self.own.to_host(), self.version)
 
     # checkpoints: a worker's x_f (the weights of its last fetch) is state too
     def state(self, ps):

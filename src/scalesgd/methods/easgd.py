@@ -33,11 +33,11 @@ class EASGD(ServerMethod):
 
     # worker --------------------------------------------------------------
     def push_payload(self, ps):
-        return self.own.pull()
+        return self.own.to_host()
 
     def apply_reply(self, ps) -> None:
         """x_i <- x_i - alpha (x_i - x~), with x~ in ``rx``; in place, no temporaries."""
-        self.rx.push()
+        self.rx.to_device()
         c = self.rx.arr
         c -= ps.params                           # x~ - x_i
         c *= self.alpha                          # -e
@@ -46,8 +46,8 @@ class EASGD(ServerMethod):
     # server --------------------------------------------------------------
     def serve_push(self, ps, w: int, stale: int) -> None:
         """Replies with x~ first, then x~ <- x~ + alpha (x_i - x~), with x_i in ``rx``."""
-        self.reply(w, stale, self.own.pull(), self.version + 1)
-        self.rx.push()
+        self.reply(w, stale, self.own.to_host(), self.version + 1)
+        self.rx.to_device()
         x = self.rx.arr
         x -= ps.params                           # x_i - x~
         x *= self.alpha                          # e

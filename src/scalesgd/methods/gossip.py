@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..comm import collectives
-from ..comm.window import Counter, Inbox, PublishedVector
+from ..comm.window import SampleCounter, Inbox, PublishedVector
 from . import mixing
 from .base import Method
 
@@ -55,11 +55,11 @@ class Gossip(Method):
         super().start(ps)
         self.stage = collectives.HostStage(ps.params)
         n, dt = ps.params.size, ps.params.dtype
-        self.counter = Counter(self.comm, root=0)
+        self.counter = SampleCounter(self.comm, root=0)
         if self.variant == "pull":
             self.pub = PublishedVector(self.comm, n, dt)
             self.peer_buf = np.empty(n, dt)
-            self.pub.publish(self.stage.pull())
+            self.pub.publish(self.stage.to_host())
         else:
             self.inbox = Inbox(self.comm, n + 1, dt)
             self.msg = np.empty(n + 1, dt)
@@ -97,7 +97,7 @@ class Gossip(Method):
     def exchange(self) -> None:
         """One gossip exchange on the current parameters (the host copy, for device arrays)."""
         j = mixing.choose_peer(self.rng, self.topo.rank, self.topo.size, self.include_self)
-        x = self.stage.pull()
+        x = self.stage.to_host()
         if self.variant == "pull":
             if j != self.topo.rank:
                 self.last_version, r = self.pub.read(j, self.peer_buf)
@@ -109,7 +109,7 @@ class Gossip(Method):
                 sent, self.weight = mixing.push_split(self.weight, x.dtype)
                 self.inbox.push(j, mixing.push_message(x, sent, self.msg))
             self.fold_inbox(x)
-        self.stage.push()
+        self.stage.to_device()
         self.exchanges += 1
         self.last_peer = j
 
@@ -131,9 +131,9 @@ class Gossip(Method):
         """Push: inside a phase nobody pushes, and every push was flushed, so draining the inbox
         now folds every message in flight into (w_i x_i, w_i): nothing is lost or counted twice."""
         if self.variant == "push":
-            x = self.stage.pull()
+            x = self.stage.to_host()
             self.fold_inbox(x)
-            self.stage.push()
+            self.stage.to_device()
 
     def state(self, ps) -> tuple[dict, dict]:
         arrays, scalars = super().state(ps)
@@ -153,7 +153,7 @@ class Gossip(Method):
         if self.topo.rank == 0:
             self.counter.set(int(scalars["counter_total"]))
         if self.variant == "pull":
-            self.pub.publish(self.stage.pull())      # peers read the restored parameters
+            self.pub.publish(self.stage.to_host())      # peers read the restored parameters
         self.comm.Barrier()                          # restored everywhere before anyone reads
     # ------------------------------------------------------------------ evaluation
     def load_eval_model(self, ps) -> dict:

@@ -189,9 +189,9 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         own = None if self.is_server else ps.params.copy()
         collectives.bcast(self.comm, ps.params, 0)
         st = HostStage(ps.buffers)
-        local = np.zeros_like(st.pull()) if self.is_server else st.host
+        local = np.zeros_like(st.to_host()) if self.is_server else st.host
         st.host[...] = collectives.allreduce_sum_host(self.comm, local) / self.num_workers
-        st.push()
+        st.to_device()
         # one small all-reduce: [distance of each rank (server: 0)..., server's version, staleness]
         p = self.topo.size
         vec = np.zeros(p + 3)

@@ -1,6 +1,6 @@
-"""``python -m scalesgd.model``: validate the cost model on this machine's runs, then project.
+"""``python -m scalesgd.costmodel``: validate the cost model on this machine's runs, then project.
 
-    python -m scalesgd.model [--calibration benchmarks/results/calibration-cpu.json]
+    python -m scalesgd.costmodel [--calibration benchmarks/results/calibration-cpu.json]
                              [--measured benchmarks/results/methods.json]
                              [--stragglers benchmarks/results/stragglers.json]
                              [--bandwidth-gbps 100] [--latency-us 5] [--link-efficiency 0.8]
@@ -217,7 +217,7 @@ def draw(path: Path, projections: dict, workers: list[int]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scalesgd.model", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m scalesgd.costmodel", description=__doc__.split("\n")[0])
     ap.add_argument("--calibration", type=Path, default=ROOT / "benchmarks" / "results" / "calibration-cpu.json")
     ap.add_argument("--measured", type=Path, default=ROOT / "benchmarks" / "results" / "methods.json")
     ap.add_argument("--stragglers", type=Path, default=ROOT / "benchmarks" / "results" / "stragglers.json")
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     try:
         cal = cal_mod.load(a.calibration)
     except cal_mod.CalibrationError as exc:
-        print(f"scalesgd.model: {exc}", file=sys.stderr)
+        print(f"scalesgd.costmodel: {exc}", file=sys.stderr)
         return 2
     # --- this machine
     p0 = cal_mod.ranks_measured(cal)[0]

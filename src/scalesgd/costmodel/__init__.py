@@ -1,0 +1,1 @@
+"""Cost model and discrete-event simulation of the four methods (``python -m scalesgd.costmodel``)."""
