@@ -116,7 +116,7 @@ def check_resume_identity(saved: C.Config, new: C.Config, run_dir: Path) -> None
 
 
 def _stopped():
-    from .methods.base import Stopped
+    from .train.phases import Stopped
     return Stopped
 
 
@@ -220,15 +220,15 @@ def _resume_checkpoint(cfg: C.Config, topo) -> Path | None:
     return Path(bcast_text(topo.comm, str(path) if path else None))
 
 
-_STOPPABLE = []                  # the method a stop signal is handed to, once it exists
+_STOPPABLE = []                  # the run's Signals a stop is handed to, once they exist
 
 
 def _on_stop_signal() -> None:
     """SIGTERM / SIGUSR1 on any rank: checkpoint at the next phase, then exit 75 everywhere (or exit 1
     after ``train.stop_timeout`` if the job is stuck: ``comm/watchdog.py``).  May run on the
     watchdog's signal thread: it only sets flags."""
-    for method in _STOPPABLE:
-        method.request_stop()
+    for signals in _STOPPABLE:
+        signals.request_stop()
 
 
 def _install_stop_handlers() -> None:
@@ -238,19 +238,21 @@ def _install_stop_handlers() -> None:
     watchdog.install(_on_stop_signal)
 
 
-def _attach_stop(method) -> None:
+def _attach_stop(signals) -> None:
     from .comm import watchdog
-    _STOPPABLE[:] = [method]
+    _STOPPABLE[:] = [signals]
     if watchdog.stop_requested():        # the signal came during start-up
-        method.request_stop()
+        signals.request_stop()
 
 
 def run(cfg: C.Config, topo) -> dict:
     from . import methods
     from .io.files import write_json_atomic
     from .train import loop
+    from .train.control import Control
     cfg = C.fit_to_world(cfg, topo.size)         # rank-count defaults of unset keys (rank 0 logs)
-    method = methods.create(cfg, topo)          # refuses a wrong rank count first
+    control = Control(topo.comm, topo.size)
+    method = methods.create(cfg, topo, control.signals)   # refuses a wrong rank count first
     with together(topo):
         backend = backend_mod.select(cfg.train.device, topo.local_rank)
         threads = backend_mod.blas_threads_for(topo.local_size)
@@ -258,13 +260,13 @@ def run(cfg: C.Config, topo) -> dict:
     resume = _resume_checkpoint(cfg, topo)
     data_root = _data_root(cfg, topo)
     with together(topo):                        # everything is validated before anything is written
-        setup = loop.build(cfg, topo, backend, method, data_root, cfg.data.data_threads or threads)
+        setup = loop.build(cfg, topo, backend, method, control, data_root,
+                           cfg.data.data_threads or threads)
         if resume is not None:
             loop.check_fits(setup, resume)
         elif cfg.train.init_from:
             loop.warm_start(setup, Path(cfg.train.init_from))
-    if hasattr(method, "attach"):               # collective (allreduce: the transport's selection)
-        method.attach(setup.model)
+    method.attach(setup.model)                  # collective (allreduce: the transport's selection)
     run_dir = _run_dir(cfg, topo)
     with together(topo):
         if topo.is_root:
@@ -277,7 +279,7 @@ def run(cfg: C.Config, topo) -> dict:
             except OSError as exc:          # read-only, a file in the way, disk full: the user's path
                 raise RunDirError(f"--run-dir {run_dir}: cannot write the run directory "
                                   f"({exc.strerror or exc})") from None
-    _attach_stop(method)
+    _attach_stop(control.signals)
     if topo.is_root:
         logging.info("run directory %s; model %s, %s parameters; device %s; %d BLAS thread(s)",
                      run_dir, cfg.model.model, f"{setup.model.num_params:,}", backend.name, threads)
@@ -285,7 +287,7 @@ def run(cfg: C.Config, topo) -> dict:
         logging.info("resuming from %s", resume)
     try:
         summary = loop.train(setup, run_dir, resume)
-    except methods.Stopped as stop:
+    except loop.Stopped as stop:
         stop.run_dir = run_dir
         raise
     if topo.is_root:

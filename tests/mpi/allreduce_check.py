@@ -5,11 +5,12 @@ from mpi4py import MPI
 
 from scalesgd import config as C
 from scalesgd.comm import collectives, topology
-from scalesgd.methods import create
+from scalesgd.methods import create, evaluated
 from scalesgd.nn.layers import softmax_cross_entropy
 from scalesgd.nn.params import Layout, TensorSpec
 from scalesgd.nn.resnet import ResNet
 from scalesgd.optim.sgd import SGD
+from scalesgd.train.control import Control, Signals
 
 TOPO = topology.init()
 
@@ -65,7 +66,7 @@ def replicas_identical_and_equal_to_serial(comm):
         model = make_model()
         if comm.rank == 0:
             model.ps.params += 0.01                      # start() must overwrite rank-dependent init
-        method = create(c, TOPO)
+        method = create(c, TOPO, Signals())
         method.attach(model)
         method.start(model.ps)
         opt = SGD(model.ps.params, c.optim, model.ps.decay_mask())
@@ -94,12 +95,12 @@ def replicas_identical_and_equal_to_serial(comm):
 
 def bn_statistics_averaged_for_evaluation(comm):
     model = make_model()
-    method = create(cfg(), TOPO)
+    method = create(cfg(), TOPO, Signals())
     model.ps.buffers[...] = comm.rank
-    with method.evaluation(model.ps):
+    with evaluated(method, model.ps):
         assert np.all(model.ps.buffers == (comm.size - 1) / 2)
     assert np.all(model.ps.buffers == comm.rank), "own statistics restored after evaluation"
-    counts = method.reduce_counts([1, 2, 3])
+    counts = Control(comm, comm.size).sum_over_ranks([1, 2, 3])
     assert counts.tolist() == [comm.size, 2 * comm.size, 3 * comm.size]
 
 

@@ -27,6 +27,60 @@ class Topology:
     def is_root(self) -> bool:
         return self.rank == 0
 
+    def roles(self, num_servers: int) -> "Roles":
+        """Collective when ``num_servers`` > 0 (splits off the workers' communicator)."""
+        return Roles.of(self, num_servers)
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Who does what for one method, computed once: ranks ``0..num_servers-1`` serve (the
+    parameter-server methods), the rest are workers, numbered ``0..num_workers-1`` in rank order.
+
+    ``workers`` is a communicator of the workers only (``None`` on a server rank), for reductions
+    that concern only the replicas (e.g. BN statistics); with no server it is the world."""
+
+    rank: int
+    size: int
+    num_servers: int
+    workers: object
+
+    @classmethod
+    def of(cls, topo: Topology, num_servers: int) -> "Roles":
+        if not num_servers:
+            return cls(topo.rank, topo.size, 0, topo.comm)
+        serving = topo.rank < num_servers
+        split = topo.comm.Split(0 if serving else 1, topo.rank)
+        if serving:
+            split.Free()
+        return cls(topo.rank, topo.size, num_servers, None if serving else split)
+
+    @property
+    def is_server(self) -> bool:
+        return self.rank < self.num_servers
+
+    @property
+    def server(self) -> int:
+        """The (first) server's rank; -1 without one."""
+        return 0 if self.num_servers else -1
+
+    @property
+    def num_workers(self) -> int:
+        return self.size - self.num_servers
+
+    @property
+    def worker_index(self) -> int:
+        """0..num_workers-1 on a worker; -1 on a server."""
+        return -1 if self.is_server else self.rank - self.num_servers
+
+    def worker_rank(self, w: int) -> int:
+        """The rank of worker ``w``."""
+        return w + self.num_servers
+
+    def worker_of(self, rank: int) -> int:
+        """The worker index of ``rank``."""
+        return rank - self.num_servers
+
 
 # What launchers put in the environment of every process they start: (size, rank, who, the MPI
 # family it serves), nearest launcher first.  SLURM_STEP_NUM_TASKS exists only inside an srun step

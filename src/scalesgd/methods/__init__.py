@@ -1,26 +1,44 @@
 """Training methods chosen by name behind one small interface (see ``base.Method``).
 
 A method decides *when and with whom* a worker exchanges *which flat buffer*; the model, optimizer,
-data and metrics are the same for every method.
+data, metrics and the control plane (``train/``) are the same for every method.
 """
 from __future__ import annotations
 
+import contextlib
+
 from .allreduce import AllReduce
 from .asgd import ASGD
-from .base import Method, MethodError, Phases, Stopped, eval_boundaries
+from .base import Method, MethodError
 from .easgd import EASGD
 from .gossip import Gossip
 from .single import Single
 
-METHODS = {"single": Single, "allreduce": AllReduce, "easgd": EASGD, "asgd": ASGD, "gossip": Gossip}
+METHODS = {cls.name: cls for cls in (Single, AllReduce, EASGD, ASGD, Gossip)}   # keys == choices.METHODS
 
 
-def create(cfg, topo) -> Method:
-    """The method object for ``cfg.train.method``; raises MethodError when it cannot run here."""
+def create(cfg, topo, signals) -> Method:
+    """The method object for ``cfg.train.method`` on ``topo`` (a ``comm.topology.Topology``),
+    carrying ``signals``; raises MethodError when it cannot run here (on every rank alike, before
+    any collective)."""
     name = cfg.train.method
     if name not in METHODS:
         raise MethodError(f"method '{name}' is not available in this build")
-    return METHODS[name](cfg, topo)
+    cls = METHODS[name].select(cfg)
+    cls.check_ranks(topo.size)
+    return cls(cfg, topo.roles(cls.num_servers), topo.comm, signals)
 
 
-__all__ = ["METHODS", "Method", "MethodError", "Phases", "Stopped", "create", "eval_boundaries"]
+@contextlib.contextmanager
+def evaluated(method: Method, ps):
+    """Collective: inside, ``ps`` holds the model ``method`` evaluates (``load_eval_model``; the
+    context value is its extra metrics); afterwards this rank's own params and BN statistics."""
+    saved_p, saved_b = ps.params.copy(), ps.buffers.copy()
+    try:
+        yield method.load_eval_model(ps)
+    finally:
+        ps.params[...] = saved_p
+        ps.buffers[...] = saved_b
+
+
+__all__ = ["METHODS", "Method", "MethodError", "create", "evaluated"]

@@ -12,8 +12,6 @@ behind backward).  The barrier costs one small-message latency per step.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..comm import collectives, device
 from .base import Method
 
@@ -21,28 +19,25 @@ from .base import Method
 class AllReduce(Method):
     name = "allreduce"
 
-    def __init__(self, cfg, topo):
-        super().__init__(cfg, topo)
+    def __init__(self, cfg, roles, comm, signals):
+        super().__init__(cfg, roles, comm, signals)
         self.reducer = None
 
     @property
     def grad_scale(self) -> float:
         """Gradients leave backward already divided by p, so the all-reduce SUM is the mean."""
-        return 1.0 / self.topo.size
+        return 1.0 / self.roles.size
 
     @property
     def lr_batch(self) -> int:
-        return self.cfg.data.batch_size * self.num_workers
+        return self.cfg.data.batch_size * self.roles.num_workers
 
     def attach(self, model) -> None:
         """Hooks the bucketed all-reduce into the model's backward (called by the loop)."""
-        d = self.cfg.dist
-        on_device = not isinstance(model.ps.grads, np.ndarray)
-        how = device.select(self.comm, on_device, "allreduce") if self.topo.size > 1 else "host_staging"
-        nccl = device.NcclAllreduce(self.comm) if how == "nccl" else None
-        self.reducer = collectives.BucketedAllreduce(
-            self.comm, model.ps.grads, model.ps.layout, int(d.bucket_mb * 1e6), d.overlap, nccl=nccl)
-        if d.overlap and self.topo.size > 1:
+        # one transport for the run, by name (dist.allreduce_transport), agreed by every rank;
+        # reducer.overlap is what runs (False for nccl, which the factory says in a warning)
+        self.reducer = device.create_allreducer(self.comm, model.ps.grads, model.ps.layout, self.cfg.dist)
+        if self.reducer.overlap and self.roles.size > 1:
             model.set_grad_hook(self._ready)
 
     def _ready(self, names) -> None:
@@ -51,7 +46,7 @@ class AllReduce(Method):
             self.reducer.ready(names)
 
     def after_backward(self, step: int, ps) -> None:
-        if self.topo.size == 1:
+        if self.roles.size == 1:
             return
         with self.timed("wait"):
             self.comm.Barrier()            # every rank has finished backward: the rest is transfer

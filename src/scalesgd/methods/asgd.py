@@ -26,13 +26,13 @@ class ASGD(ServerMethod):
     name = "asgd"
     kind = Kind.ASGD
 
-    def __init__(self, cfg, topo):
-        super().__init__(cfg, topo)
+    def __init__(self, cfg, roles, comm, signals):
+        super().__init__(cfg, roles, comm, signals)
         self.period = cfg.dist.n_sync
 
     def start_role(self, ps) -> None:
         self.own = HostStage(ps.params)          # worker: receives the fetched w; server: w
-        if not self.is_server:
+        if not self.roles.is_server:
             self.base = HostStage(ps.params.copy())   # x_f, then the update d_i in place
 
     # worker --------------------------------------------------------------
@@ -59,12 +59,12 @@ class ASGD(ServerMethod):
     # checkpoints: a worker's x_f (the weights of its last fetch) is state too
     def state(self, ps):
         arrays, scalars = super().state(ps)
-        if not self.is_server:
+        if not self.roles.is_server:
             arrays["fetched_weights"] = self.base.arr
         return arrays, scalars
 
     def load_state(self, ps, arrays, scalars):
         super().load_state(ps, arrays, scalars)
-        if not self.is_server:
+        if not self.roles.is_server:
             xp = get_array_module(self.base.arr)
             self.base.arr[...] = xp.asarray(arrays["fetched_weights"])

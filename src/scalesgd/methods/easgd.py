@@ -23,10 +23,10 @@ class EASGD(ServerMethod):
     name = "easgd"
     kind = Kind.EASGD
 
-    def __init__(self, cfg, topo):
-        super().__init__(cfg, topo)
+    def __init__(self, cfg, roles, comm, signals):
+        super().__init__(cfg, roles, comm, signals)
         self.period = cfg.dist.tau
-        self.alpha = cfg.dist.beta / self.num_workers
+        self.alpha = cfg.dist.beta / self.roles.num_workers
 
     def start_role(self, ps) -> None:
         self.own = HostStage(ps.params)          # the worker's x_i / the server's x~, host side

@@ -66,3 +66,25 @@ def consensus_distance(xs) -> float:
     """mean_i ||x_i - mean(x)|| of a list of replicas (the single-process oracle for tests)."""
     xs = np.asarray(xs, dtype=np.float64)
     return float(np.mean(np.linalg.norm(xs - xs.mean(axis=0), axis=1)))
+
+
+class UniformGraph:
+    """Who a rank gossips with: at every exchange a peer uniform over all ranks (the authors'
+    choice, self included unless ``include_self`` is False), from ``peer_rng(seed, rank)``.
+
+    A gossip *graph* is anything with ``peer() -> int`` (the next exchange's peer) and a JSON-able
+    ``state`` / ``load_state`` for checkpoints; a new topology (ring, exponential) is a new class,
+    not a new code path in the method."""
+
+    def __init__(self, seed: int, rank: int, size: int, include_self: bool = True):
+        self.rank, self.size, self.include_self = rank, size, include_self
+        self.rng = peer_rng(seed, rank)
+
+    def peer(self) -> int:
+        return choose_peer(self.rng, self.rank, self.size, self.include_self)
+
+    def state(self) -> dict:
+        return self.rng.bit_generator.state
+
+    def load_state(self, state: dict) -> None:
+        self.rng.bit_generator.state = state

@@ -1,4 +1,5 @@
-"""What ``easgd`` and ``asgd`` share: rank 0 is a parameter server, ranks 1..p-1 are workers.
+"""What ``easgd`` and ``asgd`` share: rank 0 is a parameter server, ranks 1..p-1 are workers
+(``roles``: worker w is rank ``roles.worker_rank(w)``).
 
 Worker side: every ``period`` local steps (``tau`` / ``n_sync``) ``after_update`` does one exchange
 (``comm/protocol.py``): it pushes a payload built by the subclass with the samples it consumed
@@ -9,14 +10,15 @@ a worker only learns the global count at exchanges.
 
 Server side (``serve``): serves pushes in arrival order (``MPI.ANY_SOURCE``, no barrier), adds
 each push's samples to the global count G and tells the sender G.  ``told[w]`` is the last count
-told to worker w.  Boundary b is evaluated (``on_boundary(b)``, the collective every worker enters
-once it was told a count >= b) only when ``min(told) >= b``: a worker not yet told would still
-send an exchange, so entering the collective earlier could deadlock.  After the last boundary
+told to worker w.  A phase for boundary b (the collective every worker enters once it was told a
+count >= b) is entered only when ``min(told) >= b``: a worker not yet told would still send an
+exchange, so entering the collective earlier could deadlock.  After the last boundary
 (= total) every worker has been told >= total, has stopped, and has no message in flight; the
 server returns.
 
 Evaluated model (``load_eval_model``, collective over all ranks): the server's weights broadcast
-from rank 0, with BN statistics averaged over the workers only (the server trains nothing).
+from the server, with BN statistics averaged over the workers' communicator (the server trains
+nothing).
 """
 from __future__ import annotations
 
@@ -34,12 +36,12 @@ from .base import Method, PhaseError
 class ServerMethod(Method, metaclass=abc.ABCMeta):
     """Base of the parameter-server methods; subclasses fill in the five hooks at the end."""
 
-    uses_server = True
+    num_servers = 1
     min_ranks = 2
     kind = None                        # protocol.Kind of the pushes
 
-    def __init__(self, cfg, topo):
-        super().__init__(cfg, topo)
+    def __init__(self, cfg, roles, comm, signals):
+        super().__init__(cfg, roles, comm, signals)
         self.period = 1                # local steps between exchanges (subclass sets it)
         self.exchanges = 0             # worker: exchanges done; server: exchanges served
         self.version = 0               # server: updates applied; worker: version of the last reply
@@ -51,19 +53,20 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
     def start(self, ps) -> None:
         super().start(ps)              # everyone starts from rank 0's params and buffers
         self.rx = HostStage(ps.params.copy())      # payload receive buffer (host side in rx.host)
-        if self.is_server:
+        r = self.roles
+        if r.is_server:
             self.port = ServerPort(self.comm)
             self.poll_in_phase = self._push_during_phase
-            self.told = np.zeros(self.num_workers, dtype=np.int64)
-            self.told_sig = np.zeros((self.num_workers, 2), dtype=np.int64)
-            self.fetched = np.zeros(self.num_workers, dtype=np.int64)   # version at last reply
+            self.told = np.zeros(r.num_workers, dtype=np.int64)
+            self.told_sig = np.zeros((r.num_workers, 2), dtype=np.int64)
+            self.fetched = np.zeros(r.num_workers, dtype=np.int64)   # version at last reply
         else:
-            self.port = WorkerPort(self.comm)
+            self.port = WorkerPort(self.comm, r.server)
             self.push_hdr = header(PushHeader.SIZE)
         self.start_role(ps)
 
     def close(self) -> None:
-        if not self.is_server and self.port.pending:
+        if not self.roles.is_server and self.port.pending:
             raise RuntimeError(f"{self.name}: worker closed with a reply still pending")
 
     # ------------------------------------------------------------------ worker
@@ -78,7 +81,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         h = self.push_hdr
         h[PushHeader.KIND], h[PushHeader.SAMPLES] = self.kind, self._samples
         h[PushHeader.STEPS], h[PushHeader.SEQ] = self._steps, self.exchanges
-        h[PushHeader.STOP:PushHeader.CKPT + 1] = self.raised
+        h[PushHeader.STOP:PushHeader.CKPT + 1] = self.signals.raised
         payload = self.push_payload(ps)               # host array
         watchdog.doing(f"in exchange {self.exchanges} with the server")
         with self.timed("comm"):
@@ -93,7 +96,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
             r = self.port.wait_reply()                # the reply's payload arriving
         self.global_samples = int(r[ReplyHeader.GLOBAL])
         self.version = int(r[ReplyHeader.VERSION])
-        self.seen[:] = r[ReplyHeader.STOP:ReplyHeader.CKPT + 1]
+        self.signals.merge(r[ReplyHeader.STOP:ReplyHeader.CKPT + 1])
         self._record(int(r[ReplyHeader.STALENESS]))
         self.exchanges += 1
         self._samples = self._steps = 0
@@ -114,23 +117,20 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         """Worker: exchanges so far, staleness of the last one and the mean; server: exchanges
         served, version, staleness mean/max and the histogram {staleness: exchanges}."""
         mean, top = self.staleness_summary()
-        if self.is_server:
+        if self.roles.is_server:
             return dict(served=self.exchanges, version=self.version, staleness_mean=mean,
                         staleness_max=top,
                         staleness_histogram={str(k): v for k, v in sorted(self.staleness.items())})
         return dict(exchanges=self.exchanges, staleness=self.last_staleness, staleness_mean=mean)
 
     # ------------------------------------------------------------------ server
-    def serve(self, ps, boundaries, on_phase, tick=None) -> None:
-        """Serves pushes until a phase ends the run.  A phase (``on_phase(want)``, the collective a
-        worker enters once told a count >= a new boundary or a new signal) is entered only when
-        EVERY worker has been told: ``min(told) >= boundaries[want]``, or a stop / a checkpoint
-        generation every worker was told of; entering earlier could deadlock (a worker not yet
-        told would still push)."""
-        port = self.port
+    def serve(self, ps, check) -> None:
+        """Serves pushes until a phase ends the run.  After each push, ``check(min(told), signals
+        every worker was told of)`` runs a phase if one is due (the collective a worker enters once
+        told a count >= a new boundary or a new signal): only what EVERY worker has been told
+        counts, since entering earlier could deadlock (a worker not yet told would still push)."""
+        port, sig = self.port, self.signals
         while True:
-            if tick is not None:
-                tick()                                  # rank 0's clock may raise a checkpoint
             watchdog.doing(f"serving: waiting for a push (global sample {self.global_samples}, "
                            f"told {self.told.tolist()})")
             with self.timed("wait"):
@@ -141,23 +141,20 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
             if h[PushHeader.KIND] != self.kind:
                 raise RuntimeError(f"{self.name} server: rank {src} pushed kind {int(h[0])}, "
                                    f"expected {int(self.kind)} (mixed methods?)")
-            w = src - 1
+            w = self.roles.worker_of(src)
             stale = self.version - int(self.fetched[w])
             self.global_samples += int(h[PushHeader.SAMPLES])
-            self.seen[:] = np.maximum(np.maximum(self.seen, self.raised),
-                                      h[PushHeader.STOP:PushHeader.CKPT + 1])
+            sig.merge(sig.raised)                       # the server's own clock / stop request
+            sig.merge(h[PushHeader.STOP:PushHeader.CKPT + 1])
             with self.timed("comm"):
                 self.serve_push(ps, w, stale)          # applies and replies (subclass order)
             self.fetched[w] = self.version
             self._record(stale)
             self.exchanges += 1
             self.told[w] = self.global_samples
-            self.told_sig[w] = self.seen
-            want = int(np.searchsorted(boundaries, self.told.min(), side="right")) - 1
-            everyone = self.told_sig.min(axis=0)        # signals every worker has been told of
-            if want > self.phase_done or everyone[0] or everyone[1] > self.ckpt_done:
-                if on_phase(want):
-                    return
+            self.told_sig[w] = sig.seen
+            if check(int(self.told.min()), self.told_sig.min(axis=0)):
+                return
 
     def _push_during_phase(self) -> None:
         """Server, waiting in a phase agreement: every worker enters a phase right after the reply
@@ -167,8 +164,8 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         if src is not None:
             raise PhaseError(
                 f"{self.name} server: worker rank {src} sent an exchange while the server waited for "
-                f"every rank in the phase after boundary {self.phase_done} (global sample "
-                f"{self.global_samples}, told {self.told.tolist()}): this phase can never complete; "
+                f"every rank in a phase agreement (global sample {self.global_samples}, told "
+                f"{self.told.tolist()}): this phase can never complete; "
                 "the job's phase state is inconsistent (a checkpoint that does not fit this run?)")
 
     def reply(self, w: int, stale: int, payload: np.ndarray, version: int) -> None:
@@ -177,8 +174,8 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         r[ReplyHeader.GLOBAL] = self.global_samples
         r[ReplyHeader.VERSION], r[ReplyHeader.STALENESS] = version, stale
         r[ReplyHeader.SERVED] = self.exchanges + 1
-        r[ReplyHeader.STOP:ReplyHeader.CKPT + 1] = self.seen
-        self.port.send_reply(w + 1, payload)
+        r[ReplyHeader.STOP:ReplyHeader.CKPT + 1] = self.signals.seen
+        self.port.send_reply(self.roles.worker_rank(w), payload)
 
     # ------------------------------------------------------------------ evaluation
     def load_eval_model(self, ps) -> dict:
@@ -186,21 +183,20 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
 
         Extra metrics: mean and max distance ||x_i - x_server|| over workers, and the server's
         update count and staleness (so that rank 0's summary records them)."""
-        own = None if self.is_server else ps.params.copy()
-        collectives.bcast(self.comm, ps.params, 0)
-        st = HostStage(ps.buffers)
-        local = np.zeros_like(st.to_host()) if self.is_server else st.host
-        st.host[...] = collectives.allreduce_sum_host(self.comm, local) / self.num_workers
-        st.to_device()
-        # one small all-reduce: [distance of each rank (server: 0)..., server's version, staleness]
-        p = self.topo.size
-        vec = np.zeros(p + 3)
+        r = self.roles
+        own = None if r.is_server else ps.params.copy()
+        collectives.bcast(self.comm, ps.params, r.server)
+        if not r.is_server:                       # the server's statistics were never trained
+            collectives.allreduce_mean(r.workers, ps.buffers)
+        # one small all-reduce: [distance of each worker..., server's version, staleness mean, max]
+        vec = np.zeros(r.num_workers + 3)
         if own is None:
-            vec[p:] = (self.version, *self.staleness_summary())
+            vec[r.num_workers:] = (self.version, *self.staleness_summary())
         else:
-            vec[self.topo.rank] = float(((own - ps.params) ** 2).sum()) ** 0.5
+            vec[r.worker_index] = float(((own - ps.params) ** 2).sum()) ** 0.5
         vec = collectives.allreduce_sum_host(self.comm, vec)
-        dist = vec[1:p]
+        dist = vec[:r.num_workers]
+        p = r.num_workers
         return dict(worker_distance=float(dist.mean()), worker_distance_max=float(dist.max()),
                     server_version=int(vec[p]), staleness_mean=float(vec[p + 1]),
                     staleness_max=int(vec[p + 2]))
@@ -212,7 +208,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         scalars.update(exchanges=self.exchanges, version=self.version, samples=self._samples,
                        steps=self._steps, last_staleness=self.last_staleness,
                        staleness={str(k): v for k, v in self.staleness.items()})
-        if self.is_server:
+        if self.roles.is_server:
             scalars.update(told=self.told.tolist(), fetched=self.fetched.tolist())
         return arrays, scalars
 
@@ -222,7 +218,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         self._samples, self._steps = int(scalars["samples"]), int(scalars["steps"])
         self.last_staleness = int(scalars["last_staleness"])
         self.staleness = Counter({int(k): v for k, v in scalars["staleness"].items()})
-        if self.is_server:
+        if self.roles.is_server:
             self.told[...] = scalars["told"]
             self.fetched[...] = scalars["fetched"]
 

@@ -7,9 +7,9 @@ from .base import Method, MethodError
 class Single(Method):
     name = "single"
 
-    def __init__(self, cfg, topo):
-        if topo.size != 1:
+    @classmethod
+    def check_ranks(cls, size: int) -> None:
+        if size != 1:
             raise MethodError(
-                f"method 'single' trains on one rank, but this job has {topo.size} ranks; "
+                f"method 'single' trains on one rank, but this job has {size} ranks; "
                 "choose --method allreduce, easgd, asgd or gossip")
-        super().__init__(cfg, topo)

@@ -1,0 +1,127 @@
+"""What a run writes into a checkpoint and how it comes back: resume, warm start, the layout check.
+
+The file format (one HDF5 file, every rank's arrays and JSON state, digests) is ``io/checkpoint.py``;
+this module decides the content.  Per rank: ``params``, ``momentum``, ``buffers`` and the method's
+arrays; the JSON ``state`` holds the loop's counters (``LoopState``), the method's scalars and the
+straggler's generator.  Rank 0 adds the run's metadata (config, history, the last boundary
+processed, the checkpoint generation).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from ..backend import to_numpy
+from ..errors import CheckpointError
+from ..io import checkpoint as ckpt
+
+
+@dataclass
+class LoopState:
+    """One rank's training-loop counters: what a resumed run continues from."""
+
+    step: int = 0                  # local steps done
+    local_epoch: int = 0           # epoch of this rank's data order
+    step_in_epoch: int = 0
+    local_samples: int = 0
+    train_seconds: float = 0.0     # excluding phases (evaluations, checkpoints, waiting for them)
+    eval_seconds: float = 0.0
+    data_seconds: float = 0.0
+    compute_seconds: float = 0.0   # step, exchange and update (timers of the method included)
+    wall_seconds: float = 0.0      # as of the last checkpoint, earlier allocations included
+    allocations: int = 1           # Slurm allocations (runs) this training has taken
+
+    def to_dict(self, **extra) -> dict:
+        return {**asdict(self), **extra}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LoopState":
+        """Tolerates checkpoints of older versions (fields they did not have keep their defaults;
+        their wall time is approximated by train + eval)."""
+        st = cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        if "wall_seconds" not in d:
+            st.wall_seconds = st.train_seconds + st.eval_seconds
+        return st
+
+
+def layout_signature(ps) -> str:
+    """A short hash of the parameter layout (names and shapes): checkpoints fit only its model."""
+    text = ";".join(f"{sp.name}:{sp.shape}" for sp in ps.layout.specs)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def save(s, run_dir: Path, loop: LoopState, history: list, boundary_done: int, extra: dict,
+         reason: str) -> None:
+    """Collective (inside a phase): every rank's state into one file (rank 0 writes), then keep
+    the newest ``train.keep_checkpoints``.  ``s`` is the run's ``Setup``; ``extra``: more JSON
+    state of this rank (the straggler's generator)."""
+    m, ps, c = s.method, s.model.ps, s.control
+    m.quiesce(ps)
+    g = int(c.max_over_ranks([m.global_samples])[0])
+    arrays, scalars = m.state(ps)
+    arrays = {"params": ps.params, "momentum": s.opt.momentum, "buffers": ps.buffers, **arrays}
+    arrays = {k: to_numpy(v) for k, v in arrays.items()}
+    state = json.dumps({"loop": loop.to_dict(global_samples=m.global_samples), "method": scalars,
+                        **extra})
+    writer = None
+    if s.topo.is_root:
+        cfg = s.cfg
+        meta = dict(config=cfg.to_dict(), method=m.name, ranks=s.topo.size, model=cfg.model.model,
+                    num_params=s.model.num_params, layout=layout_signature(ps), global_samples=g,
+                    boundary_done=boundary_done, ckpt_done=int(c.signals.seen[1]), reason=reason,
+                    history=history, created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        writer = ckpt.Writer(ckpt.checkpoint_dir(run_dir), g, meta)
+    try:
+        c.funnel(arrays, state, writer.add_rank if writer else None)
+        if writer:
+            path = writer.commit()
+            ckpt.prune(path.parent, s.cfg.train.keep_checkpoints)
+            logging.getLogger("scalesgd").info("checkpoint %s (%s)", path, reason)
+    except BaseException:
+        if writer:
+            writer.abort()
+        raise
+
+
+def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
+    """After ``method.start``: this rank's params, momentum, BN statistics and method state from
+    checkpoint ``path`` (digests checked).  Returns (rank 0's metadata, the loop's counters, the
+    rest of this rank's JSON state)."""
+    m, ps, xp = s.method, s.model.ps, s.backend.xp
+    meta, arrays, state = ckpt.read_rank(path, s.topo.rank)
+    ps.params[...] = xp.asarray(arrays.pop("params"))
+    s.opt.momentum[...] = xp.asarray(arrays.pop("momentum"))
+    ps.buffers[...] = xp.asarray(arrays.pop("buffers"))
+    m.load_state(ps, arrays, state.pop("method"))
+    return meta, LoopState.from_dict(state.pop("loop")), state
+
+
+def warm_start(s, path: Path) -> None:
+    """Every rank takes the weights and BN statistics of ``path``'s rank 0 (the replica, or the
+    server's center/master), before ``method.start``; the optimizer state stays fresh.  ``path``
+    is a checkpoint file or a run directory (its newest good checkpoint)."""
+    if path.is_dir():                                 # a run directory: its newest good checkpoint
+        path = ckpt.latest_good(ckpt.checkpoint_dir(path))
+    meta, arrays, _ = ckpt.read_rank(path, 0)
+    _check_layout(s, path, meta)
+    ps = s.model.ps
+    ps.params[...] = s.backend.xp.asarray(arrays["params"])
+    ps.buffers[...] = s.backend.xp.asarray(arrays["buffers"])
+
+
+def check_fits(s, path: Path) -> None:
+    """Refuses a checkpoint written for another model (before anything is written or changed)."""
+    _check_layout(s, path, ckpt.read_meta(path))
+
+
+def _check_layout(s, path: Path, meta: dict) -> None:
+    if meta.get("layout") != layout_signature(s.model.ps):
+        n = meta.get("num_params")
+        raise CheckpointError(
+            f"{path}: its model ({meta.get('model')}, {n:,} parameters) is not this run's "
+            f"({s.cfg.model.model}, {s.model.num_params:,} parameters)" if isinstance(n, int) else
+            f"{path}: written for another model than this run's ({s.cfg.model.model})")
