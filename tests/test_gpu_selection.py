@@ -1,67 +1,125 @@
-"""Transport and path selection on CPU, with injected probes (no mocks of MPI: COMM_SELF is real)."""
+"""Transport and path selection on CPU, with injected probes (no mocks of MPI: COMM_SELF is real,
+and tests/mpi/device_check.py runs the choice and the host staging on 2 ranks under mpiexec)."""
+import logging
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
+from helpers import TINY, launch, one_line_error, run_cli
+from mpirun import check, run_mpi, uses_mpi
+from synth import make_dataset
 from scalesgd import backend
 from scalesgd.comm import collectives, device
-from scalesgd.comm.device import Probes, choose
+from scalesgd.comm.device import Probes
+from scalesgd.errors import MethodError
+from scalesgd.nn.params import Layout, TensorSpec
 
 ROOT = Path(__file__).resolve().parents[1]
+SELF = MPI.COMM_SELF
 
 
-@pytest.mark.parametrize("probes,coll,expect", [
-    (Probes(False, True, True), "allreduce", "host_staging"),          # NumPy buffers
-    (Probes(True, True, True), "allreduce", "nccl"),
-    (Probes(True, True, True), "gossip", "cuda_aware_mpi"),            # NCCL only for allreduce
-    (Probes(True, False, True), "allreduce", "cuda_aware_mpi"),
-    (Probes(True, False, False), "allreduce", "host_staging"),
-    (Probes(True, False, None), "allreduce", "host_staging"),          # unknown: never risk it
-    (Probes(True, False, None, True), "server", "cuda_aware_mpi"),     # forced by env
-    (Probes(True, False, True, False), "server", "host_staging"),      # forbidden by env
+@pytest.mark.parametrize("requested,on_device,probes,transfer,expect", [
+    ("auto", False, None, None, "host"),                                 # NumPy: nothing probed
+    ("host", False, None, None, "host"),
+    ("host", True, None, None, "host"),                                  # by name: nothing probed
+    ("auto", True, Probes(True, True), True, "nccl"),
+    ("auto", True, Probes(False, True), True, "cuda_aware_mpi"),
+    ("auto", True, Probes(False, True), False, "host"),                  # test transfer failed
+    ("auto", True, Probes(False, False), True, "host"),
+    ("auto", True, Probes(False, None), True, "host"),                   # unknown: never risk it
+    ("nccl", True, Probes(True, None), True, "nccl"),
+    ("cuda_aware_mpi", True, Probes(True, None), True, "cuda_aware_mpi"),  # by name: tried anyway
 ])
-def test_choose(probes, coll, expect):
-    assert choose(probes, coll, lambda: True)[0] == expect
+def test_resolve(requested, on_device, probes, transfer, expect):
+    ok = None if transfer is None else (lambda: transfer)
+    assert device.resolve(SELF, requested, on_device, probes, ok)[0] == expect
+
+
+@pytest.mark.parametrize("requested,on_device,probes,transfer,words", [
+    ("nccl", False, None, None, "NumPy"),
+    ("cuda_aware_mpi", False, None, None, "NumPy"),
+    ("nccl", True, Probes(False, True), True, "no NCCL bindings"),
+    ("cuda_aware_mpi", True, Probes(False, True), False, "test all-reduce"),
+    ("gloo", True, Probes(False, True), True, "expected one of"),
+])
+def test_named_transport_that_cannot_run_is_an_error(requested, on_device, probes, transfer, words):
+    with pytest.raises(MethodError, match=words) as info:
+        device.resolve(SELF, requested, on_device, probes, lambda: transfer)
+    assert str(info.value).startswith("dist.allreduce_transport") and "\n" not in str(info.value)
 
 
 def test_failed_test_transfer_falls_back_loudly():
-    t, why = choose(Probes(True, False, True), "allreduce", lambda: False)
-    assert t == "host_staging" and "fallback" in why
+    t, why = device.resolve(SELF, "auto", True, Probes(False, True), lambda: False)
+    assert t == "host" and "falling back" in why
 
 
 def test_transfer_not_tried_unless_mpi_says_yes():
     tried = []
-    choose(Probes(True, False, False), "allreduce", lambda: tried.append(1) or True)
+    device.resolve(SELF, "auto", True, Probes(False, False), lambda: tried.append(1) or True)
     assert not tried
 
 
-def test_agree_and_select_on_comm_self(monkeypatch):
-    assert device.agree(MPI.COMM_SELF, "nccl") == "nccl"
-    monkeypatch.setattr(device, "_CHOSEN", {})
-    assert device.select(MPI.COMM_SELF, False) == "host_staging"
-    got = device.select(MPI.COMM_SELF, True, "server", Probes(True, False, False))
-    assert got == "host_staging" and device._CHOSEN[("server", True)] == "host_staging"
+def test_factory_table_and_one_rank():
+    assert set(device.ALLREDUCERS) == {"host", "cuda_aware_mpi", "nccl"}
+    assert [device.ALLREDUCERS[n].transport for n in ("host", "cuda_aware_mpi", "nccl")] == \
+        ["host", "cuda_aware_mpi", "nccl"]
+    assert not device.NcclAllreduce.can_overlap and device.CudaAwareAllreduce.can_overlap
+    lay = Layout([TensorSpec("a", (3,)), TensorSpec("b", (4,))])
+    flat = np.arange(7.0)
+    d = types.SimpleNamespace(allreduce_transport="nccl", bucket_mb=0.0, overlap=True)
+    red = device.create_allreducer(SELF, flat, lay, d)     # one rank: host, nothing probed
+    assert type(red) is collectives.BucketedAllreduce and red.buf is flat and red.overlap
 
 
-def test_probes_on_this_machine(monkeypatch):
+def test_overlap_not_honoured_is_said(caplog):
+    """The nccl transport cannot overlap backward: the choice's log line says so (rank 0)."""
+    red = types.SimpleNamespace(overlap=False)
+    with caplog.at_level(logging.INFO, logger="scalesgd"):
+        device.log_choice("nccl", "CuPy NCCL bindings on every rank", True, True, red)
+    text = caplog.text
+    assert "allreduce transport: nccl" in text and "dist.overlap is not honoured by the nccl" in text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="scalesgd"):
+        device.log_choice("host", "host (NumPy) buffers", False, True, types.SimpleNamespace(overlap=True))
+    assert caplog.text == "", "NumPy buffers: no line, as before"
+
+
+@uses_mpi
+def test_transports_on_two_ranks():
+    out = check(run_mpi(2, ["tests/mpi/device_check.py"], timeout=120))
+    assert out.count(": ok") == 5, out
+
+
+@uses_mpi
+def test_named_device_transport_on_cpu_run_is_one_line_error(tmp_path):
+    """The real program on 2 ranks with NumPy gradients and a device transport by name: every rank
+    raises the same error in the method's set-up, rank 0 prints it once, nothing is written."""
+    data = make_dataset(tmp_path / "data", n=32, n_val=8, num_classes=4)
+    run_dir = tmp_path / "run"
+    p = run_cli(["--method", "allreduce", "--device", "cpu", "--allreduce-transport", "nccl",
+                 "--data", str(data), "--run-dir", str(run_dir), *TINY], tmp_path, launcher=launch(2))
+    one_line_error(p, "dist.allreduce_transport = nccl", "NumPy")
+    assert not run_dir.exists()
+
+
+def test_probes_on_this_machine():
     assert device.mpi_cuda_query() in (True, False, None)
-    monkeypatch.setenv("SCALESGD_CUDA_AWARE_MPI", "0")
-    assert device.env_force() is False
-    monkeypatch.setenv("SCALESGD_CUDA_AWARE_MPI", "1")
-    assert device.env_force() is True
-    monkeypatch.delenv("SCALESGD_CUDA_AWARE_MPI")
-    assert device.env_force() is None
+    assert device.nccl_module() is None or hasattr(device.nccl_module(), "NcclCommunicator")
+    p = Probes.of_this_rank()
+    assert p.mpi_cuda_query in (True, False, None)
 
 
-def test_host_stage_and_bucketed_allreduce_unchanged_on_host():
+def test_host_stage_is_the_array_itself_on_numpy():
     a = np.arange(5.0)
-    st = collectives.HostStage(a, device_ok=True)
+    st = collectives.HostStage(a)
     assert st.host is a and st.to_host() is a
+    st.to_device()
     device.sync_stream(a)                       # no-op on NumPy
 
 
@@ -77,10 +135,14 @@ def test_set_precision(monkeypatch):
 
 def test_config_keys():
     from scalesgd import config as C
-    cfg = C.build(None, {"model": {"conv_impl": "im2col", "precision": "bf16"}})
+    cfg = C.build(None, {"model": {"conv_impl": "im2col", "precision": "bf16"},
+                         "dist": {"allreduce_transport": "cuda_aware_mpi"}})
     assert cfg.model.conv_impl == "im2col" and cfg.model.precision == "bf16"
+    assert cfg.dist.allreduce_transport == "cuda_aware_mpi" and C.build(None).dist.allreduce_transport == "auto"
     with pytest.raises(C.ConfigError):
         C.build(None, {"model": {"conv_impl": "winograd"}})
+    with pytest.raises(C.ConfigError, match="allreduce_transport"):
+        C.build(None, {"dist": {"allreduce_transport": "gloo"}})
 
 
 def test_gpu_check_dry_run(tmp_path):

@@ -46,20 +46,6 @@ def test_add_relu_matches_residual_join(rng, dt):
 
 
 @pytest.mark.parametrize("dt", DTYPES)
-def test_bn_backward_dx_matches_layer(rng, dt):
-    x = (rng.standard_normal((4, 3, 3, 5)) + 0.5).astype(dt)
-    gamma, beta = rng.standard_normal(5).astype(dt), rng.standard_normal(5).astype(dt)
-    _, cache = L.batchnorm_forward(x, gamma, beta, np.zeros(5, dt), np.ones(5, dt), True)
-    dy = rng.standard_normal(x.shape).astype(dt)
-    dg, db = np.empty(5, dt), np.empty(5, dt)
-    ref = L.batchnorm_backward(dy, cache, dg, db)
-    xc, _, invstd = cache
-    a, b, d = K.bn_backward_coeffs(gamma, invstd, dg, db, x.size // 5)
-    got = K.bn_backward_dx(dy, x, x.reshape(-1, 5).mean(axis=0), a, b, d)
-    np.testing.assert_allclose(got, ref, rtol=50 * TOL[dt], atol=50 * TOL[dt])
-
-
-@pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("mu,nesterov,wd,masked", [(0.9, True, 1e-2, True), (0.9, False, 1e-2, False),
                                                     (0.0, True, 1e-2, True), (0.9, True, 0.0, True)])
 def test_sgd_update_matches_optimizer(rng, dt, mu, nesterov, wd, masked):
@@ -87,6 +73,28 @@ def test_selection_and_launch_config():
     with pytest.raises(TypeError):
         K.dtype_name(np.int32)
     assert "cupy" not in sys.modules            # importing kernels did not import CuPy
+
+
+def test_kernels_choice_comes_from_the_config_not_the_environment(monkeypatch):
+    """model.kernels reaches nn/kernels.py through set_impl (called once at start-up); the old
+    SCALESGD_KERNELS variable is not read, at import or after."""
+    from scalesgd import config as C
+    monkeypatch.setenv("SCALESGD_KERNELS", "reference")
+    import importlib
+    fresh = importlib.reload(K)
+    assert fresh.current_impl() == "fused"
+    assert C.build(None, {"model": {"kernels": "reference"}}).model.kernels == "reference"
+    assert C.build(None, {}).model.kernels == "fused"
+    with pytest.raises(C.ConfigError, match="kernels"):
+        C.build(None, {"model": {"kernels": "fast"}})
+    try:
+        K.set_impl("reference")
+        assert K.current_impl() == "reference" and not K.use_fast(np.ones(3))
+        with pytest.raises(ValueError, match="model.kernels"):
+            K.set_impl("fast")
+        assert K.current_impl() == "reference"
+    finally:
+        K.set_impl("fused")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: CUDA sources not compiled")

@@ -1,8 +1,9 @@
 """Collectives on flat buffers: broadcast, sums, and the bucketed non-blocking gradient all-reduce.
 
 Arrays travel as buffers (mpi4py's uppercase methods), never pickled.  Device (CuPy) arrays are
-staged through host memory here (``HostStage``) unless :mod:`device` chose CUDA-aware MPI (device
-buffers handed to MPI after a stream sync) or NCCL (the gradient all-reduce, ``BucketedAllreduce(nccl=)``).
+staged through host memory here (``HostStage``).  ``BucketedAllreduce`` is the ``host`` transport of
+the gradient all-reduce and the base of the device transports (CUDA-aware MPI, NCCL) in
+:mod:`device`, which also chooses among them (``device.create_allreducer``).
 """
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ import time
 
 import numpy as np
 from mpi4py import MPI
-
-from . import device
 
 
 def _is_host(a) -> bool:
@@ -32,8 +31,7 @@ def _pinned_like(arr) -> np.ndarray:
     except Exception:
         host, how = np.empty(arr.shape, arr.dtype), "pageable host buffers"
     if not _STAGING_LOGGED:
-        logging.getLogger("scalesgd").info(
-            "device buffers reach MPI through %s (NCCL / CUDA-aware MPI: not used yet)", how)
+        logging.getLogger("scalesgd").info("device buffers reach MPI through %s (host staging)", how)
         _STAGING_LOGGED = True
     return host
 
@@ -44,14 +42,11 @@ class HostStage:
     before MPI touches it), ``to_device()`` host -> device.  The device path has not been run on a GPU.
     """
 
-    def __init__(self, arr, device_ok: bool = False):
+    def __init__(self, arr):
         self.arr = arr
-        self.direct = _is_host(arr) or (device_ok and _cuda_aware())
-        self.host = arr if self.direct else _pinned_like(arr)
+        self.host = arr if _is_host(arr) else _pinned_like(arr)
 
     def to_host(self):
-        if self.host is self.arr and not _is_host(self.arr):
-            device.sync_stream(self.arr)         # CUDA-aware MPI: the stream must be done first
         if self.host is not self.arr:
             self.arr.get(out=self.host)          # synchronous on the current stream
         return self.host
@@ -61,14 +56,9 @@ class HostStage:
             self.arr.set(self.host)
 
 
-def _cuda_aware() -> bool:
-    """True when device.select() chose CUDA-aware MPI for this run."""
-    return "cuda_aware_mpi" in device._CHOSEN.values()
-
-
 def bcast(comm, arr, root: int = 0) -> None:
     """Broadcasts ``arr`` (flat, contiguous) from ``root`` in place."""
-    st = HostStage(arr, device_ok=True)
+    st = HostStage(arr)
     comm.Bcast(st.to_host(), root=root)
     st.to_device()
 
@@ -139,7 +129,7 @@ def allgather_int64(comm, a) -> tuple[np.ndarray, np.ndarray]:
 
 def allreduce_mean(comm, arr) -> None:
     """In-place average of ``arr`` over ``comm`` (one blocking all-reduce)."""
-    st = HostStage(arr, device_ok=True)
+    st = HostStage(arr)
     comm.Allreduce(MPI.IN_PLACE, st.to_host(), op=MPI.SUM)
     st.host /= comm.Get_size()
     st.to_device()
@@ -163,58 +153,80 @@ def make_buckets(layout, bucket_bytes: int, itemsize: int) -> list[tuple[int, in
 
 
 class BucketedAllreduce:
-    """Sums a flat gradient buffer over ``comm`` in buckets, in place.
+    """Sums a flat gradient buffer over ``comm`` in buckets, in place: the ``host`` transport, and
+    the base of the device transports (``device.CudaAwareAllreduce``, ``device.NcclAllreduce``), which
+    override where MPI's bytes live (``_mpi_buffer``, ``_to_mpi``, ``_from_mpi``) or ``finish``.
 
     The caller pre-scales the gradients by 1/p (for free, through dL/dlogits), so the sum is the
     average and no extra pass over the buffer is needed here.  With ``overlap``, ``ready(names)``
-    is called as backward finishes each layer; a bucket's ``Iallreduce`` starts as soon as all its
-    tensors are final, so communication overlaps the rest of backward; ``finish()`` waits for them.
-    Without overlap, ``finish()`` reduces the buckets one after another with blocking all-reduces.
+    is called as backward finishes each layer; a bucket's ``Iallreduce`` starts (``start(i)``) as
+    soon as all its tensors are final, so communication overlaps the rest of backward; ``finish()``
+    waits for them.  Without overlap, ``finish()`` reduces the buckets one after another with
+    blocking all-reduces.  ``overlap`` is what runs: False when the transport cannot overlap
+    (``can_overlap``); the factory says so in a log line.
+
+    Host transport: on NumPy MPI uses ``flat`` itself; a device ``flat`` is staged through a pinned
+    host copy, each bucket copied down when it starts (a synchronous copy: the stream is done with
+    it) and the whole buffer copied up once in ``finish()``.
     """
 
-    def __init__(self, comm, flat, layout, bucket_bytes: int, overlap: bool = True, nccl=None):
-        self.comm, self.flat, self.overlap = comm, flat, overlap
-        self.nccl = nccl                         # a device.NcclAllreduce: one NCCL call in finish()
+    transport = "host"
+    can_overlap = True
+
+    def __init__(self, comm, flat, layout, bucket_bytes: int, overlap: bool = True):
+        self.comm, self.flat = comm, flat
+        self.overlap = overlap and self.can_overlap
         nbytes = flat.size * flat.dtype.itemsize
         self.buckets = make_buckets(layout, bucket_bytes if bucket_bytes > 0 else nbytes,
                                     flat.dtype.itemsize)
         self.bucket_of = {n: i for i, (_, _, names) in enumerate(self.buckets) for n in names}
-        self.stage = HostStage(flat, device_ok=True)
+        self.buf = self._mpi_buffer()            # (n,) what MPI reads and writes
         self._reset()
+
+    def _mpi_buffer(self):
+        self.stage = HostStage(self.flat)
+        return self.stage.host                   # flat itself on NumPy
+
+    def _to_mpi(self, lo: int, hi: int) -> None:
+        """Makes buf[lo:hi] hold the final gradients before MPI reads them."""
+        if self.buf is not self.flat:
+            self.flat[lo:hi].get(out=self.buf[lo:hi])
+
+    def _from_mpi(self) -> None:
+        """Puts the summed buf back into flat."""
+        self.stage.to_device()
 
     def _reset(self):
         self.pending = [len(names) for _, _, names in self.buckets]
         self.requests: list = []
 
-    def _start(self, i: int):
+    def start(self, i: int) -> None:
+        """Starts the non-blocking sum of bucket ``i`` (its gradients are final)."""
         lo, hi, _ = self.buckets[i]
-        device.sync_stream(self.flat)            # no-op on the host
-        self.requests.append(self.comm.Iallreduce(MPI.IN_PLACE, self.stage.host[lo:hi], op=MPI.SUM))
+        self._to_mpi(lo, hi)
+        self.requests.append(self.comm.Iallreduce(MPI.IN_PLACE, self.buf[lo:hi], op=MPI.SUM))
 
     def ready(self, names) -> None:
         """Called from backward when the gradients of ``names`` are final."""
-        if not self.overlap or self.nccl is not None or self.stage.host is not self.flat:
-            return                               # device buffers: reduced in finish()
+        if not self.overlap:
+            return
         for n in names:
             i = self.bucket_of[n]
             self.pending[i] -= 1
             if self.pending[i] == 0:
-                self._start(i)
+                self.start(i)
         if self.requests:
             MPI.Request.Testall(self.requests)   # lets MPI progress the started buckets
 
     def finish(self) -> None:
-        if self.nccl is not None:                # NCCL: the whole flat buffer in one call, on-stream
-            self.nccl.sum_(self.flat)
-            return
         if self.requests:
             MPI.Request.Waitall(self.requests)
             assert len(self.requests) == len(self.buckets), "a bucket was never started"
-        else:                                    # no overlap (or device buffers): reduce now
-            host = self.stage.to_host()
+        else:                                    # no overlap: reduce now, bucket by bucket
+            self._to_mpi(0, self.flat.size)
             for lo, hi, _ in self.buckets:
-                self.comm.Allreduce(MPI.IN_PLACE, host[lo:hi], op=MPI.SUM)
-        self.stage.to_device()
+                self.comm.Allreduce(MPI.IN_PLACE, self.buf[lo:hi], op=MPI.SUM)
+        self._from_mpi()
         self._reset()
 
 

@@ -1,65 +1,58 @@
-"""How device (CuPy) buffers reach other ranks: NCCL, CUDA-aware MPI, or pinned host staging.
+"""How gradient buffers reach other ranks: the all-reducers, one per transport, chosen once by name.
 
-Decided once at start-up, agreed by every rank (the weakest wins), logged once:
+``create_allreducer(comm, grads, layout, dist)`` is the one entry (a collective, on every rank): it
+resolves ``dist.allreduce_transport`` to a transport every rank can use, logs the choice once (rank 0,
+device buffers only) and returns that transport's all-reducer.  Every all-reducer has the interface of
+:class:`collectives.BucketedAllreduce`: ``start(i)`` starts bucket ``i``, ``ready(names)`` (from
+backward) starts each bucket whose tensors are all final, ``finish()`` completes the sum in place.
 
-- ``nccl``            gradient all-reduce through CuPy's NCCL bindings (``allreduce`` only); the
-                      communicator comes from a unique id broadcast over MPI as bytes;
-- ``cuda_aware_mpi``  MPI calls take device buffers directly: chosen when the MPI library says so
-                      (``MPIX_Query_cuda_support``, looked up in the loaded libmpi) AND a small test
-                      all-reduce of a device array gives the right sum.  Without the query answering
-                      yes no device pointer is ever handed to MPI (a non-CUDA-aware MPI may crash);
-                      ``SCALESGD_CUDA_AWARE_MPI=1`` forces the test transfer, ``=0`` forbids it;
-- ``host_staging``    :class:`collectives.HostStage`'s pinned host copies (always works).
+- ``host`` (``collectives.BucketedAllreduce``): MPI on host memory, NumPy buffers directly, device
+  buffers through a pinned host copy (each bucket copied down as it starts); overlaps backward;
+- ``cuda_aware_mpi`` (``CudaAwareAllreduce``): MPI on the device buffer itself, after a stream sync;
+  overlaps backward;
+- ``nccl`` (``NcclAllreduce``): one NCCL all-reduce of the whole buffer on the current stream after
+  backward; does not overlap.
 
-The CuPy stream is synchronised before any MPI call touches a device buffer (``sync_stream``).
-NOT YET RUN ON A GPU; the selection logic is unit-tested on CPU with injected probes.
+``auto`` (the default) picks, for device (CuPy) buffers: ``nccl`` when CuPy has NCCL bindings on every
+rank; else ``cuda_aware_mpi`` when every rank's MPI library says it is CUDA-aware
+(``MPIX_Query_cuda_support``, looked up in the loaded libmpi) AND a small device all-reduce gives the
+right sum; else ``host``.  Without the query answering yes no device pointer is handed to MPI (a
+non-CUDA-aware MPI may crash) unless ``cuda_aware_mpi`` is asked for by name.  NumPy buffers always
+take ``host`` (the only transport that exists for them).  A transport asked for by name that some rank
+cannot use is an error on every rank, never a silent fallback, and ``dist.overlap`` that the chosen
+transport cannot honour (``nccl``) is said in a warning line.  Every decision is a collective (a MIN
+over the ranks), so all ranks take the same path even when their probes differ.
+
+The device paths (CUDA-aware MPI, NCCL, host staging of CuPy arrays) have NOT been run on a GPU; the
+selection, the agreement and the staging logic are tested on CPU (tests/test_gpu_selection.py).
 """
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
+from ..choices import ALLREDUCE_TRANSPORTS
+from ..errors import MethodError
+from .collectives import BucketedAllreduce
+
 log = logging.getLogger("scalesgd")
-TRANSPORTS = ("nccl", "cuda_aware_mpi", "host_staging")
-_RANK = {t: i for i, t in enumerate(TRANSPORTS)}    # lower = preferred
 
 
+# ----------------------------------------------------------------------------- what a rank can do
 @dataclass(frozen=True)
 class Probes:
-    """What this rank found: device arrays in use, NCCL importable, MPI CUDA support (None = unknown)."""
+    """What this rank found: NCCL importable, MPI CUDA support (None = the query is unavailable)."""
 
-    device: bool
     nccl: bool
     mpi_cuda_query: bool | None
-    force_cuda_aware: bool | None = None     # SCALESGD_CUDA_AWARE_MPI: 1 -> True, 0 -> False
 
-
-def choose(p: Probes, collective: str = "allreduce", transfer_ok=None) -> tuple[str, str]:
-    """(transport, why) for one rank.  ``transfer_ok()`` runs the test transfer (only when allowed)."""
-    if not p.device:
-        return "host_staging", "host (NumPy) buffers: MPI uses them directly"
-    if collective == "allreduce" and p.nccl:
-        return "nccl", "CuPy NCCL bindings available"
-    if p.force_cuda_aware is False:
-        return "host_staging", "SCALESGD_CUDA_AWARE_MPI=0"
-    if p.mpi_cuda_query or p.force_cuda_aware:
-        if transfer_ok is None or transfer_ok():
-            return "cuda_aware_mpi", "MPI reports CUDA support and a test transfer succeeded"
-        return "host_staging", "MPI claims CUDA support but the test transfer failed (fallback)"
-    return "host_staging", "MPI not CUDA-aware (MPIX_Query_cuda_support unavailable or 0)"
-
-
-def agree(comm, transport: str) -> str:
-    """The least capable choice over all ranks (every rank must use the same path)."""
-    mine = np.array([_RANK[transport]], dtype=np.int32)
-    worst = np.empty_like(mine)
-    comm.Allreduce(mine, worst, op=MPI.MAX)
-    return TRANSPORTS[int(worst[0])]
+    @classmethod
+    def of_this_rank(cls) -> "Probes":
+        return cls(nccl_module() is not None, mpi_cuda_query())
 
 
 def mpi_cuda_query() -> bool | None:
@@ -79,11 +72,6 @@ def mpi_cuda_query() -> bool | None:
     return None
 
 
-def env_force() -> bool | None:
-    v = os.environ.get("SCALESGD_CUDA_AWARE_MPI", "")
-    return None if v == "" else v not in ("0", "false", "no")
-
-
 def nccl_module():
     """``cupy.cuda.nccl`` when CuPy has working NCCL bindings, else None."""
     try:
@@ -100,7 +88,8 @@ def sync_stream(arr) -> None:
         cupy.cuda.get_current_stream().synchronize()
 
 
-def _test_transfer(comm) -> bool:
+def transfer_works(comm) -> bool:
+    """Collective: a small all-reduce of a device array through MPI gives the right sum."""
     import cupy  # noqa: PLC0415
     a = cupy.arange(8, dtype=cupy.float32) + comm.Get_rank()
     sync_stream(a)
@@ -114,44 +103,130 @@ def _test_transfer(comm) -> bool:
     return bool(np.allclose(a.get(), want))
 
 
-_CHOSEN: dict = {}
+def every_rank(comm, flag: bool) -> bool:
+    """Collective: True when ``flag`` is true on every rank of ``comm`` (one MIN all-reduce)."""
+    mine = np.array([int(bool(flag))], dtype=np.int32)
+    out = np.empty_like(mine)
+    comm.Allreduce(mine, out, op=MPI.MIN)
+    return bool(out[0])
 
 
-def select(comm, device: bool, collective: str = "allreduce", probes: Probes | None = None) -> str:
-    """Collective: the transport for ``collective`` on this run, agreed by all ranks, logged once."""
-    key = (collective, device)
-    if key in _CHOSEN:
-        return _CHOSEN[key]
-    if probes is None:
-        probes = Probes(device, device and nccl_module() is not None,
-                        mpi_cuda_query() if device else None, env_force())
-    mine, why = choose(probes, collective, lambda: _test_transfer(comm))
-    chosen = agree(comm, mine)
-    if chosen != mine:
-        why = f"another rank could not use {mine}"
-    if comm.Get_rank() == 0 and device:
-        log.info("device buffers (%s): %s (%s)", collective, chosen, why)
-    _CHOSEN[key] = chosen
-    return chosen
+# ----------------------------------------------------------------------------- the choice
+def resolve(comm, requested: str, on_device: bool, probes: Probes | None = None,
+            transfer_ok=None) -> tuple[str, str]:
+    """Collective: (transport, why), the same on every rank.  ``probes`` and ``transfer_ok()`` (the
+    device test all-reduce, a collective) default to this machine's; tests inject them.  Raises
+    MethodError on every rank when ``requested`` names a transport some rank cannot use."""
+    if requested not in ALLREDUCE_TRANSPORTS:
+        raise MethodError(f"dist.allreduce_transport: expected one of {', '.join(ALLREDUCE_TRANSPORTS)}, "
+                          f"got {requested!r}")
+    if not every_rank(comm, on_device):                    # NumPy buffers on some rank: host only
+        if requested in ("auto", "host"):
+            return "host", "host (NumPy) buffers: MPI uses them directly"
+        raise MethodError(f"dist.allreduce_transport = {requested}: needs device (CuPy) gradient "
+                          "buffers on every rank, and this run has NumPy ones (train.device = cpu, "
+                          "or no GPU found); use auto or host")
+    if requested == "host":
+        return "host", "asked for by name (dist.allreduce_transport = host)"
+    probes = probes if probes is not None else Probes.of_this_rank()
+    nccl = every_rank(comm, probes.nccl)
+    if requested == "nccl" or (requested == "auto" and nccl):
+        if not nccl:
+            raise MethodError("dist.allreduce_transport = nccl: CuPy has no NCCL bindings on at least "
+                              "one rank; use auto, cuda_aware_mpi or host")
+        return "nccl", "CuPy NCCL bindings on every rank"
+    return _cuda_aware_or_host(comm, requested, probes, transfer_ok)
 
 
-class NcclAllreduce:
-    """In-place sum of a flat CuPy buffer over the ranks of ``comm`` with one NCCL all-reduce."""
+def _cuda_aware_or_host(comm, requested, probes, transfer_ok) -> tuple[str, str]:
+    """The CUDA-aware MPI test (by name: always tried; auto: only when every MPI says yes)."""
+    says_yes = every_rank(comm, probes.mpi_cuda_query is True)
+    if requested == "auto" and not says_yes:
+        return "host", "MPI not CUDA-aware on every rank (MPIX_Query_cuda_support unavailable or 0)"
+    transfer_ok = transfer_ok if transfer_ok is not None else (lambda: transfer_works(comm))
+    if every_rank(comm, transfer_ok()):
+        return "cuda_aware_mpi", ("MPI reports CUDA support" if says_yes else "asked for by name") + \
+            " and a test device all-reduce succeeded on every rank"
+    if requested == "cuda_aware_mpi":
+        raise MethodError("dist.allreduce_transport = cuda_aware_mpi: a test all-reduce of a device "
+                          "array through MPI failed on at least one rank (MPI not CUDA-aware?); use "
+                          "auto, nccl or host")
+    return "host", "MPI claims CUDA support but a test device all-reduce failed (falling back)"
 
-    def __init__(self, comm, nccl=None):
+
+# ----------------------------------------------------------------------------- the device all-reducers
+class CudaAwareAllreduce(BucketedAllreduce):
+    """MPI reads and writes the device buffer itself; each bucket's stream work is synced first."""
+
+    transport = "cuda_aware_mpi"
+
+    def _mpi_buffer(self):
+        return self.flat
+
+    def _to_mpi(self, lo: int, hi: int) -> None:
+        sync_stream(self.flat)                 # backward's kernels must be done with [lo, hi)
+
+    def _from_mpi(self) -> None:
+        pass                                   # reduced in place on the device
+
+
+class NcclAllreduce(BucketedAllreduce):
+    """The whole flat CuPy buffer summed by one NCCL all-reduce on the current stream in
+    ``finish()`` (so no overlap with backward); the NCCL communicator comes from a unique id that
+    rank 0 broadcasts over MPI as int64 numbers (not pickled)."""
+
+    transport = "nccl"
+    can_overlap = False
+
+    def __init__(self, comm, flat, layout, bucket_bytes: int, overlap: bool = True, nccl=None):
+        super().__init__(comm, flat, layout, bucket_bytes, overlap)
         self.nccl = nccl or nccl_module()
         uid = self.nccl.get_unique_id() if comm.Get_rank() == 0 else None
         buf = np.array(uid if uid is not None else [0] * 128, dtype=np.int64)
-        comm.Bcast(buf, root=0)                      # the id as raw numbers, not pickled
-        self.comm = self.nccl.NcclCommunicator(comm.Get_size(), tuple(int(v) for v in buf),
-                                               comm.Get_rank())
+        comm.Bcast(buf, root=0)
+        self.nccl_comm = self.nccl.NcclCommunicator(comm.Get_size(), tuple(int(v) for v in buf),
+                                                    comm.Get_rank())
 
-    def _dtype(self, arr):
-        n = self.nccl
-        return {"float32": n.NCCL_FLOAT32, "float64": n.NCCL_FLOAT64}[str(arr.dtype)]
+    def _mpi_buffer(self):
+        return self.flat
 
-    def sum_(self, arr) -> None:
-        import cupy  # noqa: PLC0415
-        stream = cupy.cuda.get_current_stream()
-        self.comm.allReduce(arr.data.ptr, arr.data.ptr, arr.size, self._dtype(arr),
-                            self.nccl.NCCL_SUM, stream.ptr)
+    def finish(self) -> None:
+        import cupy  # noqa: PLC0415 - only reached with CuPy arrays
+        n, a = self.nccl, self.flat
+        dtype = {"float32": n.NCCL_FLOAT32, "float64": n.NCCL_FLOAT64}[str(a.dtype)]
+        self.nccl_comm.allReduce(a.data.ptr, a.data.ptr, a.size, dtype, n.NCCL_SUM,
+                                 cupy.cuda.get_current_stream().ptr)
+
+
+ALLREDUCERS = {"host": BucketedAllreduce, "cuda_aware_mpi": CudaAwareAllreduce, "nccl": NcclAllreduce}
+
+
+def make_allreducer(name: str, comm, flat, layout, bucket_bytes: int, overlap: bool):
+    """The all-reducer of transport ``name`` (resolved: not ``auto``) over ``comm``."""
+    return ALLREDUCERS[name](comm, flat, layout, bucket_bytes, overlap)
+
+
+def create_allreducer(comm, grads, layout, dist, probes: Probes | None = None, transfer_ok=None):
+    """Collective: the gradient all-reducer ``dist`` asks for (``allreduce_transport``,
+    ``bucket_mb``, ``overlap``), the same transport on every rank, the choice logged once.  One
+    rank: ``host`` (nothing is ever reduced, nothing is probed)."""
+    on_device = not isinstance(grads, np.ndarray)
+    if comm.Get_size() == 1:
+        name, why = "host", "one rank"
+    else:
+        name, why = resolve(comm, dist.allreduce_transport, on_device, probes, transfer_ok)
+    red = make_allreducer(name, comm, grads, layout, int(dist.bucket_mb * 1e6), dist.overlap)
+    if comm.Get_rank() == 0 and comm.Get_size() > 1:
+        log_choice(name, why, on_device, dist.overlap, red)
+    return red
+
+
+def log_choice(name: str, why: str, on_device: bool, overlap: bool, red) -> None:
+    """Rank 0's lines: the transport (device buffers only, as NumPy runs have always been quiet),
+    and a warning when ``dist.overlap`` asks for what the transport cannot do."""
+    if on_device:
+        log.info("allreduce transport: %s (%s)", name, why)
+    if overlap and not red.overlap:
+        log.warning("warning: dist.overlap is not honoured by the %s transport: the gradients are "
+                    "summed after backward, not during it (--no-overlap silences this; "
+                    "--allreduce-transport cuda_aware_mpi or host overlaps)", name)

@@ -2,30 +2,32 @@
 
 Every public function here takes xp arrays and picks its implementation from them:
 
-- NumPy arrays (or ``FORCE_REFERENCE``): the reference twin, plain xp code with the exact semantics
-  of the unfused layers in :mod:`layers` / :class:`optim.sgd.SGD` (tests check the twins against them);
+- NumPy arrays (or CuPy arrays after ``set_impl("reference")``): the reference twin, plain xp code
+  with the exact semantics of the unfused layers in :mod:`layers` / :class:`optim.sgd.SGD` (tests
+  check the twins against them);
 - CuPy arrays: one ``RawKernel`` launch from the CUDA C source :data:`KERNELS_CU`, compiled once per
   (activation dtype, parameter dtype) by NVRTC.  CuPy is never imported here: the module comes from
   the arrays (``backend.get_array_module``), so importing this file works without CuPy.
+
+Which of the two CuPy arrays get is the config key ``model.kernels`` (``fused`` | ``reference``),
+handed to :func:`set_impl` once at start-up, before the model runs; nothing is read from the
+environment.
 
 Kernels (one pass over memory each, where the unfused code makes 2-4):
 
 - ``bn_apply``       y = x * scale[c] + shift[c], optionally ReLU'd (BN forward's apply part);
 - ``add_relu``       h = max(h + s, 0) in place (the residual join);
-- ``bn_backward_dx`` dx = a[c] * (dy - b[c] - (x - mean[c]) * d[c]) (BN backward's element-wise part);
 - ``sgd_update``     the whole SGD/Nesterov/weight-decay step over the flat buffer, in place.
 
 Channels are the last (fastest) axis (NHWC), so element ``i`` belongs to channel ``i % C``.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..backend import get_array_module
+from ..choices import KERNEL_IMPLS
 
-FORCE_REFERENCE = os.environ.get("SCALESGD_KERNELS", "") == "reference"
 _BLOCK = 256
 _MAX_GRID = 65535 * 8
 
@@ -68,17 +70,6 @@ extern "C" __global__ void add_relu(T* __restrict__ h, const T* __restrict__ s, 
     }
 }
 
-extern "C" __global__ void bn_backward_dx(const T* __restrict__ dy, const T* __restrict__ x,
-                                          const A* __restrict__ mean, const A* __restrict__ a,
-                                          const A* __restrict__ b, const A* __restrict__ d,
-                                          T* __restrict__ dx, long long n, int C) {
-    GRID_STRIDE(i, n) {
-        int c = (int)(i % C);
-        A xc = (A)ld(x[i]) - mean[c];
-        st(&dx[i], a[c] * ((A)ld(dy[i]) - b[c] - xc * d[c]));
-    }
-}
-
 extern "C" __global__ void sgd_update(P* __restrict__ p, const P* __restrict__ g,
                                       P* __restrict__ buf, const P* __restrict__ mask,
                                       long long n, double lr, double mu, double wd,
@@ -97,7 +88,7 @@ extern "C" __global__ void sgd_update(P* __restrict__ p, const P* __restrict__ g
 """
 
 _CTYPES = {"float32": "float", "float64": "double", "bfloat16": "__nv_bfloat16"}
-KERNEL_NAMES = ("bn_apply", "add_relu", "bn_backward_dx", "sgd_update")
+KERNEL_NAMES = ("bn_apply", "add_relu", "sgd_update")
 
 
 def module_source(act_dtype: str = "float32", param_dtype: str = "float32") -> str:
@@ -119,9 +110,28 @@ def launch_config(n: int, block: int = _BLOCK) -> tuple[tuple[int], tuple[int]]:
     return (max(1, min(-(-n // block), _MAX_GRID)),), (block,)
 
 
+# model.kernels for CuPy arrays; "fused" until set_impl() says otherwise (one value per process:
+# the model and the optimizer of a run share it)
+_impl = "fused"
+
+
+def set_impl(impl: str) -> None:
+    """``model.kernels``: ``fused`` (CuPy arrays run the CUDA kernels) or ``reference`` (the xp twins
+    for every array, to compare against the fused kernels); called once at start-up."""
+    if impl not in KERNEL_IMPLS:
+        raise ValueError(f"model.kernels: expected one of {', '.join(KERNEL_IMPLS)}, got {impl!r}")
+    global _impl
+    _impl = impl
+
+
+def current_impl() -> str:
+    """The kernels in use for CuPy arrays: ``fused`` or ``reference`` (see :func:`set_impl`)."""
+    return _impl
+
+
 def use_fast(*arrays) -> bool:
-    """True when the fused CUDA kernel should run: CuPy arrays and no FORCE_REFERENCE."""
-    return not FORCE_REFERENCE and get_array_module(*arrays) is not np
+    """True when the fused CUDA kernel should run: CuPy arrays and ``model.kernels = fused``."""
+    return _impl == "fused" and get_array_module(*arrays) is not np
 
 
 _MODULES: dict = {}
@@ -187,32 +197,6 @@ def add_relu(h, s):
     act = dtype_name(h.dtype)
     _launch(xp, "add_relu", act, _param_for(act), h.size, (h, xp.ascontiguousarray(s), np.int64(h.size)))
     return h
-
-
-# ----------------------------------------------------------------------------- BN backward dx
-def bn_backward_coeffs(gamma, invstd, dgamma, dbeta, m: int):
-    """Per-channel (a, b, d) with dx = a * (dy - b - xc * d), from the reductions of BN backward
-    (``dgamma = sum(dy * xc) * invstd`` and ``dbeta = sum(dy)``, as layers.batchnorm_backward)."""
-    return gamma * invstd, dbeta / m, invstd * dgamma / m
-
-
-def bn_backward_dx_ref(dy, x, mean, a, b, d):
-    """Reference: dx = a * (dy - b - (x - mean) * d), channels on the last axis."""
-    return a * (dy - b - (x - mean) * d)
-
-
-def bn_backward_dx(dy, x, mean, a, b, d, out=None):
-    """Fused element-wise part of BN backward (dy already ReLU-masked)."""
-    if not use_fast(dy, x):
-        return bn_backward_dx_ref(dy, x, mean, a, b, d)
-    xp = get_array_module(dy)
-    act = dtype_name(dy.dtype)
-    adt = xp.float64 if act == "float64" else xp.float32
-    out = xp.empty_like(dy) if out is None else out
-    co = [xp.ascontiguousarray(v, dtype=adt) for v in (mean, a, b, d)]
-    _launch(xp, "bn_backward_dx", act, _param_for(act), dy.size,
-            (dy, x, *co, out, np.int64(dy.size), np.int32(dy.shape[-1])))
-    return out
 
 
 # ----------------------------------------------------------------------------- SGD update
