@@ -26,14 +26,32 @@ SERVER = 0                       # the server's rank in COMM_WORLD
 
 @unique
 class Tag(IntEnum):
-    """Point-to-point tags of the parameter server (unique; collectives use no tags)."""
+    """Point-to-point tags (unique; collectives use no tags).  What each one carries, from whom to
+    whom: ``TAG_MESSAGES``."""
 
-    PUSH_HEADER = 0x5101         # worker -> server: PushHeader
-    PUSH_PAYLOAD = 0x5102        # worker -> server: x_i (easgd) or accumulated update (asgd)
-    REPLY_HEADER = 0x5103        # server -> worker: ReplyHeader
-    REPLY_PAYLOAD = 0x5104       # server -> worker: center before its update (easgd) / new master (asgd)
-    FUNNEL_META = 0x5201         # any rank -> root: JSON description of the arrays that follow
-    FUNNEL_DATA = 0x5202         # any rank -> root: one array (checkpoint writing)
+    PUSH_HEADER = 0x5101
+    PUSH_PAYLOAD = 0x5102
+    REPLY_HEADER = 0x5103
+    REPLY_PAYLOAD = 0x5104
+    FUNNEL_META = 0x5201
+    FUNNEL_DATA = 0x5202
+
+
+# Tag -> (sender → receiver, the message).  The one description of each tag: reference_markdown()
+# renders it into docs/methods.md.
+TAG_MESSAGES = {
+    Tag.PUSH_HEADER: ("worker → server", "`PushHeader`, sent with `Ssend` (returns once the server "
+                      "has received it)"),
+    Tag.PUSH_PAYLOAD: ("worker → server", "the flat parameter-sized buffer, params dtype: x_i (easgd) "
+                       "or the update accumulated since the last fetch (asgd)"),
+    Tag.REPLY_HEADER: ("server → worker", "`ReplyHeader`"),
+    Tag.REPLY_PAYLOAD: ("server → worker", "the flat buffer: the center before this exchange's "
+                        "update (easgd) / the master after it (asgd)"),
+    Tag.FUNNEL_META: ("root → rank, then rank → root", "checkpoint funnel: an empty message (this "
+                      "rank's turn), then UTF-8 JSON as uint8: a text and each array's name, dtype, "
+                      "shape"),
+    Tag.FUNNEL_DATA: ("rank → root", "checkpoint funnel: one announced array, as a buffer"),
+}
 
 
 @unique
@@ -50,6 +68,12 @@ class PushHeader:
 
     KIND, SAMPLES, STEPS, SEQ, STOP, CKPT = range(6)
     SIZE = 6
+    FIELDS = ("what the payload carries: a `Kind` (the server refuses any other)",
+              "training samples this worker consumed since its previous exchange",
+              "local steps since its previous exchange",
+              "this worker's exchanges before this one (0 for its first)",
+              "stop this worker raised: 1 after SIGTERM/SIGUSR1 reached it (max-merged)",
+              "checkpoint generation this worker raised (max-merged; only rank 0's clock raises new ones)")
 
 
 class ReplyHeader:
@@ -59,25 +83,62 @@ class ReplyHeader:
 
     GLOBAL, VERSION, STALENESS, SERVED, STOP, CKPT = range(6)
     SIZE = 6
+    FIELDS = ("global sample count G after this exchange (the worker's progress until its next one)",
+              "server version after this exchange (updates applied)",
+              "staleness of this exchange: updates other workers applied since this worker's "
+              "previous reply",
+              "exchanges the server has served, this one included",
+              "stop the server has seen (its own and every push's, max-merged)",
+              "newest checkpoint generation the server has seen (max-merged)")
 
 
 def header(size: int) -> np.ndarray:
     return np.zeros(size, dtype=np.int64)
 
 
+def header_fields(cls) -> list[tuple[int, str, str]]:
+    """[(index, NAME, meaning)] of a header class, in index order.  Raises ValueError unless its
+    upper-case int constants are exactly 0..SIZE-1 and ``FIELDS`` has one meaning per index."""
+    named = sorted((v, k) for k, v in vars(cls).items()
+                   if k.isupper() and k != "SIZE" and isinstance(v, int))
+    fields = getattr(cls, "FIELDS", ())
+    if [v for v, _ in named] != list(range(cls.SIZE)) or len(fields) != cls.SIZE:
+        raise ValueError(f"{cls.__name__}: fields {named} and {len(fields)} FIELDS meanings do not "
+                         f"match SIZE = {cls.SIZE} (one name and one meaning per index)")
+    return [(v, k, fields[v]) for v, k in named]
+
+
+def reference_markdown() -> str:
+    """The tag and header tables of docs/methods.md, rendered from ``Tag``, ``TAG_MESSAGES``,
+    ``PushHeader``, ``ReplyHeader`` and ``Kind`` (``python docs/generate.py`` rewrites the doc's
+    block; a test fails while the doc differs)."""
+    missing = [t.name for t in Tag if t not in TAG_MESSAGES]
+    if missing:
+        raise ValueError(f"TAG_MESSAGES does not describe {', '.join(missing)}")
+    out = ["| tag | value | from → to | message |", "|---|---|---|---|"]
+    out += [f"| `{t.name}` | `{t.value:#06x}` | {TAG_MESSAGES[t][0]} | {TAG_MESSAGES[t][1]} |"
+            for t in Tag]
+    for cls in (PushHeader, ReplyHeader):
+        out += ["", f"`{cls.__name__}`, int64[{cls.SIZE}]:", "",
+                "| index | field | meaning |", "|---|---|---|"]
+        out += [f"| {i} | `{name}` | {meaning} |" for i, name, meaning in header_fields(cls)]
+    out += ["", "`Kind`: " + ", ".join(f"`{k.name}` = {k.value}" for k in Kind) + "."]
+    return "\n".join(out)
+
+
 class WorkerPort:
     """The worker's end: posts the reply receives, sends a push, waits for the reply."""
 
-    def __init__(self, comm):
-        self.comm = comm
+    def __init__(self, comm, server: int = SERVER):
+        self.comm, self.server = comm, server          # the server rank this worker exchanges with
         self.reply = header(ReplyHeader.SIZE)
         self._requests: list = []
 
     def post_reply(self, payload: np.ndarray) -> None:
         """Posts the receives for the next reply (header into ``self.reply``, payload in place)."""
         assert not self._requests, "a reply is already pending"
-        self._requests = [self.comm.Irecv(self.reply, source=SERVER, tag=Tag.REPLY_HEADER),
-                          self.comm.Irecv(payload, source=SERVER, tag=Tag.REPLY_PAYLOAD)]
+        self._requests = [self.comm.Irecv(self.reply, source=self.server, tag=Tag.REPLY_HEADER),
+                          self.comm.Irecv(payload, source=self.server, tag=Tag.REPLY_PAYLOAD)]
 
     def push(self, hdr: np.ndarray, payload: np.ndarray) -> None:
         self.push_header(hdr)
@@ -87,10 +148,10 @@ class WorkerPort:
         """Synchronous send (``Ssend``): returns once the server has received the header, i.e. has
         started serving this push, so the time in it is queueing behind other workers (wait) and
         the payload's transfer can be timed apart.  Costs one small-message round trip."""
-        self.comm.Ssend(hdr, dest=SERVER, tag=Tag.PUSH_HEADER)
+        self.comm.Ssend(hdr, dest=self.server, tag=Tag.PUSH_HEADER)
 
     def push_payload(self, payload: np.ndarray) -> None:
-        self.comm.Send(payload, dest=SERVER, tag=Tag.PUSH_PAYLOAD)
+        self.comm.Send(payload, dest=self.server, tag=Tag.PUSH_PAYLOAD)
 
     def wait_reply_header(self) -> None:
         """Blocks until the reply's header has arrived (the server is done with this push and
