@@ -110,7 +110,7 @@ class Gossip(Method):
         arrays, scalars = super().state(ps)
         scalars.update(exchanges=self.exchanges, last_peer=self.last_peer,
                        unreported=self._unreported, rng=self.graph.state(), **self.strategy_state())
-        if self.roles.rank == 0:                    # the counter's true value (quiescent: exact)
+        if self.roles.rank == self.counter.root:    # the counter's true value (quiescent: exact)
             scalars["counter_total"] = self.counter.add(0)[0]
         return arrays, scalars
 
@@ -119,7 +119,7 @@ class Gossip(Method):
         self.exchanges, self.last_peer = int(scalars["exchanges"]), int(scalars["last_peer"])
         self._unreported = int(scalars["unreported"])
         self.graph.load_state(scalars["rng"])
-        if self.roles.rank == 0:
+        if self.roles.rank == self.counter.root:
             self.counter.set(int(scalars["counter_total"]))
         self.load_strategy_state(scalars)
         self.comm.Barrier()                          # restored everywhere before anyone reads

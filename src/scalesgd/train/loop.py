@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from ..nn.resnet import ResNet
 from ..optim.schedule import lr_at
 from ..optim.sgd import SGD
 from . import checkpointing
+from .bad_samples import BadSamples
 from .checkpointing import LoopState, check_fits, warm_start  # noqa: F401 - used by cli
 from .control import Control
 from .phases import Phases, Stopped, eval_boundaries  # noqa: F401 - Stopped: re-exported
@@ -193,7 +193,7 @@ class Run:
         self.progress = Progress(s.roles.worker_index == 0, s.topo.is_root, s.cfg.train.log_every,
                                  s.cfg.train.epochs, s.cfg.train.progress)
         self.history: list[dict] = []
-        self._bad_reported: dict[str, int] = {}
+        self.bad = BadSamples(s)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, boundary: int) -> None:
@@ -202,7 +202,7 @@ class Run:
         t = time.perf_counter()
         with evaluated(s.method, s.model.ps) as extra:
             counts = s.control.sum_over_ranks(np.append(evaluate_local(s.model, s.val_data),
-                                                        self.report_bad()))
+                                                        self.bad.report()))
         st.eval_seconds += time.perf_counter() - t
         top1, top5 = counts[0] / max(counts[2], 1), counts[1] / max(counts[2], 1)
         rec = dict(epoch=boundary / self.spe, global_samples=boundary, val_top1_accuracy=top1,
@@ -214,37 +214,6 @@ class Run:
         self.metrics.write("val", **rec)
         self.progress.evaluation(boundary / self.spe, self.cfg.train.epochs, top1, top5,
                                  st.train_seconds, st.eval_seconds, extra)
-
-    def report_bad(self) -> int:
-        """Bad samples (undecodable or corrupt images the loaders skipped and replaced).
-
-        Collective, at each evaluation (every rank, server included): the ranks
-        gather the ids of the samples they found since the last evaluation (int64 buffers); each
-        distinct sample is warned about once per job, on stderr, by the lowest rank that found it,
-        and counted by that rank. Returns this rank's count so far: summed over the ranks it is
-        the number of distinct bad samples met. The ranks then merge which training samples they
-        have checked (``Loader.merge_checks``): a sample is decoded strictly by one rank, not by
-        each (unless two meet it between the same evaluations), and one found bad is skipped
-        everywhere without a second warning.
-        """
-        from ..comm import collectives  # noqa: PLC0415 - only this method talks to MPI directly
-        s, rank, comm = self.s, self.s.topo.rank, self.s.topo.comm
-        new = {sid: (where, why) for ld in (s.train_data, s.val_data) if ld is not None
-               for sid, where, why in ld.take_new_bad()}
-        ids, src = collectives.allgather_int64(comm, np.fromiter(new, np.int64, len(new)))
-        uniq, first = np.unique(ids, return_index=True)     # rank order: first = lowest finder
-        for sid in uniq[src[first] == rank].tolist():       # one write per line: lines of
-            where, why = new[sid]                           # several ranks never interleave
-            sys.stderr.write(f"scalesgd: warning: rank {rank}: skipped undecodable sample {where} "
-                             f"({why}; replaced by the next good one)\n")
-            sys.stderr.flush()
-            self._bad_reported["owned"] = self._bad_reported.get("owned", 0) + 1
-        train = s.train_data
-        checks = train.checks if train is not None else np.zeros(s.train_samples, np.uint8)
-        checks = collectives.allreduce_max_host(comm, checks)
-        if train is not None:
-            train.merge_checks(checks)
-        return self._bad_reported.get("owned", 0)
 
     # ------------------------------------------------------------------ phases
     def train_seconds(self) -> float:

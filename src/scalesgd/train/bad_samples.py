@@ -1,0 +1,43 @@
+"""Bad samples met during training and evaluation: warned about once per job, counted once."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ..comm import collectives
+
+
+class BadSamples:
+    """Undecodable or corrupt images the loaders skipped and replaced (``data/pipeline.py``)."""
+
+    def __init__(self, s):
+        self.s = s                 # the run's Setup: topology and loaders
+        self.owned = 0             # distinct bad samples this rank warned about
+
+    def report(self) -> int:
+        """Collective, at each evaluation (every rank, server included): the ranks gather the ids
+        of the samples they found since the last evaluation (int64 buffers); each distinct sample
+        is warned about once per job, on stderr, by the lowest rank that found it, and counted by
+        that rank.  Returns this rank's count so far: summed over the ranks it is the number of
+        distinct bad samples met.  The ranks then merge which training samples they have checked
+        (``Loader.merge_checks``): a sample is decoded strictly by one rank, not by each (unless
+        two meet it between the same evaluations), and one found bad is skipped everywhere
+        without a second warning."""
+        s, rank, comm = self.s, self.s.topo.rank, self.s.topo.comm
+        new = {sid: (where, why) for ld in (s.train_data, s.val_data) if ld is not None
+               for sid, where, why in ld.take_new_bad()}
+        ids, src = collectives.allgather_int64(comm, np.fromiter(new, np.int64, len(new)))
+        uniq, first = np.unique(ids, return_index=True)     # rank order: first = lowest finder
+        for sid in uniq[src[first] == rank].tolist():       # one write per line: lines of
+            where, why = new[sid]                           # several ranks never interleave
+            sys.stderr.write(f"scalesgd: warning: rank {rank}: skipped undecodable sample {where} "
+                             f"({why}; replaced by the next good one)\n")
+            sys.stderr.flush()
+            self.owned += 1
+        train = s.train_data
+        checks = train.checks if train is not None else np.zeros(s.train_samples, np.uint8)
+        checks = collectives.allreduce_max_host(comm, checks)
+        if train is not None:
+            train.merge_checks(checks)
+        return self.owned
