@@ -23,12 +23,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from scalesgd import config as C  # noqa: E402
-from scalesgd.comm import topology  # noqa: E402
-from scalesgd.methods import mixing  # noqa: E402
-from scalesgd.methods.gossip import Gossip  # noqa: E402
+from scalesgd import config as C
+from scalesgd.comm import topology
+from scalesgd.methods import mixing
+from scalesgd.methods import create
+from scalesgd.train.control import Signals
 
 
 FLOOR = 1e-10          # relative distances below this are rounding, not mixing
@@ -44,7 +43,7 @@ def one_repeat(topo, variant: str, rounds: int, n: int, repeat: int) -> tuple[li
     comm = topo.comm
     cfg = C.build(overrides={"train": {"method": "gossip", "seed": 1000 + repeat},
                              "dist": {"gossip": variant}})
-    m = Gossip(cfg, topo)
+    m = create(cfg, topo, Signals())
     ps = SimpleNamespace(params=np.zeros(n), buffers=np.zeros(1), xp=np)
     m.start(ps)
     ps.params[...] = np.random.default_rng([repeat, comm.rank]).standard_normal(n)
@@ -60,7 +59,7 @@ def one_repeat(topo, variant: str, rounds: int, n: int, repeat: int) -> tuple[li
         if variant == "push":
             m.quiesce(ps)                    # fold what arrived: nothing left in flight
         xs = gather(comm, ps.params)
-        w = np.array(comm.allgather(m.weight))
+        w = np.array(comm.allgather(m.stats().get("pushsum_weight", 1.0)))   # pull: all 1
         dist.append(mixing.consensus_distance(xs) / d0)
         comm.Barrier()
     if variant == "push":                    # the conserved quantity: sum_i w_i x_i / sum_i w_i

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from scalesgd.data import ShardSet
-from scalesgd.data.make_shards import main
+from scalesgd.data.make_shards import BuildProgress, main
 from scalesgd.data.pipeline import Loader
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -129,6 +129,27 @@ def test_rerun_resumes_and_reuses_complete_shards(tree, tmp_path, capsys):
     assert kept.stat().st_mtime_ns == mtime
     assert json.loads((out / "manifest.json").read_text()) == first
     assert not [f for f in out.iterdir() if f.name.startswith(".")]
+
+
+def test_build_progress_lines_at_most_once_a_second_and_always_the_last():
+    t = [100.0]
+    out = io.StringIO()
+    bar = BuildProgress(9000, reused=2, quiet=False, stream=out, clock=lambda: t[0])
+    for dt in (2.0, 0.5, 0.6, 3600.0):                       # 1000 images per update
+        t[0] += dt
+        bar.update(1000)
+    t[0] += 0.1
+    bar.update(5000)                                        # the last line is never throttled
+    assert out.getvalue().splitlines() == [
+        "make_shards: 2 complete shards from an earlier run reused",
+        "make_shards: 1000/9000 images 500 img/s ETA 0:16",    # 2 s / 1000 images x 8000 left
+        "make_shards: 3000/9000 images 968 img/s ETA 0:06",    # (the 2000th came 0.5 s later)
+        "make_shards: 4000/9000 images 1 img/s ETA 1:15:04",   # H:MM:SS past an hour
+        "make_shards: 9000/9000 images 2 img/s ETA 0:00"]
+    quiet = io.StringIO()
+    bar = BuildProgress(10, reused=1, quiet=True, stream=quiet)
+    bar.update(10)
+    assert quiet.getvalue() == ""
 
 
 def test_read_back_by_two_workers(built):

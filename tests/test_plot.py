@@ -6,11 +6,11 @@ import pytest
 
 from mpirun import mpi_launcher, uses_mpi
 from synth import make_dataset
-from test_cli import TINY, run_cli
+from helpers import TINY, run_cli
 
-from scalesgd.io.plot import load_run, plot_runs, sliding_mean, split_path
+from scalesgd.io.runs import load_run, sliding_mean, training_curve
 from scalesgd.io.summary import time_to_targets
-from scalesgd.plot import main as plot_main
+from scalesgd.plot import main as plot_main, plot_runs, split_path
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,6 @@ def test_plot_of_a_directory_without_metrics_is_a_clear_error(tmp_path, capsys):
 @uses_mpi
 def test_merged_workers_series_holds_every_workers_steps(two_runs):
     run = load_run(two_runs[1])
-    from scalesgd.io.plot import training_curve
     t, e, err = training_curve(run, window=400, merge=True)
     assert len(t) == 12 and np.all(np.diff(t) >= 0)
 

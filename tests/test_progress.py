@@ -1,4 +1,5 @@
-"""The progress line with an injected stream and clock; its mode on a real pty and under real mpiexec."""
+"""The progress line and the training log with an injected stream and clock; the mode on a real pty and
+under real mpiexec."""
 import dataclasses
 import io
 import os
@@ -8,12 +9,14 @@ import sys
 
 import pytest
 
+from helpers import ROOT, TINY, run_cli
 from mpirun import mpi_launcher, uses_mpi
 from synth import make_dataset
-from test_cli import ROOT, TINY, run_cli
 
 from scalesgd.config import TrainConfig
-from scalesgd.io.progress import LAUNCHER_VARS, MODES, ProgressLine, Smoothed, format_duration, resolve_mode
+from scalesgd.choices import PROGRESS_MODES
+from scalesgd.io.progress import (LAUNCHER_VARS, ProgressLine, Smoothed, TrainLog, eta_seconds,
+                                  format_duration, resolve_mode)
 
 
 class Clock:
@@ -70,7 +73,7 @@ def test_auto_draws_the_bar_only_on_a_terminal_that_no_launcher_captures():
     with pytest.raises(ValueError, match="'fancy' is not one of auto, bar, lines, off"):
         resolve_mode("fancy", Tty(), {})
     choices = {f.name: f for f in dataclasses.fields(TrainConfig)}["progress"].metadata["choices"]
-    assert tuple(choices) == MODES
+    assert choices is PROGRESS_MODES
 
 
 def test_off_prints_no_step_lines_but_messages():
@@ -88,6 +91,28 @@ def test_helpers():
     assert format_duration(float("nan")) == "?"
     s = Smoothed(0.9)
     assert s.add(3.0) == 3.0 and abs(s.add(3.0) - 3.0) < 1e-12
+    assert eta_seconds(60.0, 0.5, 10.0) == 1140.0 and eta_seconds(5.0, 3, 2) == 0.0
+    assert eta_seconds(5.0, 0, 10) != eta_seconds(5.0, 0, 10)          # nan before any work
+
+
+def test_train_log_gives_each_rank_its_lines():
+    """First worker: step lines; rank 0: validation lines; a rank that is both mixes them through
+    the bar; a rank that is neither prints nothing (the loop builds one on every rank)."""
+    outs = {}
+    for steps, evals in ((True, True), (True, False), (False, True), (False, False)):
+        out = outs[steps, evals] = io.StringIO()
+        log = TrainLog(steps, evals, every=2, epochs=3, mode="lines", stream=out)
+        for step in range(1, 5):
+            log.step(0.25 * step, step, loss=1.0, err=0.5, lr=0.1, ips=100.0)
+        log.evaluation(1.0, 3, 0.9, 0.99, 12.0, 1.5, {"consensus_distance": 0.01234})
+        log.close()
+    val = ("epoch 1.00/3 validation top-1 90.00% top-5 99.00% "
+           "(train 12.0s, eval 1.5s, consensus_distance 0.01234)\n")
+    assert outs[False, False].getvalue() == ""
+    assert outs[False, True].getvalue() == val
+    steps_only = outs[True, False].getvalue().splitlines()
+    assert [ln.split(" epoch")[0] for ln in steps_only] == ["step 2", "step 4"]
+    assert outs[True, True].getvalue() == "\n".join(steps_only) + "\n" + val
 
 
 # ---------------------------------------------------------------- real processes

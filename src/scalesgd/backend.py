@@ -12,11 +12,10 @@ from types import ModuleType
 
 import numpy as np
 
+from .choices import DEVICES, PRECISIONS
 from .errors import BackendError  # noqa: F401 - re-exported: backend.BackendError
 
 log = logging.getLogger("scalesgd")
-
-DEVICES = ("cpu", "gpu", "auto")
 
 
 @dataclass(frozen=True)
@@ -65,9 +64,6 @@ def select(device: str = "auto", local_rank: int = 0) -> Backend:
     dev = local_rank % info
     cupy.cuda.Device(dev).use()
     return Backend(cupy, "cupy", dev)
-
-
-PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 def set_precision(precision: str) -> None:

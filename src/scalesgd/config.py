@@ -25,15 +25,13 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .choices import (AUGMENTS, CONV_IMPLS, DEVICES, GOSSIP_VARIANTS, METHODS, PRECISIONS,
+                      PROGRESS_MODES, SERVER_METHODS)
+from .choices import ALLREDUCE_TRANSPORTS, KERNEL_IMPLS
 from .errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError
 from .nn.resnet import ARCHS
 from .optim.schedule import SCHEDULES, ScheduleConfig
 from .optim.sgd import SGDConfig
-
-METHODS = ("single", "allreduce", "easgd", "asgd", "gossip")
-GOSSIP_VARIANTS = ("pull", "push")
-AUGMENTS = ("multiscale", "rrc", "center")
-SERVER_METHODS = ("easgd", "asgd")      # rank 0 is a parameter server: workers = ranks - 1
 
 # Derived defaults (used only when the key was not set; see the module docstring).
 MULTISCALE_RATIO = (1.0, 1.25)          # multiscale: shorter side ~ image_size x U[1, 1.25] (32 -> 32..40)
@@ -57,9 +55,12 @@ class ModelConfig:
     dtype: str = _f("float32", "parameter and activation dtype", choices=("float32", "float64"))
     conv_impl: str = _f("auto", "GPU convolutions: im2col (cuBLAS GEMMs, the reference), cudnn (cuDNN "
                         "Frontend graphs), auto (cudnn when it imports and a GPU is present)",
-                        choices=("im2col", "cudnn", "auto"))
+                        choices=CONV_IMPLS)
     precision: str = _f("fp32", "GPU math: fp32, tf32 (tensor-core float32 GEMMs/convs), bf16 "
-                        "(bf16 activations, float32 master weights)", choices=("fp32", "tf32", "bf16"))
+                        "(bf16 activations, float32 master weights)", choices=PRECISIONS)
+    kernels: str = _f("fused", "GPU element-wise ops (BN apply, residual add+ReLU, the SGD update): fused "
+                      "(one CUDA kernel each) or reference (the plain CuPy twins, to check the fused "
+                      "ones); NumPy always runs the reference", choices=KERNEL_IMPLS)
 
 
 @dataclass(frozen=True)
@@ -91,12 +92,12 @@ class TrainConfig:
     method: str = _f("single", "training method", choices=METHODS)
     epochs: int = _f(12, "epochs to train", lo=1)
     seed: int = _f(0, "seed of the initial weights, data order and augmentation", lo=0)
-    device: str = _f("auto", "cpu, gpu, or auto (GPU when CuPy sees one)", choices=("cpu", "gpu", "auto"))
+    device: str = _f("auto", "cpu, gpu, or auto (GPU when CuPy sees one)", choices=DEVICES)
     label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy", lo=0, hi=0.99)
     log_every: int = _f(10, "steps between log lines", lo=1)
     progress: str = _f("auto", "step display: bar (one line redrawn in place), lines (one every log_every "
                        "steps), off, auto (bar on a terminal unless an MPI launcher started the ranks)",
-                       choices=("auto", "bar", "lines", "off"))
+                       choices=PROGRESS_MODES)
     run_dir: str = _f("", "where results go (empty = runs/<time>-<method>-<model>)")
     checkpoint_every: float = _f(0.0, "epochs (of global samples) between checkpoints; 0 = only at the "
                                  "end and on SIGTERM/SIGUSR1", lo=0)
@@ -115,6 +116,11 @@ class TrainConfig:
 class DistConfig:
     bucket_mb: float = _f(25.0, "allreduce: gradient bucket size (MB); 0 = one bucket", lo=0)
     overlap: bool = _f(True, "allreduce: start each bucket's all-reduce during backward")
+    allreduce_transport: str = _f("auto", "allreduce: how GPU gradients are summed: nccl, cuda_aware_mpi "
+                                  "(MPI on device memory), host (MPI on pinned host copies), auto "
+                                  "(nccl if every rank has it, else cuda_aware_mpi if every MPI says so "
+                                  "and a test passes, else host); NumPy gradients always use host",
+                                  choices=ALLREDUCE_TRANSPORTS)
     beta: float = _f(0.8, "easgd: moving rate alpha = beta / workers", lo=0, hi=1, lo_open=True)
     tau: int = _f(1, "easgd and gossip: local steps between exchanges", lo=1)
     n_sync: int = _f(1, "asgd: local steps between push+fetch with the server", lo=1)

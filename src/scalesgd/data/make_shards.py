@@ -23,10 +23,12 @@ import time
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Callable, TextIO
 
 import h5py
 import numpy as np
 
+from ..io.progress import eta_seconds, format_duration
 from .shards import (FORMAT, FORMAT_VERSION, SPLITS, ShardError, ShardSet, file_sha256, read_manifest,
                      shard_name, write_manifest, write_shard)
 
@@ -244,7 +246,7 @@ def _run_jobs(out: Path, jobs: dict, did: str, num_classes: int, args) -> dict:
                 todo.append(((str(out), split, i, k, items, did, num_classes, side, args.quality),
                              len(items)))
     reused = sum(r is not None for v in results.values() for r in v)
-    bar = Progress(sum(n for _, n in todo), reused, args.quiet)
+    bar = BuildProgress(sum(n for _, n in todo), reused, args.quiet)
     # forkserver, not fork: forking a process that already runs threads (BLAS, DALI, h5py) can
     # deadlock the child on a lock some thread held (seen when called from inside a test run)
     ctx = multiprocessing.get_context("forkserver")
@@ -269,23 +271,34 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-class Progress:
-    """One stderr line per second at most: shards/images done, images/s, ETA."""
+class BuildProgress:
+    """The build's progress on ``stream`` (stderr): images done of ``total``, images/s and ETA, one
+    line per ``interval`` seconds at most and always the last one; nothing when ``quiet``."""
 
-    def __init__(self, total: int, reused: int, quiet: bool):
-        self.total, self.done, self.quiet, self.t0, self.last = total, 0, quiet, time.time(), 0.0
-        if reused and not quiet:
-            print(f"make_shards: {reused} complete shards from an earlier run reused", file=sys.stderr)
+    def __init__(self, total: int, reused: int, quiet: bool, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic, interval: float = 1.0):
+        self.total, self.done, self.quiet, self.interval = total, 0, quiet, interval
+        self.stream = stream if stream is not None else sys.stderr
+        self.clock = clock
+        self.t0, self.last = clock(), -float("inf")
+        if reused:
+            self._write(f"make_shards: {reused} complete shards from an earlier run reused")
 
     def update(self, n: int) -> None:
+        """``n`` more images done (one shard)."""
         self.done += n
-        now = time.time()
-        if not self.quiet and (now - self.last >= 1.0 or self.done == self.total):
-            rate = self.done / max(now - self.t0, 1e-9)
-            eta = (self.total - self.done) / max(rate, 1e-9)
-            print(f"make_shards: {self.done}/{self.total} images {rate:,.0f} img/s "
-                  f"ETA {int(eta // 60)}:{int(eta % 60):02d}", file=sys.stderr, flush=True)
+        now = self.clock()
+        if now - self.last >= self.interval or self.done == self.total:
+            elapsed = now - self.t0
+            self._write(f"make_shards: {self.done}/{self.total} images "
+                        f"{self.done / max(elapsed, 1e-9):,.0f} img/s "
+                        f"ETA {format_duration(eta_seconds(elapsed, self.done, self.total))}")
             self.last = now
+
+    def _write(self, line: str) -> None:
+        if not self.quiet:
+            self.stream.write(line + "\n")
+            self.stream.flush()
 
 
 # ----------------------------------------------------------------------------- verify + CLI

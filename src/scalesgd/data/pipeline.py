@@ -17,17 +17,24 @@ from typing import Iterator
 
 import numpy as np
 
+from ..choices import AUGMENTS
 from .augment import AugmentSpec, draw, slice_args
 from .shards import DataError, ShardSet, sample_id
 from .validate import decode_problem, header_size
 
-AUGMENTS = ("multiscale", "rrc", "center")
 IMAGENET_MEAN = (123.675, 116.28, 103.53)   # 0..255 units
 IMAGENET_STD = (58.395, 57.12, 57.375)
 TEN_CROPS = 10
 
 
 # ----------------------------------------------------------------------------- index math
+def train_steps(n: int, batch_size: int, world: int) -> int:
+    """Training steps per epoch, the same on every rank: whole global batches of ``world`` x
+    ``batch_size`` in ``n`` samples (the rest of the split is not read that epoch).  The one place
+    an epoch's length is defined; the loop's samples per epoch are ``train_steps * world * batch``."""
+    return n // (world * batch_size)
+
+
 def train_indices(n: int, batch_size: int, rank: int, world: int, seed: int, epoch: int
                   ) -> np.ndarray:
     """Global sample indices rank ``rank`` reads in training epoch ``epoch``: (steps*batch,) int64.
@@ -35,8 +42,7 @@ def train_indices(n: int, batch_size: int, rank: int, world: int, seed: int, epo
     One permutation of [0, n) per (seed, epoch), the same on every rank; rank r takes the r-th
     contiguous block of steps*batch entries, steps = n // (world*batch); the rest is dropped.
     """
-    steps = n // (world * batch_size)
-    per_rank = steps * batch_size
+    per_rank = train_steps(n, batch_size, world) * batch_size
     perm = np.random.default_rng([seed, epoch]).permutation(n)
     return perm[rank * per_rank:(rank + 1) * per_rank].astype(np.int64)
 
@@ -226,7 +232,7 @@ class Loader:
         """Training: n // (world*batch), equal on every rank. Validation: ceil(own range / batch)."""
         n = self.shards.num_samples
         if self.train:
-            return n // (self.world * self.batch_size)
+            return train_steps(n, self.batch_size, self.world)
         return -(-len(val_indices(n, self.rank, self.world)) // self.batch_size)
 
     bad_count = property(lambda self: len(self._ledger.found), doc="len(bad_samples), cheap")

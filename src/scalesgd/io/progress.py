@@ -1,4 +1,10 @@
-"""The first worker's progress display: one updating line on a terminal, plain periodic lines otherwise.
+"""What a training run prints while it runs: the step line and the validation lines.
+
+``ProgressLine`` is the first worker's step display: one updating line on a terminal, plain
+periodic lines otherwise.  ``TrainLog`` is what the loop holds on every rank: the step line where
+the first worker runs, validation lines where rank 0 runs (with a parameter server these are two
+different ranks), nothing elsewhere.  ``format_duration`` and ``eta_seconds`` are shared with
+``data/make_shards.py``'s build progress.
 
 Pure apart from the injected ``stream`` and ``clock``, so it is testable without a terminal::
 
@@ -25,7 +31,7 @@ import sys
 import time
 from typing import Callable, Mapping, TextIO
 
-MODES = ("auto", "bar", "lines", "off")
+from ..choices import PROGRESS_MODES
 # Set in every rank by an MPI launcher: Open MPI (OMPI_*, PMIX_*), MPICH's hydra and srun --mpi=pmi2
 # (PMI_*), srun --mpi=pmix (PMIX_*).  Under one of them stdout goes wherever the launcher's does.
 LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
@@ -38,8 +44,8 @@ def launched_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
 
 def resolve_mode(mode: str, stream: TextIO, environ: Mapping[str, str] | None = None) -> str:
     """'auto' -> 'bar' on a terminal that no launcher stands between, else 'lines'; others as given."""
-    if mode not in MODES:
-        raise ValueError(f"progress mode {mode!r} is not one of {', '.join(MODES)}")
+    if mode not in PROGRESS_MODES:
+        raise ValueError(f"progress mode {mode!r} is not one of {', '.join(PROGRESS_MODES)}")
     if mode != "auto":
         return mode
     tty = bool(getattr(stream, "isatty", lambda: False)())
@@ -53,6 +59,14 @@ def format_duration(seconds: float) -> str:
     s = int(round(seconds))
     h, m, sec = s // 3600, s // 60 % 60, s % 60
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def eta_seconds(elapsed: float, done: float, total: float) -> float:
+    """Seconds left at the mean rate so far: ``elapsed / done * (total - done)``; nan before any
+    work is done (``done`` and ``total`` in any unit: epochs, images)."""
+    if done <= 0:
+        return float("nan")
+    return elapsed / done * max(total - done, 0.0)
 
 
 class Smoothed:
@@ -88,10 +102,10 @@ class ProgressLine:
 
     def eta(self, epoch: float) -> float:
         """Seconds left, from the mean rate since the first update (nan before any progress)."""
-        if self._start is None or epoch <= self._start[1]:
+        if self._start is None:
             return float("nan")
         t0, e0 = self._start
-        return (self.clock() - t0) / (epoch - e0) * max(self.total_epochs - epoch, 0.0)
+        return eta_seconds(self.clock() - t0, epoch - e0, self.total_epochs - e0)
 
     def text(self, step: int, epoch: float, images_per_second: float, lr: float | None) -> str:
         lr_part = f" lr {lr:.3g}" if lr is not None else ""
@@ -133,3 +147,37 @@ class ProgressLine:
             self.stream.flush()
             self._open = False
             self._last_draw = -float("inf")
+
+
+class TrainLog:
+    """A rank's console output in training: ``steps`` -> the step line (this rank is the first
+    worker; ``every``, ``epochs``, ``mode`` as ``ProgressLine``), ``evaluations`` -> the validation
+    lines (this rank is rank 0).  A rank with neither prints nothing."""
+
+    def __init__(self, steps: bool, evaluations: bool, every: int, epochs: float, mode: str = "auto",
+                 stream: TextIO | None = None):
+        self.stream = stream if stream is not None else sys.stdout
+        self.bar = ProgressLine(epochs, every=every, mode=mode, stream=self.stream) if steps else None
+        self.enabled = evaluations
+
+    def step(self, epoch, step, loss, err, lr, ips):
+        if self.bar is not None:
+            self.bar.update(step, epoch, loss, err, ips, lr)
+
+    def evaluation(self, epoch, epochs, top1, top5, t_train, t_eval, extra):
+        """One line per validation: top-1/top-5 accuracy in [0, 1], seconds so far, ``extra``
+        (the method's numbers, e.g. gossip's consensus distance) as ``, key value``."""
+        if not self.enabled:
+            return
+        more = "".join(f", {k} {v:.4g}" for k, v in extra.items())
+        line = (f"epoch {epoch:.2f}/{epochs} validation top-1 {100 * top1:.2f}% top-5 {100 * top5:.2f}% "
+                f"(train {t_train:.1f}s, eval {t_eval:.1f}s{more})")
+        if self.bar is not None:
+            self.bar.message(line)
+        else:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()

@@ -25,9 +25,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from ..choices import CONV_IMPLS, PRECISIONS
+
 log = logging.getLogger("scalesgd")
-CONV_IMPLS = ("im2col", "cudnn", "auto")
-PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 # ----------------------------------------------------------------------------- pure functions

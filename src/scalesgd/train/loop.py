@@ -25,7 +25,7 @@ from ..data.shards import ShardSet
 from ..errors import DataError, Diverged, RunDirError
 from ..io.files import write_json_atomic
 from ..io.metrics import MetricsWriter
-from ..io.progress import ProgressLine
+from ..io.progress import TrainLog
 from ..io.summary import time_to_targets
 from ..methods import evaluated
 from ..nn import kernels
@@ -138,35 +138,6 @@ def evaluate_local(model, loader: Loader | None) -> np.ndarray:
     return np.array([c1, c5, n], dtype=np.float64)
 
 
-class Progress:
-    """Log lines: per-step progress from the first worker (an updating line on a terminal, plain
-    lines every ``log_every`` steps otherwise, as ``train.progress`` says: ``io/progress.py``),
-    validation from rank 0 (with a parameter server these are two different ranks)."""
-
-    def __init__(self, steps: bool, evaluations: bool, every: int, epochs: float, mode: str = "auto"):
-        self.bar = ProgressLine(epochs, every=every, mode=mode) if steps else None
-        self.enabled = evaluations
-
-    def step(self, epoch, step, loss, err, lr, ips):
-        if self.bar is not None:
-            self.bar.update(step, epoch, loss, err, ips, lr)
-
-    def evaluation(self, epoch, epochs, top1, top5, t_train, t_eval, extra):
-        if not self.enabled:
-            return
-        more = "".join(f", {k} {v:.4g}" for k, v in extra.items())
-        line = (f"epoch {epoch:.2f}/{epochs} validation top-1 {100 * top1:.2f}% top-5 {100 * top5:.2f}% "
-                f"(train {t_train:.1f}s, eval {t_eval:.1f}s{more})")
-        if self.bar is not None:
-            self.bar.message(line)
-        else:
-            print(line, flush=True)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-
-
 class Run:
     """One rank's part of a training run (worker or server): the loop, the phases' actions
     (evaluation, checkpoints) and the summary.  The counters a checkpoint keeps are ``self.st``."""
@@ -190,7 +161,7 @@ class Run:
         self.train_offset = self.wall_offset = 0.0
         self.last_ckpt_clock = time.perf_counter()
         self.metrics = MetricsWriter(run_dir, s.topo.rank)
-        self.progress = Progress(s.roles.worker_index == 0, s.topo.is_root, s.cfg.train.log_every,
+        self.progress = TrainLog(s.roles.worker_index == 0, s.topo.is_root, s.cfg.train.log_every,
                                  s.cfg.train.epochs, s.cfg.train.progress)
         self.history: list[dict] = []
         self.bad = BadSamples(s)
