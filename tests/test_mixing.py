@@ -106,3 +106,63 @@ def test_push_sum_conserves_mass_and_reaches_consensus(p, include_self):
 
 def test_consensus_distance_oracle():
     assert mixing.consensus_distance([[0.0, 0.0], [2.0, 0.0]]) == 1.0
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 6, 8])
+def test_deterministic_graphs_cycle_through_their_peers(p):
+    """Exponential: rank + 2^k, k = 0..ceil(log2 p)-1 cycling, never itself when p > 1;
+    ring: rank + 1.  Both restart from their checkpointed state."""
+    m = max(1, (p - 1).bit_length())
+    for rank in range(p):
+        g = mixing.ExponentialGraph(0, rank, p)
+        got = [g.peer() for _ in range(2 * m)]
+        assert got == [(rank + 2 ** (k % m)) % p for k in range(2 * m)]
+        if p > 1:
+            assert rank not in got
+        again = mixing.ExponentialGraph(0, rank, p)
+        again.load_state(g.state())
+        assert again.peer() == g.peer()
+        r = mixing.RingGraph(0, rank, p)
+        assert {r.peer() for _ in range(3)} == {(rank + 1) % p}
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_exponential_pull_averages_exactly_in_log2_p_rounds(p):
+    """Synchronous rounds of pull with gamma = 1/2 over the one-peer exponential graph: after
+    log2(p) rounds every replica is the exact mean (up to rounding); the uniform graph is not."""
+    rng = np.random.default_rng(p)
+    x0 = [rng.standard_normal(11) for _ in range(p)]
+    for name in ("exponential", "uniform"):
+        xs = [x.copy() for x in x0]
+        graphs = [mixing.GRAPHS[name](0, i, p, include_self=False) for i in range(p)]
+        for _ in range(int(np.log2(p))):
+            peers = [g.peer() for g in graphs]
+            old = [x.copy() for x in xs]
+            for i in range(p):
+                mixing.pull_mix(xs[i], old[peers[i]], 0.5)
+        d = mixing.consensus_distance(xs) / mixing.consensus_distance(x0)
+        if name == "exponential":
+            assert d < 1e-14, d
+        elif p > 2:
+            assert d > 1e-6, d          # a random peer does not average in log2(p) rounds
+
+
+@pytest.mark.parametrize("name", ["exponential", "ring"])
+def test_push_sum_conserves_mass_on_every_graph(name):
+    """Push-sum over a deterministic graph: sum_i w_i x_i and sum_i w_i conserved; consensus."""
+    p, n = 6, 9
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(n) for _ in range(p)]
+    ws, mass0 = [1.0] * p, sum(xs)
+    graphs = [mixing.GRAPHS[name](0, i, p) for i in range(p)]
+    msg = np.empty(n + 1)
+    for _ in range(200):
+        inbox = [np.zeros(n + 1) for _ in range(p)]
+        for i in range(p):
+            sent, ws[i] = mixing.push_split(ws[i])
+            inbox[graphs[i].peer()] += mixing.push_message(xs[i], sent, msg)
+        for i in range(p):
+            ws[i] = mixing.push_fold(xs[i], ws[i], inbox[i])
+        np.testing.assert_allclose(sum(w * x for w, x in zip(ws, xs)), mass0, rtol=1e-9, atol=1e-9)
+        assert abs(sum(ws) - p) < 1e-9
+    assert mixing.consensus_distance(xs) < 1e-6

@@ -11,6 +11,7 @@ nothing: ``config`` is read before MPI starts and must not pull in mpi4py, DALI 
 METHODS = ("single", "allreduce", "easgd", "asgd", "gossip")
 SERVER_METHODS = ("easgd", "asgd")      # rank 0 is a parameter server: workers = ranks - 1
 GOSSIP_VARIANTS = ("pull", "push")      # dist.gossip
+GOSSIP_GRAPHS = ("uniform", "exponential", "ring")   # dist.gossip_graph (methods/mixing.py)
 
 AUGMENTS = ("multiscale", "rrc", "center")         # data.augment (data/pipeline.py)
 DEVICES = ("cpu", "gpu", "auto")                   # train.device (backend.select)

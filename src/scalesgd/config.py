@@ -25,9 +25,9 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .choices import (AUGMENTS, CONV_IMPLS, DEVICES, GOSSIP_VARIANTS, METHODS, PRECISIONS,
+from .choices import (AUGMENTS, CONV_IMPLS, DEVICES, GOSSIP_GRAPHS, GOSSIP_VARIANTS, METHODS, PRECISIONS,
                       PROGRESS_MODES, SERVER_METHODS)
-from .choices import ALLREDUCE_TRANSPORTS, KERNEL_IMPLS
+from .choices import ALLREDUCE_TRANSPORTS, FAST_PATH_MODES, KERNEL_IMPLS
 from .errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError
 from .nn.resnet import ARCHS
 from .optim.schedule import SCHEDULES, ScheduleConfig
@@ -61,6 +61,11 @@ class ModelConfig:
     kernels: str = _f("fused", "GPU element-wise ops (BN apply, residual add+ReLU, the SGD update): fused "
                       "(one CUDA kernel each) or reference (the plain CuPy twins, to check the fused "
                       "ones); NumPy always runs the reference", choices=KERNEL_IMPLS)
+    fast_paths: str = _f("auto", "start-up check of each GPU fast path (cuDNN graphs, fused kernels, device "
+                         "all-reduce, DALI GPU decode) against its reference on small inputs: auto (a "
+                         "failing one is turned off, with a warning), strict (a failing one is an error), "
+                         "off (no check; only the references run); nothing to check on NumPy",
+                         choices=FAST_PATH_MODES)
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,9 @@ class DistConfig:
     gossip_gamma: float = _f(0.5, "gossip pull: x_i <- (1-gamma) x_i + gamma x_j", lo=0, hi=1,
                              lo_open=True)
     gossip_self: bool = _f(True, "gossip: a rank may pick itself as peer (as the authors' code)")
+    gossip_graph: str = _f("uniform", "gossip: who a rank exchanges with: uniform (a random peer, as the "
+                           "authors), exponential (rank + 2^k, k cycling), ring (rank + 1)",
+                           choices=GOSSIP_GRAPHS)
     straggler: str = _f("", "RANKS:DELAY_MS[:JITTER_MS], e.g. '1,3:100:50': those ranks sleep after "
                         "each backward pass")
     eval_every: float = _f(1.0, "epochs (of global samples) between validations", lo=0, lo_open=True)

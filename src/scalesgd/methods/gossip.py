@@ -1,8 +1,9 @@
 """``gossip``: decentralised asynchronous SGD (Jin et al. 2016), no server, no global barrier.
 
 Every ``tau`` local steps (``dist.tau``) rank i takes the next peer j of its gossip graph
-(``mixing.UniformGraph``: uniform over all ranks, itself included unless ``--no-gossip-self``;
-seeded by ``train.seed`` and the rank) and exchanges with it by one of two strategies:
+(``dist.gossip_graph``, ``mixing.GRAPHS``: ``uniform`` over all ranks, itself included unless
+``--no-gossip-self``, seeded by ``train.seed`` and the rank, as the authors; ``exponential``,
+rank + 2^k with k cycling; ``ring``, rank + 1) and exchanges with it by one of two strategies:
 
 - **pull** (``--gossip pull``, ``PullGossip``): reads x_j's last published copy with one-sided
   ``Get`` (never waits for j), sets x_i <- (1 - gamma) x_i + gamma x_j (``dist.gossip_gamma``;
@@ -49,7 +50,8 @@ class Gossip(Method):
         super().__init__(cfg, roles, comm, signals)
         d = cfg.dist
         self.gamma, self.tau = d.gossip_gamma, d.tau
-        self.graph = mixing.UniformGraph(cfg.train.seed, roles.rank, roles.size, d.gossip_self)
+        self.graph = mixing.GRAPHS[d.gossip_graph](cfg.train.seed, roles.rank, roles.size,
+                                                   d.gossip_self)
         self.counter = self.stage = None
         self.windows: list = []
         self.exchanges = 0
@@ -109,7 +111,7 @@ class Gossip(Method):
     def state(self, ps) -> tuple[dict, dict]:
         arrays, scalars = super().state(ps)
         scalars.update(exchanges=self.exchanges, last_peer=self.last_peer,
-                       unreported=self._unreported, rng=self.graph.state(), **self.strategy_state())
+                       unreported=self._unreported, graph=self.graph.state(), **self.strategy_state())
         if self.roles.rank == self.counter.root:    # the counter's true value (quiescent: exact)
             scalars["counter_total"] = self.counter.add(0)[0]
         return arrays, scalars
@@ -118,7 +120,7 @@ class Gossip(Method):
         super().load_state(ps, arrays, scalars)
         self.exchanges, self.last_peer = int(scalars["exchanges"]), int(scalars["last_peer"])
         self._unreported = int(scalars["unreported"])
-        self.graph.load_state(scalars["rng"])
+        self.graph.load_state(scalars["graph"] if "graph" in scalars else scalars["rng"])
         if self.roles.rank == self.counter.root:
             self.counter.set(int(scalars["counter_total"]))
         self.load_strategy_state(scalars)

@@ -73,8 +73,8 @@ class UniformGraph:
     choice, self included unless ``include_self`` is False), from ``peer_rng(seed, rank)``.
 
     A gossip *graph* is anything with ``peer() -> int`` (the next exchange's peer) and a JSON-able
-    ``state`` / ``load_state`` for checkpoints; a new topology (ring, exponential) is a new class,
-    not a new code path in the method."""
+    ``state`` / ``load_state`` for checkpoints; a new topology is a new class, not a new code path
+    in the method (``GRAPHS`` maps ``dist.gossip_graph`` to the class)."""
 
     def __init__(self, seed: int, rank: int, size: int, include_self: bool = True):
         self.rank, self.size, self.include_self = rank, size, include_self
@@ -88,3 +88,35 @@ class UniformGraph:
 
     def load_state(self, state: dict) -> None:
         self.rng.bit_generator.state = state
+
+
+class ExponentialGraph:
+    """Time-varying one-peer exponential graph (as in Stochastic Gradient Push): exchange k goes
+    to rank + 2^(k mod m), m = ceil(log2 size).  With pull and gamma = 1/2 in synchronous rounds,
+    m rounds average p = 2^m replicas exactly.  Deterministic: the state is the exchange count."""
+
+    def __init__(self, seed: int, rank: int, size: int, include_self: bool = True):
+        self.rank, self.size, self.k = rank, size, 0
+        self.m = max(1, (size - 1).bit_length())          # ceil(log2 size) for size >= 2
+
+    def peer(self) -> int:
+        j = (self.rank + (1 << (self.k % self.m))) % self.size
+        self.k += 1
+        return j
+
+    def state(self) -> dict:
+        return {"k": self.k}
+
+    def load_state(self, state: dict) -> None:
+        self.k = int(state["k"])
+
+
+class RingGraph(ExponentialGraph):
+    """Directed ring: every exchange goes to rank + 1 (the slowest-mixing graph; a baseline)."""
+
+    def peer(self) -> int:
+        self.k += 1
+        return (self.rank + 1) % self.size
+
+
+GRAPHS = {"uniform": UniformGraph, "exponential": ExponentialGraph, "ring": RingGraph}
