@@ -246,7 +246,7 @@ def _attach_stop(signals) -> None:
 
 
 def run(cfg: C.Config, topo) -> dict:
-    from . import methods
+    from . import fastpaths, methods
     from .io.files import write_json_atomic
     from .train import loop
     from .train.control import Control
@@ -267,6 +267,7 @@ def run(cfg: C.Config, topo) -> dict:
         elif cfg.train.init_from:
             loop.warm_start(setup, Path(cfg.train.init_from))
     method.attach(setup.model)                  # collective (allreduce: the transport's selection)
+    fastpaths.check(setup)                      # collective: GPU fast paths vs their references
     run_dir = _run_dir(cfg, topo)
     with together(topo):
         if topo.is_root:
@@ -310,6 +311,9 @@ def _launched_world():
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["doctor"]:   # `scalesgd doctor`: doctor.py
+        from .doctor import main as doctor
+        return doctor((sys.argv[1:] if argv is None else argv)[1:])
     _install_stop_handlers()
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="scalesgd: %(message)s", stream=sys.stderr)

@@ -196,6 +196,12 @@ class Loader:
         self._pipe = self._source = None
         self._next: tuple[int, int] | None = None
 
+    # set by the start-up check (fastpaths.py) when DALI's GPU decode fails it: decode on the CPU,
+    # copy the batches to the GPU (read when the pipeline is next built)
+    cpu_decode = False
+    decoder = property(lambda self: "cpu" if self.device_id is None or self.cpu_decode else "mixed",
+                       doc='where JPEGs are decoded: "cpu", or "mixed" (nvJPEG on the GPU)')
+
     crops = property(lambda self: TEN_CROPS if self.ten_crop else 1,
                      doc="rows of x per sample (10 with ten_crop, else 1)")
 
@@ -340,7 +346,7 @@ class Loader:
                    types.INT32, types.FLOAT], ndim=[1, 0, 1, 1, 1, 1, 0, 1])
         images = fn.decoders.image_slice(
             jpegs, start=start, end=end, output_type=types.RGB, adjust_orientation=False,
-            device="cpu" if self.device_id is None else "mixed")
+            device=self.decoder)
         s = self.image_size
         images = fn.resize(images, size=(s, s), roi_start=r0, roi_end=r1)
         return fn.crop_mirror_normalize(images, mirror=mirror, mean=mean,
@@ -353,7 +359,7 @@ class Loader:
                                            batch_info=True, dtype=[types.UINT8, types.INT64],
                                            ndim=[1, 0])
         images = fn.decoders.image(jpegs, output_type=types.RGB, adjust_orientation=False,
-                                   device="cpu" if self.device_id is None else "mixed")
+                                   device=self.decoder)
         images = fn.resize(images, resize_shorter=self.val_resize)
         s, kw = self.image_size, self._cmn_args(types)
         crops = [fn.crop_mirror_normalize(images, crop=(s, s), crop_pos_x=px, crop_pos_y=py,
@@ -369,7 +375,8 @@ class Loader:
             x = np.asarray(x_tl.as_tensor())
             return (x.reshape(-1, *x.shape[2:]) if self.ten_crop else x), y
         import cupy                              # GPU branch only (UNVERIFIED: no GPU here)
-        x = cupy.from_dlpack(x_tl.as_tensor())
+        x = cupy.asarray(np.asarray(x_tl.as_tensor())) if self.cpu_decode else \
+            cupy.from_dlpack(x_tl.as_tensor())
         return (x.reshape(-1, *x.shape[2:]) if self.ten_crop else x), cupy.asarray(y)
 
     def _recover(self, exc: RuntimeError) -> None:

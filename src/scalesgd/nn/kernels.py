@@ -11,7 +11,8 @@ Every public function here takes xp arrays and picks its implementation from the
 
 Which of the two CuPy arrays get is the config key ``model.kernels`` (``fused`` | ``reference``),
 handed to :func:`set_impl` once at start-up, before the model runs; nothing is read from the
-environment.
+environment.  The start-up self-check (fastpaths.py) runs each kernel on small inputs
+(:func:`check_case`) and turns one that fails off (:func:`disable`): its twin runs instead.
 
 Kernels (one pass over memory each, where the unfused code makes 2-4):
 
@@ -113,6 +114,9 @@ def launch_config(n: int, block: int = _BLOCK) -> tuple[tuple[int], tuple[int]]:
 # model.kernels for CuPy arrays; "fused" until set_impl() says otherwise (one value per process:
 # the model and the optimizer of a run share it)
 _impl = "fused"
+# fused kernels the start-up check (fastpaths.py) turned off: their twins run instead; emptied by
+# set_impl, so each run starts with every kernel on
+_disabled: set = set()
 
 
 def set_impl(impl: str) -> None:
@@ -122,6 +126,19 @@ def set_impl(impl: str) -> None:
         raise ValueError(f"model.kernels: expected one of {', '.join(KERNEL_IMPLS)}, got {impl!r}")
     global _impl
     _impl = impl
+    _disabled.clear()
+
+
+def disable(name: str) -> None:
+    """Turns the fused kernel ``name`` off for this process (its ``_ref`` twin runs instead)."""
+    if name not in KERNEL_NAMES:
+        raise ValueError(f"kernels: no kernel {name!r} (known: {', '.join(KERNEL_NAMES)})")
+    _disabled.add(name)
+
+
+def disabled() -> frozenset:
+    """The fused kernels turned off by :func:`disable` since the last :func:`set_impl`."""
+    return frozenset(_disabled)
 
 
 def current_impl() -> str:
@@ -129,9 +146,10 @@ def current_impl() -> str:
     return _impl
 
 
-def use_fast(*arrays) -> bool:
-    """True when the fused CUDA kernel should run: CuPy arrays and ``model.kernels = fused``."""
-    return _impl == "fused" and get_array_module(*arrays) is not np
+def use_fast(*arrays, kernel: str | None = None) -> bool:
+    """True when the fused CUDA kernel should run: CuPy arrays, ``model.kernels = fused`` and (when
+    named) ``kernel`` not turned off by :func:`disable`."""
+    return _impl == "fused" and kernel not in _disabled and get_array_module(*arrays) is not np
 
 
 _MODULES: dict = {}
@@ -169,7 +187,7 @@ def bn_apply_ref(x, scale, shift, relu: bool, out=None):
 
 def bn_apply(x, scale, shift, relu: bool, out=None):
     """Fused BN apply (+ ReLU): ``scale = gamma*invstd``, ``shift = beta - mean*scale``, shape (C,)."""
-    if not use_fast(x):
+    if not use_fast(x, kernel="bn_apply"):
         return bn_apply_ref(x, scale, shift, relu, out)
     xp = get_array_module(x)
     out = xp.empty_like(x) if out is None else out
@@ -191,7 +209,7 @@ def add_relu_ref(h, s):
 
 def add_relu(h, s):
     """Fused residual join: h <- relu(h + s) in place (h contiguous, same shape and dtype as s)."""
-    if not use_fast(h, s):
+    if not use_fast(h, s, kernel="add_relu"):
         return add_relu_ref(h, s)
     xp = get_array_module(h)
     act = dtype_name(h.dtype)
@@ -214,7 +232,7 @@ def sgd_update_ref(p, g, buf, mask, lr, mu, wd, nesterov: bool):
 
 def sgd_update(p, g, buf, mask, lr: float, mu: float, wd: float, nesterov: bool):
     """The whole optimizer step over the flat buffers in ONE kernel (CuPy) or the reference."""
-    if not use_fast(p, g):
+    if not use_fast(p, g, kernel="sgd_update"):
         return sgd_update_ref(p, g, buf, mask, lr, mu, wd, nesterov)
     xp = get_array_module(p)
     par = dtype_name(p.dtype)
@@ -223,3 +241,51 @@ def sgd_update(p, g, buf, mask, lr: float, mu: float, wd: float, nesterov: bool)
             (p, g, buf, m, np.int64(p.size), np.float64(lr), np.float64(mu), np.float64(wd),
              np.int32(bool(nesterov)), np.int32(mask is not None)))
     return p
+
+
+# ----------------------------------------------------------------------------- start-up checks
+def _np_dtype(name: str):
+    """NumPy dtype of a kernels dtype name ('bfloat16' from ml_dtypes, as the cuDNN path uses)."""
+    if name == "bfloat16":
+        import ml_dtypes  # noqa: PLC0415 - bf16 runs only
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def check_case(name: str, xp, act: str = "float32", par: str = "float32", seed: int = 0, fast=None):
+    """(fast, reference): two runners of kernel ``name`` on the same small random inputs (never
+    zeros; sizes not multiples of the block), each returning a tuple of arrays.
+
+    ``fast()`` calls the public function (the fused kernel for CuPy arrays unless turned off; the
+    caller may pass another ``fast`` with the same signature), on inputs in ``act`` (activations) /
+    ``par`` (parameters); ``reference()`` calls the ``_ref`` twin on the same values widened to
+    float32 (float64 for float64 runs), so a bf16 kernel is checked against float32 arithmetic.
+    Used by the start-up self-check (fastpaths.py); the inputs are the same on every rank."""
+    if name not in KERNEL_NAMES:
+        raise ValueError(f"kernels: no kernel {name!r} (known: {', '.join(KERNEL_NAMES)})")
+    rng = np.random.default_rng([seed, KERNEL_NAMES.index(name)])
+    wide = "float64" if "float64" in (act, par) else "float32"
+    fast = fast or globals()[name]
+
+    def pair(a, dt):             # fresh copies of (the kernel's input, the same values widened)
+        a = a.astype(_np_dtype(dt))
+        return (lambda: xp.array(a)), (lambda: xp.array(a.astype(wide)))
+
+    if name == "bn_apply":       # x: (2, 5, 7, 24) NHWC, scale/shift: (24,)
+        x, sc, sh = (pair(v, dt) for v, dt in ((rng.standard_normal((2, 5, 7, 24)) * 2 + 0.3, act),
+                                               (rng.standard_normal(24), par),
+                                               (rng.standard_normal(24), par)))
+        return (lambda: (fast(x[0](), sc[0](), sh[0](), True),),
+                lambda: (bn_apply_ref(x[1](), sc[1](), sh[1](), True),))
+    if name == "add_relu":       # h, s: (3, 7, 5, 16); h is updated in place
+        h, s = (pair(rng.standard_normal((3, 7, 5, 16)), act) for _ in range(2))
+        return (lambda: (fast(h[0](), s[0]()),), lambda: (add_relu_ref(h[1](), s[1]()),))
+    n = 1001                     # sgd_update: flat buffers (n,), Nesterov, masked weight decay
+    p, g, buf = (pair(rng.standard_normal(n), par) for _ in range(3))
+    mask = pair((rng.random(n) < 0.6).astype(np.float64), par)
+
+    def step(which, fn):
+        pv, bv = p[which](), buf[which]()
+        fn(pv, g[which](), bv, mask[which](), 0.1, 0.9, 1e-2, True)
+        return pv, bv
+    return (lambda: step(0, fast)), (lambda: step(1, sgd_update_ref))

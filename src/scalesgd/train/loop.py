@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import fastpaths
 from ..comm import watchdog
 from ..config import Config, parse_straggler
 from ..data.pipeline import Loader, train_steps
@@ -327,6 +328,7 @@ class Run:
             images_per_second=g / max(st.train_seconds, 1e-9),
             train_seconds=st.train_seconds, eval_seconds=st.eval_seconds, wall_seconds=wall,
             allocations=st.allocations,
+            fast_paths=fastpaths.report(),
             time_split_rank0=dict(data=st.data_seconds,   # (a server computes nothing: its timers)
                                   compute=0.0 if s.roles.is_server else
                                   st.compute_seconds - sum(timers.values()),

@@ -1,0 +1,416 @@
+"""Start-up self-check of the GPU fast paths (``model.fast_paths`` = auto | strict | off).
+
+Before training, each fast component the run will use runs once on small inputs, on the device in
+use, and is compared with its reference twin (docs/gpu.md):
+
+- cuDNN: one check per distinct conv geometry of the model (input H, W, C; filter; stride; pad) at
+  batch ``CHECK_BATCH``: fprop, dgrad and wgrad against the im2col layers; one per distinct BN shape
+  (with or without ReLU): forward and backward against the xp layers (``cudnn_conv.conv_check``);
+- each fused kernel of ``nn/kernels.py`` in the run's dtypes against its ``_ref`` twin;
+- DALI's GPU ("mixed") decode of a few crops of the training shards against its CPU decode;
+- the all-reduce transport the ``allreduce`` method chose (``nccl``, ``cuda_aware_mpi``) against
+  host-staged MPI (a collective; so :func:`check` runs after ``method.attach``).
+
+``auto``: a component that fails (an output beyond its tolerance, non-finite or missing, or an
+exception) is turned off with ONE warning naming it, the error and the fallback; ``strict``: a
+``BackendError`` instead; ``off``: nothing is checked and every component is turned off, so only the
+references run.  Ranks agree: a component that failed on any rank is turned off on every rank (so
+replicas keep running the same arithmetic) and rank 0 says so once.  On NumPy there is no fast
+component: nothing runs and nothing is timed (see :func:`check` for the one agreement a multi-rank
+``train.device = auto`` job still makes).  A device error that leaves the GPU unusable (an illegal
+address in a kernel) cannot be fallen back from: the run ends as it would have without the check.
+
+:func:`report` is the outcome for ``summary.json``: ``{"mode", "seconds", "components": {name:
+{"status": "used" | "fell back" | "off", ...}}}``.  NOT YET RUN ON A GPU: the framework is tested on
+CPU with NumPy components; the GPU components have never executed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .choices import FAST_PATH_MODES
+from .errors import BackendError
+
+log = logging.getLogger("scalesgd")
+
+CHECK_BATCH = 2                      # batch of the cuDNN checks (real H, W, C of each layer)
+# ||fast - ref|| / ||ref|| per output.  A wrong layout, stride or unwritten output is off by ~1; cuDNN
+# may run float32 convolutions in TF32 (10-bit mantissa: ~5e-4) unless told not to, so fp32 allows it
+CONV_TOL = {"fp32": 5e-3, "tf32": 5e-3, "bf16": 3e-2}
+KERNEL_TOL = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 1e-2}
+TRANSPORT_TOL = 1e-6                 # float32 sums of a few ranks: only the summation order differs
+DECODE_TOL = 0.05                    # nvJPEG vs libjpeg-turbo: IDCT and chroma upsampling differ
+DECODE_SAMPLES = 4
+
+
+@dataclass
+class Component:
+    """One fast path: ``run()`` and ``reference()`` compute the same outputs (an array or a tuple
+    of arrays, any xp) on the same small inputs; ``disable()`` makes the run use ``fallback``."""
+
+    name: str                        # unique, the same on every rank (it is what ranks agree on)
+    run: Callable[[], object]
+    reference: Callable[[], object]
+    tol: float                       # allowed ||fast - ref|| / ||ref|| of each output
+    fallback: str                    # what runs instead, in words
+    disable: Callable[[], None]
+    outputs: tuple = ()              # names of the outputs, for messages
+
+
+# ----------------------------------------------------------------------------- the outcome
+_report: dict = {"mode": None, "seconds": 0.0, "components": {}}
+
+
+def reset(mode: str) -> None:
+    """Starts this process's report afresh for a run in ``mode`` (nothing checked yet)."""
+    if mode not in FAST_PATH_MODES:
+        raise ValueError(f"model.fast_paths: expected one of {', '.join(FAST_PATH_MODES)}, got {mode!r}")
+    _report.update(mode=mode, seconds=0.0, components={})
+
+
+def report() -> dict:
+    """The outcome so far, for summary.json: mode, seconds the checks took, and per component
+    its status (``used``, ``fell back``, ``off``), error, fallback, relative error and seconds."""
+    return json.loads(json.dumps(_report))
+
+
+# ----------------------------------------------------------------------------- comparing
+def _host64(a) -> np.ndarray:
+    """A float64 NumPy copy of an xp array (CuPy: ``get()``; bf16: widened)."""
+    if not isinstance(a, np.ndarray) and hasattr(a, "get"):
+        a = a.get()
+    return np.asarray(a).astype(np.float64)
+
+
+def compare(got, want, tol: float, names: tuple = ()) -> tuple[float, str | None]:
+    """(worst relative error, None) when every output of ``got`` is within ``tol`` of ``want``
+    (``||a - b|| / ||b||``), else (error, what is wrong: the output, its shape or values)."""
+    got, want = (tuple(v) if isinstance(v, (tuple, list)) else (v,) for v in (got, want))
+    if len(got) != len(want):
+        return math.inf, f"{len(got)} outputs, the reference has {len(want)}"
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(got, want)):
+        what = names[i] if i < len(names) else f"output {i}"
+        if a is None:
+            return math.inf, f"{what}: missing"
+        a, b = _host64(a), _host64(b)
+        if a.shape != b.shape:
+            return math.inf, f"{what}: shape {a.shape}, the reference's is {b.shape}"
+        if not np.isfinite(a).all():
+            return math.inf, f"{what}: {int((~np.isfinite(a)).sum())} non-finite values (unwritten?)"
+        err = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+        worst = max(worst, err)
+        if not err <= tol:
+            return err, f"{what}: relative error {err:.2e} > tolerance {tol:.0e}"
+    return worst, None
+
+
+def _check(c: Component) -> tuple[float | None, str | None]:
+    """Runs one component and its reference: (relative error, None) or (error or None, why)."""
+    try:
+        return compare(c.run(), c.reference(), c.tol, c.outputs)
+    except Exception as exc:  # noqa: BLE001 - any failure of a fast path means "do not use it"
+        text = " ".join(str(exc).split())[:300]
+        return None, f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# ----------------------------------------------------------------------------- the check
+def validate(components, mode: str, agree=None, speak: bool = True) -> dict:
+    """Checks ``components`` as ``mode`` says; records and returns each outcome ({name: dict}).
+
+    ``agree(failed) -> failed``: this rank's {name: (error, fallback)} -> every rank's, merged in
+    rank order (a collective: every rank calls it once per ``validate``, with or without
+    components; None on one rank).  ``speak``: this rank writes the log lines (rank 0).  In
+    ``strict`` mode a failure anywhere raises BackendError on every rank, after the agreement."""
+    if mode not in FAST_PATH_MODES:
+        raise ValueError(f"model.fast_paths: expected one of {', '.join(FAST_PATH_MODES)}, got {mode!r}")
+    if mode == "off":
+        return _turn_off(components, speak)
+    t0, measured, failed = time.perf_counter(), {}, {}
+    for c in components:
+        t = time.perf_counter()
+        err, why = _check(c)
+        measured[c.name] = {"rel_error": err if err is not None and math.isfinite(err) else None,
+                            "seconds": round(time.perf_counter() - t, 6)}   # (JSON has no inf)
+        if why is not None:
+            failed[c.name] = (why, c.fallback)
+    if agree is not None:
+        failed = agree(failed)
+    if failed and mode == "strict":
+        raise _strict_error(failed, shared=agree is not None)
+    out = {}
+    for c in components:
+        out[c.name] = dict(status="used", **measured[c.name])
+        if c.name in failed:
+            c.disable()
+            out[c.name].update(status="fell back", error=failed[c.name][0], fallback=c.fallback)
+    _say(failed, components, time.perf_counter() - t0, speak)
+    if components:                   # nothing to check (NumPy): no time is spent, none reported
+        _report["seconds"] = round(_report["seconds"] + time.perf_counter() - t0, 6)
+    _report["components"].update(out)
+    return out
+
+
+def _turn_off(components, speak: bool) -> dict:
+    """``off``: every component disabled unchecked (only the references run)."""
+    out = {}
+    for c in components:
+        c.disable()
+        out[c.name] = {"status": "off", "fallback": c.fallback}
+    if components and speak:
+        log.info("fast paths off (model.fast_paths = off): %d not checked, their references run",
+                 len(components))
+    _report["components"].update(out)
+    return out
+
+
+def _say(failed: dict, components, seconds: float, speak: bool) -> None:
+    """Rank 0's lines: one warning per component that failed (on any rank), and the tally."""
+    if not speak:
+        return
+    for name, (why, fallback) in failed.items():
+        log.warning("warning: fast path %s failed its start-up check (%s): using %s instead",
+                    name, why, fallback)
+    if components:
+        log.info("fast paths: %d checked against their references in %.2f s, %d fell back",
+                 len(components), seconds, len(failed))
+
+
+def _strict_error(failed: dict, shared: bool) -> BackendError:
+    """The one-line error of ``strict`` mode: the first failure, and how many more."""
+    (name, (why, fallback)), more = next(iter(failed.items())), list(failed)[1:]
+    err = BackendError(
+        f"model.fast_paths = strict: fast path {name} failed its start-up check ({why})"
+        + (f"; {len(more)} more failed: {', '.join(more)}" if more else "")
+        + f"; --fast-paths auto would use {fallback} instead, --fast-paths off only the references")
+    err.shared = shared              # the ranks agreed: every rank raises it, rank 0 reports it once
+    return err
+
+
+def agree_over(comm):
+    """``agree`` for :func:`validate` over ``comm``: every rank's failures, merged in rank order
+    (the first rank's error for a name wins, prefixed with its rank), as JSON text (no pickle)."""
+    from .comm.collectives import allgather_text  # noqa: PLC0415
+
+    def agree(failed: dict) -> dict:
+        merged: dict = {}
+        for rank, text in enumerate(allgather_text(comm, json.dumps(failed))):
+            for name, (why, fallback) in json.loads(text).items():
+                merged.setdefault(name, (f"rank {rank}: {why}", fallback))
+        return merged
+    return agree
+
+
+# ----------------------------------------------------------------------------- the run's components
+def check(s) -> dict:
+    """Collective, once per run, after ``method.attach`` and before anything is written: checks
+    the fast paths of set-up ``s`` (``train/loop.py: Setup``) as ``model.fast_paths`` says and
+    returns :func:`report`.  NumPy: no component, nothing runs.  Several ranks agree unless
+    ``train.device = cpu`` (then none is on a GPU): a rank left on NumPy by ``device = auto``
+    still takes part, so a job mixing GPU and CPU ranks cannot hang here."""
+    cfg, topo = s.cfg, s.topo
+    reset(cfg.model.fast_paths)
+    comps = components(s.model, s.backend, cfg, (s.train_data, s.val_data), s.method)
+    agree = agree_over(topo.comm) if topo.size > 1 and cfg.train.device != "cpu" else None
+    if comps or agree is not None:
+        validate(comps, cfg.model.fast_paths, agree, speak=topo.is_root)
+    return report()
+
+
+def components(model, backend, cfg, loaders=(), method=None) -> list[Component]:
+    """Every fast component of this rank's run: none on NumPy; on a GPU the cuDNN graphs (when
+    the model runs on cuDNN), the fused kernels (``model.kernels = fused``), DALI's GPU decode
+    (a GPU loader) and the device all-reduce (``method`` with a device transport)."""
+    if not getattr(backend, "is_gpu", False):
+        return []
+    engine = model.stem_conv.engine
+    acts = (cfg.model.dtype,)
+    out = []
+    if engine is not None:
+        out += cudnn_components(model, engine, cfg.data.image_size)
+        if engine.precision == "bf16":              # activations are bf16 (float32 if cuDNN is off)
+            acts = ("bfloat16", "float32")
+    out += kernel_components(backend.xp, acts, cfg.model.dtype)
+    out += decode_components(loaders)
+    return out + transport_components(method, model)
+
+
+def model_layers(model, n: int, hw: int) -> tuple[dict, dict]:
+    """The distinct cuDNN work of ``model`` on a batch x: (n, hw, hw, 3), in forward order:
+    {(x_shape, w_shape HWIO, stride, pad): [Conv]} and {(x_shape, relu): [BatchNorm]}."""
+    from .nn import resnet as R  # noqa: PLC0415
+    from .nn.cudnn_conv import out_hw  # noqa: PLC0415
+    convs: dict = {}
+    bns: dict = {}
+
+    def walk(mod, shape):            # -> the module's output shape
+        if isinstance(mod, R.Sequence):
+            for m in mod.mods:
+                shape = walk(m, shape)
+            return shape
+        if isinstance(mod, R.ResidualBlock):
+            out = walk(mod.main, shape)
+            if mod.shortcut is not None:
+                walk(mod.shortcut, shape)
+            return out
+        if isinstance(mod, R.Conv):
+            convs.setdefault((shape, (mod.k, mod.k, mod.cin, mod.cout), mod.stride, mod.pad), []).append(mod)
+            return (shape[0], *out_hw(shape[1], shape[2], mod.k, mod.k, mod.stride, mod.pad), mod.cout)
+        if isinstance(mod, R.BatchNorm):
+            bns.setdefault((shape, mod.relu), []).append(mod)
+        elif isinstance(mod, R.MaxPool):           # 3x3, stride 2, pad 1 (resnet.MaxPool)
+            return (shape[0], *out_hw(shape[1], shape[2], 3, 3, 2, 1), shape[3])
+        return shape
+    walk(model.net, (n, hw, hw, 3))
+    return convs, bns
+
+
+def cudnn_components(model, engine, hw: int, n: int = CHECK_BATCH) -> list[Component]:
+    """One component per distinct conv geometry and BN shape of ``model`` (``model_layers``) on
+    ``engine`` (its precision's tolerance).  Falling back moves those layers to the xp layers;
+    with bf16 activations the whole model (bf16 tensors need cuDNN in every layer)."""
+    from .nn import cudnn_conv as CC  # noqa: PLC0415
+    precision = getattr(engine, "precision", "fp32")
+    convs, bns = model_layers(model, n, hw)
+    out = []
+    for (xs, ws, stride, pad), mods in convs.items():
+        need_dx = any(m.need_dx for m in mods)         # False for the stem alone
+        fast, ref = CC.conv_check(engine, xs, ws, stride, pad, need_dx=need_dx)
+        name = f"cudnn conv {ws[0]}x{ws[1]}/s{stride} {ws[2]}->{ws[3]} at {xs[1]}x{xs[2]}"
+        out.append(_layer_component(name, fast, ref, precision, mods, model,
+                                    ("y", "dx", "dw") if need_dx else ("y", "dw")))
+    for (xs, relu), mods in bns.items():
+        fast, ref = CC.bn_check(engine, xs, relu)
+        name = f"cudnn bn{'+relu' if relu else ''} {xs[3]} at {xs[1]}x{xs[2]}"
+        out.append(_layer_component(name, fast, ref, precision, mods, model,
+                                    ("y", "dx", "dgamma", "dbeta", "running_mean", "running_var")))
+    return out
+
+
+def _layer_component(name, fast, ref, precision, mods, model, outputs) -> Component:
+    if precision == "bf16":
+        return Component(name, fast, ref, CONV_TOL[precision], "float32 im2col for the whole model",
+                         lambda: model.set_engine(None), outputs)
+
+    def disable():
+        for m in mods:
+            m.engine = None
+    return Component(name, fast, ref, CONV_TOL[precision], f"the xp layers for its {len(mods)} layer(s)",
+                     disable, outputs)
+
+
+def kernel_components(xp, acts=("float32",), par: str = "float32", fast=None) -> list[Component]:
+    """One component per fused kernel and activation dtype (the SGD update: ``par``), each against
+    its ``_ref`` twin; none with ``model.kernels = reference``.  ``fast``: {kernel: function}
+    replacing the public kernel (a test's deliberately broken one)."""
+    from .nn import kernels as K  # noqa: PLC0415
+    if K.current_impl() != "fused":
+        return []
+    out = []
+    outputs = {"bn_apply": ("y",), "add_relu": ("h",), "sgd_update": ("params", "momentum")}
+    for name in K.KERNEL_NAMES:
+        for act in ((par,) if name == "sgd_update" else acts):
+            # the case is made inside the check (bf16 inputs need ml_dtypes: its absence is a failure)
+            case = (lambda name=name, act=act: K.check_case(name, xp, act, par, fast=(fast or {}).get(name)))
+            out.append(Component(f"kernel {name} ({act})", lambda case=case: case()[0](),
+                                 lambda case=case: case()[1](), KERNEL_TOL[act],
+                                 f"its reference twin {name}_ref", lambda name=name: K.disable(name),
+                                 outputs[name]))
+    return out
+
+
+def decode_components(loaders) -> list[Component]:
+    """DALI's GPU ("mixed") decode against its CPU decode of the same crops of the first
+    ``DECODE_SAMPLES`` sound JPEGs of the first GPU loader's shards.  Falling back makes every GPU
+    loader decode on the CPU and copy the batches to the GPU (``Loader.cpu_decode``)."""
+    gpu = [ld for ld in loaders if ld is not None and ld.device_id is not None]
+    if not gpu:
+        return []
+    jpegs, dev = sound_jpegs(gpu[0].shards, DECODE_SAMPLES), gpu[0].device_id
+
+    def disable():
+        for ld in gpu:
+            ld.cpu_decode = True
+    return [Component("dali mixed decode", lambda: decode_crops(jpegs, "mixed", dev),
+                      lambda: decode_crops(jpegs, "cpu", None), DECODE_TOL,
+                      "CPU decode, batches copied to the GPU", disable,
+                      tuple(f"crop {i}" for i in range(len(jpegs))))]
+
+
+def sound_jpegs(shards, k: int, tries: int = 32) -> list[np.ndarray]:
+    """Up to ``k`` encoded images from the start of ``shards`` that decode strictly (a corrupt
+    sample would fail both decoders and say nothing about the GPU one)."""
+    from .data.validate import decode_problem  # noqa: PLC0415
+    out = []
+    for i in range(min(tries, shards.num_samples)):
+        data = shards.read(i)[0]
+        if decode_problem(data) is None:
+            out.append(data)
+            if len(out) == k:
+                break
+    return out
+
+
+def decode_crops(jpegs, device: str, device_id=None) -> list[np.ndarray]:
+    """DALI's ``decoders.image_slice`` (the training loader's decoder) on ``device`` ("cpu" |
+    "mixed") of each image's window x in [W/8, W - W/8), y in [H/4, H - H/4): (h, w, 3) uint8 host
+    arrays."""
+    from nvidia.dali import Pipeline, fn, types  # noqa: PLC0415
+
+    from .data.validate import header_size  # noqa: PLC0415
+    sizes = [header_size(j) for j in jpegs]
+    start = [np.array([w // 8, h // 4], np.int32) for w, h in sizes]
+    end = [np.array([w - w // 8, h - h // 4], np.int32) for w, h in sizes]
+    pipe = Pipeline(batch_size=len(jpegs), num_threads=1, device_id=device_id, prefetch_queue_depth=1)
+    with pipe:
+        enc, s, e = fn.external_source(source=lambda: (list(jpegs), start, end), num_outputs=3,
+                                       batch=True, dtype=[types.UINT8, types.INT32, types.INT32])
+        pipe.set_outputs(fn.decoders.image_slice(enc, start=s, end=e, output_type=types.RGB,
+                                                 adjust_orientation=False, device=device))
+    pipe.build()
+    (out,) = pipe.run()
+    out = out.as_cpu() if device == "mixed" else out
+    return [np.array(out.at(i)) for i in range(len(jpegs))]
+
+
+def transport_components(method, model, size: int = 10_007) -> list[Component]:
+    """The device all-reduce ``method`` chose (its ``reducer``: nccl or cuda_aware_mpi) against
+    host-staged MPI: a fresh reducer of each class sums the same per-rank values over 3 buckets of
+    a small buffer (a collective).  None for the host transport (the reference; NumPy gradients
+    always have it) or a method without a gradient all-reducer.  Falling back puts a host reducer
+    over the gradients in its place."""
+    red = getattr(method, "reducer", None)
+    if red is None or red.transport == "host":
+        return []
+    from .backend import get_array_module  # noqa: PLC0415
+    from .comm.collectives import BucketedAllreduce  # noqa: PLC0415
+    from .nn.params import Layout, TensorSpec  # noqa: PLC0415
+    comm, xp, dtype = method.comm, get_array_module(red.flat), red.flat.dtype
+    lay = Layout([TensorSpec(f"t{i}", (size // 4 + i,)) for i in range(4)])
+    values = np.random.default_rng([comm.Get_rank(), 5]).standard_normal(lay.size).astype(dtype)
+
+    def reduce(cls):
+        flat = xp.array(values)                 # a fresh copy for each reducer
+        r = cls(comm, flat, lay, lay.size * dtype.itemsize // 3, red.overlap)
+        for spec in reversed(lay.specs):        # as backward reports them (no-op without overlap)
+            r.ready([spec.name])
+        r.finish()
+        return flat
+    return [Component(f"allreduce {red.transport}", lambda: reduce(type(red)),
+                      lambda: reduce(BucketedAllreduce), TRANSPORT_TOL, "the host transport (MPI on "
+                      "pinned host copies)", lambda: _host_transport(method, model), ("sum",))]
+
+
+def _host_transport(method, model) -> None:
+    """``method`` sums its gradients through the host transport from now on."""
+    from .comm import device  # noqa: PLC0415
+    d = method.cfg.dist
+    method.reducer = device.make_allreducer("host", method.comm, model.ps.grads, model.ps.layout,
+                                            int(d.bucket_mb * 1e6), d.overlap)

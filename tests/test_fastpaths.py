@@ -1,0 +1,244 @@
+"""The start-up self-check of the fast paths (fastpaths.py) on CPU: the framework with components
+that are plain NumPy functions (right, wrong, raising, NaN, misshapen), the real builders with a
+deliberately broken fused kernel and a deliberately wrong conv engine on a real ResNet-20, the
+decode check's reference, ranks agreeing under mpiexec, and a NumPy run having nothing to check."""
+import json
+import logging
+import types
+
+import numpy as np
+import pytest
+
+from helpers import run_cli
+from mpirun import check as check_mpi
+from mpirun import run_mpi, uses_mpi
+from scalesgd import config as C
+from scalesgd import fastpaths as F
+from scalesgd.backend import Backend
+from scalesgd.errors import BackendError, UserError
+from scalesgd.nn import kernels as K
+from scalesgd.nn import layers as L
+from scalesgd.nn.resnet import ResNet
+from scalesgd.train.step import train_step
+
+NUMPY = Backend(np, "numpy", None)
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    """Each test starts with an empty report and every fused kernel on."""
+    F.reset("auto")
+    K.set_impl("fused")
+    yield
+    K.set_impl("fused")
+
+
+def fake(name, run, disabled, tol=1e-6):
+    """A component on NumPy: ``run`` against the reference x**2 of a fixed x; ``disable`` records."""
+    x = np.linspace(-1, 2, 17)
+    return F.Component(name, lambda: run(x), lambda: x ** 2, tol, f"the reference of {name}",
+                       lambda: disabled.append(name), ("y",))
+
+
+def fakes(disabled, calls=None):
+    def ran(fn):
+        return lambda x: (calls.append(1) if calls is not None else None, fn(x))[1]
+    return [fake("right", ran(lambda x: x * x), disabled),
+            fake("wrong", ran(lambda x: x ** 2 * 1.01), disabled),
+            fake("raising", ran(lambda x: 1 / 0), disabled),
+            fake("nan", ran(lambda x: np.where(x > 0, np.nan, x * x)), disabled),
+            fake("misshapen", ran(lambda x: (x ** 2)[:-1]), disabled)]
+
+
+def test_auto_turns_each_failure_off_with_one_line(caplog):
+    disabled = []
+    with caplog.at_level(logging.INFO, logger="scalesgd"):
+        out = F.validate(fakes(disabled), "auto")
+    assert disabled == ["wrong", "raising", "nan", "misshapen"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 4
+    for name, words in [("wrong", "y: relative error 1.00e-02 > tolerance 1e-06"),
+                        ("raising", "ZeroDivisionError: division by zero"),
+                        ("nan", "y: 11 non-finite values"), ("misshapen", "y: shape (16,)")]:
+        line = next(w for w in warnings if f"fast path {name} " in w)
+        assert words in line and f"using the reference of {name} instead" in line, line
+        assert out[name]["status"] == "fell back" and words in out[name]["error"]
+    assert out["right"]["status"] == "used" and out["right"]["rel_error"] < 1e-15
+    rep = F.report()
+    assert rep["mode"] == "auto" and rep["seconds"] > 0 and set(rep["components"]) == set(out)
+    assert rep["components"]["wrong"]["fallback"] == "the reference of wrong"
+    assert rep == json.loads(json.dumps(rep, allow_nan=False))        # summary.json-ready
+
+
+def test_strict_fails_the_run_with_one_line_and_turns_nothing_off():
+    disabled = []
+    with pytest.raises(BackendError) as info:
+        F.validate(fakes(disabled), "strict")
+    msg = str(info.value)
+    assert isinstance(info.value, UserError) and "\n" not in msg
+    assert msg.startswith("model.fast_paths = strict: fast path wrong failed its start-up check (y: relative")
+    assert "3 more failed: raising, nan, misshapen" in msg and "--fast-paths auto would use" in msg
+    assert disabled == []
+    assert F.validate(fakes(disabled)[:1], "strict")["right"]["status"] == "used"   # all good: runs
+
+
+def test_off_runs_nothing_and_uses_only_references():
+    disabled, calls = [], []
+    out = F.validate(fakes(disabled, calls), "off")
+    assert calls == [] and len(disabled) == 5
+    assert all(v == {"status": "off", "fallback": f"the reference of {k}"} for k, v in out.items())
+    assert F.report()["seconds"] == 0.0
+    with pytest.raises(ValueError, match="model.fast_paths"):
+        F.validate([], "fast")
+
+
+def test_a_numpy_run_has_nothing_to_check_and_spends_no_time():
+    model = ResNet("resnet20", 10, 0.25)
+    cfg = C.build(None, {})
+    assert cfg.model.fast_paths == "auto"
+    assert F.components(model, NUMPY, cfg, (), None) == []
+    # several ranks with train.device = cpu: not even an agreement (comm=None would fail if used)
+    topo = types.SimpleNamespace(size=4, comm=None, is_root=True)
+    s = types.SimpleNamespace(cfg=C.build(None, {"train": {"device": "cpu"}}), topo=topo, model=model,
+                              backend=NUMPY, train_data=None, val_data=None, method=None)
+    assert F.check(s) == {"mode": "auto", "seconds": 0.0, "components": {}}
+
+
+# ----------------------------------------------------------------------------- the real builders
+def test_a_broken_fused_kernel_is_detected_and_its_twin_runs():
+    def add_without_relu(h, s):
+        h += s
+        return h
+    comps = F.kernel_components(np, ("float32",), "float32", fast={"add_relu": add_without_relu})
+    assert [c.name for c in comps] == ["kernel bn_apply (float32)", "kernel add_relu (float32)",
+                                       "kernel sgd_update (float32)"]
+    out = F.validate(comps, "auto")
+    assert out["kernel add_relu (float32)"]["status"] == "fell back"
+    assert "h: relative error" in out["kernel add_relu (float32)"]["error"]
+    assert out["kernel bn_apply (float32)"]["status"] == "used"
+    assert K.disabled() == {"add_relu"}
+    K.set_impl("fused")                          # a new run starts with every kernel on
+    assert K.disabled() == frozenset()
+    K.set_impl("reference")
+    assert F.kernel_components(np) == []         # model.kernels = reference: nothing fused to check
+
+
+class TwinEngine:
+    """The CudnnEngine interface computed by the xp layers (what cuDNN must compute), except that
+    ``broken(w_shape, stride)`` convolutions return a wrong weight gradient."""
+
+    xp, io_dtype, precision = np, np.float32, "fp32"
+
+    def __init__(self, broken=lambda w_shape, stride: False):
+        self.broken = broken
+
+    def conv_forward(self, mod, x, train):
+        return L.conv2d_forward(x, mod.w, mod.stride, mod.pad)
+
+    def conv_backward(self, mod, dout, cache, need_dx):
+        dx = L.conv2d_backward(dout, cache, mod.dw, need_dx)
+        if self.broken(mod.w.shape, mod.stride):
+            mod.dw[...] = mod.dw[::-1]
+        return dx
+
+    def bn_forward(self, mod, x, train):
+        y, cache = L.batchnorm_forward(x, mod.gamma, mod.beta, mod.rmean, mod.rvar, train)
+        if mod.relu:
+            y = np.maximum(y, 0)
+        return y, (cache, y if mod.relu else None)
+
+    def bn_backward(self, mod, dout, cache):
+        cache, relu_out = cache
+        if relu_out is not None:
+            dout = dout * (relu_out > 0)
+        return L.batchnorm_backward(dout, cache, mod.dgamma, mod.dbeta)
+
+
+def test_model_layers_match_the_shapes_a_forward_sees():
+    model = ResNet("resnet18", 10, 0.125, seed=0)
+    seen = []
+
+    class Recorder(TwinEngine):
+        def conv_forward(self, mod, x, train):
+            seen.append((x.shape, mod.w.shape, mod.stride, mod.pad))
+            return super().conv_forward(mod, x, train)
+    model.set_engine(Recorder())
+    model.forward(np.zeros((2, 40, 40, 3), np.float32), False)
+    convs, bns = F.model_layers(model, 2, 40)
+    assert list(convs) == list(dict.fromkeys(seen)) and sum(map(len, convs.values())) == len(seen) == 20
+    assert sum(map(len, bns.values())) == 20 and ((2, 10, 10, 8), True) in bns    # after the max-pool
+
+
+def test_a_wrong_conv_engine_falls_back_per_geometry_and_the_model_still_trains():
+    """ResNet-20's stride-2 3x3 convolutions get a wrong dW from the engine: exactly those layers
+    go back to the xp layers, every other layer keeps the engine, and a training step then gives
+    the gradients of the plain model."""
+    model, plain = ResNet("resnet20", 10, 0.25, seed=0), ResNet("resnet20", 10, 0.25, seed=0)
+    model.set_engine(TwinEngine(lambda w, stride: stride == 2 and w[0] == 3))
+    comps = F.cudnn_components(model, model.stem_conv.engine, 16)
+    out = F.validate(comps, "auto")
+    bad = {k for k, v in out.items() if v["status"] == "fell back"}
+    assert bad == {"cudnn conv 3x3/s2 4->8 at 16x16", "cudnn conv 3x3/s2 8->16 at 8x8"}
+    assert all("dw: relative error" in out[k]["error"] for k in bad)
+    assert len(comps) == 8 + 6 and all(v["rel_error"] < 1e-6 for k, v in out.items() if k not in bad)
+    convs, _ = F.model_layers(model, 2, 16)
+    for (xs, ws, stride, pad), mods in convs.items():
+        assert all((m.engine is None) == (stride == 2 and ws[0] == 3) for m in mods)
+    x, y = np.random.default_rng(0).standard_normal((4, 16, 16, 3)).astype(np.float32), np.arange(4)
+    train_step(model, x, y)
+    train_step(plain, x, y)
+    np.testing.assert_allclose(model.ps.grads, plain.ps.grads, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gpu_runs_registry_and_check(caplog):
+    """What ``check`` does on a GPU, with NumPy stand-ins for the device (a backend that says GPU, the
+    twin engine): every cuDNN geometry and BN shape and each fused kernel is checked, all are used,
+    rank 0 says how long it took, and the report holds each one."""
+    model = ResNet("resnet20", 10, 0.25, seed=0)
+    model.set_engine(TwinEngine())
+    cfg = C.build(None, {"data": {"image_size": 16, "scale": [16.0, 20.0]}})
+    gpu = types.SimpleNamespace(is_gpu=True, xp=np)
+    s = types.SimpleNamespace(cfg=cfg, topo=types.SimpleNamespace(size=1, comm=None, is_root=True),
+                              model=model, backend=gpu, train_data=None, val_data=None, method=None)
+    with caplog.at_level(logging.INFO, logger="scalesgd"):
+        rep = F.check(s)
+    assert len(rep["components"]) == 8 + 6 + 3 and rep["seconds"] > 0
+    assert all(v["status"] == "used" for v in rep["components"].values())
+    assert any(r.getMessage().startswith("fast paths: 17 checked against their references in ")
+               for r in caplog.records)
+    assert all(m.engine is not None for ms in F.model_layers(model, 2, 16)[0].values() for m in ms)
+
+
+def test_decode_check_reference_and_fallback(tmp_path):
+    """The decode component of a GPU loader: its reference (DALI CPU decode of the crops) runs here,
+    and falling back makes every GPU loader decode on the CPU (the pipeline is built lazily, so
+    nothing of the GPU runs); a CPU loader has nothing to check."""
+    from synth import make_dataset
+    from scalesgd.data.pipeline import Loader
+    from scalesgd.data.shards import ShardSet
+    shards = ShardSet.open(make_dataset(tmp_path / "d", n=12, size=24, bad=0), "train")
+    args = dict(batch_size=4, image_size=16, train=True)
+    gpu, cpu = Loader(shards, device_id=0, **args), Loader(shards, **args)
+    assert F.decode_components([cpu, None]) == []
+    (comp,) = F.decode_components([gpu, cpu])
+    assert comp.name == "dali mixed decode" and gpu.decoder == "mixed" and cpu.decoder == "cpu"
+    crops = comp.reference()
+    assert len(crops) == F.DECODE_SAMPLES and all(c.shape == (12, 18, 3) for c in crops)  # bad 0 skipped
+    comp.disable()
+    assert gpu.cpu_decode and gpu.decoder == "cpu"
+
+
+# ----------------------------------------------------------------------------- ranks and the command line
+@uses_mpi
+def test_ranks_agree_and_a_broken_transport_falls_back_to_host():
+    out = check_mpi(run_mpi(2, ["tests/mpi/fastpaths_check.py"], timeout=120))
+    for name in ("a_failure_on_one_rank_is_turned_off_on_every_rank", "strict_fails_every_rank_alike",
+                 "a_broken_transport_falls_back_to_host", "a_sound_transport_is_used",
+                 "a_numpy_run_only_agrees"):
+        assert f"{name}: ok" in out, out
+
+
+def test_fast_paths_flag(tmp_path):
+    assert C.build(None, {"model": {"fast_paths": "off"}}).model.fast_paths == "off"
+    proc = run_cli(["--dry-run", "--fast-paths", "sometimes"], tmp_path)
+    assert proc.returncode == 2 and "model.fast_paths: expected one of auto, strict, off" in proc.stderr
