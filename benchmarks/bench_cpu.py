@@ -11,12 +11,12 @@ each at every ``--threads`` count (BLAS threads for scalesgd via threadpoolctl, 
 for PyTorch).  Measurements are interleaved (scalesgd block, torch NCHW block, torch channels_last block,
 then again ``--repeats`` times) so that the host's placement noise hits all of them alike.
 
-If ``torch`` imports, the same networks are written here in plain ``torch.nn`` (parameter counts are
-asserted equal to scalesgd's).  torch is not a dependency of scalesgd: without it that column is skipped.
+If ``torch`` imports, the same networks run in plain ``torch.nn`` (``torch_resnet.py``; parameter counts
+are asserted equal to scalesgd's).  torch is not a dependency of scalesgd: without it that column is skipped.
 
 Usage (from the repository root)::
 
-    PYTHONPATH=src python benchmarks/bench_cpu.py [--threads 1 2] [--repeats 3] [--json out.json]
+    .venv/bin/python benchmarks/bench_cpu.py [--threads 1 2] [--repeats 3] [--json out.json]
 
 Also prints a per-layer-type profile of one scalesgd ResNet-20 step on one thread (``--no-profile`` to
 skip), and runs the core-to-core placement probe (``benchmarks/c2c.c``, or ``--c2c PATH``) before,
@@ -29,33 +29,20 @@ import datetime
 import json
 import os
 import platform
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from benchlib import C2C_SRC, OursRunner, Probe, fmt_probe, timed
 from threadpoolctl import threadpool_info, threadpool_limits
+from torch_resnet import TorchRunner, torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "src") not in sys.path:
-    sys.path.insert(0, str(ROOT / "src"))
-
-from scalesgd.nn import layers as L  # noqa: E402
-from scalesgd.nn import resnet as R  # noqa: E402
-from scalesgd.nn.layers import softmax_cross_entropy  # noqa: E402
-from scalesgd.nn.resnet import ResNet  # noqa: E402
-from scalesgd.optim.sgd import SGD, SGDConfig  # noqa: E402
-
-try:  # optional
-    import torch
-    import torch.nn as tnn
-    import torch.nn.functional as F
-except Exception:  # noqa: BLE001 - any import failure means "no torch column"
-    torch = None
+from scalesgd.nn import layers as L
+from scalesgd.nn import resnet as R
+from scalesgd.optim.sgd import SGD
 
 CONFIGS = {
     # key: (scalesgd model name, image size, batch, classes, expected parameter count)
@@ -64,36 +51,29 @@ CONFIGS = {
 }
 LR = 0.01
 TARGET_IMG_S, TARGET_RATIO = 130.0, 0.5      # ResNet-20, batch 64, 1 thread
-DEFAULT_C2C_SRC = Path(__file__).resolve().parent / "c2c.c"
 
 
-# ============================================================================ placement probe
-class Probe:
-    """Builds and runs the c2c ping-pong probe; ``run()`` returns e.g. 'c2c one-way 31.2 ns' or None."""
-
-    def __init__(self, src: Path | None):
-        self.exe = None
-        if src is None or not src.exists() or shutil.which("gcc") is None:
-            return
-        exe = Path("/tmp") / f"c2c_bench_{os.getuid()}"
-        try:
-            subprocess.run(["gcc", "-O2", "-pthread", str(src), "-o", str(exe)], check=True,
-                           capture_output=True, timeout=60)
-            self.exe = exe
-        except Exception:  # noqa: BLE001
-            self.exe = None
-
-    def run(self, iters: int | None = None) -> float | None:
-        if self.exe is None:
-            return None
-        try:
-            cmd = [str(self.exe)] + ([str(iters)] if iters else [])
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60).stdout
-            return float(out.split()[-2])
-        except Exception:  # noqa: BLE001
-            return None
+# ============================================================================ runners
+def ours_runner(key: str) -> OursRunner:
+    name, size, batch, classes, nparams = CONFIGS[key]
+    runner = OursRunner(name, classes, size, batch, lr=LR)
+    assert runner.model.num_params == nparams, (key, runner.model.num_params, nparams)
+    return runner
 
 
+def torch_runner(key: str, channels_last: bool) -> TorchRunner:
+    """The same network, batch and optimizer as ``ours_runner(key)`` in PyTorch on the CPU."""
+    name, size, batch, classes, nparams = CONFIGS[key]
+    return TorchRunner(name, classes, size, batch, nparams, channels_last=channels_last, lr=LR)
+
+
+def timed_block(runner, nsteps: int, threads: int) -> list[float]:
+    """Seconds of each of ``nsteps`` steps with the runner's library limited to ``threads``."""
+    with runner.threads(threads):
+        return timed(runner, nsteps)
+
+
+# ============================================================================ load meter
 class LoadMeter:
     """CPU seconds burnt by OTHER processes per wall second (from /proc/stat minus our own os.times()).
 
@@ -119,133 +99,6 @@ class LoadMeter:
             return None
         (b0, o0, w0), (b1, o1, w1) = self.t0, t1
         return max(0.0, ((b1 - b0) - (o1 - o0)) / max(w1 - w0, 1e-9))
-
-
-def fmt_probe(ns: float | None) -> str:
-    if ns is None:
-        return "n/a"
-    kind = "shared L3" if ns < 80 else "no shared L3"
-    return f"{ns:.0f} ns ({kind})"
-
-
-# ============================================================================ scalesgd side
-class OursRunner:
-    def __init__(self, key: str, seed: int = 0):
-        name, size, batch, classes, nparams = CONFIGS[key]
-        self.batch = batch
-        self.model = ResNet(name, num_classes=classes, width=1.0, dtype="float32", seed=seed)
-        assert self.model.num_params == nparams, (self.model.num_params, nparams)
-        self.opt = SGD(self.model.ps.params, SGDConfig(), self.model.ps.decay_mask())
-        rng = np.random.default_rng(1234)
-        self.x = rng.standard_normal((batch, size, size, 3), dtype=np.float32)
-        self.y = rng.integers(0, classes, batch)
-        self.loss = float("nan")
-
-    def step(self):
-        m = self.model
-        logits, cache = m.forward(self.x, True)
-        loss, dlogits, _ = softmax_cross_entropy(logits, self.y)
-        m.backward(dlogits, cache)
-        self.opt.step(m.ps.params, m.ps.grads, LR)
-        self.loss = float(loss)
-
-    def timed(self, nsteps: int, threads: int) -> list[float]:
-        out = []
-        with threadpool_limits(limits=threads, user_api="blas"):
-            for _ in range(nsteps):
-                t0 = time.perf_counter()
-                self.step()
-                out.append(time.perf_counter() - t0)
-        return out
-
-
-# ============================================================================ torch side
-if torch is not None:
-    class TBasicBlock(tnn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.conv1 = tnn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.bn1 = tnn.BatchNorm2d(cout)
-            self.conv2 = tnn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.bn2 = tnn.BatchNorm2d(cout)
-            self.downsample = None
-            if stride != 1 or cin != cout:      # projection shortcut (1x1 conv + BN), as scalesgd
-                self.downsample = tnn.Sequential(tnn.Conv2d(cin, cout, 1, stride, bias=False),
-                                                 tnn.BatchNorm2d(cout))
-
-        def forward(self, x):
-            out = F.relu(self.bn1(self.conv1(x)), inplace=True)
-            out = self.bn2(self.conv2(out))
-            out = out + (x if self.downsample is None else self.downsample(x))
-            return F.relu(out, inplace=True)
-
-    class TResNet(tnn.Module):
-        def __init__(self, stem, stages, widths, num_classes):
-            super().__init__()
-            w0 = widths[0]
-            if stem == "imagenet":
-                self.stem = tnn.Sequential(tnn.Conv2d(3, w0, 7, 2, 3, bias=False), tnn.BatchNorm2d(w0),
-                                           tnn.ReLU(inplace=True), tnn.MaxPool2d(3, 2, 1))
-            else:
-                self.stem = tnn.Sequential(tnn.Conv2d(3, w0, 3, 1, 1, bias=False), tnn.BatchNorm2d(w0),
-                                           tnn.ReLU(inplace=True))
-            blocks, cin = [], w0
-            for si, (n, w) in enumerate(zip(stages, widths)):
-                for bi in range(n):
-                    blocks.append(TBasicBlock(cin, w, 2 if (bi == 0 and si > 0) else 1))
-                    cin = w
-            self.blocks = tnn.Sequential(*blocks)
-            self.fc = tnn.Linear(cin, num_classes)
-            for m in self.modules():
-                if isinstance(m, tnn.Conv2d):
-                    tnn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-
-        def forward(self, x):
-            x = self.blocks(self.stem(x))
-            return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
-
-    def torch_model(key: str):
-        name, _, _, classes, _ = CONFIGS[key]
-        a = R.ARCHS[name]
-        assert a.block == "basic"
-        return TResNet(a.stem, a.stages, a.widths, classes)
-
-
-class TorchRunner:
-    def __init__(self, key: str, channels_last: bool, x_nhwc: np.ndarray, y: np.ndarray, seed: int = 0):
-        torch.manual_seed(seed)
-        _, _, batch, _, nparams = CONFIGS[key]
-        self.batch = batch
-        self.model = torch_model(key)
-        n = sum(p.numel() for p in self.model.parameters())
-        assert n == nparams, f"torch {key}: {n} parameters, expected {nparams}"
-        fmt = torch.channels_last if channels_last else torch.contiguous_format
-        self.model = self.model.to(memory_format=fmt).train()
-        decay = [p for p in self.model.parameters() if p.ndim > 1]       # same mask as scalesgd
-        no_decay = [p for p in self.model.parameters() if p.ndim <= 1]
-        self.opt = torch.optim.SGD([{"params": decay, "weight_decay": 1e-4},
-                                    {"params": no_decay, "weight_decay": 0.0}],
-                                   lr=LR, momentum=0.9, nesterov=True, weight_decay=1e-4)
-        self.x = torch.from_numpy(np.ascontiguousarray(x_nhwc.transpose(0, 3, 1, 2))).contiguous(
-            memory_format=fmt)
-        self.y = torch.from_numpy(y.astype(np.int64))
-        self.loss = float("nan")
-
-    def step(self):
-        self.opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(self.x), self.y)
-        loss.backward()
-        self.opt.step()
-        self.loss = float(loss.detach())
-
-    def timed(self, nsteps: int, threads: int) -> list[float]:
-        torch.set_num_threads(threads)
-        out = []
-        for _ in range(nsteps):
-            t0 = time.perf_counter()
-            self.step()
-            out.append(time.perf_counter() - t0)
-        return out
 
 
 # ============================================================================ per-layer profile
@@ -303,7 +156,7 @@ class LayerProfiler:
 
     @staticmethod
     def _conv_bwd_flops(dout, cache, dw, need_dx=True, ws=None):
-        cols, _, w, stride, pad = cache
+        cols, _, w, stride, pad = cache[:5]       # (cols, x shape, w, stride, pad, freshness stamp)
         kh, kw, c, f = w.shape
         fl = 2.0 * cols.shape[0] * cols.shape[1] * f                  # dW GEMM
         same = stride == 1 and kh == kw and kh % 2 == 1 and pad == kh // 2 and kh > 1
@@ -362,7 +215,7 @@ def _strip_block(key: str) -> str:
 
 
 def run_profile(threads: int, steps: int, warmup: int) -> dict:
-    runner = OursRunner("resnet20")
+    runner = ours_runner("resnet20")
     with threadpool_limits(limits=threads, user_api="blas"):
         for _ in range(warmup):
             runner.step()
@@ -437,7 +290,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-channels-last", action="store_true", help="torch: NCHW only")
     ap.add_argument("--no-profile", action="store_true", help="skip the per-layer profile")
     ap.add_argument("--profile-steps", type=int, default=4)
-    ap.add_argument("--c2c", type=Path, default=DEFAULT_C2C_SRC, help="placement probe source")
+    ap.add_argument("--c2c", type=Path, default=C2C_SRC, help="placement probe source")
     ap.add_argument("--json", type=Path, help="write all results (raw step times too) here")
     args = ap.parse_args(argv)
 
@@ -471,19 +324,19 @@ def main(argv=None) -> int:
     for key in args.models:
         for threads in args.threads:
             name, size, batch, classes, _ = CONFIGS[key]
-            ours = OursRunner(key)
+            ours = ours_runner(key)
             runners = [("scalesgd", ours)]
             if use_torch:
                 for lay in layouts:
-                    runners.append((f"torch_{lay}", TorchRunner(key, lay == "channels_last", ours.x, ours.y)))
+                    runners.append((f"torch_{lay}", torch_runner(key, lay == "channels_last")))
             for _, r in runners:                      # warm-up (allocator, oneDNN primitive caches)
-                r.timed(args.warmup, threads)
+                timed_block(r, args.warmup, threads)
             times = {n: [] for n, _ in runners}
             probes = [probe.run(200_000)]
             meter = LoadMeter()
             for _ in range(args.repeats):
                 for n, r in runners:
-                    times[n].append(r.timed(args.steps, threads))
+                    times[n].append(timed_block(r, args.steps, threads))
             foreign = meter.foreign()
             probes.append(probe.run(200_000))
             res = {"model": key, "input": f"{size}x{size}", "batch": batch, "classes": classes,
@@ -503,7 +356,7 @@ def main(argv=None) -> int:
     print(f"\nplacement probe after: {fmt_probe(c2c_after)}")
 
     print("\nSummary (img/s, median of block medians; best step in brackets; ratio vs the faster torch layout)")
-    hdr = f"| model | input | batch | threads | scalesgd img/s |"
+    hdr = "| model | input | batch | threads | scalesgd img/s |"
     if use_torch:
         hdr += "".join(f" torch {lay} |" for lay in layouts) + " ratio scalesgd/torch |"
     hdr += " other-procs CPU |"

@@ -36,10 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchlib import ROOT, Probe, fmt_probe, mpi_launcher, rank_env, run_checked
 
 SIZES = [256 * 4 ** k for k in range(7)]          # floats: 1 KB .. 4 MB
 REPEATS = 9
@@ -98,11 +95,10 @@ def compute_worker(out: Path, steps: int = 20) -> None:
 def contended_compute(ranks: list[int]) -> dict:
     """Seconds per compute step when R single-threaded processes share the machine (R = 1 and each
     rank count): how oversubscription stretches compute, measured without any communication."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
     res = {}
     for r in sorted({1, *ranks}):
         outs = [Path(f"/tmp/scalesgd-contended-{os.getpid()}-{r}-{i}.json") for i in range(r)]
-        procs = [subprocess.Popen([sys.executable, __file__, "--compute-worker", str(o)], env=env,
+        procs = [subprocess.Popen([sys.executable, __file__, "--compute-worker", str(o)], env=rank_env(),
                                   stdin=subprocess.DEVNULL) for o in outs]
         if any(p.wait(timeout=600) for p in procs):
             raise SystemExit("calibrate: a contended-compute process failed")
@@ -137,16 +133,13 @@ def data_seconds(batch: int = 16) -> float:
 def end_to_end_step(batch: int = 16) -> dict:
     """Seconds per step of a real one-rank run (data loading, step, logging: everything the
     experiment runs do per step), from a 1-epoch ``single`` run on the digits."""
-    from experiments import JOB, mpiexec  # noqa: PLC0415
+    from experiments import JOB  # noqa: PLC0415
 
-    from scalesgd.io.plot import load_run  # noqa: PLC0415
+    from scalesgd.io.runs import load_run  # noqa: PLC0415
     run_dir = Path(f"/tmp/scalesgd-calibrate-single-{os.getpid()}")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
-    cmd = [mpiexec(), "-n", "1", sys.executable, "-m", "scalesgd", "--config", str(JOB),
+    cmd = [*mpi_launcher(1), sys.executable, "-m", "scalesgd", "--config", str(JOB),
            "--method", "single", "--epochs", "1", "--batch-size", str(batch), "--run-dir", str(run_dir)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    if proc.returncode:
-        raise SystemExit(f"calibrate: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    run_checked(cmd, "calibrate: end-to-end run", 600)
     recs = load_run(run_dir).steps[0]
     per = (recs[-1]["train_seconds"] - recs[0]["train_seconds"]) / (len(recs) - 1)
     last = recs[-1]
@@ -234,11 +227,6 @@ def worker(json_out: Path) -> None:
         json_out.write_text(json.dumps(dict(ranks=p, **res)))
 
 
-def probe() -> str:
-    from comm import probe as c2c  # noqa: PLC0415
-    return c2c()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4, 5, 8, 9])
@@ -252,11 +240,10 @@ def main() -> int:
     if a.compute_worker:
         compute_worker(a.compute_worker)
         return 0
-    from experiments import mpiexec  # noqa: PLC0415
-    t0 = time.perf_counter()
+    t0, probe = time.perf_counter(), Probe()
     out = dict(machine=f"{os.cpu_count()} cores (this CI-sized machine)", cores=os.cpu_count(),
                date=time.strftime("%Y-%m-%d"),
-               probe_before=probe(), compute=compute_times(), mpi={})
+               probe_before=fmt_probe(probe.run()), compute=compute_times(), mpi={})
     out["end_to_end"] = {"resnet20_b16": end_to_end_step(16), "resnet20_b8": end_to_end_step(8)}
     out["contended_compute"] = contended_compute(a.ranks)
     out["data_seconds"] = {"resnet20_b16": data_seconds(16), "resnet20_b8": data_seconds(8)}
@@ -264,18 +251,15 @@ def main() -> int:
     print("compute:", json.dumps(out["compute"]), "end to end:", json.dumps(out["end_to_end"]))
     for p in a.ranks:
         tmp = Path(f"/tmp/scalesgd-calibrate-{os.getpid()}-{p}.json")
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
-        proc = subprocess.run([mpiexec(), "-n", str(p), sys.executable, __file__, "--worker", str(tmp)],
-                              env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-        if proc.returncode:
-            raise SystemExit(f"calibrate: mpiexec -n {p} failed:\n{proc.stderr[-3000:]}")
+        run_checked([*mpi_launcher(p), sys.executable, __file__, "--worker", str(tmp)],
+                    f"calibrate: {p} ranks", 600)
         out["mpi"][str(p)] = json.loads(tmp.read_text())
         tmp.unlink()
         m = out["mpi"][str(p)]
         print(f"p={p}: allreduce 1MB {1e3 * m['allreduce'][str(4 * 262144)]:.2f} ms, "
               f"get 1MB {1e3 * m['get'][str(4 * 262144)]:.2f} ms, "
               f"server 1MB {1e3 * m['server'][str(4 * 262144)]:.2f} ms/exchange", flush=True)
-    out["probe_after"] = probe()
+    out["probe_after"] = fmt_probe(probe.run())
     out["seconds"] = time.perf_counter() - t0
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(out, indent=1) + "\n")

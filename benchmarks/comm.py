@@ -3,7 +3,8 @@
 
     python benchmarks/comm.py [--ranks 2 4] [--floats 25557032] [--repeats 7] [--json OUT]
 
-The driver launches ``mpiexec -n P python benchmarks/comm.py --worker`` for each P; the ranks time
+The driver launches ``mpiexec -n P python benchmarks/comm.py --worker`` for each P (``$MPIEXEC`` and
+``$MPIEXEC_ARGS`` choose the launcher, as for the tests); the ranks time
 every operation in interleaved rounds (so placement noise hits all alike) and rank 0 prints medians,
 ratios to raw all-reduce, and bus bandwidth 2(p-1)/p * bytes / time.
 """
@@ -11,32 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-
-def probe() -> str:
-    """Core-to-core round trip of the placement probe ``benchmarks/c2c.c``, if it can be built.
-
-    ~25-35 ns: the two vCPUs share an L3 right now; ~165-180 ns: they do not.
-    """
-    src = ROOT / "benchmarks" / "c2c.c"
-    exe = Path("/tmp/scalesgd-c2c")
-    if not exe.exists() and src.exists() and shutil.which("gcc"):
-        subprocess.run(["gcc", "-O2", "-pthread", str(src), "-o", str(exe)], capture_output=True)
-    if not exe.exists():
-        return "n/a"
-    out = subprocess.run([str(exe)], capture_output=True, text=True).stdout.strip().splitlines()
-    return out[-1] if out else "n/a"
+from benchlib import Probe, fmt_probe, mpi_launcher, run_checked
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -184,22 +165,17 @@ def main() -> int:
             from mpi4py import MPI
             MPI.COMM_WORLD.Abort(1)          # never leave the other ranks waiting
         return 0
-    launcher = Path(sys.executable).parent / "mpiexec"
-    launcher = str(launcher) if launcher.exists() else shutil.which("mpiexec")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    all_rows, probes = [], [probe()]
+    probe = Probe()
+    all_rows, probes = [], [fmt_probe(probe.run())]
     for p in args.ranks:
-        cmd = [launcher, "-n", str(p), sys.executable, __file__, "--worker", "--floats", str(args.floats),
+        cmd = [*mpi_launcher(p), sys.executable, __file__, "--worker", "--floats", str(args.floats),
                "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        if out.returncode:
-            print(out.stdout, out.stderr, file=sys.stderr)
-            return 1
+        out = run_checked(cmd, f"comm: {p} ranks", 900)
         line = [ln for ln in out.stdout.splitlines() if ln.startswith('{"ranks"')][-1]
         all_rows += report(json.loads(line))
-        probes.append(probe())
+        probes.append(fmt_probe(probe.run()))
     print(f"buffer {args.floats:,} float32 ({args.floats * 4 / 1e6:.1f} MB); medians of {args.repeats} "
-          f"interleaved rounds; c2c probe (ns) per launch: {' / '.join(probes)}")
+          f"interleaved rounds; c2c probe per launch: {' / '.join(probes)}")
     print(f"{'ranks':>5}  {'operation':<36} {'median ms':>10} {'best ms':>9} {'x raw':>7} {'bus GB/s':>9}")
     for r in all_rows:
         print(f"{r['ranks']:>5}  {r['op']:<36} {r['median_ms']:>10.1f} {r['best_ms']:>9.1f} "

@@ -14,7 +14,9 @@ smoke test of the whole path (1 epoch, fewest settings); its numbers mean nothin
 (a directory made by ``python -m scalesgd.data.make_shards``), ``--image-size`` and ``--model`` are
 passed to every training run, to repeat the sweeps on your own data (their run directories then go
 to ``runs/experiments-NAME`` and the published files get ``--tag``: ``EXPERIMENT-TAG.json``).
-``--workers`` restricts experiment 2 to the worker counts given.
+``--workers`` restricts experiment 2 to the worker counts given.  The launcher is ``$MPIEXEC`` (else
+the ``mpiexec`` beside this Python, else the one on PATH) with ``$MPIEXEC_ARGS`` before ``-n``, as
+for the tests (docs/cli.md: launchers).
 
 "p workers" means p ranks computing gradients; easgd and asgd add one server rank (p + 1 ranks).
 Every rank is one single-threaded process: on this 2-core machine ``-n 9`` is 4.5 processes per core,
@@ -27,18 +29,15 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from benchlib import ROOT, mpi_launcher, run_checked
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from scalesgd.io.plot import RunData, load_run, sliding_mean  # noqa: E402
+from scalesgd.io.runs import RunData, load_run, sliding_mean
 
 JOB = ROOT / "jobs" / "experiments.toml"
 SERVER_METHODS = ("easgd", "asgd")
@@ -52,13 +51,6 @@ METHODS = {                                          # label -> command-line fla
 COLORS = {"allreduce": "#4C72B0", "easgd": "#DD8452", "asgd": "#55A868", "gossip-pull": "#C44E52",
           "gossip-push": "#8172B3", "single": "#333333", "asgd lr/p": "#8C564B"}
 TARGET_ERROR = 0.10            # validation top-1 error for "time to target" (digits: 90% accuracy)
-
-
-def mpiexec() -> str:
-    exe = shutil.which("mpiexec", path=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
-    if exe is None:
-        raise SystemExit("experiments: mpiexec not found (pip install '.[mpi]')")
-    return exe
 
 
 def ranks_for(method: str, workers: int) -> int:
@@ -139,20 +131,10 @@ class Runner:
         return Result(name, label or method, workers, load_run(run_dir), summary)
 
     def _launch(self, n: int, argv: list[str], name: str) -> None:
-        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-                   PYTHONPATH=str(ROOT / "src"))
-        cmd = [mpiexec(), "-n", str(n), sys.executable, *argv]
+        cmd = [*mpi_launcher(n), sys.executable, *argv]
         t = time.perf_counter()
         print(f"  run {name}: mpiexec -n {n} ... ", end="", flush=True)
-        try:
-            p = subprocess.run(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                               text=True, timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            raise SystemExit(f"experiments: run {name} did not finish in {self.timeout:.0f}s: "
-                             f"{' '.join(cmd)}") from None
-        if p.returncode != 0:
-            raise SystemExit(f"experiments: run {name} failed (exit {p.returncode}): {' '.join(cmd)}\n"
-                             f"{p.stderr[-3000:]}")
+        run_checked(cmd, f"experiments: run {name}", self.timeout, cwd=ROOT)
         print(f"{time.perf_counter() - t:.0f}s", flush=True)
 
 
@@ -511,14 +493,10 @@ class Consensus(Experiment):
         for j, variant in enumerate(("pull", "push")):
             for p in ps:
                 out = self.r.out / "runs" / f"consensus-{variant}-p{p}.json"
-                cmd = [mpiexec(), "-n", str(p), sys.executable, str(ROOT / "benchmarks" / "consensus.py"),
+                cmd = [*mpi_launcher(p), sys.executable, str(ROOT / "benchmarks" / "consensus.py"),
                        "--variant", variant, "--rounds", str(rounds), "--repeats", str(reps),
                        "--json", str(out)]
-                env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
-                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
-                                      stdin=subprocess.DEVNULL)
-                if proc.returncode:
-                    raise SystemExit(f"experiments: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+                run_checked(cmd, "experiments: consensus", 600)
                 d = json.loads(out.read_text())
                 table[f"{variant}/p{p}"] = d
                 ax[0, j].plot(np.arange(len(d["distance"])), d["distance"], "o-", ms=3, label=f"p = {p}")
@@ -583,7 +561,7 @@ class EASGD(Experiment):
 
 
 def _read_rank0_server(res: Result) -> list[dict]:
-    from scalesgd.io.plot import read_jsonl  # noqa: PLC0415
+    from scalesgd.io.runs import read_jsonl  # noqa: PLC0415
     return [r for r in read_jsonl(res.data.path / "metrics" / "rank-0.jsonl") if r.get("kind") == "server"]
 
 
@@ -691,7 +669,6 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, nargs="+", default=[], help="methods: these worker counts only")
     ap.set_defaults(out=None)
     a = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     if a.data:
         a.data = str(Path(a.data).resolve())            # the runs start in the repository root
     if a.out is None:                                   # quick runs never replace the full ones

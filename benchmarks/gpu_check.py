@@ -1,15 +1,16 @@
 """ONE script for a lent GPU (< 8 min on an H200): environment, kernel parity, ResNet-50 images/s.
 
     PYTHONPATH=src python3 benchmarks/gpu_check.py [--batches 64 128] [--precision tf32] [--out DIR]
-    PYTHONPATH=src python benchmarks/gpu_check.py --dry-run      # CPU: everything but the device parts
+    .venv/bin/python benchmarks/gpu_check.py --dry-run      # CPU: everything but the device parts
 
 1. environment: GPU, driver, CuPy, cuDNN (frontend + backend), NCCL, MPI library, PyTorch;
 2. parity of every fused kernel (nn/kernels.py) and every cuDNN graph (nn/cudnn_conv.py) against its
    reference twin, on fresh random data (never zeros), outputs poisoned with NaN first;
 3. ResNet-50 training steps (forward + loss + backward + Nesterov SGD), 224x224, synthetic data in
    device memory, per batch: our cuDNN path, our im2col path, a torchvision-free PyTorch ResNet-50
-   (channels_last, same precision) when torch imports; interleaved blocks, median images/s, ratios
-   and peak device memory.  Table printed last; JSON + markdown written to $OUT (or --out).
+   (torch_resnet.py; channels_last, same precision, same batch) when torch imports; interleaved
+   blocks, median images/s, ratios and peak device memory.  Table printed last; JSON + markdown
+   written to $OUT (or --out).
 Targets: ours >= 0.8x PyTorch images/s, peak memory <= 1.5x PyTorch's.
 """
 from __future__ import annotations
@@ -24,19 +25,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+from benchlib import OursRunner
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT / "src", ROOT / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-from scalesgd.nn import cudnn_conv as CC  # noqa: E402
-from scalesgd.nn import kernels as K  # noqa: E402
-from scalesgd.nn import layers as L  # noqa: E402
-from scalesgd.nn.resnet import ResNet  # noqa: E402
-from scalesgd.optim.sgd import SGD, SGDConfig  # noqa: E402
+from scalesgd.nn import cudnn_conv as CC
+from scalesgd.nn import kernels as K
+from scalesgd.nn import layers as L
 
 TARGET_SPEED, TARGET_MEM = 0.8, 1.5
+RESNET50 = ("resnet50", 1000, 224, 25_557_032)      # model, classes, image side, parameter count
 
 
 def _version(mod_name: str):
@@ -100,9 +96,6 @@ def kernel_parity(xp, rng, dtype="float32") -> dict:
     out["bn_apply+relu"] = relerr(K.bn_apply(dev(x), dev(sc), dev(sh), True), K.bn_apply_ref(x, sc, sh, True))
     h, s = rng.standard_normal(x.shape), rng.standard_normal(x.shape)
     out["add_relu"] = relerr(K.add_relu(dev(h), dev(s)), K.add_relu_ref(h.copy(), s))
-    dy, mean, a, b, d = (rng.standard_normal(x.shape),) + tuple(rng.standard_normal(24) for _ in range(4))
-    out["bn_backward_dx"] = relerr(K.bn_backward_dx(dev(dy), dev(x), dev(mean), dev(a), dev(b), dev(d)),
-                                   K.bn_backward_dx_ref(dy, x, mean, a, b, d))
     n = 1_000_003
     p, g, buf = rng.standard_normal(n), rng.standard_normal(n), rng.standard_normal(n)
     mask = (rng.random(n) < 0.7).astype(np.float64)
@@ -155,69 +148,6 @@ def _bn_parity(xp, rng, eng) -> dict:
     dx_ref = L.batchnorm_backward(dy * (y_ref > 0), rc, dg, db)
     return {"bn fwd": relerr(y, y_ref), "bn running_var": relerr(mod.rvar, rv),
             "bn bwd dx": relerr(dx, dx_ref), "bn bwd dgamma": relerr(mod.dgamma, dg)}
-
-
-# ----------------------------------------------------------------------------- runners
-class OursRunner:
-    def __init__(self, xp, impl, precision, batch, size, classes=1000, name="resnet50"):
-        self.xp, self.batch = xp, batch
-        self.model = ResNet(name, classes, xp=xp, seed=0)
-        if impl == "cudnn":
-            self.model.set_engine(CC.CudnnEngine(CC.probe_cudnn(), xp, precision))
-        self.opt = SGD(self.model.ps.params, SGDConfig(), self.model.ps.decay_mask())
-        rng = np.random.default_rng(1234)
-        self.x = xp.asarray(rng.standard_normal((batch, size, size, 3)).astype(np.float32))
-        self.y = xp.asarray(rng.integers(0, classes, batch))
-
-    def step(self):
-        logits, cache = self.model.forward(self.x, True)
-        _, dlogits, _ = L.softmax_cross_entropy(logits, self.y)
-        self.model.backward(dlogits, cache)
-        self.opt.step(self.model.ps.params, self.model.ps.grads, 0.01)
-
-    def sync(self):
-        if self.xp is not np:
-            self.xp.cuda.get_current_stream().synchronize()
-
-    def peak_bytes(self):
-        return None if self.xp is np else self.xp.get_default_memory_pool().total_bytes()
-
-
-class TorchRunner:
-    def __init__(self, torch, precision, batch, size, device):
-        from torch_resnet50 import resnet50
-        torch.manual_seed(0)
-        self.torch, self.batch, self.device = torch, batch, device
-        fmt = torch.channels_last
-        self.model = resnet50().to(device=device, memory_format=fmt).train()
-        decay = [p for p in self.model.parameters() if p.ndim > 1]
-        rest = [p for p in self.model.parameters() if p.ndim <= 1]
-        self.opt = torch.optim.SGD([{"params": decay, "weight_decay": 1e-4},
-                                    {"params": rest, "weight_decay": 0.0}], lr=0.01, momentum=0.9,
-                                   nesterov=True)
-        self.x = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=fmt)
-        self.y = torch.randint(0, 1000, (batch,), device=device)
-        self.amp = precision == "bf16"
-        if device != "cpu":
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
-            torch.backends.cudnn.benchmark = True
-            torch.cuda.reset_peak_memory_stats()
-
-    def step(self):
-        t = self.torch
-        self.opt.zero_grad(set_to_none=True)
-        with t.autocast(device_type="cuda" if self.device != "cpu" else "cpu", dtype=t.bfloat16,
-                        enabled=self.amp):
-            loss = t.nn.functional.cross_entropy(self.model(self.x), self.y)
-        loss.backward()
-        self.opt.step()
-
-    def sync(self):
-        if self.device != "cpu":
-            self.torch.cuda.synchronize()
-
-    def peak_bytes(self):
-        return None if self.device == "cpu" else self.torch.cuda.max_memory_allocated()
 
 
 # ----------------------------------------------------------------------------- timing and report
@@ -301,18 +231,22 @@ def main(argv=None) -> int:
 
 
 def _runners(args, xp, batch) -> dict:
-    if args.dry_run:      # CPU: a tiny ResNet-20 through the same runner classes
-        return {"im2col": OursRunner(np, "im2col", "fp32", batch, 32, 10, "resnet20")}
+    if args.dry_run:      # CPU: a tiny ResNet-20 through the same runner class
+        return {"im2col": OursRunner("resnet20", 10, 32, batch)}
+    name, classes, size, nparams = RESNET50
     runners = {}
     for path in args.paths:
         if path == "cudnn" and CC.probe_cudnn() is None:
             print("cudnn path skipped: cudnn frontend does not import", flush=True)
         elif path in ("cudnn", "im2col"):
-            runners[path] = OursRunner(xp, path, args.precision, batch, 224)
+            engine = CC.CudnnEngine(CC.probe_cudnn(), xp, args.precision) if path == "cudnn" else None
+            runners[path] = OursRunner(name, classes, size, batch, xp=xp, engine=engine)
+            assert runners[path].model.num_params == nparams
         elif path == "torch":
-            from torch_resnet50 import torch
+            from torch_resnet import TorchRunner, torch  # noqa: PLC0415  (imports torch: only here)
             if torch is not None and torch.cuda.is_available():
-                runners["torch"] = TorchRunner(torch, args.precision, batch, 224, "cuda")
+                runners["torch"] = TorchRunner(name, classes, size, batch, nparams, precision=args.precision,
+                                               device="cuda")
     return runners
 
 

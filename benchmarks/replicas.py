@@ -16,14 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from scalesgd import config as C  # noqa: E402
-from scalesgd.data.pipeline import Loader  # noqa: E402
-from scalesgd.data.shards import ShardSet  # noqa: E402
-from scalesgd.io import checkpoint as ckpt  # noqa: E402
-from scalesgd.nn.resnet import ResNet  # noqa: E402
-from scalesgd.train.loop import evaluate_local  # noqa: E402
+from scalesgd import config as C
+from scalesgd.data.pipeline import Loader
+from scalesgd.data.shards import ShardSet
+from scalesgd.io import checkpoint as ckpt
+from scalesgd.nn.resnet import ResNet
+from scalesgd.train.loop import evaluate_local
 
 
 def evaluate_checkpoint(path: str | Path) -> dict:

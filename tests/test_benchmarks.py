@@ -1,0 +1,103 @@
+"""benchmarks/: the shared module (launcher, placement probe, runners) and the scripts run as a user
+runs them: real processes, a real compiler, a real mpiexec."""
+import json
+import math
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from mpirun import ROOT, mpiexec, uses_mpi
+
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import benchlib  # noqa: E402
+
+
+def test_scripts_take_the_package_from_the_install_not_from_a_path_they_edit():
+    """The editable install (or PYTHONPATH=src) provides scalesgd; no script edits sys.path, builds
+    from a path outside the repository, or keeps a second copy of the shared runners."""
+    for path in sorted(BENCH.glob("*.py")):
+        text = path.read_text()
+        assert "sys.path.insert" not in text and "sys.path.append" not in text, \
+            f"{path.name} edits sys.path: the install provides scalesgd, and a script's siblings " \
+            "import as they are (benchmarks/ is sys.path[0])"
+        absolute = re.findall(r"[\"'](/(?:home|work|opt|root|srv)/[^\"']*)", text)
+        assert not absolute, (path.name, absolute)
+        if path.name not in ("benchlib.py", "torch_resnet.py"):     # the one runner pair, one probe
+            assert not re.search(r"^class (OursRunner|TorchRunner|TResNet|TBasicBlock|TBottleneck)\b", text,
+                                 re.M), path.name
+            assert "c2c" not in text or '"gcc"' not in text, f"{path.name} builds the probe itself"
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or len(os.sched_getaffinity(0)) < 2,
+                    reason="the probe needs gcc and two CPUs")
+def test_placement_probe_is_built_from_the_repo_source(tmp_path):
+    probe = benchlib.Probe()
+    assert probe.exe is not None and probe.exe.exists()
+    ns = probe.run(500)                                   # bounded even on a busy host
+    assert ns is not None and 0 < ns < 1e6
+    edited = tmp_path / "c2c.c"                            # a changed source gets its own binary
+    edited.write_text(benchlib.C2C_SRC.read_text() + "\n// edited\n")
+    assert benchlib.Probe(edited).exe not in (None, probe.exe)
+    assert benchlib.Probe(tmp_path / "absent.c").run() is None
+    assert benchlib.fmt_probe(31.2) == "31 ns (shared L3)" and benchlib.fmt_probe(None) == "n/a"
+    assert benchlib.fmt_probe(172.0) == "172 ns (no shared L3)"
+
+
+def test_bench_cpu_smallest_run_with_profile(tmp_path):
+    """bench_cpu.py end to end at its smallest (one step per block), per-layer profile included:
+    the loss goes through the profiled module, and the conv backward FLOP count reads the cache."""
+    out = tmp_path / "b.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_cpu.py"), "--threads", "1", "--models",
+                           "resnet20", "--repeats", "1", "--steps", "1", "--warmup", "1",
+                           "--profile-steps", "1", "--no-torch", "--json", str(out),
+                           "--c2c", str(tmp_path / "none.c")],          # no probe: seconds on a busy host
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    assert res["results"][0]["scalesgd"]["median_img_s"] > 0
+    keys = {r["key"]: r for r in res["profile"]["rows"]}
+    assert "softmax_cross_entropy" in keys and keys["conv2d_backward"]["gflops"] > 0
+
+
+@uses_mpi
+def test_benchmarks_launch_mpi_through_MPIEXEC_and_MPIEXEC_ARGS(tmp_path):
+    """comm.py starts its ranks with $MPIEXEC and $MPIEXEC_ARGS before -n, as the tests do (so Open
+    MPI or a site launcher works): a wrapper launcher logs its argv, drops a marker argument and
+    runs the real launcher."""
+    log, wrapper = tmp_path / "argv.log", tmp_path / "mpiexec-wrapper"
+    wrapper.write_text("#!/bin/bash\n"
+                       f'echo "$*" >> {log}\n'
+                       'args=(); for a in "$@"; do [ "$a" = --bench-marker ] || args+=("$a"); done\n'
+                       f'exec {mpiexec()} "${{args[@]}}"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    env = dict(os.environ, MPIEXEC=str(wrapper),
+               MPIEXEC_ARGS=f"--bench-marker {os.environ.get('MPIEXEC_ARGS', '')}")
+    proc = subprocess.run([sys.executable, str(BENCH / "comm.py"), "--ranks", "2", "--floats", "10000",
+                           "--repeats", "1", "--warmup", "0"], env=env, capture_output=True, text=True,
+                          timeout=180, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "MPI.Allreduce raw" in proc.stdout
+    argv = log.read_text().split()
+    assert argv[0] == "--bench-marker" and argv[argv.index("-n") + 1] == "2" and "--worker" in argv
+
+
+def test_torch_twin_has_scalesgd_parameter_counts_and_trains():
+    """The one PyTorch ResNet (basic and bottleneck blocks) against scalesgd's counts; a step of
+    each runner on the same batch gives a finite loss (only where torch is installed)."""
+    pytest.importorskip("torch")
+    from torch_resnet import TorchRunner  # noqa: PLC0415
+    for name, classes, size in (("resnet20", 10, 32), ("resnet18", 1000, 32), ("resnet50", 1000, 32)):
+        ours = benchlib.OursRunner(name, classes, size, 2)
+        twin = TorchRunner(name, classes, size, 2, ours.model.num_params, channels_last=False)
+        assert (twin.x.permute(0, 2, 3, 1).numpy() == ours.x).all()
+        benchlib.timed(ours, 1)
+        benchlib.timed(twin, 1)
+        assert math.isfinite(ours.loss) and math.isfinite(twin.loss), (name, ours.loss, twin.loss)
