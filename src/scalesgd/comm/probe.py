@@ -1,0 +1,157 @@
+"""The MPI side of ``scalesgd doctor`` (comm/ is the only mpi4py importer): start MPI without refusing
+a broken launch, and measure what the methods rely on.
+
+- ``start()``: ``topology.init()`` with its launch checks turned into a report: a launch that makes
+  every rank a singleton (or mixes two MPI libraries) gives ``Start.problem`` instead of an exception,
+  and the world is still returned whenever MPI_Init could run, so the other checks go on.
+- ``allreduce_seconds``: timed in-place SUM all-reduces of one float32 buffer, checked for the sum.
+- ``rma_latencies``: ``Get``, ``Accumulate`` and ``Fetch_and_op`` through ``window.Window`` (the
+  access pattern gossip uses: ``Win.Allocate``, one ``Lock_all(MODE_NOCHECK)``, ``Flush``) against a
+  target that is computing outside MPI; a latency close to the target's compute time means the
+  origin waited for the target to enter MPI.
+
+Everything travels as buffers; nothing here prints.  Importing this module does not import
+``mpi4py.MPI`` (that would initialise MPI before ``topology.check_library`` could refuse a launch
+that MPI_Init cannot survive): MPI is taken from ``topology._load_mpi()`` inside each function.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import topology
+
+RMA_OPS = ("Get", "Accumulate", "Fetch_and_op")
+
+
+@dataclass(frozen=True)
+class Start:
+    """How MPI came up.  ``topo`` is None when MPI_Init was not called (a launch it cannot survive,
+    or no MPI library); ``problem`` is the launch check's one-line message ('' when the launch is
+    sound); ``quiet``: this process is one of a broken launch that the launcher did not number 0, so
+    (as the training program does) it reports nothing and exits 1."""
+
+    topo: topology.Topology | None
+    library: str                 # MPI_Get_library_version, '' when mpi4py loads no library
+    problem: str = ""
+    quiet: bool = False
+
+
+def start() -> Start:
+    """Initialises MPI as ``topology.init`` does, reporting instead of refusing a broken launch."""
+    try:
+        mpi = topology._load_mpi()
+        library = mpi.Get_library_version()
+    except Exception as exc:     # noqa: BLE001 - no MPI library: reported as the first check
+        return Start(None, "", f"mpi4py cannot load an MPI library ({type(exc).__name__}: {exc})")
+    try:
+        return Start(topology.init(), library)
+    except topology.TopologyError as exc:
+        problem, quiet = str(exc), False
+    except SystemExit:           # topology._refuse on a rank the launcher did not number 0
+        problem, quiet = "a broken launch (reported by the process the launcher numbered 0)", True
+    if not mpi.Is_initialized():  # refused before MPI_Init: initialising would abort or hang
+        return Start(None, library, problem, quiet)
+    return Start(_world(), library, problem, quiet)
+
+
+def _world() -> topology.Topology:
+    """The topology of an initialised MPI whose launch check failed (each process its own world)."""
+    MPI = topology._load_mpi()
+    world = MPI.COMM_WORLD
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    return topology.Topology(world.Get_rank(), world.Get_size(), node.Get_rank(), node.Get_size(),
+                             world, node)
+
+
+def thread_level() -> str:
+    """The thread support MPI was initialised with ('single' ... 'multiple')."""
+    MPI = topology._load_mpi()
+    levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+              MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+    return levels.get(MPI.Query_thread(), "unknown")
+
+
+def node_ids(topo: topology.Topology) -> np.ndarray:
+    """Collective: (size,) int64, for every rank the world rank of its node's local rank 0, so ranks
+    with equal ids share a node (the same shared-memory split the program uses)."""
+    leader = np.array([topo.rank], dtype=np.int64)
+    topo.node_comm.Bcast(leader, root=0)
+    out = np.empty(topo.size, dtype=np.int64)
+    topo.comm.Allgather(leader, out)
+    return out
+
+
+def leaders(topo: topology.Topology):
+    """Collective: a communicator of one rank per node (local rank 0), None on the other ranks."""
+    MPI = topology._load_mpi()
+    color = 0 if topo.local_rank == 0 else MPI.UNDEFINED
+    comm = topo.comm.Split(color, topo.rank)
+    return None if comm == MPI.COMM_NULL else comm
+
+
+def allreduce_seconds(comm, nbytes: int, repeats: int) -> tuple[list[float], bool]:
+    """Collective on ``comm``: the time of each of ``repeats`` in-place float32 SUM all-reduces of
+    ``nbytes`` (each the slowest rank's: a collective is done when its last rank is), and whether
+    every element of the last one came out as 1 + 2 + ... + size."""
+    MPI = topology._load_mpi()
+    p, rank = comm.Get_size(), comm.Get_rank()
+    buf = np.empty(max(1, nbytes // 4), dtype=np.float32)          # (n,)
+    times, took = [], np.zeros(1, dtype=np.float64)
+    for _ in range(repeats):
+        buf.fill(rank + 1)
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        took[0] = time.perf_counter() - t0
+        comm.Allreduce(MPI.IN_PLACE, took, op=MPI.MAX)
+        times.append(float(took[0]))
+    right = np.array([int(np.all(buf == p * (p + 1) / 2))], dtype=np.int32)
+    comm.Allreduce(MPI.IN_PLACE, right, op=MPI.MIN)
+    return times, bool(right[0])
+
+
+def rma_latencies(comm, origin: int, target: int, busy_s: float, compute) -> dict[str, float]:
+    """Collective on ``comm``: for each op of ``RMA_OPS`` in its own round, ``target`` runs
+    ``compute(busy_s)`` (no MPI calls) while ``origin``, after a head start of a fifth of it, times
+    one op on the target's window.  Returns {op: seconds} on ``origin``, {} elsewhere."""
+    from .window import Window      # imports mpi4py.MPI: only once MPI is up
+    win, out = Window(comm, 64), {}
+    one, got = np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    rank = comm.Get_rank()
+    for op in RMA_OPS:
+        comm.Barrier()
+        if rank == target:
+            compute(busy_s)
+        elif rank == origin:
+            time.sleep(busy_s / 5)                 # the target is surely computing by now
+            t0 = time.perf_counter()
+            if op == "Get":
+                win.get(got, target)
+            elif op == "Accumulate":
+                win.accumulate(one, target)
+            else:
+                win.fetch_and_op(one, got, target)
+            out[op] = time.perf_counter() - t0
+        comm.Barrier()
+    win.free()
+    return out
+
+
+def bcast_int(topo: topology.Topology, value: int, root: int = 0) -> int:
+    """Collective: ``root``'s integer on every rank."""
+    buf = np.array([value], dtype=np.int64)
+    topo.comm.Bcast(buf, root=root)
+    return int(buf[0])
+
+
+def abort(topo: topology.Topology, code: int) -> None:
+    """Ends every rank of the job (from any thread: mpi4py initialises MPI_THREAD_MULTIPLE)."""
+    topo.comm.Abort(code)
+
+
+def mpi4py_version() -> str:
+    import mpi4py  # noqa: PLC0415 - already imported with MPI
+    return mpi4py.__version__
