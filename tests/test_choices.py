@@ -63,3 +63,14 @@ def test_importing_config_starts_no_mpi_dali_or_cupy():
     loaded = [line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if "|" in line]
     assert p.returncode == 0 and "scalesgd.choices" in loaded, p.stderr[-2000:]
     assert [m for m in loaded if m.split(".")[0] in ("mpi4py", "cupy") or m.startswith("nvidia.dali")] == []
+
+
+def test_rank_counts_a_method_needs_count_its_server_shards():
+    """--servers K takes ranks 0..K-1: a server method needs K + 1 ranks, said before any collective."""
+    from scalesgd.methods import METHODS as REGISTRY, MethodError  # noqa: PLC0415
+    cfg = config.build(overrides={"train": {"method": "easgd"}, "dist": {"servers": 2}})
+    REGISTRY["easgd"].check_ranks(3, cfg)
+    with pytest.raises(MethodError, match=r"needs at least 3 ranks \(2 server shards and a worker\), got 2"):
+        REGISTRY["easgd"].check_ranks(2, cfg)
+    assert REGISTRY["easgd"].servers_for(cfg) == 2 and REGISTRY["gossip"].servers_for(cfg) == 0
+    assert config.workers_of("asgd", 5, servers=2) == 3

@@ -23,15 +23,16 @@ import pytest
 
 from mpirun import needs_mpi
 from synth import make_dataset
-from test_checkpoint import final_arrays, launch, rank_pids
-from test_cli import ROOT, TINY, run_cli
+from helpers import ROOT, TINY, final_arrays, launch, rank_pids, run_cli
 
 from scalesgd.io import checkpoint as ckpt
 
 pytestmark = [needs_mpi, pytest.mark.mpi]
 
 METHODS = {"allreduce": [], "easgd": [], "asgd": [], "gossip-pull": ["--gossip", "pull"],
-           "gossip-push": ["--gossip", "push"]}
+           "gossip-push": ["--gossip", "push"],
+           "easgd-sharded": ["--servers", "2"]}          # two server shards, one worker
+DETERMINISTIC = ("allreduce", "easgd-sharded")          # (one worker: no arrival order)
 RANKS = 3                    # server methods: a server and two workers
 
 
@@ -81,7 +82,7 @@ def assert_same_state(a: Path, b: Path):
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_resume_partial_extended_and_killed_runs(tmp_path, data, name):
-    deterministic = name == "allreduce"
+    deterministic = name in DETERMINISTIC
     a = tmp_path / "a"
     ok(run_cli(args_for(name, data, a), tmp_path, launcher=launch(RANKS)))
     assert boundaries(a) == [48, 96] and len(checkpoints(a)) == 4

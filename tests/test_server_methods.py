@@ -6,10 +6,10 @@ import pytest
 
 from mpirun import check, mpi_launcher, needs_mpi, run_mpi
 from synth import make_dataset
-from test_cli import TINY, bad_sample_warnings, one_line_error, run_cli
+from helpers import TINY, bad_sample_warnings, one_line_error, run_cli
 
 pytestmark = [pytest.mark.mpi, needs_mpi]
-CHECKS = 4                                       # functions run by tests/mpi/server_check.py
+CHECKS = 6                                       # functions run by tests/mpi/server_check.py
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])

@@ -128,6 +128,8 @@ class DistConfig:
                                   choices=ALLREDUCE_TRANSPORTS)
     beta: float = _f(0.8, "easgd: moving rate alpha = beta / workers", lo=0, hi=1, lo_open=True)
     tau: int = _f(1, "easgd and gossip: local steps between exchanges", lo=1)
+    servers: int = _f(1, "easgd and asgd: parameter-server ranks (0..K-1), each holding one contiguous "
+                      "shard of the flat buffer; workers exchange with all of them at once", lo=1)
     n_sync: int = _f(1, "asgd: local steps between push+fetch with the server", lo=1)
     gossip: str = _f("pull", "gossip variant", choices=GOSSIP_VARIANTS)
     gossip_gamma: float = _f(0.5, "gossip pull: x_i <- (1-gamma) x_i + gamma x_j", lo=0, hi=1,
@@ -283,12 +285,12 @@ def _derive_scale(cfg: Config) -> Config:
     return dataclasses.replace(cfg, data=dataclasses.replace(d, scale=(float(lo), float(hi))))
 
 
-def workers_of(method: str, ranks: int) -> int:
-    """Ranks that train (the parameter-server methods give rank 0 to the server); at least 1, and
-    1 for ``single`` (which refuses more ranks later)."""
+def workers_of(method: str, ranks: int, servers: int = 1) -> int:
+    """Ranks that train (the parameter-server methods give ranks 0..servers-1 to the server
+    shards); at least 1, and 1 for ``single`` (which refuses more ranks later)."""
     if method == "single":
         return 1
-    return max(1, ranks - (1 if method in SERVER_METHODS else 0))
+    return max(1, ranks - (servers if method in SERVER_METHODS else 0))
 
 
 def fit_to_world(cfg: Config, ranks: int) -> Config:
@@ -300,7 +302,7 @@ def fit_to_world(cfg: Config, ranks: int) -> Config:
     * ``schedule.lr`` for ``asgd``: the base rate / workers: the server adds every worker's update,
       so each one must be a worker's share of a single-rank step (jobs/digits-asgd.toml: 0.033).
     """
-    workers = workers_of(cfg.train.method, ranks)
+    workers = workers_of(cfg.train.method, ranks, cfg.dist.servers)
     log = logging.getLogger("scalesgd")
     data, sched = cfg.data, cfg.schedule
     if "data.batch_size" not in cfg.explicit:

@@ -4,20 +4,21 @@ No model: a replica is a flat float64 array, "training" adds a known integer-val
 small driver mirrors ``train/loop.py`` (workers: step -> after_update -> evaluate every boundary the
 returned count reached; server: ``serve`` with the same evaluation collective as ``on_boundary``).
 """
-import sys
 import time
-import traceback
-
 from collections import Counter
 
 import numpy as np
+from harness import run_checks
 from mpi4py import MPI
 
 from scalesgd import config as C
 from scalesgd.comm import topology
-from scalesgd.methods import Phases
+from scalesgd.comm.protocol import Tag
+from scalesgd.methods import create, evaluated
 from scalesgd.methods.asgd import ASGD
 from scalesgd.methods.easgd import EASGD
+from scalesgd.train.control import Control
+from scalesgd.train.phases import Phases
 
 TOPO = topology.init()
 N = 1000                                   # parameters of the fake replica
@@ -32,8 +33,15 @@ class FakePS:
 
 
 def make(cls, **dist):
-    name = cls.name
-    return cls(C.build(overrides={"train": {"method": name}, "dist": dist}), TOPO)
+    """The method with its control plane (``m.control``, a test-only attribute)."""
+    control = Control(TOPO.comm, TOPO.size)
+    m = create(C.build(overrides={"train": {"method": cls.name}, "dist": dist}), TOPO, control.signals)
+    m.control = control
+    return m
+
+
+def phases_for(m, boundaries, on_boundary):
+    return Phases(m.control, boundaries, on_boundary, poll=m.poll_in_phase)
 
 
 def fake_grad(rank, step, n):
@@ -48,31 +56,44 @@ def drive(comm, method, ps, boundaries, samples=4, jitter=0.0, rng=None):
 
     def evaluate(b):
         own_p, own_b = ps.params.copy(), ps.buffers.copy()
-        with method.evaluation(ps) as extra:
+        with evaluated(method, ps) as extra:
             ref = ps.params.copy()
             comm.Bcast(ref, root=0)
             assert np.array_equal(ps.params, ref), "evaluated params differ from the server's"
-            mean_b = (comm.size) / 2                            # mean of worker buffers 1..p-1
-            assert np.allclose(ps.buffers, mean_b), (ps.buffers, mean_b)
-            d = 0.0 if method.is_server else float(np.linalg.norm(own_p - ps.params))
+            k = method.roles.num_servers
+            mean_b = (k + comm.size - 1) / 2                    # mean of worker buffers k..p-1
+            if method.roles.is_server:              # evaluates nothing: its statistics stay out
+                assert np.all(ps.buffers == -100.0), ps.buffers
+            else:
+                assert np.allclose(ps.buffers, mean_b), (ps.buffers, mean_b)
+            d = 0.0 if method.roles.is_server else float(np.linalg.norm(own_p - ps.params))
             dsum = comm.allreduce(d)
-            assert np.isclose(extra["worker_distance"], dsum / (comm.size - 1)), (extra, dsum)
-            method.reduce_counts([0, 0, 0])
+            assert np.isclose(extra["worker_distance"], dsum / (comm.size - k)), (extra, dsum)
+            method.control.sum_over_ranks([0, 0, 0])
         assert np.array_equal(ps.params, own_p) and np.array_equal(ps.buffers, own_b), "not restored"
         done.append(b)
         extras.append(extra)
 
     method.start(ps)
-    ps.buffers[...] = -100.0 if method.is_server else comm.rank   # the server's must not count
-    phases = Phases(method, boundaries, lambda i: evaluate(boundaries[i]))
+    ps.buffers[...] = -100.0 if method.roles.is_server else comm.rank   # the server's must not count
+    phases = phases_for(method, boundaries, lambda i: evaluate(boundaries[i]))
+    control = method.control
 
-    def server_phase(want):
-        # the server enters only once every worker was told the first new boundary
-        assert method.told.min() >= boundaries[method.phase_done + 1], (method.told, boundaries)
-        return phases.run(want)
+    class CheckedPhases:
+        """The server's view of the phases, checking that a shard enters a boundary's phase only
+        once every worker was told that boundary (by it)."""
 
-    if method.is_server:
-        method.serve(ps, boundaries, server_phase)
+        def due(self, gs, sig):
+            return phases.due(gs, sig)
+
+        def enter(self, gs):
+            if phases.reached(gs) > control.phase_done and method.roles.shard == 0:
+                b = boundaries[control.phase_done + 1]      # (other shards follow server 0)
+                assert method.told.min() >= b, (method.told, boundaries)
+            return phases.enter(gs)
+
+    if method.roles.is_server:
+        method.serve(ps, CheckedPhases())
     else:
         gs, step, finished = 0, 0, False
         while not finished:
@@ -83,17 +104,22 @@ def drive(comm, method, ps, boundaries, samples=4, jitter=0.0, rng=None):
                 time.sleep(jitter)
             gs = method.after_update(step, ps, samples)
             step += 1
-            finished = phases.check(gs)
+            finished = phases.check(gs, method.signals.seen)
         method.samples_fed = step * samples
     method.close()
     all_done = comm.allgather(done)
     assert all(d == all_done[0] for d in all_done), all_done
     assert done == list(boundaries), (done, boundaries)
     comm.Barrier()
-    if method.is_server:
+    if method.roles.is_server:
         time.sleep(0.001)
-        assert not method.port.anything_pending(), "a message was left in flight"
+        assert nothing_in_flight(method.port.comm), "a message was left in flight"
     return done, extras, added
+
+
+def nothing_in_flight(comm) -> bool:
+    """No parameter-server message (any ``Tag``) waits to be received here: clean termination."""
+    return not any(comm.Iprobe(source=MPI.ANY_SOURCE, tag=t) for t in Tag)
 
 
 def reduce_sum(comm, a):
@@ -108,19 +134,19 @@ def asgd_applies_every_update_exactly(comm):
         ps = FakePS(N)
         w0 = ps.params.copy()
         m = make(ASGD, n_sync=n_sync)
-        total = 4 * 6 * m.num_workers
+        total = 4 * 6 * m.roles.num_workers
         _, extras, added = drive(comm, m, ps, [total // 2, total])
-        pushes = comm.reduce(0 if m.is_server else m.exchanges)
+        pushes = comm.reduce(0 if m.roles.is_server else m.exchanges)
         hists = comm.gather(m.staleness)
-        fed = comm.reduce(0 if m.is_server else m.samples_fed)
+        fed = comm.reduce(0 if m.roles.is_server else m.samples_fed)
         added_all = reduce_sum(comm, added)
-        if m.is_server:
+        if m.roles.is_server:
             assert np.array_equal(ps.params, w0 + added_all), "master != initial + sum of updates"
             assert m.exchanges == m.version == pushes == sum(m.staleness.values()), pushes
             assert sum(hists[1:], Counter()) == m.staleness, "worker and server histograms differ"
             assert m.global_samples == fed >= total, (m.global_samples, fed)
             assert min(m.staleness) >= 0 and m.stats()["staleness_mean"] >= 0
-            if m.num_workers == 1:
+            if m.roles.num_workers == 1:
                 assert set(m.staleness) == {0}, m.staleness
             st = m.stats()
             assert st["served"] == pushes and st["staleness_max"] == max(m.staleness)
@@ -128,13 +154,13 @@ def asgd_applies_every_update_exactly(comm):
         else:
             assert np.array_equal(ps.params, m.base.arr), "worker did not take the fetched w"
             assert sum(m.staleness.values()) == m.exchanges and min(m.staleness) >= 0
-            if m.num_workers == 1:
+            if m.roles.num_workers == 1:
                 assert set(m.staleness) == {0}
             assert m.stats()["exchanges"] == m.exchanges
         # the final replica of each worker is the master of its last fetch; the last fetch
         # overall equals the final master
-        last = comm.gather((m.version, ps.params.copy()) if not m.is_server else None)
-        if m.is_server:
+        last = comm.gather((m.version, ps.params.copy()) if not m.roles.is_server else None)
+        if m.roles.is_server:
             v, p = max((x for x in last if x is not None), key=lambda t: t[0])
             assert np.array_equal(p, ps.params)
 
@@ -151,10 +177,11 @@ def easgd_hand_computed_two_ranks(comm):
     assert m.alpha == beta
     total = 4 * k_steps
     boundaries = [12, 20, total]
-    if m.is_server:
+    if m.roles.is_server:
         m.start(ps)
         ps.buffers[...] = -100.0
-        m.serve(ps, boundaries, Phases(m, boundaries, lambda i: _eval_only(comm, m, ps)).run)
+        phases = phases_for(m, boundaries, lambda i: _eval_only(comm, m, ps))
+        m.serve(ps, phases)
         x = np.empty_like(ps.params)
         comm.Recv(x, source=1)
         r = 1 - 2 * beta
@@ -166,21 +193,21 @@ def easgd_hand_computed_two_ranks(comm):
     else:
         m.start(ps)
         ps.buffers[...] = 1.0
-        phases = Phases(m, boundaries, lambda i: _eval_only(comm, m, ps))
+        phases = phases_for(m, boundaries, lambda i: _eval_only(comm, m, ps))
         step, finished = 0, False
         while not finished:
             ps.params += 1.0
             gs = m.after_update(step, ps, 4)
             step += 1
             assert gs == 4 * step
-            finished = phases.check(gs)
+            finished = phases.check(gs, m.signals.seen)
         comm.Send(ps.params, dest=0)
         assert m.exchanges == k_steps and m.stats()["staleness"] == 0
 
 
 def _eval_only(comm, m, ps):
-    with m.evaluation(ps):
-        m.reduce_counts([0, 0, 0])
+    with evaluated(m, ps):
+        m.control.sum_over_ranks([0, 0, 0])
 
 
 def easgd_conserves_mass(comm):
@@ -190,17 +217,17 @@ def easgd_conserves_mass(comm):
         ps = FakePS(N)
         x0 = ps.params.copy()
         m = make(EASGD, tau=tau, beta=0.8)
-        total = 4 * 7 * m.num_workers
+        total = 4 * 7 * m.roles.num_workers
         _, _, added = drive(comm, m, ps, [total // 3, total // 2, total])
         mass = reduce_sum(comm, ps.params)
         added_all = reduce_sum(comm, added)
         stale = comm.gather(m.staleness)
-        if m.is_server:
+        if m.roles.is_server:
             np.testing.assert_allclose(mass, comm.size * x0 + added_all, rtol=1e-12, atol=1e-9)
             assert all(s >= 0 for h in stale for s in h)
             assert m.exchanges == m.version == sum(sum(h.values()) for h in stale[1:])
             assert sum(stale[1:], Counter()) == m.staleness, "worker and server histograms differ"
-            if m.num_workers == 1:
+            if m.roles.num_workers == 1:
                 assert set(m.staleness) == {0}
 
 
@@ -220,24 +247,74 @@ def repeated_short_runs_terminate(comm):
             drive(comm, m, FakePS(n), bounds, samples=samples, jitter=0.0005, rng=rng)
 
 
-def run_checks(*checks):
-    """Like harness.run_checks, but a failing rank aborts the job at once: the peers of a
-    failed parameter-server rank are usually blocked in a point-to-point call, not in a
-    collective where they could learn the verdict."""
-    comm = MPI.COMM_WORLD
-    for check in checks:
-        try:
-            check(comm)
-        except Exception:
-            print(f"[rank {comm.rank}] {check.__name__} FAILED:\n{traceback.format_exc()}",
-                  file=sys.stderr, flush=True)
-            comm.Abort(1)
-        comm.Barrier()
-        if comm.rank == 0:
-            print(f"{check.__name__}: ok", flush=True)
+def sharded_one_worker_is_the_unsharded_rule_bitwise(comm):
+    """--servers K = size - 1, one worker, tau = 1: the shards together apply exactly the elastic
+    rule of one server (same float operations, element by element), checked against a serial
+    replay of it, bit for bit; each shard counts every exchange."""
+    k = comm.size - 1
+    if k < 2:
+        return
+    beta, steps = 0.3, 7
+    ps = FakePS(N)
+    x0 = ps.params.copy()
+    m = make(EASGD, tau=1, beta=beta, servers=k)
+    assert m.roles.num_servers == k and m.roles.num_workers == 1
+    drive(comm, m, ps, [4 * steps])
+    if m.roles.is_server:
+        m.quiesce(ps)                                    # the servers assemble the whole center
+        assert m.exchanges == m.version == steps, (m.exchanges, m.version)
+    x = ps.params.copy()
+    comm.Bcast(x, root=k)                                # the worker's replica
+    c_ref, x_ref, alpha = x0.copy(), x0.copy(), beta     # serial replay of drive + EASGD
+    for step in range(steps):
+        x_ref += fake_grad(k, step, N)
+        e = x_ref.copy()
+        e -= c_ref
+        e *= alpha                                       # server: c += alpha (x - c), c old
+        back = c_ref.copy()
+        back -= x_ref
+        back *= alpha                                    # worker: x += alpha (c_old - x)
+        c_ref += e
+        x_ref += back
+    assert np.array_equal(x, x_ref), np.abs(x - x_ref).max()
+    if comm.rank == 0:
+        assert np.array_equal(ps.params, c_ref), np.abs(ps.params - c_ref).max()
+
+
+def sharded_servers_keep_the_invariants(comm):
+    """--servers 2 with several workers: asgd's assembled master = initial + every update
+    (bitwise, integer-valued updates); easgd conserves sum_i x_i + center; every shard serves every
+    exchange; runs end cleanly (no message in flight) with boundaries and jitter."""
+    if comm.size < 4:
+        return
+    for cls, knob in ((ASGD, "n_sync"), (EASGD, "tau")):
+        for period in (1, 2):
+            ps = FakePS(N + 3)                          # shards of unequal length
+            x0 = ps.params.copy()
+            extra = {"beta": 0.8} if cls is EASGD else {}
+            m = make(cls, servers=2, **{knob: period}, **extra)
+            total = 4 * 5 * m.roles.num_workers
+            rng = np.random.default_rng([period, comm.rank])
+            _, _, added = drive(comm, m, ps, [total // 2, total], jitter=0.0005, rng=rng)
+            served = comm.gather(m.exchanges if m.roles.is_server else 0)
+            pushes = comm.reduce(0 if m.roles.is_server else m.exchanges)
+            if m.roles.is_server:
+                m.quiesce(ps)                           # rank 0 now holds the whole center/master
+            own = np.zeros_like(ps.params) if m.roles.is_server else ps.params
+            workers_sum = reduce_sum(comm, own)
+            added_all = reduce_sum(comm, added)
+            if comm.rank == 0:
+                assert served[:2] == [pushes, pushes], (served, pushes)
+                if cls is ASGD:
+                    assert np.array_equal(ps.params, x0 + added_all), "master != initial + updates"
+                else:
+                    w = m.roles.num_workers
+                    np.testing.assert_allclose(workers_sum + ps.params, (w + 1) * x0 + added_all,
+                                               rtol=1e-12, atol=1e-9)
 
 
 if __name__ == "__main__":
     assert MPI.COMM_WORLD.size >= 2
     run_checks(asgd_applies_every_update_exactly, easgd_hand_computed_two_ranks,
-               easgd_conserves_mass, repeated_short_runs_terminate)
+               easgd_conserves_mass, repeated_short_runs_terminate,
+               sharded_one_worker_is_the_unsharded_rule_bitwise, sharded_servers_keep_the_invariants)

@@ -33,6 +33,7 @@ class Tag(IntEnum):
     PUSH_PAYLOAD = 0x5102
     REPLY_HEADER = 0x5103
     REPLY_PAYLOAD = 0x5104
+    PHASE_NOTICE = 0x5105
     FUNNEL_META = 0x5201
     FUNNEL_DATA = 0x5202
 
@@ -47,6 +48,9 @@ TAG_MESSAGES = {
     Tag.REPLY_HEADER: ("server → worker", "`ReplyHeader`"),
     Tag.REPLY_PAYLOAD: ("server → worker", "the flat buffer: the center before this exchange's "
                         "update (easgd) / the master after it (asgd)"),
+    Tag.PHASE_NOTICE: ("server 0 → server shard s > 0", "int64[workers]: each worker's exchanges "
+                        "before the phase server 0 enters; the shard serves up to them, then enters "
+                        "(`--servers K` > 1 only)"),
     Tag.FUNNEL_META: ("root → rank, then rank → root", "checkpoint funnel: an empty message (this "
                       "rank's turn), then UTF-8 JSON as uint8: a text and each array's name, dtype, "
                       "shape"),
@@ -127,45 +131,71 @@ def reference_markdown() -> str:
 
 
 class WorkerPort:
-    """The worker's end: posts the reply receives, sends a push, waits for the reply."""
+    """The worker's end, towards K server shards: ranks ``servers``, shard s holding elements
+    ``bounds[s]:bounds[s+1]`` of the flat buffer.  One exchange sends the header and its payload
+    slice to every shard and receives one reply header and payload slice from each, all
+    non-blocking; with one server it is the four-message exchange drawn above."""
 
-    def __init__(self, comm, server: int = SERVER):
-        self.comm, self.server = comm, server          # the server rank this worker exchanges with
-        self.reply = header(ReplyHeader.SIZE)
-        self._requests: list = []
+    def __init__(self, comm, servers=(SERVER,), bounds=None):
+        self.comm, self.servers = comm, list(servers)
+        self.bounds = bounds                          # None: the whole buffer to one server
+        self.replies = np.zeros((len(self.servers), ReplyHeader.SIZE), dtype=np.int64)
+        self.reply = self.replies[0]                  # server 0's: the count and the signals
+        self._headers: list = []
+        self._payloads: list = []
+
+    def parts(self, a: np.ndarray) -> list:
+        """``a`` cut into the shards' contiguous slices (views)."""
+        if self.bounds is None:
+            return [a]
+        return [a[lo:hi] for lo, hi in zip(self.bounds[:-1], self.bounds[1:])]
 
     def post_reply(self, payload: np.ndarray) -> None:
-        """Posts the receives for the next reply (header into ``self.reply``, payload in place)."""
-        assert not self._requests, "a reply is already pending"
-        self._requests = [self.comm.Irecv(self.reply, source=self.server, tag=Tag.REPLY_HEADER),
-                          self.comm.Irecv(payload, source=self.server, tag=Tag.REPLY_PAYLOAD)]
+        """Posts the receives for the next reply (headers into ``self.replies``, each shard's
+        payload into its slice of ``payload``)."""
+        assert not self._payloads, "a reply is already pending"
+        for row, srv, part in zip(self.replies, self.servers, self.parts(payload)):
+            self._headers.append(self.comm.Irecv(row, source=srv, tag=Tag.REPLY_HEADER))
+            self._payloads.append(self.comm.Irecv(part, source=srv, tag=Tag.REPLY_PAYLOAD))
 
     def push(self, hdr: np.ndarray, payload: np.ndarray) -> None:
         self.push_header(hdr)
         self.push_payload(payload)
 
     def push_header(self, hdr: np.ndarray) -> None:
-        """Synchronous send (``Ssend``): returns once the server has received the header, i.e. has
-        started serving this push, so the time in it is queueing behind other workers (wait) and
-        the payload's transfer can be timed apart.  Costs one small-message round trip."""
-        self.comm.Ssend(hdr, dest=self.server, tag=Tag.PUSH_HEADER)
+        """Synchronous sends (``Issend`` to every shard, then wait): returns once every shard has
+        received the header, i.e. has started serving this push, so the time in it is queueing
+        behind other workers (wait) and the payload's transfer can be timed apart.  Costs one
+        small-message round trip."""
+        MPI.Request.Waitall([self.comm.Issend(hdr, dest=srv, tag=Tag.PUSH_HEADER)
+                             for srv in self.servers])
 
     def push_payload(self, payload: np.ndarray) -> None:
-        self.comm.Send(payload, dest=self.server, tag=Tag.PUSH_PAYLOAD)
+        MPI.Request.Waitall([self.comm.Isend(part, dest=srv, tag=Tag.PUSH_PAYLOAD)
+                             for srv, part in zip(self.servers, self.parts(payload))])
 
     def wait_reply_header(self) -> None:
-        """Blocks until the reply's header has arrived (the server is done with this push and
-        replying); ``wait_reply`` then completes the payload's transfer."""
-        self._requests[0].Wait()
+        """Blocks until every shard's reply header has arrived (each is done with this push and
+        replying); ``wait_reply`` then completes the payloads' transfer."""
+        MPI.Request.Waitall(self._headers)
 
     def wait_reply(self) -> np.ndarray:
-        MPI.Request.Waitall(self._requests)
-        self._requests = []
+        """Completes the exchange; returns server 0's reply header (``self.replies`` has all)."""
+        MPI.Request.Waitall(self._headers + self._payloads)
+        self._headers, self._payloads = [], []
         return self.reply
 
     @property
     def pending(self) -> bool:
-        return bool(self._requests)
+        return bool(self._payloads)
+
+
+def shard_bounds(n: int, k: int) -> list[int]:
+    """Element offsets [0, ..., n] cutting a flat buffer of n elements into k contiguous shards of
+    (nearly) equal size, hence equal bytes: shard s is ``bounds[s]:bounds[s+1]``."""
+    if not 1 <= k <= max(n, 1):
+        raise ValueError(f"cannot cut {n} elements into {k} shards")
+    return [n * s // k for s in range(k + 1)]
 
 
 class ServerPort:
@@ -202,12 +232,20 @@ class ServerPort:
         self.comm.Send(self.reply, dest=dest, tag=Tag.REPLY_HEADER)
         self.comm.Send(payload, dest=dest, tag=Tag.REPLY_PAYLOAD)
 
+    def next_message(self) -> int:
+        """Blocks until a push header or a phase notice can be received; returns its tag (the
+        sender is in ``self.status``).  Only those two tags arrive at a serving shard."""
+        self.comm.Probe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=self.status)
+        return self.status.Get_tag()
+
+    def send_notice(self, dest: int, counts: np.ndarray) -> None:
+        self.comm.Send(counts, dest=dest, tag=Tag.PHASE_NOTICE)
+
+    def recv_notice(self, counts: np.ndarray) -> None:
+        self.comm.Recv(counts, source=SERVER, tag=Tag.PHASE_NOTICE)
+
     def push_waiting(self) -> int | None:
         """The rank of a worker whose push is waiting to be received, or None."""
         if self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=Tag.PUSH_HEADER, status=self.status):
             return self.status.Get_source()
         return None
-
-    def anything_pending(self) -> bool:
-        """True if a parameter-server message is waiting (used to check clean termination)."""
-        return any(self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=t) for t in Tag)

@@ -38,12 +38,14 @@ class Roles:
     parameter-server methods), the rest are workers, numbered ``0..num_workers-1`` in rank order.
 
     ``workers`` is a communicator of the workers only (``None`` on a server rank), for reductions
-    that concern only the replicas (e.g. BN statistics); with no server it is the world."""
+    that concern only the replicas (e.g. BN statistics); with no server it is the world.
+    ``servers`` is the servers' communicator on a server rank (``None`` elsewhere)."""
 
     rank: int
     size: int
     num_servers: int
     workers: object
+    servers: object = None
 
     @classmethod
     def of(cls, topo: Topology, num_servers: int) -> "Roles":
@@ -52,8 +54,8 @@ class Roles:
         serving = topo.rank < num_servers
         split = topo.comm.Split(0 if serving else 1, topo.rank)
         if serving:
-            split.Free()
-        return cls(topo.rank, topo.size, num_servers, None if serving else split)
+            return cls(topo.rank, topo.size, num_servers, None, split)
+        return cls(topo.rank, topo.size, num_servers, split)
 
     @property
     def is_server(self) -> bool:
@@ -63,6 +65,15 @@ class Roles:
     def server(self) -> int:
         """The (first) server's rank; -1 without one."""
         return 0 if self.num_servers else -1
+
+    @property
+    def server_ranks(self) -> list[int]:
+        return list(range(self.num_servers))
+
+    @property
+    def shard(self) -> int:
+        """0..num_servers-1 on a server (the slice of the flat buffer it holds); -1 elsewhere."""
+        return self.rank if self.is_server else -1
 
     @property
     def num_workers(self) -> int:

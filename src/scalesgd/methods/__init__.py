@@ -25,8 +25,8 @@ def create(cfg, topo, signals) -> Method:
     if name not in METHODS:
         raise MethodError(f"method '{name}' is not available in this build")
     cls = METHODS[name].select(cfg)
-    cls.check_ranks(topo.size)
-    return cls(cfg, topo.roles(cls.num_servers), topo.comm, signals)
+    cls.check_ranks(topo.size, cfg)
+    return cls(cfg, topo.roles(cls.servers_for(cfg)), topo.comm, signals)
 
 
 @contextlib.contextmanager

@@ -31,7 +31,8 @@ class ASGD(ServerMethod):
         self.period = cfg.dist.n_sync
 
     def start_role(self, ps) -> None:
-        self.own = HostStage(ps.params)          # worker: receives the fetched w; server: w
+        # worker: receives the fetched w; server shard: its slice of w
+        self.own = HostStage(self.mine if self.roles.is_server else ps.params)
         if not self.roles.is_server:
             self.base = HostStage(ps.params.copy())   # x_f, then the update d_i in place
 
@@ -46,13 +47,13 @@ class ASGD(ServerMethod):
         return self.own.host                     # the fetched w lands in ps.params (host side)
 
     def apply_reply(self, ps) -> None:
-        self.own.to_device()                          # x_i <- w
+        self.own.to_device()                     # x_i <- w
         self.base.arr[...] = ps.params           # x_f <- w
 
     # server --------------------------------------------------------------
     def serve_push(self, ps, w: int, stale: int) -> None:
         self.rx.to_device()
-        ps.params += self.rx.arr                 # w <- w + d_i
+        self.mine += self.rx.arr                 # w <- w + d_i (this shard's slice)
         self.version += 1
         self.reply(w, stale, self.own.to_host(), self.version)
 

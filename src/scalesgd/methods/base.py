@@ -27,7 +27,7 @@ class Method:
     """Synchronous base: every rank is a worker, global samples advance in lockstep."""
 
     name = "base"
-    num_servers = 0              # server methods: ranks 0..num_servers-1 hold the center/master
+    num_servers = 0              # server methods: 1 (ranks 0..dist.servers-1 hold the center/master)
     min_ranks = 1
 
     @classmethod
@@ -36,17 +36,24 @@ class Method:
         return cls
 
     @classmethod
-    def check_ranks(cls, size: int) -> None:
+    def servers_for(cls, cfg) -> int:
+        """Server ranks this method takes with ``cfg`` (``dist.servers`` for the server methods)."""
+        return cfg.dist.servers if cls.num_servers else 0
+
+    @classmethod
+    def check_ranks(cls, size: int, cfg) -> None:
         """Raises MethodError when the method cannot run on ``size`` ranks (before any collective)."""
-        if size < cls.min_ranks:
-            roles = " (a server and a worker)" if cls.num_servers and cls.min_ranks == 2 else ""
-            raise MethodError(f"method '{cls.name}' needs at least {cls.min_ranks} ranks{roles}, "
-                              f"got {size}")
+        k = cls.servers_for(cfg)
+        need = max(cls.min_ranks, k + 1) if k else cls.min_ranks
+        if size < need:
+            roles = (" (a server and a worker)" if k == 1 else
+                     f" ({k} server shards and a worker)") if k else ""
+            raise MethodError(f"method '{cls.name}' needs at least {need} ranks{roles}, got {size}")
 
     def __init__(self, cfg, roles, comm, signals):
         """``roles``: this rank's role; ``comm``: the job's communicator; ``signals``: the
         ``train.control.Signals`` to carry on this method's messages."""
-        self.check_ranks(roles.size)
+        self.check_ranks(roles.size, cfg)
         self.cfg, self.roles, self.comm, self.signals = cfg, roles, comm, signals
         self.global_samples = 0
         self.timers = {"comm": 0.0, "wait": 0.0}
@@ -86,14 +93,15 @@ class Method:
             self.signals.merge(self.signals.raised)
         return self.global_samples
 
-    def serve(self, ps, check) -> None:
-        """Server ranks only: serve workers until ``check(gs, sig)`` (the count and the signals
-        every worker has been told of; runs a phase if one is due) says training is over."""
+    def serve(self, ps, phases) -> None:
+        """Server ranks only: serve workers until a phase ends training.  ``phases``
+        (``train.phases.Phases``): ``due(gs, sig)`` with the count and the signals every worker has
+        been told of, then ``enter(gs)``, the collective phase (True when training is over)."""
         raise MethodError(f"method '{self.name}' has no server")
 
-    poll_in_phase = None
-    """None, or a callable run while this rank waits in a phase agreement; it raises when the
-    agreement can never complete (the server methods: a push arrives, so a worker is not there)."""
+    def poll_in_phase(self) -> None:
+        """Run while this rank waits in a phase agreement; raises when the agreement can never
+        complete (the server methods: a push arrives, so a worker is not there)."""
 
     def quiesce(self, ps) -> None:
         """Collective, inside a phase (no exchange in flight): fold any pending incoming state into

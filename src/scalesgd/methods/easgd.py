@@ -29,7 +29,8 @@ class EASGD(ServerMethod):
         self.alpha = cfg.dist.beta / self.roles.num_workers
 
     def start_role(self, ps) -> None:
-        self.own = HostStage(ps.params)          # the worker's x_i / the server's x~, host side
+        # the worker's x_i / the server shard's slice of x~, host side
+        self.own = HostStage(self.mine if self.roles.is_server else ps.params)
 
     # worker --------------------------------------------------------------
     def push_payload(self, ps):
@@ -45,11 +46,12 @@ class EASGD(ServerMethod):
 
     # server --------------------------------------------------------------
     def serve_push(self, ps, w: int, stale: int) -> None:
-        """Replies with x~ first, then x~ <- x~ + alpha (x_i - x~), with x_i in ``rx``."""
+        """Replies with x~ first, then x~ <- x~ + alpha (x_i - x~), with x_i in ``rx`` (this
+        shard's slices of both)."""
         self.reply(w, stale, self.own.to_host(), self.version + 1)
         self.rx.to_device()
         x = self.rx.arr
-        x -= ps.params                           # x_i - x~
+        x -= self.mine                           # x_i - x~
         x *= self.alpha                          # e
-        ps.params += x
+        self.mine += x
         self.version += 1

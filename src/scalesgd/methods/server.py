@@ -1,24 +1,34 @@
-"""What ``easgd`` and ``asgd`` share: rank 0 is a parameter server, ranks 1..p-1 are workers
-(``roles``: worker w is rank ``roles.worker_rank(w)``).
+"""What ``easgd`` and ``asgd`` share: ranks 0..K-1 are parameter-server shards (``--servers K``,
+default 1), the other ranks are workers (``roles``: worker w is rank ``roles.worker_rank(w)``).
+
+Shards: shard s holds elements ``bounds[s]:bounds[s+1]`` of the flat parameter buffer
+(``protocol.shard_bounds``: contiguous, equal bytes) and applies the method's rule to that slice
+only; the update rules are element-wise, so the shards together apply exactly the unsharded rule
+(bit for bit with one worker; with several, each shard serves pushes in its own arrival order).
+Each shard keeps its own version, staleness statistics and ``told``/``fetched`` vectors.  K = 1 is
+the one-server method of the papers.
 
 Worker side: every ``period`` local steps (``tau`` / ``n_sync``) ``after_update`` does one exchange
-(``comm/protocol.py``): it pushes a payload built by the subclass with the samples it consumed
-since its previous exchange, and receives the server's reply (the global sample count, the server
-version, the staleness of this exchange, and a parameter-sized payload the subclass applies).
-Between exchanges ``after_update`` returns the count of the last reply (0 before the first one):
-a worker only learns the global count at exchanges.
+(``comm/protocol.py``) with every shard at once: it pushes a payload built by the subclass (each
+shard receives its slice) with the samples it consumed since its previous exchange, and receives
+every shard's reply (server 0's header gives the global sample count, version, staleness and the
+signals; each payload slice lands in place, then the subclass applies the whole payload).  Between
+exchanges ``after_update`` returns the count of the last reply (0 before the first one): a worker
+only learns the global count at exchanges.
 
-Server side (``serve``): serves pushes in arrival order (``MPI.ANY_SOURCE``, no barrier), adds
-each push's samples to the global count G and tells the sender G.  ``told[w]`` is the last count
-told to worker w.  A phase for boundary b (the collective every worker enters once it was told a
-count >= b) is entered only when ``min(told) >= b``: a worker not yet told would still send an
-exchange, so entering the collective earlier could deadlock.  After the last boundary
-(= total) every worker has been told >= total, has stopped, and has no message in flight; the
-server returns.
+Server side (``serve``): each shard serves pushes in arrival order (``MPI.ANY_SOURCE``, no
+barrier), adds each push's samples to its count G and tells the sender G.  ``told[w]`` is the last
+count told to worker w.  Server 0 decides the phases: a phase for boundary b (the collective every
+worker enters once server 0 told it a count >= b) is entered only when ``min(told) >= b``: a worker
+not yet told would still send an exchange, so entering the collective earlier could deadlock.
+Before entering, server 0 sends every other shard a notice with each worker's exchange count; a
+shard enters once it has served exactly those exchanges (each worker's last one before the phase
+must be answered by every shard).  After the last boundary (= total) every worker has been told >=
+total, has stopped, and has no message in flight; the servers return.
 
-Evaluated model (``load_eval_model``, collective over all ranks): the server's weights broadcast
-from the server, with BN statistics averaged over the workers' communicator (the server trains
-nothing).
+Evaluated model (``load_eval_model``, collective over all ranks): each shard's slice broadcast from
+it (the center / master), with BN statistics averaged over the workers' communicator (the servers
+train nothing).
 """
 from __future__ import annotations
 
@@ -29,12 +39,15 @@ import numpy as np
 
 from ..comm import collectives, watchdog
 from ..comm.collectives import HostStage
-from ..comm.protocol import PushHeader, ReplyHeader, ServerPort, WorkerPort, header
+from ..comm.protocol import (PushHeader, ReplyHeader, ServerPort, Tag, WorkerPort, header,
+                             shard_bounds)
 from .base import Method, PhaseError
 
 
 class ServerMethod(Method, metaclass=abc.ABCMeta):
-    """Base of the parameter-server methods; subclasses fill in the five hooks at the end."""
+    """Base of the parameter-server methods; subclasses fill in the hooks at the end.  On a server
+    shard ``self.mine`` is its slice of ``ps.params`` (a view) and ``self.rx`` receives pushed
+    slices; the hooks work on those."""
 
     num_servers = 1
     min_ranks = 2
@@ -45,23 +58,29 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         self.period = 1                # local steps between exchanges (subclass sets it)
         self.exchanges = 0             # worker: exchanges done; server: exchanges served
         self.version = 0               # server: updates applied; worker: version of the last reply
-        self.staleness = Counter()     # histogram {staleness: exchanges} (worker: its own)
+        self.staleness = Counter()     # histogram {staleness: exchanges} (worker: server 0's)
         self.last_staleness = 0
         self._samples = self._steps = 0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, ps) -> None:
         super().start(ps)              # everyone starts from rank 0's params and buffers
-        self.rx = HostStage(ps.params.copy())      # payload receive buffer (host side in rx.host)
         r = self.roles
+        self.bounds = shard_bounds(ps.params.size, r.num_servers)
         if r.is_server:
+            lo, hi = self.bounds[r.shard], self.bounds[r.shard + 1]
+            self.mine = ps.params[lo:hi]                  # this shard's slice (a view)
+            self.rx = HostStage(self.mine.copy())         # a pushed slice (host side in rx.host)
             self.port = ServerPort(self.comm)
-            self.poll_in_phase = self._push_during_phase
             self.told = np.zeros(r.num_workers, dtype=np.int64)
             self.told_sig = np.zeros((r.num_workers, 2), dtype=np.int64)
             self.fetched = np.zeros(r.num_workers, dtype=np.int64)   # version at last reply
+            self.served = np.zeros(r.num_workers, dtype=np.int64)    # exchanges per worker
+            self.target = np.zeros(r.num_workers, dtype=np.int64)    # shard > 0: a phase's notice
         else:
-            self.port = WorkerPort(self.comm, r.server)
+            self.rx = HostStage(ps.params.copy())         # the reply payload (host side in rx.host)
+            self.port = WorkerPort(self.comm, r.server_ranks,
+                                   self.bounds if r.num_servers > 1 else None)
             self.push_hdr = header(PushHeader.SIZE)
         self.start_role(ps)
 
@@ -87,13 +106,13 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         with self.timed("comm"):
             self.port.post_reply(self.reply_buffer(ps))
         with self.timed("wait"):
-            self.port.push_header(h)                  # until the server takes it: queueing
+            self.port.push_header(h)                  # until every shard takes it: queueing
         with self.timed("comm"):
             self.port.push_payload(payload)
         with self.timed("wait"):
-            self.port.wait_reply_header()             # the server applying it (and replying)
+            self.port.wait_reply_header()             # the shards applying it (and replying)
         with self.timed("comm"):
-            r = self.port.wait_reply()                # the reply's payload arriving
+            r = self.port.wait_reply()                # the reply payloads arriving; server 0's
         self.global_samples = int(r[ReplyHeader.GLOBAL])
         self.version = int(r[ReplyHeader.VERSION])
         self.signals.merge(r[ReplyHeader.STOP:ReplyHeader.CKPT + 1])
@@ -124,42 +143,66 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         return dict(exchanges=self.exchanges, staleness=self.last_staleness, staleness_mean=mean)
 
     # ------------------------------------------------------------------ server
-    def serve(self, ps, check) -> None:
-        """Serves pushes until a phase ends the run.  After each push, ``check(min(told), signals
-        every worker was told of)`` runs a phase if one is due (the collective a worker enters once
-        told a count >= a new boundary or a new signal): only what EVERY worker has been told
-        counts, since entering earlier could deadlock (a worker not yet told would still push)."""
-        port, sig = self.port, self.signals
+    def serve(self, ps, phases) -> None:
+        """Serves pushes until a phase ends the run.  Server 0, after each push, enters a phase if
+        ``phases.due(min(told), signals every worker was told of)``: only what EVERY worker has been
+        told counts, since entering earlier could deadlock (a worker not yet told would still push).
+        It first sends the other shards each worker's exchange count; a shard enters once it has
+        served exactly those."""
+        port, first = self.port, self.roles.shard == 0
+        notice = np.zeros(self.roles.num_workers, dtype=np.int64)
+        waiting = False                                 # shard > 0: a notice is being served up to
         while True:
+            if waiting and np.array_equal(self.served, self.target):
+                waiting = False
+                if phases.enter(self.global_samples):
+                    return
+                continue
             watchdog.doing(f"serving: waiting for a push (global sample {self.global_samples}, "
                            f"told {self.told.tolist()})")
             with self.timed("wait"):
-                src = port.recv_push_header()           # idle until some worker pushes
-            with self.timed("comm"):
-                port.recv_push_payload(src, self.rx.host)
-            h = port.push_hdr
-            if h[PushHeader.KIND] != self.kind:
-                raise RuntimeError(f"{self.name} server: rank {src} pushed kind {int(h[0])}, "
-                                   f"expected {int(self.kind)} (mixed methods?)")
-            w = self.roles.worker_of(src)
-            stale = self.version - int(self.fetched[w])
-            self.global_samples += int(h[PushHeader.SAMPLES])
-            sig.merge(sig.raised)                       # the server's own clock / stop request
-            sig.merge(h[PushHeader.STOP:PushHeader.CKPT + 1])
-            with self.timed("comm"):
-                self.serve_push(ps, w, stale)          # applies and replies (subclass order)
-            self.fetched[w] = self.version
-            self._record(stale)
-            self.exchanges += 1
-            self.told[w] = self.global_samples
-            self.told_sig[w] = sig.seen
-            if check(int(self.told.min()), self.told_sig.min(axis=0)):
-                return
+                tag = port.next_message()               # idle until some worker pushes
+            if tag == Tag.PHASE_NOTICE and not first:
+                port.recv_notice(notice)
+                self.target[...], waiting = notice, True
+                continue
+            self._serve_one(ps, port)
+            if first and phases.due(int(self.told.min()), self.told_sig.min(axis=0)):
+                for s in self.roles.server_ranks[1:]:
+                    port.send_notice(s, self.served)
+                if phases.enter(int(self.told.min())):
+                    return
 
-    def _push_during_phase(self) -> None:
+    def _serve_one(self, ps, port) -> None:
+        """Receives one push (its header is next), applies it and replies."""
+        sig = self.signals
+        src = port.recv_push_header()
+        with self.timed("comm"):
+            port.recv_push_payload(src, self.rx.host)
+        h = port.push_hdr
+        if h[PushHeader.KIND] != self.kind:
+            raise RuntimeError(f"{self.name} server: rank {src} pushed kind {int(h[0])}, "
+                               f"expected {int(self.kind)} (mixed methods?)")
+        w = self.roles.worker_of(src)
+        stale = self.version - int(self.fetched[w])
+        self.global_samples += int(h[PushHeader.SAMPLES])
+        sig.merge(sig.raised)                           # the server's own clock / stop request
+        sig.merge(h[PushHeader.STOP:PushHeader.CKPT + 1])
+        with self.timed("comm"):
+            self.serve_push(ps, w, stale)               # applies and replies (subclass order)
+        self.fetched[w] = self.version
+        self._record(stale)
+        self.exchanges += 1
+        self.served[w] += 1
+        self.told[w] = self.global_samples
+        self.told_sig[w] = sig.seen
+
+    def poll_in_phase(self) -> None:
         """Server, waiting in a phase agreement: every worker enters a phase right after the reply
         that told it of the phase, so a push arriving now means that worker will never join the
         agreement (inconsistent state, e.g. a checkpoint of another run): fail instead of hanging."""
+        if not self.roles.is_server:
+            return
         src = self.port.push_waiting()
         if src is not None:
             raise PhaseError(
@@ -178,30 +221,42 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         self.port.send_reply(self.roles.worker_rank(w), payload)
 
     # ------------------------------------------------------------------ evaluation
-    def load_eval_model(self, ps) -> dict:
-        """Collective: server weights to every rank, BN statistics = mean over the workers.
+    def _gather_slices(self, ps, comm, root_of) -> None:
+        """Every shard's slice of ``ps.params`` to every rank of ``comm`` (K broadcasts)."""
+        for s in range(self.roles.num_servers):
+            lo, hi = self.bounds[s], self.bounds[s + 1]
+            collectives.bcast(comm, ps.params[lo:hi], root_of(s))
 
-        Extra metrics: mean and max distance ||x_i - x_server|| over workers, and the server's
-        update count and staleness (so that rank 0's summary records them)."""
-        r = self.roles
+    def load_eval_model(self, ps) -> dict:
+        """Collective: the servers' weights to every rank, BN statistics = mean over the workers.
+
+        Extra metrics: mean and max distance ||x_i - x_server|| over workers, and server 0's update
+        count and the staleness over all shards (so that rank 0's summary records them)."""
+        r, k = self.roles, self.roles.num_servers
         own = None if r.is_server else ps.params.copy()
-        collectives.bcast(self.comm, ps.params, r.server)
-        if not r.is_server:                       # the server's statistics were never trained
+        self._gather_slices(ps, self.comm, lambda s: s)
+        if not r.is_server:                       # the servers' statistics were never trained
             collectives.allreduce_mean(r.workers, ps.buffers)
-        # one small all-reduce: [distance of each worker..., server's version, staleness mean, max]
-        vec = np.zeros(r.num_workers + 3)
+        # one small all-reduce: [distance of each worker..., per shard: version, staleness mean, max]
+        p = r.num_workers
+        vec = np.zeros(p + 3 * k)
         if own is None:
-            vec[r.num_workers:] = (self.version, *self.staleness_summary())
+            vec[p + 3 * r.shard:p + 3 * r.shard + 3] = (self.version, *self.staleness_summary())
         else:
             vec[r.worker_index] = float(((own - ps.params) ** 2).sum()) ** 0.5
         vec = collectives.allreduce_sum_host(self.comm, vec)
-        dist = vec[:r.num_workers]
-        p = r.num_workers
+        dist, shards = vec[:p], vec[p:].reshape(k, 3)
         return dict(worker_distance=float(dist.mean()), worker_distance_max=float(dist.max()),
-                    server_version=int(vec[p]), staleness_mean=float(vec[p + 1]),
-                    staleness_max=int(vec[p + 2]))
+                    server_version=int(shards[0, 0]), staleness_mean=float(shards[:, 1].mean()),
+                    staleness_max=int(shards[:, 2].max()))
 
     # ------------------------------------------------------------------ checkpoints
+    def quiesce(self, ps) -> None:
+        """With several shards, every server's ``ps.params`` becomes the whole center / master, so
+        that rank 0's checkpoint group is complete (a warm start reads rank 0's weights)."""
+        if self.roles.is_server and self.roles.num_servers > 1:
+            self._gather_slices(ps, self.roles.servers, lambda s: s)
+
     def state(self, ps) -> tuple[dict, dict]:
         """Inside a phase every exchange has been answered, so counters and buffers are consistent."""
         arrays, scalars = super().state(ps)
@@ -209,7 +264,8 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
                        steps=self._steps, last_staleness=self.last_staleness,
                        staleness={str(k): v for k, v in self.staleness.items()})
         if self.roles.is_server:
-            scalars.update(told=self.told.tolist(), fetched=self.fetched.tolist())
+            scalars.update(told=self.told.tolist(), fetched=self.fetched.tolist(),
+                           served=self.served.tolist())
         return arrays, scalars
 
     def load_state(self, ps, arrays: dict, scalars: dict) -> None:
@@ -221,6 +277,8 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         if self.roles.is_server:
             self.told[...] = scalars["told"]
             self.fetched[...] = scalars["fetched"]
+            if "served" in scalars:                 # (checkpoints of one server: not needed)
+                self.served[...] = scalars["served"]
 
     # ------------------------------------------------------------------ subclass hooks
     def start_role(self, ps) -> None:
@@ -228,10 +286,10 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
 
     @abc.abstractmethod
     def push_payload(self, ps) -> np.ndarray:
-        """Worker: the host array to push."""
+        """Worker: the host array to push (whole; each shard receives its slice)."""
 
     def reply_buffer(self, ps) -> np.ndarray:
-        """Worker: the host array the reply payload is received into."""
+        """Worker: the host array the reply payload is received into (each shard's slice)."""
         return self.rx.host
 
     @abc.abstractmethod
@@ -240,5 +298,6 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
 
     @abc.abstractmethod
     def serve_push(self, ps, w: int, stale: int) -> None:
-        """Server: the push of worker ``w`` is in ``self.rx.host``; update ``ps.params``, bump
-        ``self.version`` and call ``self.reply`` (in the order the method defines)."""
+        """Server shard: the pushed slice of worker ``w`` is in ``self.rx.host``; update
+        ``self.mine``, bump ``self.version`` and call ``self.reply`` with this shard's slice (in
+        the order the method defines)."""

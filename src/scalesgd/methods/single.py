@@ -8,7 +8,7 @@ class Single(Method):
     name = "single"
 
     @classmethod
-    def check_ranks(cls, size: int) -> None:
+    def check_ranks(cls, size: int, cfg) -> None:
         if size != 1:
             raise MethodError(
                 f"method 'single' trains on one rank, but this job has {size} ranks; "

@@ -153,7 +153,7 @@ class Run:
         self.eval_at, self.ckpt_at = set(evals), set(ckpts)
         self.boundaries = sorted(self.eval_at | self.ckpt_at)
         self.phases = Phases(s.control, self.boundaries, self.on_boundary, self.on_checkpoint,
-                             poll=s.method.poll_in_phase)
+                             poll=s.method.poll_in_phase, tick=self.tick)
         self.straggle = Straggler(s.cfg.dist.straggler, s.topo.rank, s.cfg.train.seed)
         self.fault = _fault_spec()
         self.st = LoopState()
@@ -269,7 +269,6 @@ class Run:
                 st.local_samples += len(y)
                 st.compute_seconds += time.perf_counter() - tc
                 self.log_step(gs, loss, int(errors) / len(y), lr)
-                self.tick()
                 self.inject_fault()
                 if self.phases.check(gs, seen):
                     return
@@ -304,12 +303,7 @@ class Run:
     # ------------------------------------------------------------------ server
     def serve(self) -> None:
         if not self.phases.finished:
-            self.s.method.serve(self.s.model.ps, self.server_check)
-
-    def server_check(self, gs: int, sig) -> bool:
-        """After each push served: the clock, then a phase if every worker has been told of one."""
-        self.tick()
-        return self.phases.check(gs, sig)
+            self.s.method.serve(self.s.model.ps, self.phases)
 
     # ------------------------------------------------------------------ whole run
     def summary(self, wall: float) -> dict:

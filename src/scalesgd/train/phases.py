@@ -42,11 +42,13 @@ class Phases:
     """Drives ``control`` (a ``train.control.Control``) through the phases of ``boundaries``.
 
     ``poll``: None, or a callable run while this rank waits in a phase agreement; it raises when the
-    agreement can never complete (a server: a push arrives, so a worker is not there)."""
+    agreement can never complete (a server: a push arrives, so a worker is not there).
+    ``tick``: None, or a callable run at every ``due`` (rank 0's checkpoint clock)."""
 
-    def __init__(self, control, boundaries, on_boundary, on_checkpoint=None, poll=None):
+    def __init__(self, control, boundaries, on_boundary, on_checkpoint=None, poll=None, tick=None):
         self.c, self.boundaries = control, list(boundaries)
         self.on_boundary, self.on_checkpoint, self.poll = on_boundary, on_checkpoint, poll
+        self.tick = tick
 
     def reached(self, gs: int) -> int:
         """Index of the furthest boundary <= gs (-1 if none)."""
@@ -56,14 +58,21 @@ class Phases:
     def finished(self) -> bool:
         return self.c.phase_done >= len(self.boundaries) - 1
 
+    def due(self, gs: int, sig) -> bool:
+        """Whether count ``gs`` and signals ``sig`` call for a phase (after the clock's tick)."""
+        if self.tick is not None:
+            self.tick()
+        return self.reached(gs) > self.c.phase_done or self.c.pending(sig)
+
+    def enter(self, gs: int) -> bool:
+        """Collective: the phase for count ``gs``; True when training is over."""
+        return self.run(self.reached(gs))
+
     def check(self, gs: int, sig) -> bool:
         """After each step (a worker: its count and ``signals.seen``) or each push served (a
         server: the count and signals every worker has been told of): runs a phase if one is
         due; True when training is over."""
-        want = self.reached(gs)
-        if want > self.c.phase_done or self.c.pending(sig):
-            return self.run(want)
-        return False
+        return self.enter(gs) if self.due(gs, sig) else False
 
     def run(self, want: int) -> bool:
         """Collective: one phase.  Returns True when the last boundary has been processed."""
