@@ -9,7 +9,7 @@ from synth import make_dataset
 from helpers import TINY, bad_sample_warnings, one_line_error, run_cli
 
 pytestmark = [pytest.mark.mpi, needs_mpi]
-CHECKS = 6                                       # functions run by tests/mpi/server_check.py
+CHECKS = 7                                       # functions run by tests/mpi/server_check.py
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])

@@ -130,6 +130,8 @@ class DistConfig:
     tau: int = _f(1, "easgd and gossip: local steps between exchanges", lo=1)
     servers: int = _f(1, "easgd and asgd: parameter-server ranks (0..K-1), each holding one contiguous "
                       "shard of the flat buffer; workers exchange with all of them at once", lo=1)
+    max_staleness: int = _f(-1, "asgd: a push more than this many server versions stale is rejected (not "
+                            "applied; the worker re-fetches); -1: unbounded", lo=-1)
     n_sync: int = _f(1, "asgd: local steps between push+fetch with the server", lo=1)
     gossip: str = _f("pull", "gossip variant", choices=GOSSIP_VARIANTS)
     gossip_gamma: float = _f(0.5, "gossip pull: x_i <- (1-gamma) x_i + gamma x_j", lo=0, hi=1,
@@ -138,6 +140,9 @@ class DistConfig:
     gossip_graph: str = _f("uniform", "gossip: who a rank exchanges with: uniform (a random peer, as the "
                            "authors), exponential (rank + 2^k, k cycling), ring (rank + 1)",
                            choices=GOSSIP_GRAPHS)
+    gossip_overlap: bool = _f(False, "gossip: start each exchange after the local step and complete it "
+                              "before the next mix, in a communication thread, so it runs under the "
+                              "next step's compute (the peer copy mixed in is one exchange older)")
     straggler: str = _f("", "RANKS:DELAY_MS[:JITTER_MS], e.g. '1,3:100:50': those ranks sleep after "
                         "each backward pass")
     eval_every: float = _f(1.0, "epochs (of global samples) between validations", lo=0, lo_open=True)

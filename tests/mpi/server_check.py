@@ -96,13 +96,20 @@ def drive(comm, method, ps, boundaries, samples=4, jitter=0.0, rng=None):
         method.serve(ps, CheckedPhases())
     else:
         gs, step, finished = 0, 0, False
+        pending = np.zeros_like(ps.params)             # added since the last exchange
         while not finished:
             g = fake_grad(comm.rank, step, ps.params.size)
             ps.params += g
             added += g
+            pending += g
             if jitter and rng.random() < 0.3:
                 time.sleep(jitter)
+            before = (method.exchanges, method.rejected)
             gs = method.after_update(step, ps, samples)
+            if method.exchanges != before[0]:
+                if method.rejected != before[1]:        # asgd --max-staleness dropped it
+                    added -= pending
+                pending[...] = 0
             step += 1
             finished = phases.check(gs, method.signals.seen)
         method.samples_fed = step * samples
@@ -313,8 +320,34 @@ def sharded_servers_keep_the_invariants(comm):
                                                rtol=1e-12, atol=1e-9)
 
 
+def asgd_bounded_staleness_holds(comm):
+    """--max-staleness S: every applied update is at most S versions stale (the server's
+    histogram), the master = initial + exactly the applied updates, and rejected + applied pushes =
+    all pushes, on the worker side and the server side alike."""
+    if comm.size < 3:
+        return
+    for bound in (0, 1):
+        ps = FakePS(N)
+        w0 = ps.params.copy()
+        m = make(ASGD, n_sync=1, max_staleness=bound)
+        total = 4 * 12 * m.roles.num_workers
+        rng = np.random.default_rng([bound, comm.rank])
+        _, _, added = drive(comm, m, ps, [total // 2, total], jitter=0.001, rng=rng)
+        pushes = comm.reduce(0 if m.roles.is_server else m.exchanges)
+        rejected = comm.reduce(0 if m.roles.is_server else m.rejected)
+        added_all = reduce_sum(comm, added)
+        if m.roles.is_server:
+            assert max(m.staleness) <= bound, m.staleness
+            assert m.rejected == rejected and m.version + m.rejected == pushes == m.exchanges
+            assert np.array_equal(ps.params, w0 + added_all), "master != initial + applied updates"
+            assert m.stats()["rejected"] == m.rejected
+            if bound == 0:                      # two workers or more: someone is always behind
+                assert m.rejected > 0, m.staleness
+
+
 if __name__ == "__main__":
     assert MPI.COMM_WORLD.size >= 2
     run_checks(asgd_applies_every_update_exactly, easgd_hand_computed_two_ranks,
                easgd_conserves_mass, repeated_short_runs_terminate,
-               sharded_one_worker_is_the_unsharded_rule_bitwise, sharded_servers_keep_the_invariants)
+               sharded_one_worker_is_the_unsharded_rule_bitwise, sharded_servers_keep_the_invariants,
+               asgd_bounded_staleness_holds)

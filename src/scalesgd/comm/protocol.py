@@ -81,19 +81,21 @@ class PushHeader:
 
 
 class ReplyHeader:
-    """int64[6]: (global samples after this exchange, server version after it, staleness of this
+    """int64[7]: (global samples after this exchange, server version after it, staleness of this
     exchange in versions, exchanges served so far, then the signals the server has seen: stop,
-    newest checkpoint generation)."""
+    newest checkpoint generation; last, whether the push was rejected as too stale)."""
 
-    GLOBAL, VERSION, STALENESS, SERVED, STOP, CKPT = range(6)
-    SIZE = 6
+    GLOBAL, VERSION, STALENESS, SERVED, STOP, CKPT, REJECTED = range(7)
+    SIZE = 7
     FIELDS = ("global sample count G after this exchange (the worker's progress until its next one)",
               "server version after this exchange (updates applied)",
               "staleness of this exchange: updates other workers applied since this worker's "
               "previous reply",
               "exchanges the server has served, this one included",
               "stop the server has seen (its own and every push's, max-merged)",
-              "newest checkpoint generation the server has seen (max-merged)")
+              "newest checkpoint generation the server has seen (max-merged)",
+              "1 when the server did not apply this push (asgd `--max-staleness`: its staleness "
+              "exceeded the bound; the reply still carries the current weights), else 0")
 
 
 def header(size: int) -> np.ndarray:

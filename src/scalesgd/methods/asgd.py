@@ -11,6 +11,16 @@ exchange.  The server applies each push as it arrives and replies with the resul
 Staleness of an update = server versions applied (by other workers) between this worker's
 previous fetch and the application of its update; 0 with a single worker.
 
+Bounded staleness (``--max-staleness S``, default -1: unbounded): a push whose staleness exceeds S
+is **rejected** — not applied; the reply still carries the current w, which the worker takes as
+usual, so its next update starts fresh.  The worker's samples still count (the data was read), its
+update is dropped.  Rejecting rather than making fast workers wait (SSP) was chosen because a
+waiting rule must never hold a push while the worker it waits for sits in a phase agreement (a
+deadlock with the collective phases), and because a straggler's dropped update is what
+backup-worker synchronous SGD drops too; the cost is the lost work, counted in ``rejected``.  With
+``--servers K`` each shard applies the rule to its own staleness (a push may be applied on some
+shards' slices only; every applied slice is within the bound).
+
 Learning rate: w moves by the sum of the W workers' updates, so a single rank's rate is W times too
 large; an unset ``schedule.lr`` is the base rate / W (``config.fit_to_world``, logged at start).
 """
@@ -29,6 +39,7 @@ class ASGD(ServerMethod):
     def __init__(self, cfg, roles, comm, signals):
         super().__init__(cfg, roles, comm, signals)
         self.period = cfg.dist.n_sync
+        self.max_staleness = cfg.dist.max_staleness      # -1: unbounded
 
     def start_role(self, ps) -> None:
         # worker: receives the fetched w; server shard: its slice of w
@@ -51,11 +62,15 @@ class ASGD(ServerMethod):
         self.base.arr[...] = ps.params           # x_f <- w
 
     # server --------------------------------------------------------------
-    def serve_push(self, ps, w: int, stale: int) -> None:
+    def serve_push(self, ps, w: int, stale: int) -> bool:
+        if 0 <= self.max_staleness < stale:      # too stale: not applied; the worker re-fetches
+            self.reply(w, stale, self.own.to_host(), self.version, rejected=True)
+            return False
         self.rx.to_device()
         self.mine += self.rx.arr                 # w <- w + d_i (this shard's slice)
         self.version += 1
         self.reply(w, stale, self.own.to_host(), self.version)
+        return True
 
     # checkpoints: a worker's x_f (the weights of its last fetch) is state too
     def state(self, ps):

@@ -45,7 +45,7 @@ class EASGD(ServerMethod):
         ps.params += c
 
     # server --------------------------------------------------------------
-    def serve_push(self, ps, w: int, stale: int) -> None:
+    def serve_push(self, ps, w: int, stale: int) -> bool:
         """Replies with x~ first, then x~ <- x~ + alpha (x_i - x~), with x_i in ``rx`` (this
         shard's slices of both)."""
         self.reply(w, stale, self.own.to_host(), self.version + 1)
@@ -55,3 +55,4 @@ class EASGD(ServerMethod):
         x *= self.alpha                          # e
         self.mine += x
         self.version += 1
+        return True

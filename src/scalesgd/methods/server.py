@@ -58,8 +58,9 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         self.period = 1                # local steps between exchanges (subclass sets it)
         self.exchanges = 0             # worker: exchanges done; server: exchanges served
         self.version = 0               # server: updates applied; worker: version of the last reply
-        self.staleness = Counter()     # histogram {staleness: exchanges} (worker: server 0's)
+        self.staleness = Counter()     # histogram {staleness: updates applied} (worker: server 0's)
         self.last_staleness = 0
+        self.rejected = 0              # pushes not applied (asgd --max-staleness): worker / server
         self._samples = self._steps = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -116,7 +117,10 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         self.global_samples = int(r[ReplyHeader.GLOBAL])
         self.version = int(r[ReplyHeader.VERSION])
         self.signals.merge(r[ReplyHeader.STOP:ReplyHeader.CKPT + 1])
-        self._record(int(r[ReplyHeader.STALENESS]))
+        if r[ReplyHeader.REJECTED]:
+            self.rejected += 1
+        else:
+            self._record(int(r[ReplyHeader.STALENESS]))
         self.exchanges += 1
         self._samples = self._steps = 0
         self.apply_reply(ps)
@@ -138,9 +142,10 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         mean, top = self.staleness_summary()
         if self.roles.is_server:
             return dict(served=self.exchanges, version=self.version, staleness_mean=mean,
-                        staleness_max=top,
+                        staleness_max=top, rejected=self.rejected,
                         staleness_histogram={str(k): v for k, v in sorted(self.staleness.items())})
-        return dict(exchanges=self.exchanges, staleness=self.last_staleness, staleness_mean=mean)
+        return dict(exchanges=self.exchanges, staleness=self.last_staleness, staleness_mean=mean,
+                    rejected=self.rejected)
 
     # ------------------------------------------------------------------ server
     def serve(self, ps, phases) -> None:
@@ -189,9 +194,12 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         sig.merge(sig.raised)                           # the server's own clock / stop request
         sig.merge(h[PushHeader.STOP:PushHeader.CKPT + 1])
         with self.timed("comm"):
-            self.serve_push(ps, w, stale)               # applies and replies (subclass order)
+            applied = self.serve_push(ps, w, stale)     # applies and replies (subclass order)
         self.fetched[w] = self.version
-        self._record(stale)
+        if applied:
+            self._record(stale)
+        else:
+            self.rejected += 1
         self.exchanges += 1
         self.served[w] += 1
         self.told[w] = self.global_samples
@@ -211,13 +219,16 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
                 f"{self.told.tolist()}): this phase can never complete; "
                 "the job's phase state is inconsistent (a checkpoint that does not fit this run?)")
 
-    def reply(self, w: int, stale: int, payload: np.ndarray, version: int) -> None:
-        """Sends worker ``w`` the reply header (count, ``version``, ``stale``) and ``payload``."""
+    def reply(self, w: int, stale: int, payload: np.ndarray, version: int,
+              rejected: bool = False) -> None:
+        """Sends worker ``w`` the reply header (count, ``version``, ``stale``, whether its push was
+        rejected) and ``payload``."""
         r = self.port.reply
         r[ReplyHeader.GLOBAL] = self.global_samples
         r[ReplyHeader.VERSION], r[ReplyHeader.STALENESS] = version, stale
         r[ReplyHeader.SERVED] = self.exchanges + 1
         r[ReplyHeader.STOP:ReplyHeader.CKPT + 1] = self.signals.seen
+        r[ReplyHeader.REJECTED] = int(rejected)
         self.port.send_reply(self.roles.worker_rank(w), payload)
 
     # ------------------------------------------------------------------ evaluation
@@ -261,7 +272,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         """Inside a phase every exchange has been answered, so counters and buffers are consistent."""
         arrays, scalars = super().state(ps)
         scalars.update(exchanges=self.exchanges, version=self.version, samples=self._samples,
-                       steps=self._steps, last_staleness=self.last_staleness,
+                       steps=self._steps, last_staleness=self.last_staleness, rejected=self.rejected,
                        staleness={str(k): v for k, v in self.staleness.items()})
         if self.roles.is_server:
             scalars.update(told=self.told.tolist(), fetched=self.fetched.tolist(),
@@ -273,6 +284,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         self.exchanges, self.version = int(scalars["exchanges"]), int(scalars["version"])
         self._samples, self._steps = int(scalars["samples"]), int(scalars["steps"])
         self.last_staleness = int(scalars["last_staleness"])
+        self.rejected = int(scalars.get("rejected", 0))
         self.staleness = Counter({int(k): v for k, v in scalars["staleness"].items()})
         if self.roles.is_server:
             self.told[...] = scalars["told"]
@@ -297,7 +309,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         """Worker: the reply payload has arrived (in ``reply_buffer``); update ``ps.params``."""
 
     @abc.abstractmethod
-    def serve_push(self, ps, w: int, stale: int) -> None:
+    def serve_push(self, ps, w: int, stale: int) -> bool:
         """Server shard: the pushed slice of worker ``w`` is in ``self.rx.host``; update
         ``self.mine``, bump ``self.version`` and call ``self.reply`` with this shard's slice (in
-        the order the method defines)."""
+        the order the method defines).  Returns whether the push was applied."""
