@@ -13,9 +13,10 @@ import h5py
 import numpy as np
 import pytest
 
-from mpirun import mpi_launcher, uses_mpi
+from helpers import (ROOT, TINY, ended, final_arrays, launch, one_line_error, rank_pids, ranks_left, run_cli,
+                     start, stop)
+from mpirun import uses_mpi
 from synth import make_dataset
-from test_cli import ROOT, TINY, one_line_error, run_cli
 
 from scalesgd.io import checkpoint as ckpt
 
@@ -25,20 +26,6 @@ MPI = uses_mpi                                   # marked mpi, skipped without m
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("ck"), n=48, n_val=16, num_classes=4)
-
-
-def launch(n):
-    return () if n == 1 else tuple(mpi_launcher(n))
-
-
-def final_arrays(run_dir: Path) -> dict:
-    """Every dataset of the newest checkpoint, by 'rank-K/name'."""
-    path = ckpt.listing(ckpt.checkpoint_dir(run_dir))[-1]
-    out = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: out.__setitem__(name, obj[...]) if isinstance(obj, h5py.Dataset)
-                     else None)
-    return out
 
 
 # ----------------------------------------------------------------------------- the file itself
@@ -127,35 +114,22 @@ def test_interrupted_and_resumed_run_is_bitwise_identical(tmp_path, data, method
 
 
 # ----------------------------------------------------------------------------- preemption
-def rank_pids(tag: str) -> list[int]:
-    """PIDs of the Python ranks whose command line contains ``tag``."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmd and cmd[0].endswith(b"python") and any(tag.encode() in c for c in cmd):
-                out.append(int(d.name))
-    return out
-
-
-def wait_for_steps(run_dir: Path, n: int, timeout: float = 60, rank: int = 0):
-    t = time.monotonic()
+def steps_logged(run_dir: Path, rank: int = 0) -> int:
     f = run_dir / "metrics" / f"rank-{rank}.jsonl"
-    while time.monotonic() - t < timeout:
-        if f.exists() and f.read_text().count('"kind": "step"') >= n:
-            return
+    return f.read_text().count('"kind": "step"') if f.exists() else 0
+
+
+def wait_until(cond, what: str, timeout: float = 60) -> None:
+    """Polls ``cond()`` until it holds; a guard against a run that never gets there, not a bound
+    on its speed."""
+    t = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t < timeout, f"{what}: not within {timeout:.0f} s"
         time.sleep(0.05)
-    raise AssertionError(f"no {n} steps in {f} within {timeout}s")
 
 
-def start(args, tmp_path, ranks):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.Popen([*launch(ranks), sys.executable, "-m", "src.main", *args], cwd=ROOT, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+def wait_for_steps(run_dir: Path, n: int, rank: int = 0) -> None:
+    wait_until(lambda: steps_logged(run_dir, rank) >= n, f"{n} steps logged by rank {rank}")
 
 
 @MPI
@@ -168,14 +142,14 @@ def test_signal_to_one_rank_checkpoints_everyone_and_resumes(tmp_path, data, met
             "--run-dir", str(run_dir), "--straggler", "0:20"]
     if method == "gossip":
         args += ["--gossip", "push"]
-    p = start(args, tmp_path, ranks)
+    p = start(args, ranks)
     try:
         wait_for_steps(run_dir, 8, rank=1 if method == "easgd" else 0)   # easgd: rank 0 serves
         victim = rank_pids(str(run_dir))[-1]           # one rank, not the launcher
         os.kill(victim, sig)
-        out, err = p.communicate(timeout=60)
+        out, err = ended(p, 60, f"{method}: a signal to one rank did not stop the job")
     finally:
-        p.kill()
+        stop(p)
     assert p.returncode == 75, f"rc={p.returncode}\n{out}\n{err}"
     assert "stopped on a signal; checkpoint written" in err
     last = ckpt.listing(ckpt.checkpoint_dir(run_dir))[-1]
@@ -193,19 +167,20 @@ def test_sigkill_of_one_rank_ends_the_job_and_the_last_checkpoint_resumes(tmp_pa
     run_dir = tmp_path / "run"
     args = ["--data", str(data), "--method", "gossip", *TINY, "--epochs", "40", "--batch-size", "4",
             "--run-dir", str(run_dir), "--checkpoint-every", "1", "--straggler", "0:20"]
-    p = start(args, tmp_path, 3)
+    p = start(args, 3)
     try:
         wait_for_steps(run_dir, 30)
-        while not ckpt.listing(ckpt.checkpoint_dir(run_dir)):
-            time.sleep(0.05)
-        os.kill(rank_pids(str(run_dir))[-1], signal.SIGKILL)
-        t = time.monotonic()
-        p.communicate(timeout=30)                      # bounded: the launcher ends the others
-        assert time.monotonic() - t < 30
+        wait_until(lambda: ckpt.listing(ckpt.checkpoint_dir(run_dir)), "a first checkpoint")
+        ranks = rank_pids(str(run_dir))
+        assert len(ranks) == 3, ranks
+        os.kill(ranks[-1], signal.SIGKILL)
+        # the survivors block at the next collective; only the launcher can end them
+        ended(p, 30, "after one rank was SIGKILLed the launcher did not end the other two")
     finally:
-        p.kill()
+        stop(p)
     assert p.returncode != 0
-    assert rank_pids(str(run_dir)) == []
+    assert ranks_left(str(run_dir)) == [], "a rank outlived the job"
+    assert not (run_dir / "summary.json").exists()    # ended by the kill, not by finishing 40 epochs
     p = run_cli(["--resume", str(run_dir), "--epochs", "2"], tmp_path, launcher=launch(3))
     assert p.returncode == 0, p.stderr
 
@@ -261,15 +236,18 @@ def test_one_ranks_error_ends_every_method_fast(tmp_path, data, method, ranks, r
     """An exception on one rank mid-training (injected) ends the whole job with that rank's
     message: the others, blocked in an all-reduce, a server exchange or nothing at all (gossip),
     are ended by MPI_Abort, never left hanging."""
-    env_run = dict(os.environ, SCALESGD_INJECT_FAULT=f"{rank}:3", OMP_NUM_THREADS="1")
-    t = time.monotonic()
-    p = subprocess.run([*launch(ranks), sys.executable, "-m", "src.main", "--data", str(data),
-                        "--method", method, *TINY, "--epochs", "20", "--batch-size", "4",
-                        "--run-dir", str(tmp_path / "run")], cwd=ROOT, env=env_run,
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
-    assert time.monotonic() - t < 60
+    run_dir = tmp_path / "run"
+    p = start(["--data", str(data), "--method", method, *TINY, "--epochs", "20", "--batch-size", "4",
+               "--run-dir", str(run_dir)], ranks, env={"SCALESGD_INJECT_FAULT": f"{rank}:3"})
+    try:
+        _, err = ended(p, 60, f"{method}: rank {rank}'s error did not end the job")
+    finally:
+        stop(p)
     assert p.returncode != 0
-    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("scalesgd: error")]
+    errors = [ln for ln in err.splitlines() if ln.startswith("scalesgd: error")]
     # an unexpected exception also shows its traceback; the one error line names rank and cause
-    assert len(errors) == 1 and f"(rank {rank}/{ranks})" in errors[0], p.stderr
+    assert len(errors) == 1 and f"(rank {rank}/{ranks})" in errors[0], err
     assert "injected fault" in errors[0]
+    # the others were ended, not left blocked or training on: no rank outlives the job
+    assert ranks_left(str(run_dir)) == [], "a rank outlived the job"
+    assert not (run_dir / "summary.json").exists()

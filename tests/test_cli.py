@@ -1,36 +1,12 @@
 """The program as a user runs it: real processes, real shards, real mpiexec."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import h5py
 import pytest
 
+from helpers import ROOT, TINY, bad_sample_warnings, one_line_error, run_cli
 from mpirun import mpi_launcher, mpiexec
 from synth import make_dataset
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--width", "0.25", "--image-size", "16", "--scale", "16,20", "--batch-size", "8",
-        "--epochs", "1", "--log-every", "1"]
-
-
-def run_cli(args, tmp_path, timeout=180, launcher=()):
-    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1")
-    return subprocess.run([*launcher, sys.executable, "-m", "src.main", *args], cwd=ROOT, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
-
-
-def one_line_error(proc, *needles):
-    """The process failed with exactly one ``scalesgd: error:`` line containing every needle."""
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("scalesgd: error")]
-    assert len(errors) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    for n in needles:
-        assert n in errors[0], errors[0]
-    return errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +32,8 @@ def test_short_training_run_writes_results(tmp_path, tiny_data):
         assert key in summary, key
     assert summary["ranks"] == 1 and summary["samples"] == 48 and summary["epochs"] == 1
     assert 0 <= summary["val_top1_accuracy"] <= summary["val_top5_accuracy"] == 1.0   # 4 classes
+    # on NumPy there is no fast path to check: nothing ran, no time spent (fastpaths.py)
+    assert summary["fast_paths"] == {"mode": "auto", "seconds": 0.0, "components": {}}
     assert json.loads((run_dir / "config.json").read_text())["data"]["batch_size"] == 8
     steps = [json.loads(ln) for ln in (run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if r["kind"] == "step"] == list(range(1, 7))
@@ -98,16 +76,6 @@ def test_label_out_of_range_names_file_and_index(tmp_path):
         f["labels"][5] = 9
     p = run_cli(["--data", str(root), "--run-dir", str(tmp_path / "run"), *TINY], tmp_path)
     one_line_error(p, "val-00000-of-00001.h5", "[5]", "9")
-
-
-def bad_sample_warnings(proc, needle):
-    """The run succeeded; its stderr warns about skipped samples, each line naming ``needle``."""
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if "skipped undecodable sample" in ln]
-    assert lines and "Traceback" not in proc.stderr, proc.stderr
-    for line in lines:
-        assert line.startswith("scalesgd: warning: rank ") and needle in line, line
-    return lines
 
 
 def test_unreadable_jpeg_is_skipped_named_and_counted(tmp_path):

@@ -144,7 +144,7 @@ def test_resume_from_a_checkpoint_file_finds_its_run_directory(tmp_path, monkeyp
 
 def test_config_errors_exit_2_with_one_line_naming_the_path(tmp_path):
     """As a real process: the cases that used to train (nan/inf) or exit 1 with a bare errno."""
-    from test_cli import one_line_error, run_cli
+    from helpers import one_line_error, run_cli
     cases = [(["--lr", "nan"], "schedule.lr: expected a finite number"),
              (["--lr", "inf"], "schedule.lr: expected a finite number"),
              (["--config", str(tmp_path)], f"{tmp_path}: is a directory"),
@@ -227,7 +227,7 @@ def test_asgd_default_lr_is_logged_saved_and_used_and_short_epochs_warn_once(tmp
     import json
     from mpirun import mpi_launcher, mpiexec
     from synth import make_dataset
-    from test_cli import TINY, run_cli
+    from helpers import TINY, run_cli
     if mpiexec() is None:
         pytest.skip("no mpiexec")
     data = make_dataset(tmp_path / "d", n=48, n_val=12, num_classes=4)

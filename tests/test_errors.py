@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ROOT, TINY, launch, one_line_error, run_cli
 from mpirun import mpi_launcher, needs_mpi
 from synth import make_dataset
-from test_checkpoint import launch
-from test_cli import ROOT, TINY, one_line_error, run_cli
 
 from scalesgd.io import checkpoint as ckpt
 

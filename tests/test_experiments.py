@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import experiments as X  # noqa: E402
 
-from scalesgd.io.plot import RunData  # noqa: E402
+from scalesgd.io.runs import RunData  # noqa: E402
 
 
 def fake_result(val_errors, times, steps=None, method="gossip-pull"):

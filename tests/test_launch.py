@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from helpers import ROOT, TINY
 from synth import make_dataset
-from test_cli import ROOT, TINY
 
 from scalesgd.comm.topology import TopologyError, check_library, check_world
 

@@ -1,4 +1,6 @@
 """Every layer's backward against float64 central finite differences."""
+import zlib
+
 import numpy as np
 import pytest
 
@@ -7,15 +9,20 @@ from scalesgd.nn import layers as L
 from gradcheck import numeric_grad, rel_error, sample_idx
 
 TOL = 1e-7
-rng = np.random.default_rng(1234)
 
 
-def rand(*shape):
-    return rng.standard_normal(shape)
+@pytest.fixture
+def rand(request):
+    """``rand(*shape)``: standard normal draws from this test's own generator, seeded from its name
+    (parameters included), so a test's inputs are the same whether it runs alone, in another order
+    or after any other test."""
+    rng = np.random.default_rng(zlib.crc32(request.node.name.encode()))
+    return lambda *shape: rng.standard_normal(shape)
 
 
-def check_input_and_param_grads(forward, backward, inputs: dict, out_shape, n_checks=60):
-    """forward(**inputs) -> out; backward(dout) -> dict name -> analytic grad; loss = sum(out * R)."""
+def check_input_and_param_grads(forward, backward, inputs: dict, out_shape, rand, n_checks=60):
+    """forward(**inputs) -> out; backward(dout) -> dict name -> analytic grad; loss = sum(out * R),
+    R drawn with ``rand`` (the test's generator)."""
     R = rand(*out_shape)
 
     def loss():
@@ -33,7 +40,7 @@ def check_input_and_param_grads(forward, backward, inputs: dict, out_shape, n_ch
 @pytest.mark.parametrize("k,stride,pad,hw", [(3, 1, 1, 7), (3, 2, 1, 7), (3, 2, 1, 8), (1, 1, 0, 5),
                                              (1, 2, 0, 6), (7, 2, 3, 11), (3, 1, 0, 6), (5, 1, 2, 6)])
 @pytest.mark.parametrize("workspace", [False, True])
-def test_conv2d(k, stride, pad, hw, workspace):
+def test_conv2d(k, stride, pad, hw, workspace, rand):
     x, w = rand(2, hw, hw + 1, 3), rand(k, k, 3, 3)
     ws = L.Workspace() if workspace else None
     out, cache = L.conv2d_forward(x, w, stride, pad, ws)
@@ -45,10 +52,10 @@ def test_conv2d(k, stride, pad, hw, workspace):
 
     # the forward passes of the finite differences reuse the same workspace buffers
     check_input_and_param_grads(lambda x, w: L.conv2d_forward(x, w, stride, pad, ws)[0], backward,
-                                {"x": x, "w": w}, out.shape)
+                                {"x": x, "w": w}, out.shape, rand)
 
 
-def test_conv2d_matches_direct_sum():
+def test_conv2d_matches_direct_sum(rand):
     """The NHWC/HWIO im2col convolution equals the textbook 7-loop definition."""
     x, w = rand(1, 5, 6, 2), rand(3, 3, 2, 3)
     out, _ = L.conv2d_forward(x, w, 2, 1)
@@ -62,7 +69,7 @@ def test_conv2d_matches_direct_sum():
 
 
 @pytest.mark.parametrize("relu", [False, True])
-def test_batchnorm_train(relu):
+def test_batchnorm_train(relu, rand):
     x = rand(4, 3, 3, 5) * 2 + 1
     gamma, beta = rand(5), rand(5)
 
@@ -79,10 +86,10 @@ def test_batchnorm_train(relu):
         dx = L.batchnorm_backward(d, cache, dg, db)
         return {"x": dx, "gamma": dg, "beta": db}
 
-    check_input_and_param_grads(fwd, backward, {"x": x, "gamma": gamma, "beta": beta}, out.shape)
+    check_input_and_param_grads(fwd, backward, {"x": x, "gamma": gamma, "beta": beta}, out.shape, rand)
 
 
-def test_batchnorm_statistics_and_eval():
+def test_batchnorm_statistics_and_eval(rand):
     x = rand(8, 4, 4, 3) * 3 + 2
     rm, rv = np.zeros(3), np.ones(3)
     gamma, beta = np.array([1.0, 2.0, 0.5]), np.array([0.0, -1.0, 3.0])
@@ -104,23 +111,23 @@ def test_batchnorm_statistics_and_eval():
     np.testing.assert_array_equal(rv, rv0)
 
 
-def test_relu():
+def test_relu(rand):
     x = rand(3, 4, 4, 2)
     x[np.abs(x) < 1e-3] = 0.5          # keep away from the kink
     out, cache = L.relu_forward(x.copy())
     check_input_and_param_grads(lambda x: np.maximum(x, 0),
-                                lambda d: {"x": L.relu_backward(d, cache)}, {"x": x}, out.shape)
+                                lambda d: {"x": L.relu_backward(d, cache)}, {"x": x}, out.shape, rand)
 
 
-def test_maxpool():
+def test_maxpool(rand):
     x = rand(2, 9, 8, 3)               # continuous random values: no ties
     out, cache = L.maxpool_forward(x)
     assert out.shape == (2, 5, 4, 3)
     check_input_and_param_grads(lambda x: L.maxpool_forward(x)[0],
-                                lambda d: {"x": L.maxpool_backward(d, cache)}, {"x": x}, out.shape)
+                                lambda d: {"x": L.maxpool_backward(d, cache)}, {"x": x}, out.shape, rand)
 
 
-def test_avgpool_and_linear():
+def test_avgpool_and_linear(rand):
     x, w, b = rand(3, 4, 5, 6), rand(6, 7), rand(7)
 
     def fwd(x, w, b):
@@ -134,11 +141,11 @@ def test_avgpool_and_linear():
         dx = L.avgpool_backward(L.linear_backward(d, lc, dw, db), shape)
         return {"x": dx, "w": dw, "b": db}
 
-    check_input_and_param_grads(fwd, backward, {"x": x, "w": w, "b": b}, out.shape)
+    check_input_and_param_grads(fwd, backward, {"x": x, "w": w, "b": b}, out.shape, rand)
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_softmax_cross_entropy(smoothing):
+def test_softmax_cross_entropy(smoothing, rand):
     logits, labels = rand(5, 4) * 3, np.array([0, 3, 1, 1, 2])
     loss, grad, pred = L.softmax_cross_entropy(logits, labels, smoothing)
     # closed form
@@ -152,7 +159,7 @@ def test_softmax_cross_entropy(smoothing):
     assert rel_error(grad, num) < TOL
 
 
-def test_conv2d_backward_refuses_a_stale_workspace_cache():
+def test_conv2d_backward_refuses_a_stale_workspace_cache(rand):
     """forward A, forward B of the same shape (reusing A's im2col buffer), backward A: an error, not
     gradients of B; a forward of another shape in between leaves A's cache valid."""
     x_a, x_b, w = rand(2, 6, 6, 4), rand(2, 6, 6, 4), rand(3, 3, 4, 4)

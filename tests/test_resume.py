@@ -30,7 +30,7 @@ from scalesgd.io import checkpoint as ckpt
 pytestmark = [needs_mpi, pytest.mark.mpi]
 
 METHODS = {"allreduce": [], "easgd": [], "asgd": [], "gossip-pull": ["--gossip", "pull"],
-           "gossip-push": ["--gossip", "push"],
+           "gossip-push": ["--gossip", "push", "--gossip-overlap"],   # pushes in flight at a checkpoint
            "easgd-sharded": ["--servers", "2"]}          # two server shards, one worker
 DETERMINISTIC = ("allreduce", "easgd-sharded")          # (one worker: no arrival order)
 RANKS = 3                    # server methods: a server and two workers

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ROOT, TINY
 from mpirun import mpi_launcher, uses_mpi
 from synth import make_dataset
-from test_cli import ROOT, TINY
 
 from scalesgd.comm import shm
 

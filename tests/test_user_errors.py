@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_cli import ROOT, TINY, one_line_error, run_cli
+from helpers import ROOT, TINY, one_line_error, run_cli
 
 from scalesgd import errors
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from helpers import TINY, run_cli
 from mpirun import mpi_launcher, uses_mpi
 from synth import make_dataset
-from test_cli import TINY, run_cli
 
 
 @pytest.fixture(scope="module")

@@ -20,17 +20,17 @@ def cfg(**dist):
 
 
 def closed_form_buckets(comm):
-    """Grads filled with the rank: every element sums to p(p-1)/2, for every bucket size, with and
-    without overlap."""
+    """Grads filled with rank + 1: every element sums to p(p+1)/2 (not 0 at one rank), for every
+    bucket size, with and without overlap."""
     layout = Layout([TensorSpec(f"t{i}", (1000 + 37 * i,)) for i in range(12)])
     for bucket_bytes in (0, 4000, 20000, 10**9):
         for overlap in (True, False):
-            flat = np.full(layout.size, float(comm.rank), dtype=np.float64)
+            flat = np.full(layout.size, comm.rank + 1.0, dtype=np.float64)
             red = collectives.BucketedAllreduce(comm, flat, layout, bucket_bytes, overlap=overlap)
             for spec in reversed(layout.specs):        # the order backward reports them
                 red.ready([spec.name])
             red.finish()
-            assert np.all(flat == comm.size * (comm.size - 1) / 2), (bucket_bytes, overlap)
+            assert np.all(flat == comm.size * (comm.size + 1) / 2), (bucket_bytes, overlap)
         covered = sorted((lo, hi) for lo, hi, _ in red.buckets)
         assert covered[0][0] == 0 and covered[-1][1] == layout.size
         assert all(a[1] == b[0] for a, b in zip(covered, covered[1:])), "buckets must tile the buffer"

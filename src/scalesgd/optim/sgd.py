@@ -46,10 +46,6 @@ class SGD:
         self._scratch = xp.empty_like(params)
         self.decay_mask = None if cfg.decay_bn_and_bias else decay_mask
 
-    def reset(self) -> None:
-        """Zeroes the momentum (fresh optimizer state, e.g. after a warm start)."""
-        self.momentum[...] = 0
-
     def step(self, params, grads, lr: float) -> None:
         """Updates ``params`` in place from ``grads`` (both flat, same layout)."""
         c, buf, d = self.cfg, self.momentum, self._scratch

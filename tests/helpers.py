@@ -1,0 +1,117 @@
+"""What many test modules share to run the program as a user does: the repository root, the tiny
+training flags, one CLI run as a real process, and the checks of its one-line error or warnings."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+from mpirun import mpi_launcher
+
+ROOT = Path(__file__).resolve().parents[1]
+# a ResNet-20 at a quarter width on 16x16 crops, one epoch, a metrics line per step: seconds per run
+TINY = ["--width", "0.25", "--image-size", "16", "--scale", "16,20", "--batch-size", "8",
+        "--epochs", "1", "--log-every", "1"]
+
+
+def launch(n: int) -> tuple:
+    """The argv prefix of an N-rank job: nothing for one rank (a plain process), else mpiexec -n N."""
+    return () if n == 1 else tuple(mpi_launcher(n))
+
+
+def run_cli(args, tmp_path, timeout=180, launcher=()):
+    """``[launcher...] python -m src.main ARGS`` from the repository root, one BLAS thread, the demo's
+    data under ``tmp_path``; returns the CompletedProcess (text)."""
+    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1")
+    return subprocess.run([*launcher, sys.executable, "-m", "src.main", *args], cwd=ROOT, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(proc, *needles):
+    """The process failed with exactly one ``scalesgd: error:`` line containing every needle."""
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("scalesgd: error")]
+    assert len(errors) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for n in needles:
+        assert n in errors[0], errors[0]
+    return errors[0]
+
+
+def bad_sample_warnings(proc, needle):
+    """The run succeeded; its stderr warns about skipped samples, each line naming ``needle``."""
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "skipped undecodable sample" in ln]
+    assert lines and "Traceback" not in proc.stderr, proc.stderr
+    for line in lines:
+        assert line.startswith("scalesgd: warning: rank ") and needle in line, line
+    return lines
+
+
+def start(args, ranks: int, env: dict | None = None) -> subprocess.Popen:
+    """``python -m src.main ARGS`` on ``ranks`` ranks in the background (``env`` added to the
+    environment); end it with ``ended`` or ``stop``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.Popen([*launch(ranks), sys.executable, "-m", "src.main", *args], cwd=ROOT,
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def stop(p: subprocess.Popen) -> tuple[str, str]:
+    """Kills the job if it is still running (the launcher: MPICH's proxies and Open MPI's daemons
+    then end its ranks); returns what it printed, or empty strings if that was read already."""
+    p.kill()
+    try:
+        return p.communicate(timeout=30)
+    except ValueError:                                  # communicate() had read it to the end
+        return "", ""
+
+
+def ended(p: subprocess.Popen, within: float, what: str) -> tuple[str, str]:
+    """(stdout, stderr) of a job that ends by itself within ``within`` seconds.  A job still running
+    then is a hang: it is killed and the test fails saying ``what``, with the job's output (not a
+    bare TimeoutExpired)."""
+    try:
+        return p.communicate(timeout=within)
+    except subprocess.TimeoutExpired:
+        pass
+    out, err = stop(p)
+    pytest.fail(f"{what}: the job was still running {within:.0f} s later (hang?)\n"
+                f"stdout:\n{out}\nstderr:\n{err}")
+
+
+def rank_pids(tag: str) -> list[int]:
+    """PIDs of the Python ranks whose command line contains ``tag`` (e.g. their run directory)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"python") and any(tag.encode() in c for c in cmd):
+                out.append(int(d.name))
+    return out
+
+
+def ranks_left(tag: str, grace: float = 10) -> list[int]:
+    """The ranks (``rank_pids(tag)``) still alive ``grace`` seconds after their job ended, polled:
+    a launcher may return while the ranks it killed are still exiting."""
+    t = time.monotonic()
+    while (left := rank_pids(tag)) and time.monotonic() - t < grace:
+        time.sleep(0.05)
+    return left
+
+
+def final_arrays(run_dir: Path) -> dict:
+    """Every dataset of the newest checkpoint of ``run_dir``, by 'rank-K/name'."""
+    from scalesgd.io import checkpoint as ckpt
+    path = ckpt.listing(ckpt.checkpoint_dir(run_dir))[-1]
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[...]) if isinstance(obj, h5py.Dataset)
+                     else None)
+    return out
