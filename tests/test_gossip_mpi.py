@@ -3,19 +3,23 @@ import json
 
 import pytest
 
+from helpers import TINY, one_line_error, run_cli
 from mpirun import check, mpi_launcher, needs_mpi, run_mpi
 from synth import make_dataset
-from test_cli import TINY, run_cli
 
 pytestmark = [pytest.mark.mpi, needs_mpi]
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_gossip_invariants(ranks):
-    """No RMA call waits for a busy target; no torn read; consensus -> 0 for pull and push;
-    push-sum conserves sum w x and sum w; exact global sample counter; exact evaluation average."""
+    """No RMA call waits for a busy target; no torn read (read directly or by a courier thread);
+    windows aimed at oneself work; the courier runs one job at a time and progresses when idle;
+    consensus -> 0 for pull and push, blocking and overlapped; push-sum conserves sum w x and sum w
+    (overlapped: quiesce flushes pushes in flight); exact global sample counter; exact evaluation
+    average; an overlapped pull mixes the copy read one exchange earlier, in the background, and
+    reads the pending peer again after a resume."""
     out = check(run_mpi(ranks, ["tests/mpi/gossip_check.py"], timeout=90))
-    assert out.count(": ok") == 4, out
+    assert out.count(": ok") == 7, out
     print(out)                                            # the measured numbers, with pytest -s
 
 
@@ -25,7 +29,7 @@ def tiny_data(tmp_path_factory):
 
 
 @pytest.mark.parametrize("variant,extra,boundaries", [
-    ("pull", [], [48]),
+    ("pull", ["--gossip-overlap"], [48]),
     ("push", ["--tau", "2", "--eval-every", "0.5", "--no-gossip-self"], [24, 48]),
 ])
 def test_cli_run_ends_and_writes_summary(tmp_path, tiny_data, variant, extra, boundaries):
@@ -46,6 +50,22 @@ def test_cli_run_ends_and_writes_summary(tmp_path, tiny_data, variant, extra, bo
         assert steps[-1]["gossip_exchanges"] >= 1
         assert "comm_seconds" in steps[-1]
         assert ("gossip_torn_retries" if variant == "pull" else "pushsum_weight") in steps[-1]
+        overlapped = "--gossip-overlap" in extra        # the courier's seconds, and what was waited
+        assert ("gossip_background_seconds" in steps[-1]) == overlapped
+        if overlapped:
+            assert steps[-1]["gossip_background_seconds"] > 0 <= steps[-1]["gossip_exposed_seconds"]
         last_known.append(steps[-1]["global_samples"])
     # a rank joins the last phase as soon as ANY rank reached the end (it may know less itself)
     assert max(last_known) >= boundaries[-1]
+
+
+def test_overlap_needs_thread_multiple(tmp_path, tiny_data, monkeypatch):
+    """--gossip-overlap runs the exchange in a thread: under an MPI started at a lower thread level
+    (here through mpi4py's MPI4PY_RC_THREAD_LEVEL) every rank stops at start, one line said once,
+    nothing written."""
+    monkeypatch.setenv("MPI4PY_RC_THREAD_LEVEL", "single")
+    run_dir = tmp_path / "run"
+    p = run_cli(["--data", str(tiny_data), "--run-dir", str(run_dir), "--method", "gossip",
+                 "--gossip-overlap", *TINY], tmp_path, timeout=60, launcher=mpi_launcher(2))
+    one_line_error(p, "gossip_overlap", "'single'", "MPI4PY_RC_THREAD_LEVEL")
+    assert not run_dir.exists()

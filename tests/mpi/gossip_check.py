@@ -1,13 +1,22 @@
 """gossip invariants, run as ``mpiexec -n P python tests/mpi/gossip_check.py [protocol] [method]``.
 
 protocol (ranks 0 and 1 act, P >= 2): no RMA call waits for a target busy outside MPI; a pull reader
-never sees a torn vector while the writer republishes as fast as it can.
-method: pull and push gossip with gradients off drive the consensus distance to ~0; push-sum
-conserves sum w_i x_i and sum w_i; the global sample counter is exact; evaluation averages exactly.
+never sees a torn vector while the writer republishes as fast as it can, neither reading itself nor
+through a courier thread (overlap's request-based, polled reads); every window also works with each
+rank as its own target (``windows_on_oneself``, which runs at P = 1 too); the courier runs its jobs
+and keeps MPI progressing while idle.
+method: pull and push gossip with gradients off, blocking and overlapped, drive the consensus
+distance to ~0; push-sum conserves sum w_i x_i and sum w_i (overlapped: once ``quiesce`` flushed the
+pushes in flight); the global sample counter is exact; evaluation averages exactly; an overlapped
+pull mixes the copy read one exchange earlier, reads it while the main thread stays outside MPI, and
+reads the pending peer again after a state round trip (a resume).
 Measured numbers are printed by rank 0 as ``measured: ...`` lines.
 """
+import json
 import sys
+import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,13 +25,14 @@ from mpi4py import MPI
 
 from scalesgd import config as C
 from scalesgd.comm import topology
-from scalesgd.comm.window import SampleCounter, Inbox, PublishedVector
+from scalesgd.comm.window import POLL_SECONDS, Courier, Inbox, PublishedVector, SampleCounter, Window
 from scalesgd.methods import mixing
 from scalesgd.methods import create, evaluated
 from scalesgd.train.control import Signals
 
 TOPO = topology.init()
 BIG = 4 * 1024 * 1024                       # 4M float32 = 16 MB per copy: a wrong protocol would tear
+GUARD = 30.0        # seconds before a rank gives up waiting for its peer's progress: a hang guard only
 
 
 ERRS: list[str] = []
@@ -49,97 +59,231 @@ def say(comm, msg):
         print(f"measured: {msg}", flush=True)
 
 
+def wait_outside_mpi_for(flag: Path) -> bool:
+    """Polls for ``flag`` in plain Python (no MPI call); False if it is not there after GUARD s."""
+    t = time.monotonic()
+    while not flag.exists():
+        if time.monotonic() - t > GUARD:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def shared_dir(comm) -> Path:
+    """A fresh directory that ranks 0 and 1 (one host) both see; rank 0 removes it at the end."""
+    hosts = comm.allgather(MPI.Get_processor_name())
+    assert hosts[0] == hosts[1], f"ranks 0 and 1 must share a host for the flag files: {hosts[:2]}"
+    return Path(comm.bcast(tempfile.mkdtemp(prefix="gossip_check.") if comm.rank == 0 else None))
+
+
+def calls_on_an_absent_target(pub, inbox, counter) -> dict:
+    """Rank 1's side: a Get of rank 0's vector, an Accumulate into its inbox, a Fetch_and_op on its
+    counter, then 5 more Gets; each checked, each timed (seconds, for the record only)."""
+    out = np.empty(BIG, np.float32)
+    times, t = {}, time.perf_counter()
+    version, retries = pub.read(0, out)
+    times["get"] = time.perf_counter() - t
+    expect(version == 1 and retries == 0 and np.all(out == 10.0), (version, retries, out[:3]))
+    t = time.perf_counter()
+    inbox.push(0, np.ones(1001, np.float32))
+    times["accumulate"] = time.perf_counter() - t
+    t = time.perf_counter()
+    total = counter.add(7)[0]
+    times["fetch_and_op"] = time.perf_counter() - t
+    expect(total == 7, total)
+    reads = []
+    for _ in range(5):                                   # warm Get timings, target still away
+        t = time.perf_counter()
+        pub.read(0, out)
+        reads.append(time.perf_counter() - t)
+    times["get_warm_median"] = float(np.median(reads))
+    return times
+
+
 @soft
 def rma_calls_do_not_wait_for_a_busy_target(comm):
-    """Rank 0 (the target, and the global counter's root, as in the method) sleeps 1 s outside MPI
-    after setup; rank 1's Get of its 4M-float vector, Accumulate into its inbox and Fetch_and_op on
-    its counter must each finish in < 0.2 s."""
-    pub, inbox, counter = PublishedVector(comm, BIG, np.float32), Inbox(comm, 1001, np.float32), \
-        SampleCounter(comm, root=0)
+    """Rank 0 (the target, and the global counter's root, as in the method) leaves MPI and says so
+    through a file; rank 1 then does a Get of rank 0's 4M-float vector, an Accumulate into its inbox
+    and a Fetch_and_op on its counter, and says through another file that they all completed.  Rank
+    0 enters MPI again only after that, so a call that waited for the target to enter MPI could not
+    complete: rank 0 would give up after GUARD s and the check fail.  An ordering, not a timing:
+    the times are printed, never judged."""
+    pub, inbox = PublishedVector(comm, BIG, np.float32), Inbox(comm, 1001, np.float32)
+    counter = SampleCounter(comm, root=0)
     pub.publish(np.full(BIG, 10.0 + comm.rank, np.float32))
-    out = np.empty(BIG, np.float32)
+    flags = shared_dir(comm)
+    away, done = flags / "rank-0-away", flags / "rank-1-done"
     comm.Barrier()
     times = {}
     if comm.rank == 0:
-        time.sleep(1.0)                                  # busy outside MPI
+        away.touch()                                     # from here until `done`, no MPI call
+        expect(wait_outside_mpi_for(done), f"rank 1's RMA calls had not completed {GUARD:.0f} s after "
+               "their target left MPI: they wait for the target")
     elif comm.rank == 1:
-        time.sleep(0.1)                                  # make sure rank 0 is asleep
-        t = t_begin = time.perf_counter()
-        version, retries = pub.read(0, out)
-        times["get"] = time.perf_counter() - t
-        expect(version == 1 and retries == 0 and np.all(out == 10.0), (version, retries, out[:3]))
-        t = time.perf_counter()
-        inbox.push(0, np.ones(1001, np.float32))
-        times["accumulate"] = time.perf_counter() - t
-        t = time.perf_counter()
-        total = counter.add(7)[0]
-        times["fetch_and_op"] = time.perf_counter() - t
-        expect(total == 7, total)
-        reads = []
-        for _ in range(5):                               # warm Get timings, target still asleep
-            t = time.perf_counter()
-            pub.read(0, out)
-            reads.append(time.perf_counter() - t)
-        times["get_warm_median"] = float(np.median(reads))
-        expect(time.perf_counter() - t_begin < 0.8, "rank 0 woke before the checks ended")
+        expect(wait_outside_mpi_for(away), "rank 0 never said it had left MPI")
+        times = calls_on_an_absent_target(pub, inbox, counter)
+        done.touch()
     comm.Barrier()
-    if comm.rank == 0:                                   # the push arrived while it slept
+    if comm.rank == 0:                                   # the push arrived while it was away
         back = np.empty(1001, np.float32)
         inbox.drain(back)
-        expect(np.all(back == 1.0) and np.all(inbox.local == 0), "inbox not drained exactly")
+        left = inbox.win.view(0, inbox.n, inbox.dtype)   # rank 0's own inbox memory
+        expect(np.all(back == 1.0) and np.all(left == 0), "inbox not drained exactly")
         expect(counter.add(0)[0] == 7, "counter")
+        for f in (away, done):
+            f.unlink(missing_ok=True)
+        flags.rmdir()
     times = comm.bcast(times, root=1)
     say(comm, "busy target (ms): " + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in times.items()))
-    for k, v in times.items():
-        expect(v < 0.2, f"{k} took {v:.3f}s: it waited for the sleeping target")
+    for w in (pub, inbox, counter):
+        w.free()
+
+
+def publish_until_told(pub, stop) -> int:
+    """The writer (rank 1): publishes 4M-float vectors, every element of version v equal to v - 1,
+    as fast as it can until its own flag in ``stop`` is set; returns how many it published."""
+    x = np.empty(BIG, np.float32)
+    flag, nothing = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    v = 1
+    while True:
+        stop.fetch_and_op(nothing, flag, 1, 0, MPI.NO_OP)        # atomic read of its own flag
+        if flag[0]:
+            return v - 1
+        x.fill(float(v))
+        pub.publish(x)
+        v += 1
+
+
+def read_until_seen(pub, reads_min: int, versions_min: int, stats, courier=None) -> list:
+    """The reader (rank 0): reads rank 1's vector until it has done ``reads_min`` reads and seen
+    ``versions_min`` versions (GUARD s at most), every second read followed by a raw, unprotected
+    Get of half 0.  With ``courier``, each read is its job (request-based, polled), as an overlapped
+    pull reads.  Fills stats[0, 1, 2, 3, 5]; returns the reads that came back torn."""
+    out, bad, seen = np.empty(BIG, np.float32), [], set()
+    t = time.monotonic()
+    while (stats[0] < reads_min or len(seen) < versions_min) and time.monotonic() - t < GUARD:
+        if courier is None:
+            version, r = pub.read(1, out)
+        else:
+            courier.submit(pub.read, 1, out, POLL_SECONDS)
+            version, r = courier.wait()
+        stats[0] += 1
+        stats[1] += r
+        seen.add(version)
+        if not (out[0] == out[-1] == version - 1 and out.min() == out.max()):
+            bad.append((version, float(out.min()), float(out.max())))
+        if stats[0] % 2 == 0:                            # a raw Get of half 0, no protocol
+            pub.win.get(out, 1, pub._offset(0))
+            stats[2] += 1
+            stats[3] += int(out.min() != out.max())
+    stats[5] = len(seen)
+    return bad
+
+
+@soft
+def pull_reader_never_sees_a_torn_vector(comm):
+    """Rank 1 republishes 4M-float vectors as fast as it can until rank 0 has read them 40 times and
+    seen 20 different versions (so it read all the while the writer was writing), first itself, then
+    through a courier (overlap's path: request-based reads completed by polling, the seq check after
+    the data's completion); every read is constant and equals its version.  Rank 0 tells rank 1 to
+    stop through a one-sided flag on rank 1, so the test ends on counts, whatever the speed, and
+    neither side waits for the other in MPI.  Unprotected Gets (no seqlock) are counted too, to show
+    tears do happen here."""
+    reads_min, versions_min = 40, 20
+    pub = PublishedVector(comm, BIG, np.float32)
+    stop = Window(comm, 8, disp_unit=8)                  # int64 on every rank; rank 1's is the flag
+    pub.publish(np.zeros(BIG, np.float32))              # version 1 holds 0.0, version v holds v-1
+    comm.Barrier()
+    # per path (blocking, courier): reads, retries, raw gets, raw torn, pubs, versions seen
+    stats = np.zeros((2, 6), np.int64)
+    bad = []
+    if comm.rank == 1:
+        stats[0, 4] = publish_until_told(pub, stop)
+    elif comm.rank == 0:
+        bad = read_until_seen(pub, reads_min, versions_min, stats[0])
+        courier = Courier()
+        bad += read_until_seen(pub, reads_min, versions_min, stats[1], courier)
+        courier.close()
+        stop.accumulate(np.ones(1, np.int64), 1, 0, MPI.REPLACE)
+    comm.Barrier()
+    tot = np.zeros_like(stats)
+    comm.Allreduce(stats, tot)
+    for path, t in zip(("itself", "courier"), tot):
+        say(comm, f"torn-read test, reading {path}: {t[0]} consistent reads of {t[5]} versions, "
+                  f"{t[1]} torn-read retries; unprotected gets torn {t[3]}/{t[2]}")
+        expect(t[0] >= reads_min and t[5] >= versions_min,
+               f"{path}: {t[0]} reads of {t[5]} versions in {GUARD:.0f} s: the writer made no progress")
+    say(comm, f"torn-read test: {tot[0, 4]} publications")
+    expect(not bad, f"torn reads returned as consistent: {bad[:5]}")
+    stop.free()
+    pub.free()
+
+
+@soft
+def windows_on_oneself(comm):
+    """Each window with every rank as its own target, as a gossip rank that picks itself (and every
+    rank of a one-rank job) uses them: read back one's own publications, push into one's own inbox
+    and drain it, count on a counter one is the root of.  Runs at any P, 1 included."""
+    pub, inbox = PublishedVector(comm, 1000, np.float64), Inbox(comm, 10, np.float64)
+    counter = SampleCounter(comm, root=0)               # rank 0 counts on itself
+    out = np.empty(1000)
+    for k in (1, 2, 3):                                  # both halves, and back to the first
+        expect(pub.publish(np.full(1000, comm.rank + k, np.float64)) == k, "version")
+        version, retries = pub.read(comm.rank, out)
+        expect(version == k and retries == 0 and np.all(out == comm.rank + k), (k, version, out[:3]))
+    inbox.push(comm.rank, np.arange(10.0))
+    inbox.push(comm.rank, np.ones(10))
+    back = np.empty(10)
+    inbox.drain(back)
+    expect(np.array_equal(back, np.arange(10.0) + 1), back)
+    inbox.drain(back)
+    expect(not back.any(), f"a second drain found {back}")
+    p = comm.size
+    counter.add(comm.rank + 1, [comm.rank, 2 * comm.rank])
+    comm.Barrier()
+    total, seen = counter.add(0)
+    expect(total == p * (p + 1) // 2 and seen.tolist() == [p - 1, 2 * (p - 1)], (total, seen))
+    comm.Barrier()
+    if comm.rank == 0:
+        counter.set(40)                                  # a restore: nobody else uses it now
+    comm.Barrier()
+    total, seen = counter.add(0)
+    expect(total == 40 and seen.tolist() == [p - 1, 2 * (p - 1)], f"after set: {total} {seen}")
     for w in (pub, inbox, counter):
         w.free()
 
 
 @soft
-def pull_reader_never_sees_a_torn_vector(comm):
-    """Rank 1 republishes 4M-float vectors whose every element equals the version, as fast as it
-    can, for ~1.5 s; rank 0 reads all the while: every read is constant and equals its version.
-    Each side goes on (up to 10 s) until it has done more than 20, as a slow transport needs.
-    Unprotected Gets of one half (no seqlock) are counted too, to show tears do happen here."""
-    pub = PublishedVector(comm, BIG, np.float32)
-    x = np.empty(BIG, np.float32)
-    out = np.empty(BIG, np.float32)
-    pub.publish(np.zeros(BIG, np.float32))              # version 1 holds 0.0, version v holds v-1
-    comm.Barrier()
-    duration, stats = 1.5, np.zeros(5, np.int64)          # reads, retries, raw gets, raw torn, pubs
-    t0 = time.perf_counter()
+def courier_runs_one_job_at_a_time_and_progresses_when_idle(comm):
+    """The communication thread of an overlapped exchange: a job's value (or its exception) comes
+    back from ``wait``; ``busy``/``done`` follow it; its seconds are counted; idle, it calls its
+    progress function (here ``Iprobe``, counted) every ``idle_poll`` s and stops at ``close``."""
+    pokes = []
 
-    def going(done: int) -> bool:
-        t = time.perf_counter() - t0
-        return t < duration or (done <= 20 and t < 10.0)
-    if comm.rank == 1:
-        v = 1
-        while going(v - 1):
-            x.fill(float(v))
-            pub.publish(x)
-            v += 1
-        stats[4] = v - 1
-    bad = []
-    if comm.rank == 0:
-        while going(stats[0]):
-            version, r = pub.read(1, out)
-            stats[0] += 1
-            stats[1] += r
-            if not (out[0] == out[-1] == version - 1 and out.min() == out.max()):
-                bad.append((version, float(out.min()), float(out.max())))
-            if stats[0] % 2 == 0:                        # a raw Get of half 0, no protocol
-                pub.win.get(out, 1, pub._offset(0))
-                stats[2] += 1
-                stats[3] += int(out.min() != out.max())
-    comm.Barrier()
-    tot = np.zeros_like(stats)
-    comm.Allreduce(stats, tot)
-    say(comm, f"torn-read test: {tot[4]} publications, {tot[0]} consistent reads, {tot[1]} torn-read "
-              f"retries; unprotected gets torn {tot[3]}/{tot[2]}")
-    expect(not bad, f"torn reads returned as consistent: {bad[:5]}")
-    expect(tot[0] > 20 and tot[4] > 20, tot)
-    pub.free()
+    def progress():
+        pokes.append(comm.Iprobe())
+    c = Courier(progress=progress, idle_poll=0.001)
+    expect(c.wait() is None and not c.busy, "wait without a job")
+    c.submit(lambda: (time.sleep(0.05), comm.rank)[1])
+    expect(c.busy and not c.done, "a job in flight is neither idle nor done")
+    expect(c.wait() == comm.rank and not c.busy, "the job's value")
+    expect(c.busy_seconds >= 0.05 and c.exposed_seconds > 0 and c.jobs == 1,
+           (c.busy_seconds, c.exposed_seconds, c.jobs))
+    c.submit(lambda: 1 / 0)
+    try:
+        c.wait()
+        expect(False, "the job's error was not raised")
+    except ZeroDivisionError:
+        pass
+    n, t = len(pokes), time.monotonic()
+    while len(pokes) < n + 20 and time.monotonic() - t < GUARD:
+        time.sleep(0.001)
+    expect(len(pokes) >= n + 20, f"idle courier: {len(pokes) - n} progress calls")
+    c.close()
+    c.close()
+    n = len(pokes)
+    time.sleep(0.01)
+    expect(len(pokes) == n and not c._thread.is_alive(), "the courier did not stop")
 
 
 def fake_ps(n, rank, dtype=np.float64):
@@ -160,9 +304,9 @@ def method_for(variant, **dist):
     return create(cfg, TOPO, Signals())
 
 
-def run_gossip(comm, variant, steps=300, tau=1, **dist):
-    """Distinct flat vectors, ``steps`` steps with gradients off (after_update only); returns
-    (method, ps, initial distance, initial sum, gs list)."""
+def run_gossip(comm, variant, steps=300, tau=1, before_last=None, **dist):
+    """Distinct flat vectors, ``steps`` steps with gradients off (after_update only), calling
+    ``before_last(m)`` before the last; returns (method, ps, initial distance, initial sum, gs)."""
     m = method_for(variant, tau=tau, **dist)
     ps = fake_ps(2000, comm.rank)
     m.start(ps)                                          # broadcast makes them equal ...
@@ -182,30 +326,46 @@ def run_gossip(comm, variant, steps=300, tau=1, **dist):
     expect(np.array_equal(ps.params, ps._init) and np.all(ps.buffers == comm.rank), "not restored")
     gs = []
     for step in range(steps):
+        if step == steps - 1 and before_last is not None:
+            before_last(m)
         gs.append(m.after_update(step, ps, comm.rank + 1))
         time.sleep(0.0005)                               # let the oversubscribed ranks interleave
     return m, ps, d0, mass0, gs
 
 
 def check_counter(comm, m, gs, steps, tau):
+    """After ``m.quiesce`` (overlap: every counter update collected and landed)."""
     expect(all(a <= b for a, b in zip(gs, gs[1:])), "global count went down")
     comm.Barrier()
     total = steps * comm.size * (comm.size + 1) // 2
     expect(m.counter.add(0)[0] == total, "counter total")
-    expect(comm.allreduce(gs[-1], op=MPI.MAX) == total, "last global count")
+    expect(comm.allreduce(m.global_samples, op=MPI.MAX) == total, "last global count")
     expect(m.exchanges == steps // tau, m.exchanges)
+
+
+def overlap_note(comm, m) -> str:
+    """The exchanges' seconds on the courier and the part the steps waited for (summed over ranks)."""
+    if m.courier is None:
+        return ""
+    st = m.stats()
+    bg, exp = comm.allreduce(st["gossip_background_seconds"]), comm.allreduce(st["gossip_exposed_seconds"])
+    expect(m.courier.jobs > 0 and bg > 0, f"the courier ran no exchange: {st}")
+    return f"; overlap: {1e3 * bg:.0f} ms on the couriers, {1e3 * exp:.0f} ms waited for"
 
 
 @soft
 def pull_gossip_reaches_consensus(comm):
-    for include_self, tau in ((True, 1), (False, 2)):
-        m, ps, d0, _, gs = run_gossip(comm, "pull", tau=tau, gossip_self=include_self)
+    for include_self, tau, overlap in ((True, 1, False), (False, 2, False), (True, 1, True)):
+        m, ps, d0, _, gs = run_gossip(comm, "pull", tau=tau, gossip_self=include_self,
+                                      gossip_overlap=overlap)
+        m.quiesce(ps)                                    # (overlap: the last exchange lands)
         check_counter(comm, m, gs, 300, tau)
         d = mixing.consensus_distance(gather(comm, ps.params))
         with evaluated(m, ps) as extra:
             expect(abs(extra["consensus_distance"] - d) < 1e-6 * d0, (extra, d))
-        say(comm, f"pull p={comm.size} self={include_self} tau={tau}: consensus distance "
-                  f"{d0:.3g} -> {d:.3g}; retries {comm.allreduce(m.retries)}")
+        say(comm, f"pull p={comm.size} self={include_self} tau={tau} overlap={overlap}: consensus "
+                  f"distance {d0:.3g} -> {d:.3g}; retries {comm.allreduce(m.retries)}"
+                  f"{overlap_note(comm, m)}")
         expect(d < 1e-4 * d0, (d0, d))
         st = m.stats()
         expect(st["gossip_exchanges"] == 300 // tau and 0 <= st["gossip_peer"] < comm.size, st)
@@ -215,26 +375,106 @@ def pull_gossip_reaches_consensus(comm):
         expect(m.windows == [] and m.counter is None, "windows not freed")
 
 
+def slow_pushes(m) -> None:
+    """From now on, every push of ``m`` starts 0.2 s late (a real push, on its courier)."""
+    push = m.inbox.push
+
+    def late(*args):
+        time.sleep(0.2)
+        push(*args)
+    m.inbox.push = late
+
+
 @soft
 def push_sum_conserves_mass_and_reaches_consensus(comm):
-    for include_self, tau in ((True, 1), (False, 3)):
-        m, ps, d0, mass0, gs = run_gossip(comm, "push", tau=tau, gossip_self=include_self)
+    """Mass is counted as a checkpoint counts it: each rank calls ``quiesce`` straight after its
+    own last exchange, while slower ranks may still be pushing into it (overlap: pushes may still
+    be on the courier or on their way; quiesce flushes them all before anyone drains)."""
+    for include_self, tau, overlap in ((True, 1, False), (False, 3, False), (True, 1, True),
+                                       (False, 3, True)):
+        # the last case's last push leaves 0.2 s late, as over a slow link: quiesce must wait for it
+        m, ps, d0, mass0, gs = run_gossip(comm, "push", tau=tau, gossip_self=include_self,
+                                          gossip_overlap=overlap,
+                                          before_last=slow_pushes if tau == 3 and overlap else None)
+        if not overlap:
+            comm.Barrier()                               # blocking pushes: flushed when they return
+        m.quiesce(ps)
         check_counter(comm, m, gs, 300 - 300 % tau, tau)   # tau=3 divides 300
-        comm.Barrier()                                   # quiescent: every push was flushed
-        m.fold_inbox(ps.params)
+        note = overlap_note(comm, m)
         num = comm.allreduce(m.weight * ps.params)
         wsum = comm.allreduce(m.weight)
-        expect(np.allclose(num, mass0, rtol=1e-10, atol=1e-10), "sum w x not conserved")
-        expect(abs(wsum - comm.size) < 1e-12, wsum)
+        expect(np.allclose(num, mass0, rtol=1e-10, atol=1e-10), f"overlap={overlap}: sum w x not "
+               f"conserved (max error {np.abs(num - mass0).max():.3g})")
+        expect(abs(wsum - comm.size) < 1e-12, f"overlap={overlap}: sum w = {wsum!r}")
         d = mixing.consensus_distance(gather(comm, ps.params))
-        say(comm, f"push p={comm.size} self={include_self} tau={tau}: consensus distance "
-                  f"{d0:.3g} -> {d:.3g}; sum w = {wsum!r}; max |sum w x - initial| "
+        say(comm, f"push p={comm.size} self={include_self} tau={tau} overlap={overlap}: consensus "
+                  f"distance {d0:.3g} -> {d:.3g}; sum w = {wsum!r}; max |sum w x - initial| "
                   f"{np.abs(num - mass0).max():.3g}; w_i in [{comm.allreduce(m.weight, op=MPI.MIN):.3g}, "
-                  f"{comm.allreduce(m.weight, op=MPI.MAX):.3g}]")
+                  f"{comm.allreduce(m.weight, op=MPI.MAX):.3g}]{note}")
         expect(d < 1e-4 * d0, (d0, d))
         expect(np.allclose(ps.params, mass0 / comm.size, atol=1e-3), "push-sum: not the initial mean")
         expect(m.stats()["pushsum_weight"] == m.weight, m.stats())
         m.close()
+
+
+def wait_for_courier_outside_mpi(courier) -> bool:
+    """Polls in plain Python (no MPI call on this thread) until the courier's job is done."""
+    t = time.monotonic()
+    while not courier.done:
+        if time.monotonic() - t > GUARD:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def ring_pull(comm, value: float):
+    """An overlapped pull on the ring (peer = rank + 1) whose replica is the constant ``value``,
+    published; returns (method, ps)."""
+    m = method_for("pull", gossip_overlap=True, gossip_graph="ring", gossip_self=False)
+    ps = fake_ps(1000, comm.rank)
+    m.start(ps)
+    ps.params[...] = value
+    m.pub.publish(ps.params)
+    comm.Barrier()
+    return m, ps
+
+
+@soft
+def overlapped_pull_mixes_the_copy_one_exchange_older(comm):
+    """Rank 0 alone exchanges (the others wait in a barrier, their copies fixed: rank r holds
+    10 (r + 1)), on the ring, gamma 1/2.  Exchange 0 mixes nothing (nothing in flight yet) and
+    starts reading rank 1, which completes while rank 0 stays outside MPI; exchange 1 mixes that
+    copy: 0.5 * 10 + 0.5 * 20 = 15 (a blocking pull has 15 after exchange 0).  Then the state goes
+    through a round trip as at a checkpoint and resume: the restored method reads the pending peer
+    again (rank 1 now holds 40) and its next exchange mixes it: 0.5 * 15 + 0.5 * 40 = 27.5."""
+    m, ps = ring_pull(comm, 10.0 * (comm.rank + 1))
+    if comm.rank == 0:
+        m.after_update(0, ps, 1)
+        expect(np.all(ps.params == 10.0) and m.pending == 1, f"exchange 0 mixed: {ps.params[:2]}")
+        expect(wait_for_courier_outside_mpi(m.courier), "the read never completed off MPI")
+        expect(np.all(m.peer_buf == 20.0), f"read {m.peer_buf[:2]}")
+        m.after_update(1, ps, 1)
+        expect(np.all(ps.params == 15.0), f"exchange 1: {ps.params[:2]} (want 15)")
+        expect(m.last_version == 2 and m.stats()["gossip_exposed_seconds"] >= 0, m.stats())
+    comm.Barrier()
+    m.quiesce(ps)                                        # as a checkpoint does, then its state
+    arrays, scalars = m.state(ps)
+    scalars = json.loads(json.dumps(scalars))           # as a checkpoint stores them
+    expect(scalars["pending"] == (1 if comm.rank == 0 else -1), scalars["pending"])
+    m.close()
+    saved = ps.params.copy()
+    m2 = method_for("pull", gossip_overlap=True, gossip_graph="ring", gossip_self=False)
+    m2.start(ps)                                         # (broadcasts rank 0's replica) ...
+    ps.params[...] = 40.0 if comm.rank == 1 else saved   # ... then the restore, as a resume does
+    m2.load_state(ps, arrays, scalars)                   # rank 0: reads rank 1 again, on its courier
+    expect(m2.courier.busy_seconds >= scalars["courier_seconds"][0], "courier seconds not restored")
+    if comm.rank == 0:
+        expect(m2.pending == 1 and m2.courier.busy, "the pending read was not started again")
+        m2.after_update(2, ps, 1)
+        expect(np.all(ps.params == 27.5), f"after the resume: {ps.params[:2]} (want 27.5)")
+    comm.Barrier()
+    m2.close()
+    expect(m2.courier is None and m2.windows == [], "not closed")
 
 
 if __name__ == "__main__":
@@ -242,7 +482,9 @@ if __name__ == "__main__":
     checks = []
     if "protocol" in which:
         assert MPI.COMM_WORLD.size >= 2
-        checks += [rma_calls_do_not_wait_for_a_busy_target, pull_reader_never_sees_a_torn_vector]
+        checks += [rma_calls_do_not_wait_for_a_busy_target, pull_reader_never_sees_a_torn_vector,
+                   windows_on_oneself, courier_runs_one_job_at_a_time_and_progresses_when_idle]
     if "method" in which:
-        checks += [pull_gossip_reaches_consensus, push_sum_conserves_mass_and_reaches_consensus]
+        checks += [pull_gossip_reaches_consensus, push_sum_conserves_mass_and_reaches_consensus,
+                   overlapped_pull_mixes_the_copy_one_exchange_older]
     run_checks(*checks)

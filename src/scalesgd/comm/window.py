@@ -22,15 +22,40 @@ rather than moving their own data (what the methods report as ``wait_seconds``):
 ``SampleCounter`` update (16 bytes: its time is the atomics' serialisation at the root, and across
 nodes the root's progress).  An ``Inbox`` push or drain moves a parameter-sized message; MPI cannot
 tell a blocked part apart inside it, so it counts none (see docs/methods.md).
+
+Overlap (gossip's ``dist.gossip_overlap``): a ``Courier`` is a communication thread that runs one
+exchange at a time while the caller computes.  Its calls are request-based (``Rget`` /
+``Raccumulate`` / ``Rget_accumulate``, ``poll`` seconds given) and completed by ``MPI_Test`` with
+sleeps in between, not by ``Flush``/``Wait``: MPICH's blocking completion spins a core, and on the
+network path a call may wait a whole step for its target to enter MPI.  Idle, the courier runs
+MPI's progress engine every ``IDLE_POLL_SECONDS`` so that other ranks' calls aimed at this rank
+complete meanwhile.  mpi4py releases the GIL inside every MPI call and ``time.sleep`` does too; each
+wake-up still needs the GIL for a moment (costs measured in docs/benchmarks.md).  A request-based
+accumulate completes *locally* (its buffer is free); ``flush_all`` completes it at the target,
+which push-sum needs before it counts mass.  Needs ``MPI_THREAD_MULTIPLE``.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
 from mpi4py import MPI
 
 HEADER_BYTES = 64          # two int64 sequence numbers, padded so the data halves stay cache-line aligned
+POLL_SECONDS = 0.001       # a courier's sleep between two MPI_Test of a request (it never spins)
+IDLE_POLL_SECONDS = 0.005  # an idle courier runs MPI's progress engine this often (None: never)
+
+
+def settle(req, poll: float | None) -> None:
+    """Completes request ``req``: ``Wait`` (poll None), or ``Test`` every ``poll`` seconds with the GIL
+    and the CPU given up in between (each Test also runs MPI's progress engine for this rank, so
+    other ranks' calls aimed at it progress too)."""
+    if poll is None:
+        req.Wait()
+        return
+    while not req.Test():
+        time.sleep(poll)
 
 
 class Window:
@@ -51,22 +76,42 @@ class Window:
         dt = np.dtype(dtype)
         return self.mem[offset:offset + count * dt.itemsize].view(dt)
 
-    # every call below completes (Flush) before returning
-    def get(self, out: np.ndarray, target: int, disp: int = 0) -> None:
+    # every call below completes (Flush) before returning; with ``poll`` (from a courier) the
+    # request-based form is completed by polling instead (see ``settle``)
+    def get(self, out: np.ndarray, target: int, disp: int = 0, poll: float | None = None) -> None:
+        if poll is not None:
+            settle(self.win.Rget(out, target, target=disp), poll)
+            return
         self.win.Get(out, target, target=disp)
         self.win.Flush(target)
 
-    def accumulate(self, data: np.ndarray, target: int, disp: int = 0, op=MPI.SUM) -> None:
+    def accumulate(self, data: np.ndarray, target: int, disp: int = 0, op=MPI.SUM,
+                   poll: float | None = None) -> None:
+        """With ``poll``: returns at LOCAL completion (``data`` may be reused; the target may not
+        have it yet: ``flush_all`` completes it there)."""
+        if poll is not None:
+            settle(self.win.Raccumulate(data, target, target=disp, op=op), poll)
+            return
         self.win.Accumulate(data, target, target=disp, op=op)
         self.win.Flush(target)
 
     def get_accumulate(self, data: np.ndarray, result: np.ndarray, target: int, disp: int = 0,
-                       op=MPI.SUM) -> None:
+                       op=MPI.SUM, poll: float | None = None) -> None:
+        """With ``poll``: returns once ``result`` holds the value before the operation (atomic
+        with it; ``flush_all`` completes it at the target in the MPI standard's sense)."""
+        if poll is not None:
+            settle(self.win.Rget_accumulate(data, result, target, target=disp, op=op), poll)
+            return
         self.win.Get_accumulate(data, result, target, target=disp, op=op)
         self.win.Flush(target)
 
     def fetch_and_op(self, value: np.ndarray, result: np.ndarray, target: int, disp: int = 0,
-                     op=MPI.SUM) -> None:
+                     op=MPI.SUM, poll: float | None = None) -> None:
+        """One element; with ``poll``, the request-based ``Rget_accumulate`` of it (MPI has no
+        request-based Fetch_and_op)."""
+        if poll is not None:
+            self.get_accumulate(value[:1], result[:1], target, disp, op, poll)
+            return
         self.win.Fetch_and_op(value, result, target, disp, op=op)
         self.win.Flush(target)
 
@@ -74,9 +119,9 @@ class Window:
         """Memory barrier between this rank's local stores into its window (``MPI_Win_sync``)."""
         self.win.Sync()
 
-    @property
-    def freed(self) -> bool:
-        return self.win is None
+    def flush_all(self) -> None:
+        """Completes, at their targets, every operation this rank started on the window."""
+        self.win.Flush_all()
 
     def free(self) -> None:
         """Collective: ends the epoch and frees the memory.  Idempotent."""
@@ -145,21 +190,23 @@ class PublishedVector:
         self.published = k
         return k
 
-    def read(self, target: int, out: np.ndarray) -> tuple[int, int]:
+    def read(self, target: int, out: np.ndarray, poll: float | None = None) -> tuple[int, int]:
         """A consistent copy of ``target``'s latest publication into ``out`` (scratch: a failed try
         leaves garbage in it).  Returns (version, torn-read retries).  Never waits for the target;
-        the time of failed tries (a torn copy, or no complete half) is added to ``waited``."""
+        the time of failed tries (a torn copy, or no complete half) is added to ``waited``.
+        ``poll``: from a courier, each of the three reads is request-based and polled (``settle``);
+        the seq check still follows the data's completion, so the same proof holds."""
         assert out.dtype == self.dtype and out.size == self.n and out.flags.c_contiguous
         retries = 0
         t = time.perf_counter()
         for _ in range(self.max_tries):
-            self.win.get(self._hdr, target, 0)
+            self.win.get(self._hdr, target, 0, poll)
             for h in sorted((0, 1), key=lambda h: -self._hdr[h]):
                 s = int(self._hdr[h])
                 if s <= 0 or s % 2:                 # never published / being written now
                     continue
-                self.win.get(out, target, self._offset(h))
-                self.win.get(self._s, target, 8 * h)
+                self.win.get(out, target, self._offset(h), poll)
+                self.win.get(self._s, target, 8 * h, poll)
                 if int(self._s[0]) == s:
                     return s // 2, retries
                 retries += 1
@@ -186,12 +233,17 @@ class Inbox:
     def __init__(self, comm, n: int, dtype):
         self.n, self.dtype = int(n), np.dtype(dtype)
         self.win = Window(comm, self.n * self.dtype.itemsize, disp_unit=self.dtype.itemsize)
-        self.local = self.win.view(0, self.n, self.dtype)       # for tests / inspection only
         self._zeros = np.zeros(self.n, self.dtype)
         self.waited = 0.0                  # stays 0: a push or drain is all transfer (module doc)
 
-    def push(self, target: int, msg: np.ndarray) -> None:
-        self.win.accumulate(msg, target, 0, MPI.SUM)
+    def push(self, target: int, msg: np.ndarray, poll: float | None = None) -> None:
+        """Adds ``msg`` into ``target``'s inbox; with ``poll`` (a courier) it returns once ``msg``
+        may be reused, and ``flush`` completes it at the target."""
+        self.win.accumulate(msg, target, 0, MPI.SUM, poll)
+
+    def flush(self) -> None:
+        """Every push this rank started has been added at its target when this returns."""
+        self.win.flush_all()
 
     def drain(self, out: np.ndarray) -> None:
         """Moves everything accumulated so far into ``out`` and leaves zeros behind."""
@@ -217,13 +269,14 @@ class SampleCounter:
         self._sig = np.zeros(2, np.int64)
         self.waited = 0.0
 
-    def add(self, k: int, raised=None) -> tuple[int, np.ndarray]:
+    def add(self, k: int, raised=None, poll: float | None = None) -> tuple[int, np.ndarray]:
+        """``poll``: from a courier (request-based calls completed by polling)."""
         t = time.perf_counter()
         self._v[0] = k
-        self.win.fetch_and_op(self._v, self._r, self.root, 0, MPI.SUM)
+        self.win.fetch_and_op(self._v, self._r, self.root, 0, MPI.SUM, poll)
         total = int(self._r[0]) + k
-        mine = np.zeros(2, np.int64) if raised is None else np.asarray(raised, np.int64)
-        self.win.get_accumulate(mine, self._sig, self.root, 1, MPI.MAX)
+        mine = np.zeros(2, np.int64) if raised is None else np.array(raised, np.int64)
+        self.win.get_accumulate(mine, self._sig, self.root, 1, MPI.MAX, poll)
         self.waited += time.perf_counter() - t
         return total, np.maximum(self._sig, mine)
 
@@ -234,3 +287,97 @@ class SampleCounter:
 
     def free(self) -> None:
         self.win.free()
+
+
+class Courier:
+    """A communication thread that runs one job at a time (``submit``) while the caller computes;
+    ``wait`` returns the job's value (or raises its exception) once it is done.
+
+    A job goes idle -> queued (``submit``) -> running (the thread) -> done -> idle (``wait``); at most
+    one is in flight, and the caller touches none of its buffers between ``submit`` and ``wait``.
+    Seconds: ``busy_seconds`` the jobs ran (communication taken off the caller's path),
+    ``exposed_seconds`` the caller was blocked in ``wait`` (the part that was not hidden).  A job's
+    MPI calls should pass ``poll`` (``POLL_SECONDS``) so that the thread never spins."""
+
+    def __init__(self, progress=None, idle_poll: float | None = IDLE_POLL_SECONDS,
+                 name: str = "scalesgd-courier"):
+        """``progress``: None, or a callable that runs MPI's progress engine once (an ``Iprobe``),
+        called every ``idle_poll`` seconds while no job runs: other ranks' one-sided calls aimed at
+        this rank then complete while its main thread computes, not at its next MPI call."""
+        self.progress, self.idle_poll = progress, idle_poll
+        self.busy_seconds = self.exposed_seconds = 0.0
+        self.jobs = 0
+        self._cv = threading.Condition()
+        self._state, self._job, self._result = "idle", None, (None, None)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        """A job was submitted and ``wait`` has not collected it yet."""
+        return self._state != "idle"
+
+    @property
+    def done(self) -> bool:
+        """The job submitted last has finished (``wait`` will not block)."""
+        return self._state in ("done", "idle")
+
+    def submit(self, fn, *args) -> None:
+        """Starts ``fn(*args)`` on the thread; the previous job must have been collected."""
+        with self._cv:
+            assert self._state == "idle" and not self._closed, "one job at a time, on an open courier"
+            self._state, self._job = "queued", (fn, args)
+            self._cv.notify_all()
+
+    def wait(self):
+        """Blocks until the job is done; returns its value (None when none was submitted)."""
+        t = time.perf_counter()
+        with self._cv:
+            while self._state in ("queued", "running"):
+                self._cv.wait()
+            if self._state == "idle":
+                return None
+            (value, error), self._result, self._state = self._result, (None, None), "idle"
+        self.exposed_seconds += time.perf_counter() - t
+        if error is not None:
+            raise error
+        return value
+
+    def close(self) -> None:
+        """Collects the job in flight (raising its error), then ends the thread.  Idempotent."""
+        try:
+            self.wait()
+        finally:
+            with self._cv:
+                self._closed = True
+                self._cv.notify_all()
+            self._thread.join()
+
+    def _run(self) -> None:
+        idle = self.idle_poll if self.progress is not None else None
+        while True:
+            with self._cv:
+                if self._state != "queued" and not self._closed:
+                    self._cv.wait(idle)
+                if self._closed:
+                    return
+                job = None
+                if self._state == "queued":
+                    job, self._job, self._state = self._job, None, "running"
+            if job is not None:
+                self._execute(*job)
+            elif idle is not None:            # idle: progress for the others' calls aimed here
+                self.progress()
+
+    def _execute(self, fn, args) -> None:
+        t = time.perf_counter()
+        try:
+            out = (fn(*args), None)
+        except BaseException as e:            # handed to the caller's wait()
+            out = (None, e)
+        with self._cv:
+            self.busy_seconds += time.perf_counter() - t
+            self.jobs += 1
+            self._result, self._state = out, "done"
+            self._cv.notify_all()

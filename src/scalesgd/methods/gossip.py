@@ -21,23 +21,40 @@ once per exchange, with the signals max-merged beside it); between exchanges ``a
 returns the last total it fetched.  Evaluation averages the replicas exactly (the de-biased x_i for
 push) and reports the consensus distance.  Momentum stays local.
 
+Overlap (``dist.gossip_overlap``, overlapped SGP): the exchange's communication is started after
+the local step and completed before the next mix, by a communication thread (``comm.window.Courier``),
+so it runs under the next step's compute.  Exchange e: collect what e-1 started (its counter
+update: the global count, one exchange old; pull: x_j's copy, one exchange older), pull: mix it in
+and publish; push: drain and fold; then start e's part on the courier (pull: read e's peer; push:
+send half to e's peer) followed by the counter update.  A push or a counter update may still be on
+its way to its target after the courier returned, so ``quiesce`` (before a checkpoint) collects,
+flushes every window and waits for all ranks before anything is drained or read.  A checkpoint
+records the peer of a read in flight; a resumed run reads it again.
+
 Timers: ``wait`` is the counter update (two 8-byte atomics on rank 0) and the failed tries of a
 pull read (the peer was publishing that copy); ``comm`` is the rest of the exchange (read, mix and
-publish; or push, drain and fold).
+publish; or push, drain and fold).  With overlap nothing of it waits on this thread: ``comm`` is
+what stayed on it (waiting for the courier, mixing, publishing, folding); stats
+``gossip_background_seconds`` (the courier's work) and ``gossip_exposed_seconds`` (the part of it the
+step waited for) give the fraction hidden, 1 - exposed / background.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from ..comm import collectives
-from ..comm.window import Inbox, PublishedVector, SampleCounter
+from ..comm.probe import thread_level
+from ..comm.window import POLL_SECONDS, Courier, Inbox, PublishedVector, SampleCounter
 from . import mixing
-from .base import Method
+from .base import Method, MethodError
 
 
 class Gossip(Method):
-    """What pull and push share: the graph, the schedule, the counter, evaluation, checkpoints.
-    A strategy fills in ``open_windows``, ``mix`` and (optionally) ``quiesce`` and the hooks
+    """What pull and push share: the graph, the schedule, the counter, evaluation, checkpoints, the
+    courier of an overlapped exchange.  A strategy fills in ``open_windows``, ``mix`` (blocking),
+    ``finish`` / ``begin`` (overlapped) and (optionally) ``quiesce`` and the hooks
     ``strategy_state`` / ``load_strategy_state`` / ``strategy_stats``."""
 
     name = "gossip"
@@ -52,11 +69,18 @@ class Gossip(Method):
         self.gamma, self.tau = d.gossip_gamma, d.tau
         self.graph = mixing.GRAPHS[d.gossip_graph](cfg.train.seed, roles.rank, roles.size,
                                                    d.gossip_self)
-        self.counter = self.stage = None
+        self.counter = self.stage = self.courier = None
         self.windows: list = []
         self.exchanges = 0
         self.last_peer = -1
+        self.pending = None               # overlap: the peer of the exchange in flight (None: none)
+        self.landed = None                # overlap: the collected value of a pull's read, to mix
         self._unreported = 0              # samples consumed since the last Fetch_and_op
+        if d.gossip_overlap and thread_level() != "multiple":
+            raise MethodError(f"dist.gossip_overlap needs MPI thread level 'multiple' (its exchange "
+                              f"runs in a thread), but MPI was started with '{thread_level()}' (see "
+                              "MPI4PY_RC_THREAD_LEVEL, or the MPI library's thread support): drop "
+                              "--gossip-overlap or start MPI with MPI_THREAD_MULTIPLE")
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, ps) -> None:
@@ -65,10 +89,16 @@ class Gossip(Method):
         self.stage = collectives.HostStage(ps.params)
         self.counter = SampleCounter(self.comm, root=0)
         self.windows = [self.counter, *self.open_windows(ps.params.size, ps.params.dtype)]
+        if self.cfg.dist.gossip_overlap:         # idle, it keeps this rank's MPI progressing
+            self.courier = Courier(progress=self.comm.Iprobe)
         self.comm.Barrier()                # every rank has published before anyone reads
 
     def close(self) -> None:
-        """Collective: frees the windows (every RMA call was flushed when it returned)."""
+        """Collective: collects the exchange in flight, then frees the windows (``Win.Free``
+        flushes what a courier's push left in flight)."""
+        if self.courier is not None:
+            self.courier.close()          # its calls complete: a rank waiting here still polls MPI
+            self.courier = None
         for w in self.windows:
             w.free()
         self.windows, self.counter = [], None
@@ -81,8 +111,9 @@ class Gossip(Method):
         waited = self.waited()
         with self.timed("comm"):
             self.exchange()
-            self.global_samples, sig = self.counter.add(self._unreported, self.signals.raised)
-            self.signals.merge(sig)
+            if self.courier is None:             # (overlapped: submitted with the exchange)
+                self.global_samples, sig = self.counter.add(self._unreported, self.signals.raised)
+                self.signals.merge(sig)
         waited = self.waited() - waited          # blocked, not moving data: comm -> wait
         self.timers["comm"] -= waited
         self.timers["wait"] += waited
@@ -90,28 +121,74 @@ class Gossip(Method):
         return self.global_samples
 
     def waited(self) -> float:
-        """Seconds the windows were blocked on other ranks so far (``comm/window.py``): the counter
-        updates, and the pull reads' failed tries (the peer was publishing)."""
-        return sum(w.waited for w in self.windows)
+        """Seconds this thread's window calls were blocked on other ranks so far
+        (``comm/window.py``): the counter updates and the pull reads' failed tries (the peer was
+        publishing); none with overlap, where the courier makes every call."""
+        return 0.0 if self.courier is not None else sum(w.waited for w in self.windows)
 
     def exchange(self) -> None:
-        """One gossip exchange on the current parameters (the host copy, for device arrays)."""
+        """One gossip exchange on the current parameters (the host copy, for device arrays);
+        overlapped: completes the one started last time, then starts this one on the courier."""
         j = self.graph.peer()
+        peer = j if j != self.roles.rank else None
         x = self.stage.to_host()
-        self.mix(x, j if j != self.roles.rank else None)
+        if self.courier is None:
+            self.mix(x, peer)
+        else:
+            self.collect()
+            self.finish(x)
+            self.start_background(self.begin(x, peer), self._unreported)
+            self.pending = peer
         self.stage.to_device()
         self.exchanges += 1
         self.last_peer = j
 
+    def start_background(self, job, samples: int) -> None:
+        """Overlap: the courier runs ``job`` (the strategy's read or push; None: nothing to move),
+        then adds ``samples`` to the global counter with this rank's signals."""
+        self.courier.submit(self._background, job, samples, self.signals.raised.copy())
+
+    def _background(self, job, samples: int, raised) -> tuple:
+        got = None if job is None else job()
+        return got, self.counter.add(samples, raised, POLL_SECONDS)
+
+    def collect(self) -> None:
+        """Overlap: completes the exchange in flight, if any: its counter update is applied now (a
+        count never ahead of the counter's, so phases stay safe), a read is kept for ``finish``."""
+        if self.courier is None or not self.courier.busy:
+            return
+        got, (total, sig) = self.courier.wait()
+        self.global_samples = max(self.global_samples, total)
+        self.signals.merge(sig)
+        if got is not None:
+            self.landed = got
+
+    def quiesce(self, ps) -> None:
+        """Collective, inside a phase (nobody starts an exchange).  Overlap: the exchange in flight
+        is collected and every window flushed (a push or counter update the courier returned from
+        may still be on its way), then a barrier: afterwards every rank's has landed, so a
+        checkpoint reads the counter and the inboxes whole."""
+        if self.courier is not None:
+            self.collect()
+            for w in self.windows:
+                w.win.flush_all()
+            self.comm.Barrier()
+
     def stats(self) -> dict:
-        return {"gossip_exchanges": self.exchanges, "gossip_peer": self.last_peer,
+        extra = {} if self.courier is None else {
+            "gossip_background_seconds": self.courier.busy_seconds,
+            "gossip_exposed_seconds": self.courier.exposed_seconds}
+        return {"gossip_exchanges": self.exchanges, "gossip_peer": self.last_peer, **extra,
                 **self.strategy_stats()}
 
     # ------------------------------------------------------------------ checkpoints
     def state(self, ps) -> tuple[dict, dict]:
         arrays, scalars = super().state(ps)
         scalars.update(exchanges=self.exchanges, last_peer=self.last_peer,
-                       unreported=self._unreported, graph=self.graph.state(), **self.strategy_state())
+                       unreported=self._unreported, graph=self.graph.state(),
+                       pending=-1 if self.pending is None else self.pending, **self.strategy_state())
+        if self.courier is not None:                # cumulative, as the timers
+            scalars["courier_seconds"] = [self.courier.busy_seconds, self.courier.exposed_seconds]
         if self.roles.rank == self.counter.root:    # the counter's true value (quiescent: exact)
             scalars["counter_total"] = self.counter.add(0)[0]
         return arrays, scalars
@@ -125,6 +202,18 @@ class Gossip(Method):
             self.counter.set(int(scalars["counter_total"]))
         self.load_strategy_state(scalars)
         self.comm.Barrier()                          # restored everywhere before anyone reads
+        if self.courier is not None:
+            self.resume_background(scalars)
+
+    def resume_background(self, scalars: dict) -> None:
+        """Overlap, after the restore: the courier's seconds so far, and the read that was in
+        flight started again (every rank has published its restored parameters by now)."""
+        if "courier_seconds" in scalars:
+            self.courier.busy_seconds, self.courier.exposed_seconds = scalars["courier_seconds"]
+        pending = int(scalars.get("pending", -1))    # (older checkpoints: nothing in flight)
+        if pending >= 0:
+            self.pending = pending
+            self.start_background(self.begin(None, pending), 0)
 
     # ------------------------------------------------------------------ evaluation
     def load_eval_model(self, ps) -> dict:
@@ -146,6 +235,15 @@ class Gossip(Method):
 
     def mix(self, x, peer: int | None) -> None:
         """One exchange on host vector ``x`` (in place) with ``peer`` (None: this rank drew itself)."""
+        raise NotImplementedError
+
+    def finish(self, x) -> None:
+        """Overlap: the collected exchange's effect on host vector ``x`` (in place)."""
+        raise NotImplementedError
+
+    def begin(self, x, peer: int | None):
+        """Overlap: the courier's job for an exchange with ``peer`` from ``x`` (None: nothing to
+        move).  ``x`` is None when a resumed run starts again the exchange that was in flight."""
         raise NotImplementedError
 
     def strategy_stats(self) -> dict:
@@ -176,6 +274,19 @@ class PullGossip(Gossip):
             self.retries += r
             mixing.pull_mix(x, self.peer_buf, self.gamma)
         self.pub.publish(x)
+
+    def finish(self, x) -> None:
+        """Mixes in the copy read since the last exchange (one exchange older), publishes x."""
+        if self.landed is not None:
+            (self.last_version, r), self.landed = self.landed, None
+            self.retries += r
+            mixing.pull_mix(x, self.peer_buf, self.gamma)
+        self.pub.publish(x)
+
+    def begin(self, x, peer):
+        """Reads ``peer``'s copy into ``peer_buf`` (the courier's until ``finish``)."""
+        return None if peer is None else functools.partial(self.pub.read, peer, self.peer_buf,
+                                                           POLL_SECONDS)
 
     def strategy_stats(self) -> dict:
         return {"gossip_torn_retries": self.retries}
@@ -209,9 +320,25 @@ class PushGossip(Gossip):
         self.inbox.drain(self.recv)
         self.weight = mixing.push_fold(x, self.weight, self.recv)
 
+    def finish(self, x) -> None:
+        """The push started last time has left (``msg`` is free again); folds the inbox."""
+        self.fold_inbox(x)
+
+    def begin(self, x, peer):
+        """Sends half of (w_i x_i, w_i) to ``peer`` (x_i is unchanged by the split)."""
+        if peer is None or x is None:
+            return None
+        sent, self.weight = mixing.push_split(self.weight, x.dtype)
+        return functools.partial(self.inbox.push, peer, mixing.push_message(x, sent, self.msg),
+                                 POLL_SECONDS)
+
     def quiesce(self, ps) -> None:
-        """Inside a phase nobody pushes, and every push was flushed, so draining the inbox now
-        folds every message in flight into (w_i x_i, w_i): nothing is lost or counted twice."""
+        """Collective, inside a phase: nobody starts a push, and every push has completed at its
+        target (blocking: flushed when it returned; overlap: ``Gossip.quiesce``), so draining the
+        inbox now folds every message in flight into (w_i x_i, w_i): nothing is lost or counted
+        twice."""
+        super().quiesce(ps)
+        self.pending = None                # nothing of this rank's is in flight any more
         x = self.stage.to_host()
         self.fold_inbox(x)
         self.stage.to_device()
