@@ -168,6 +168,10 @@ def test_signal_checkpoints_requeues_and_the_job_finishes(cluster, tmp_path):
             and time.monotonic() < deadline:
         time.sleep(0.3)
     if state == "PENDING":
+        # the requeued attempt reuses the job id: started in the same second as the old attempt's
+        # clean-up it once failed before its first line (a Slurm race, seen once on CI); let the
+        # old allocation go first
+        time.sleep(2)
         cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=10)
     state = wait_for_job(cluster, job, timeout=120)
     logs = "\n".join(f.read_text(errors="replace") for f in tmp_path.glob("*.out"))
