@@ -40,6 +40,7 @@ step waited for) give the fraction hidden, 1 - exposed / background.
 """
 from __future__ import annotations
 
+import abc
 import functools
 
 import numpy as np
@@ -51,7 +52,7 @@ from . import mixing
 from .base import Method, MethodError
 
 
-class Gossip(Method):
+class Gossip(Method, metaclass=abc.ABCMeta):
     """What pull and push share: the graph, the schedule, the counter, evaluation, checkpoints, the
     courier of an overlapped exchange.  A strategy fills in ``open_windows``, ``mix`` (blocking),
     ``finish`` / ``begin`` (overlapped) and (optionally) ``quiesce`` and the hooks
@@ -229,22 +230,22 @@ class Gossip(Method):
         return {"consensus_distance": total / self.roles.size}
 
     # ------------------------------------------------------------------ strategy hooks
+    @abc.abstractmethod
     def open_windows(self, n: int, dtype) -> list:
         """Collective: allocates the strategy's windows for n-element vectors; returns them."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def mix(self, x, peer: int | None) -> None:
         """One exchange on host vector ``x`` (in place) with ``peer`` (None: this rank drew itself)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def finish(self, x) -> None:
         """Overlap: the collected exchange's effect on host vector ``x`` (in place)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def begin(self, x, peer: int | None):
         """Overlap: the courier's job for an exchange with ``peer`` from ``x`` (None: nothing to
         move).  ``x`` is None when a resumed run starts again the exchange that was in flight."""
-        raise NotImplementedError
 
     def strategy_stats(self) -> dict:
         return {}
