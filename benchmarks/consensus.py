@@ -1,10 +1,11 @@
 """Gossip with gradients off: how fast the replicas agree (experiment 5 of docs/results.md).
 
-    mpiexec -n P python benchmarks/consensus.py --variant pull|push [--rounds R] [--repeats K]
-                                                [--floats N] [--json OUT]
+    mpiexec -n P python benchmarks/consensus.py --variant pull|push [--graph uniform|exponential|ring]
+                                                [--rounds R] [--repeats K] [--floats N] [--json OUT]
 
 Each rank starts from its own random vector (N floats, seeded by rank and repeat), then every round
-each rank makes exactly one exchange of the real ``Gossip`` method (pull: one-sided Get of a random
+each rank makes exactly one exchange of the real ``Gossip`` method with its peer on ``--graph``
+(``dist.gossip_graph``; pull: one-sided Get of a random
 peer's published copy, x_i <- (x_i + x_j)/2; push: push-sum through Accumulate), followed by a barrier
 and a measurement: the consensus distance mean_i ||x_i - xbar|| relative to its initial value (for
 push, after every rank folded its inbox, so nothing is in flight), and how far the average moved
@@ -39,10 +40,11 @@ def gather(comm, a):
     return out
 
 
-def one_repeat(topo, variant: str, rounds: int, n: int, repeat: int) -> tuple[list[float], float]:
+def one_repeat(topo, variant: str, rounds: int, n: int, repeat: int,
+               graph: str = "uniform") -> tuple[list[float], float]:
     comm = topo.comm
     cfg = C.build(overrides={"train": {"method": "gossip", "seed": 1000 + repeat},
-                             "dist": {"gossip": variant}})
+                             "dist": {"gossip": variant, "gossip_graph": graph}})
     m = create(cfg, topo, Signals())
     ps = SimpleNamespace(params=np.zeros(n), buffers=np.zeros(1), xp=np)
     m.start(ps)
@@ -74,6 +76,7 @@ def one_repeat(topo, variant: str, rounds: int, n: int, repeat: int) -> tuple[li
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", choices=["pull", "push"], default="pull")
+    ap.add_argument("--graph", choices=list(mixing.GRAPHS), default="uniform")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--floats", type=int, default=100_000)
@@ -82,7 +85,7 @@ def main() -> int:
     topo = topology.init()
     curves, drifts = [], []
     for rep in range(a.repeats):
-        d, drift = one_repeat(topo, a.variant, a.rounds, a.floats, rep)
+        d, drift = one_repeat(topo, a.variant, a.rounds, a.floats, rep, a.graph)
         curves.append(d)
         drifts.append(drift)
     if topo.rank == 0:
@@ -92,7 +95,7 @@ def main() -> int:
         # replicas stay exactly identical, so the distance can drop to exactly 0)
         k = int(np.nonzero(mean > FLOOR)[0][-1]) if (mean > FLOOR).any() else 0
         k = max(k, 1)
-        out = dict(variant=a.variant, ranks=topo.size, rounds=a.rounds, repeats=a.repeats,
+        out = dict(variant=a.variant, graph=a.graph, ranks=topo.size, rounds=a.rounds, repeats=a.repeats,
                    floats=a.floats, distance=mean.tolist(),
                    rate_per_exchange=float(max(mean[k], 0.0) ** (1.0 / k)), rate_fitted_over=k,
                    **{"exchanges_to_1e-3": int(below[0]) if len(below) else None},

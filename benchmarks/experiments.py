@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from benchlib import ROOT, mpi_launcher, run_checked
+from benchlib import ROOT, mpi_launcher, rank_env, run_checked
 
-from scalesgd.io.runs import RunData, load_run, sliding_mean
+from scalesgd.io.runs import RunData, load_run, sliding_mean, time_split
 
 JOB = ROOT / "jobs" / "experiments.toml"
 SERVER_METHODS = ("easgd", "asgd")
@@ -47,14 +47,104 @@ METHODS = {                                          # label -> command-line fla
     "asgd": ["--method", "asgd"],
     "gossip-pull": ["--method", "gossip", "--gossip", "pull"],
     "gossip-push": ["--method", "gossip", "--gossip", "push"],
+    "gossip-pull-ov": ["--method", "gossip", "--gossip", "pull", "--gossip-overlap"],
+    "gossip-push-ov": ["--method", "gossip", "--gossip", "push", "--gossip-overlap"],
 }
 COLORS = {"allreduce": "#4C72B0", "easgd": "#DD8452", "asgd": "#55A868", "gossip-pull": "#C44E52",
-          "gossip-push": "#8172B3", "single": "#333333", "asgd lr/p": "#8C564B"}
+          "gossip-push": "#8172B3", "single": "#333333", "asgd lr/p": "#8C564B",
+          "gossip-pull-ov": "#E377C2", "gossip-push-ov": "#17BECF"}
+# on emulated nodes (--net): the best version of each method (asgd at lr 0.1 diverged on one node;
+# gossip blocking and overlapped, since across nodes a blocking one-sided call waits for its target)
+NET_METHODS = ("allreduce", "easgd", "asgd lr/p", "gossip-pull", "gossip-pull-ov", "gossip-push-ov")
 TARGET_ERROR = 0.10            # validation top-1 error for "time to target" (digits: 90% accuracy)
 
 
-def ranks_for(method: str, workers: int) -> int:
-    return workers + (1 if method in SERVER_METHODS else 0)
+def ranks_for(method: str, workers: int, flags=()) -> int:
+    """Ranks of a run: the workers, plus the server shards (``--servers K``, default 1)."""
+    flags = list(flags)
+    servers = int(flags[flags.index("--servers") + 1]) if "--servers" in flags else 1
+    return workers + (servers if method in SERVER_METHODS else 0)
+
+
+# ----------------------------------------------------------------------------- emulated cluster
+# The papers' regime as a ratio: one transfer of the model over one link against one step's compute,
+# on the cluster the cost model projects to (docs/results.md): ResNet-18 (46.8 MB of float32) over
+# 100 Gb/s InfiniBand at 80% efficiency (10 GB/s) is 4.68 ms, against 30.2 ms of A100 compute per
+# step (batch 64)  ->  r = 0.155.  scalesgd.costmodel holds those constants.
+def papers_ratio() -> float:
+    from scalesgd.costmodel.__main__ import PARAMS, RESNET18_GMAC, RESNET50_GMAC  # noqa: PLC0415
+    step = 64 / 938.0 * RESNET18_GMAC / RESNET50_GMAC          # s: the model's stated A100 step
+    return PARAMS["resnet18"] * 4 / (100e9 / 8 * 0.8) / step
+
+
+class Net:
+    """Where the runs go when the sweep is on an emulated cluster (``--net``): one rank per node
+    (a server shard on a node of its own), every node's NIC limited to ``rate_for(workers)``.
+
+    ``--net papers[xF]``: the link rate that gives ResNet-20 on this machine the papers' ratio r of
+    transfer time to step time, r x F with the suffix (F = 4: a network four times slower).  A node
+    here computes a step in t(p) seconds -- the shared-memory all-reduce step of experiment 2 at p
+    workers, which grows with p because p ranks share the cores -- so its link must be slowed by
+    the same factor: rate(p) = 8 S / (r F t(p)) bit/s, S = 1.09 MB.  ``--net 300mbit``: one fixed
+    rate for every p."""
+
+    def __init__(self, spec: str):
+        import netcluster  # noqa: PLC0415   (sibling module; needs root and iproute2 to run)
+        self.nc, self.spec = netcluster, spec
+        missing = netcluster.requirements_missing()
+        if missing:
+            raise SystemExit(f"experiments --net: {missing}")
+        head, _, factor = spec.partition("x")
+        if head == "papers":
+            self.factor = float(factor or 1)
+            self.ratio = papers_ratio() * self.factor
+            self.fixed = None
+            shm = ROOT / "benchmarks" / "results" / "methods.json"
+            if not shm.exists():
+                raise SystemExit(f"experiments --net papers: needs {shm.relative_to(ROOT)} "
+                                 "(the shared-memory sweep: experiments.py methods)")
+            self.step = {int(v["workers"]): v["step_seconds"]["mean"]
+                         for v in json.loads(shm.read_text())["runs"].values() if v["method"] == "allreduce"}
+        else:
+            self.fixed, self.ratio, self.factor = netcluster.parse_rate(spec), None, None
+
+    @property
+    def tag(self) -> str:
+        return "net" if self.spec == "papers" else "net-" + self.spec.replace(".", "p")
+
+    def rate_for(self, workers: int) -> int:
+        if self.fixed:
+            return self.fixed
+        if workers not in self.step:
+            raise SystemExit(f"experiments --net papers: no shared-memory allreduce step at {workers} "
+                             f"workers in benchmarks/results/methods.json (has {sorted(self.step)})")
+        nbytes = 272_474 * 4                                   # ResNet-20's parameters
+        return int(round(8 * nbytes / (self.ratio * self.step[workers]) / 1e6)) * 10**6
+
+    def describe(self) -> dict:
+        return dict(spec=self.spec, ratio=self.ratio, factor=self.factor, fixed_rate=self.fixed,
+                    shared_memory_step_seconds=getattr(self, "step", None))
+
+    def launch(self, n: int, argv: list[str], workers: int, run_dir: Path, timeout: float) -> None:
+        """Runs the job on n fresh nodes, one rank each; fails unless every node's interface sent
+        and received at least one model's worth of bytes; writes run_dir/netcluster.json."""
+        rate = self.rate_for(workers)
+        # node k on core k mod cores: one BLAS thread per rank, as the ranks of a one-node run have
+        # (unpinned, every rank counts all cores and starts that many threads: 8x slower steps)
+        with self.nc.NetCluster(n, rate=rate, cpus_per_node=1) as c:
+            res = c.run([sys.executable, *argv], env=rank_env(), timeout=timeout, capture=True, cwd=ROOT)
+        if res.timed_out or res.returncode:
+            raise SystemExit(f"experiments: {run_dir.name} on {n} emulated nodes "
+                             f"{'did not finish' if res.timed_out else f'failed (exit {res.returncode})'}:"
+                             f"\n{(res.stderr or '')[-3000:]}")
+        low = [k for k, t in res.traffic.items() if min(t.sent, t.received) < 272_474 * 4 // n]
+        if low:
+            raise SystemExit(f"experiments: {run_dir.name}: nodes {low} carried less than a model's "
+                             "worth of bytes: the MPI library did not use the emulated links\n"
+                             + self.nc.format_traffic(res.traffic, c.rates()))
+        (run_dir / "netcluster.json").write_text(json.dumps(dict(
+            rate_bits=rate, nodes=n, seconds=res.seconds,
+            traffic={k: dict(sent=t.sent, received=t.received) for k, t in res.traffic.items()}), indent=1))
 
 
 # ----------------------------------------------------------------------------- runs
@@ -84,8 +174,10 @@ class Result:
 class Runner:
     """Launches (or reuses) runs; every run directory lives in ``out/runs/NAME``."""
 
-    def __init__(self, out: Path, quick: bool, timeout: float = 900.0, extra: list[str] = ()):
+    def __init__(self, out: Path, quick: bool, timeout: float = 900.0, extra: list[str] = (),
+                 net: Net | None = None):
         self.out, self.quick, self.timeout, self.extra = out, quick, timeout, list(extra)
+        self.net = net
         (out / "runs").mkdir(parents=True, exist_ok=True)
         self.launched = self.reused = 0
         self.keys: dict[str, str] = {}           # name -> argv key asked for in this invocation
@@ -105,12 +197,13 @@ class Runner:
         otherwise it is deleted and run again.  Asking for one name with two different argvs in
         the same invocation is a bug of the sweep (two settings would share a directory)."""
         method_flags = METHODS.get(method, ["--method", method])
-        n = ranks or ranks_for(method, workers)
+        n = ranks or ranks_for(method, workers, flags)
         run_dir = self.out / "runs" / name
         argv = ["-m", "scalesgd", "--config", str(JOB.relative_to(ROOT)), *method_flags,
                 "--run-dir", str(run_dir), *(["--epochs", "1", "--eval-every", "0.5"] if self.quick else []),
                 *self.extra, *flags]
-        key = json.dumps({"ranks": n, "argv": argv})
+        key = json.dumps({"ranks": n, "argv": argv,
+                          **({"net_rate": self.net.rate_for(workers)} if self.net else {})})
         if self.keys.setdefault(name, key) != key:
             raise SystemExit(f"experiments: run name {name} asked for with two different settings:\n"
                              f"  {self.keys[name]}\n  {key}")
@@ -123,18 +216,23 @@ class Runner:
         else:
             if run_dir.exists():
                 shutil.rmtree(run_dir)
-            self._launch(n, argv, name)
+            self._launch(n, argv, name, workers, run_dir)
             saved.write_text(key)
             self.launched += 1
         digest.write_text(inputs)
         summary = json.loads((run_dir / "summary.json").read_text())
         return Result(name, label or method, workers, load_run(run_dir), summary)
 
-    def _launch(self, n: int, argv: list[str], name: str) -> None:
-        cmd = [*mpi_launcher(n), sys.executable, *argv]
+    def _launch(self, n: int, argv: list[str], name: str, workers: int, run_dir: Path) -> None:
         t = time.perf_counter()
-        print(f"  run {name}: mpiexec -n {n} ... ", end="", flush=True)
-        run_checked(cmd, f"experiments: run {name}", self.timeout, cwd=ROOT)
+        if self.net:
+            rate = self.net.rate_for(workers)
+            print(f"  run {name}: {n} emulated nodes at {rate / 1e6:g} Mbit/s ... ", end="", flush=True)
+            self.net.launch(n, argv, workers, run_dir, self.timeout)
+        else:
+            print(f"  run {name}: mpiexec -n {n} ... ", end="", flush=True)
+            run_checked([*mpi_launcher(n), sys.executable, *argv], f"experiments: run {name}",
+                        self.timeout, cwd=ROOT)
         print(f"{time.perf_counter() - t:.0f}s", flush=True)
 
 
@@ -163,7 +261,28 @@ def measures(res: Result, target: float | None = None) -> dict:
         time_to_target=first_reach(err, t, target),
         epochs_to_target=first_reach(err, res.val_epoch, target),
         train_seconds=float(s["train_seconds"]), images_per_second=float(s["images_per_second"]),
-        step_seconds=worker_step_seconds(res), time_split=s.get("time_split_rank0", {}))
+        step_seconds=worker_step_seconds(res), time_split=s.get("time_split_rank0", {}),
+        **exchange_costs(res))
+
+
+def exchange_costs(res: Result) -> dict:
+    """Per local step of a worker (mean over workers): seconds computing, communicating and waiting
+    (``split_per_step``); for the server methods, server 0's service seconds per exchange and the
+    fraction of its time it was serving (its last ``server`` record); the bytes every emulated
+    node carried (``netcluster.json``, --net runs)."""
+    steps = [len(r) for r in res.data.steps.values() if r]
+    split = time_split(res.data)
+    out = dict(split_per_step={k: v / max(np.mean(steps), 1) for k, v in split.items()} if steps else {})
+    srv = _read_rank0_server(res)
+    if srv and "service_seconds" in srv[-1]:
+        last = srv[-1]
+        busy, idle = last["service_seconds"], last["idle_seconds"]
+        out.update(server_service_ms=1e3 * busy / max(last["served"], 1),
+                   server_utilization=busy / max(busy + idle, 1e-9))
+    net = res.data.path / "netcluster.json"
+    if net.exists():
+        out["net"] = json.loads(net.read_text())
+    return out
 
 
 def mean_spread(values) -> dict:
@@ -180,8 +299,11 @@ def aggregate(results: list[Result], target: float | None = None) -> dict:
     """Mean and spread over seeds of each measure."""
     ms = [measures(r, target) for r in results]
     keys = ("final_error", "best_error", "time_to_target", "epochs_to_target", "train_seconds",
-            "images_per_second", "step_seconds")
-    return {k: mean_spread([m[k] for m in ms]) for k in keys}
+            "images_per_second", "step_seconds", "server_service_ms", "server_utilization")
+    out = {k: mean_spread([m.get(k) for m in ms]) for k in keys}
+    out["split_per_step"] = {k: float(np.mean([m["split_per_step"].get(k, 0.0) for m in ms]))
+                             for k in ("compute", "comm", "wait", "data")}
+    return out
 
 
 def mean_curve(results: list[Result], x: str = "time"):
@@ -258,7 +380,8 @@ class Experiment:
         fig.savefig(self.figure_path, dpi=110)
         data = dict(experiment=self.name, quick=self.quick, cores=os.cpu_count(),
                     date=time.strftime("%Y-%m-%d"), figure=str(self.figure_path.relative_to(ROOT))
-                    if self.publish else str(self.figure_path), **data)
+                    if self.publish else str(self.figure_path),
+                    net=self.r.net.describe() if self.r.net else None, **data)
         self.result_path.write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {self.result_path} and {self.figure_path}")
         return data
@@ -359,7 +482,9 @@ class Methods(Experiment):
     def methods(self, w: int) -> list[str]:
         if self.quick:
             return ["allreduce", "gossip-pull"]
-        ms = [m for m in METHODS if not (m == "asgd" and w >= 8)]    # lr 0.1 diverged at 2 and 4
+        if self.r.net:
+            return list(NET_METHODS)
+        ms = [m for m in METHODS if not (m == "asgd" and w >= 8) and not m.endswith("-ov")]
         return ms + ["asgd lr/p"]
 
     def one(self, label: str, w: int, seed: int) -> Result:
@@ -414,7 +539,8 @@ class Stragglers(Experiment):
     def run(self) -> dict:
         w = 2 if self.quick else 4
         delays = [0, 300] if self.quick else [0, 100, 300]
-        ms = ["allreduce", "gossip-pull"] if self.quick else [*METHODS, "asgd lr/p"]
+        ms = ["allreduce", "gossip-pull"] if self.quick else list(NET_METHODS) if self.r.net else \
+            [*(m for m in METHODS if not m.endswith("-ov")), "asgd lr/p"]
         table, fig, ax = {}, *new_figure(1, 2)
         for m in ms:
             last = ranks_for(m.split()[0], w) - 1
@@ -489,23 +615,26 @@ class Consensus(Experiment):
     def run(self) -> dict:
         ps = [2, 4] if self.quick else [2, 4, 8]
         rounds, reps = (10, 1) if self.quick else (40, 5)
-        table, fig, ax = {}, *new_figure(1, 2)
-        for j, variant in enumerate(("pull", "push")):
-            for p in ps:
-                out = self.r.out / "runs" / f"consensus-{variant}-p{p}.json"
-                cmd = [*mpi_launcher(p), sys.executable, str(ROOT / "benchmarks" / "consensus.py"),
-                       "--variant", variant, "--rounds", str(rounds), "--repeats", str(reps),
-                       "--json", str(out)]
-                run_checked(cmd, "experiments: consensus", 600)
-                d = json.loads(out.read_text())
-                table[f"{variant}/p{p}"] = d
-                ax[0, j].plot(np.arange(len(d["distance"])), d["distance"], "o-", ms=3, label=f"p = {p}")
-            ax[0, j].set(yscale="log", xlabel="exchanges per rank", ylabel="consensus distance (relative)",
-                         title=f"gossip {variant}, no gradients")
-            ax[0, j].legend(fontsize=8)
-        print(f"{'run':>10} {'rate/exchange':>14} {'exchanges to 1e-3':>18} {'mean drift':>11}")
+        graphs = ["uniform"] if self.quick else ["uniform", "exponential", "ring"]
+        table, fig, ax = {}, *new_figure(len(graphs), 2)
+        for i, graph in enumerate(graphs):
+            for j, variant in enumerate(("pull", "push")):
+                for p in ps:
+                    key = f"{variant}/p{p}" if graph == "uniform" else f"{variant}/{graph}/p{p}"
+                    out = self.r.out / "runs" / f"consensus-{key.replace('/', '-')}.json"
+                    cmd = [*mpi_launcher(p), sys.executable, str(ROOT / "benchmarks" / "consensus.py"),
+                           "--variant", variant, "--graph", graph, "--rounds", str(rounds),
+                           "--repeats", str(reps), "--json", str(out)]
+                    run_checked(cmd, "experiments: consensus", 600)
+                    d = json.loads(out.read_text())
+                    table[key] = d
+                    ax[i, j].plot(np.arange(len(d["distance"])), d["distance"], "o-", ms=3, label=f"p = {p}")
+                ax[i, j].set(yscale="log", xlabel="exchanges per rank", ylabel="consensus distance (relative)",
+                             title=f"gossip {variant}, {graph} graph, no gradients", ylim=(1e-12, 2))
+                ax[i, j].legend(fontsize=8)
+        print(f"{'run':>22} {'rate/exchange':>14} {'exchanges to 1e-3':>18} {'mean drift':>11}")
         for k, d in table.items():
-            print(f"{k:>10} {d['rate_per_exchange']:>14.3f} {fmt(d['exchanges_to_1e-3']):>18} "
+            print(f"{k:>22} {d['rate_per_exchange']:>14.3f} {fmt(d['exchanges_to_1e-3']):>18} "
                   f"{d['mean_drift']:>11.2e}")
         return self.save(fig, dict(rounds=rounds, repeats=reps, runs=table))
 
@@ -646,8 +775,75 @@ class ASGD(Experiment):
                                    warm_val_error=float(warm.val_error[-1]), runs=table))
 
 
+# ----------------------------------------------------------------------------- 8. past the papers
+class Extensions(Experiment):
+    """Issue 15's extensions against the papers' versions, on the runs of experiment 2's setup (seed
+    0): easgd with K = 2 server shards (each on its own node with --net) at 2, 4, 8 workers and
+    K = 4 at 8; asgd (lr/p) with --max-staleness S at 8 workers; overlapped pull gossip on the
+    exponential and ring graphs at 8 workers.  K = 1, unbounded staleness and the uniform graph are
+    experiment 2's runs (reused when the same run directory exists).  Reports per run the server's
+    service time per exchange and utilisation, the worker's wait per step, rejections and the
+    staleness histogram, and time and epochs to the target error."""
+
+    name = "extensions"
+    STALENESS = 4
+
+    def workers(self) -> list[int]:
+        return list(self.only_workers) or ([2] if self.quick else [2, 4, 8])
+
+    def settings(self, w: int) -> list[tuple[str, str, list[str], str]]:
+        """(row label, METHODS label, extra flags, run-name tag) at w workers."""
+        top = max(self.workers())
+        rows = [("easgd K=1", "easgd", [], ""), ("easgd K=2", "easgd", ["--servers", "2"], "-k2")]
+        if w == top and not self.quick:
+            s = str(self.STALENESS)
+            rows += [("easgd K=4", "easgd", ["--servers", "4"], "-k4"),
+                     ("asgd lr/p", "asgd lr/p", [], ""),
+                     (f"asgd lr/p S={s}", "asgd lr/p", ["--max-staleness", s], f"-s{s}"),
+                     ("gossip-pull-ov uniform", "gossip-pull-ov", [], "")]
+            rows += [(f"gossip-pull-ov {g}", "gossip-pull-ov", ["--gossip-graph", g], f"-{g}")
+                     for g in ("exponential", "ring")]
+        return rows
+
+    def run(self) -> dict:
+        table, fig, ax = {}, *new_figure(1, 2)
+        for w in self.workers():
+            for label, method, flags, tag in self.settings(w):
+                epochs = Methods.EPOCHS.get(w) if not self.quick else None
+                if epochs:
+                    flags, tag = [*flags, "--epochs", str(epochs)], f"{tag}-e{epochs}" if tag else f"-e{epochs}"
+                res = self.method_run(method, w, 0, flags, tag=tag)
+                srv = _read_rank0_server(res)
+                last = srv[-1] if srv else {}
+                row = dict(label=label, workers=w, epochs=res.summary["epochs"], **measures(res),
+                           served=last.get("served"), rejected=last.get("rejected"),
+                           staleness_max=last.get("staleness_max"),
+                           staleness_histogram=last.get("staleness_histogram"))
+                table[f"{label}/w{w}"] = row
+                t, e, _, _ = mean_curve([res], "time")
+                if w == max(self.workers()):
+                    ax[0, 0].plot(t, e, "-", label=label)
+        ws = self.workers()
+        for k in ("easgd K=1", "easgd K=2"):
+            xs = [w for w in ws if f"{k}/w{w}" in table]
+            ax[0, 1].plot(xs, [table[f"{k}/w{w}"].get("server_service_ms") for w in xs], "o-", label=k)
+        ax[0, 0].set(title=f"{max(ws)} workers", xlabel="training seconds", ylabel="validation top-1 error",
+                     yscale="log")
+        ax[0, 1].set(xlabel="workers", ylabel="server 0: ms of service per exchange")
+        for a in ax[0]:
+            a.legend(fontsize=7)
+        print(f"{'run':>28} {'final err %':>11} {'t to target':>11} {'s/step':>7} {'wait/step':>9} "
+              f"{'service ms':>10} {'util':>5} {'rejected':>8}")
+        for k, v in table.items():
+            print(f"{k:>28} {100 * v['final_error']:>11.1f} {fmt(v['time_to_target']):>11} "
+                  f"{fmt(v['step_seconds']):>7} {fmt(v['split_per_step'].get('wait')):>9} "
+                  f"{fmt(v.get('server_service_ms')):>10} {fmt(v.get('server_utilization'), '.2f'):>5} "
+                  f"{fmt(v['rejected']):>8}")
+        return self.save(fig, dict(target_error=TARGET_ERROR, max_staleness=self.STALENESS, runs=table))
+
+
 EXPERIMENTS = {"sync": Sync, "methods": Methods, "stragglers": Stragglers, "lr": StepSize,
-               "consensus": Consensus, "easgd": EASGD, "asgd": ASGD}
+               "consensus": Consensus, "easgd": EASGD, "asgd": ASGD, "extensions": Extensions}
 
 
 def main(argv=None) -> int:
@@ -667,6 +863,10 @@ def main(argv=None) -> int:
                     help=f"validation error of 'time to target' (default {TARGET_ERROR})")
     ap.add_argument("--tag", default="", help="suffix of the published files (EXPERIMENT-TAG.json/.png)")
     ap.add_argument("--workers", type=int, nargs="+", default=[], help="methods: these worker counts only")
+    ap.add_argument("--net", default="", metavar="papers[xF]|RATE",
+                    help="run every training on an emulated cluster (benchmarks/netcluster.py; root): one "
+                         "rank per node, links at the papers' ratio of transfer to step time (x F), or "
+                         "at a fixed RATE such as 300mbit; results are published as EXPERIMENT-net*")
     ap.set_defaults(out=None)
     a = ap.parse_args(argv)
     if a.data:
@@ -684,7 +884,12 @@ def main(argv=None) -> int:
     if extra and publish and not a.tag:
         ap.error("with --data/--image-size/--model, give --tag NAME (or --no-publish): the published "
                  "results of the built-in sweeps would be replaced")
-    runner = Runner(a.out, a.quick, extra=extra)
+    net = Net(a.net) if a.net else None
+    if net:
+        a.tag = a.tag or net.tag
+        if a.out == (ROOT / "runs" / "experiments").resolve():
+            a.out = ROOT / "runs" / f"experiments-{net.tag}"
+    runner = Runner(a.out, a.quick, extra=extra, net=net)
     names = list(EXPERIMENTS) if a.experiment == "all" else [a.experiment]
     t = time.perf_counter()
     for name in names:

@@ -82,11 +82,12 @@ def lr(d):
 
 
 def consensus(d):
-    rows = [f"| variant | ranks (on {cores(d)} cores) | distance after 10 exchanges | decay per exchange | "
-            "exchanges to 1e-3 | drift of the mean (relative) |", "|---|---|---|---|---|---|"]
+    rows = [f"| variant | graph | ranks (on {cores(d)} cores) | distance after 10 exchanges | decay per exchange | "
+            "exchanges to 1e-3 | drift of the mean (relative) |", "|---|---|---|---|---|---|---|"]
     for v in d["runs"].values():
         dist = v["distance"]
-        rows.append(f"| {v['variant']} | {v['ranks']} | {dist[min(10, len(dist) - 1)]:.2e} | "
+        rows.append(f"| {v['variant']} | {v.get('graph', 'uniform')} | {v['ranks']} | "
+                    f"{dist[min(10, len(dist) - 1)]:.2e} | "
                     f"{v['rate_per_exchange']:.3f} | {f(v['exchanges_to_1e-3'], 'd')} | {v['mean_drift']:.1e} |")
     return "\n".join(rows) + f"\n\nMean over {d['repeats']} repeats; {d['rounds']} exchanges per rank."
 
