@@ -303,6 +303,11 @@ def aggregate(results: list[Result], target: float | None = None) -> dict:
     out = {k: mean_spread([m.get(k) for m in ms]) for k in keys}
     out["split_per_step"] = {k: float(np.mean([m["split_per_step"].get(k, 0.0) for m in ms]))
                              for k in ("compute", "comm", "wait", "data")}
+    nets = [m["net"] for m in ms if "net" in m]
+    if nets:                          # the proof the traffic crossed the links: least bytes per node
+        out["net"] = dict(rate_bits=nets[0]["rate_bits"], nodes=nets[0]["nodes"],
+                          min_sent_mb=min(t["sent"] for n in nets for t in n["traffic"].values()) / 1e6,
+                          min_received_mb=min(t["received"] for n in nets for t in n["traffic"].values()) / 1e6)
     return out
 
 
@@ -815,7 +820,8 @@ class Extensions(Experiment):
                 res = self.method_run(method, w, 0, flags, tag=tag)
                 srv = _read_rank0_server(res)
                 last = srv[-1] if srv else {}
-                row = dict(label=label, workers=w, epochs=res.summary["epochs"], **measures(res),
+                row = dict(label=label, workers=w, epochs=res.summary["epochs"],
+                           servers=ranks_for(method.split()[0], w, flags) - w or 1, **measures(res),
                            served=last.get("served"), rejected=last.get("rejected"),
                            staleness_max=last.get("staleness_max"),
                            staleness_histogram=last.get("staleness_histogram"))

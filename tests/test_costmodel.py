@@ -165,3 +165,49 @@ def test_simulation_accounts_for_every_exchange_in_its_window():
     assert g.exchanges > 300 and g.staleness == {}
     with pytest.raises(ValueError, match="too short"):
         sim.simulate("easgd", 2, W, NET, steps=1)
+
+
+def test_server_shards_divide_the_service_and_raise_saturation():
+    ts1 = cost.server_service_seconds(W.param_bytes, NET)
+    ts4 = cost.server_service_seconds(W.param_bytes, NET, shards=4)
+    assert ts4 == pytest.approx(2 * (NET.alpha + W.param_bytes / 4 / NET.bandwidth)
+                                + 3 * W.param_bytes / 4 / NET.mem)
+    assert cost.worker_link_surplus(W.param_bytes, NET, 1) == 0.0
+    one = cost.step_seconds("easgd", 40, W, NET)
+    four = cost.step_seconds("easgd", 40, W, NET, shards=4)
+    assert four["saturation_workers"] > 3 * one["saturation_workers"]
+    assert four["samples_per_second"] > 3.5 * one["samples_per_second"]   # both saturated at p = 40
+    # the simulation agrees: saturated throughput is one exchange per slice's service
+    r = sim.simulate("asgd", 40, W, NET, steps=200, shards=4)
+    assert r.samples_per_second == pytest.approx(W.batch / ts4, rel=0.02)
+    # one worker: nothing to share, the worker's own link sets the exchange time
+    r1 = sim.simulate("easgd", 1, W, NET, steps=100, shards=4)
+    surplus = cost.worker_link_surplus(W.param_bytes, NET, 4)
+    assert r1.samples_per_second == pytest.approx(W.batch / (W.step_seconds + ts4 + surplus), rel=1e-9)
+
+
+def test_bounded_staleness_rejects_exactly_the_late_pushes():
+    p = 8                                          # saturated FIFO: every push is p - 1 stale
+    free = sim.simulate("asgd", p, W, NET, steps=200)
+    assert max(free.staleness) == p - 1 and free.rejected == 0
+    assert free.useful_samples_per_second == pytest.approx(free.samples_per_second)
+    for bound in (0, 3):
+        r = sim.simulate("asgd", p, W, NET, steps=200, max_staleness=bound)
+        assert max(r.staleness) <= bound
+        assert 0 < r.rejected < r.exchanges
+        assert r.useful_samples_per_second == pytest.approx(
+            r.samples_per_second * (r.exchanges - r.rejected) / r.exchanges)
+        assert r.samples_per_second == pytest.approx(free.samples_per_second, rel=0.02)  # same time
+
+
+def test_overlapped_gossip_costs_the_longer_of_compute_and_exchange():
+    for S in (40e6, 4e9):                          # exchange shorter, then longer than the compute
+        w = cost.Work("w", 0.05, 64, S)
+        blocking = cost.step_seconds("gossip", 2, w, NET)
+        over = cost.step_seconds("gossip", 2, w, NET, overlap=True)
+        exch = blocking["comm"]
+        assert over["step"] == pytest.approx(max(w.step_seconds, exch))
+        r = sim.simulate("gossip", 2, w, NET, steps=400, overlap=True, seed=1)
+        rb = sim.simulate("gossip", 2, w, NET, steps=400, seed=1)
+        assert r.step_seconds < rb.step_seconds
+        assert r.step_seconds >= w.step_seconds * 0.999

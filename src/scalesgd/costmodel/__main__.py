@@ -91,6 +91,49 @@ def validate(cal: dict, measured: dict) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------- validation on emulated nodes
+NET_LABELS = {"gossip-pull-ov": ("gossip", "pull", True), "gossip-push-ov": ("gossip", "push", True)}
+
+
+def predict_net_step(label: str, workers: int, compute: float, nbytes: float, net: cost.Net,
+                     shards: int = 1, passive_target: bool = True) -> dict:
+    """Seconds per local step of one run on emulated nodes (``experiments.py --net``), from the
+    run's own compute per step (its ``compute + data`` split: the model is checked on the
+    communication, not on how fast 2 cores compute) and the link.  ``passive_target``: a blocking
+    one-sided call across nodes completes only when its target next enters MPI (docs/cluster.md),
+    on average half of the target's step later; the overlapped gossip's thread keeps MPI
+    progressing, so its calls do not wait."""
+    method, variant, overlap = NET_LABELS.get(label, (*METHOD_OF[label], False))
+    w = cost.Work(label, compute, 16, nbytes)
+    an = cost.step_seconds(method, workers, w, net, variant=variant, shards=shards, overlap=overlap)
+    step = an["step"]
+    if method == "gossip" and not overlap and passive_target:
+        step += (1 - 1 / workers) * compute / 2
+    return dict(step=step, compute=compute, comm=step - compute)
+
+
+def validate_net(measured: dict, efficiency: float, alpha: float, mem: float,
+                 passive_target: bool = True) -> list[dict]:
+    """Measured seconds per step of every emulated-cluster run against ``predict_net_step``; the
+    link of a run is its tbf rate x ``efficiency`` (all-reduce reached 86-95% of it)."""
+    rows = []
+    for key, run in measured["runs"].items():
+        net_info = run.get("net")
+        label = run.get("method") or run.get("label", "").split()[0]
+        if not net_info or label not in {**METHOD_OF, **NET_LABELS}:
+            continue
+        split = run["split_per_step"]
+        compute = split["compute"] + split.get("data", 0.0)
+        net = cost.Net(alpha=alpha, bandwidth=net_info["rate_bits"] / 8 * efficiency, mem=mem)
+        shards = int(run.get("servers", 1))
+        pred = predict_net_step(label, run["workers"], compute, 272_474 * 4, net, shards, passive_target)
+        meas = run["step_seconds"]["mean"] if isinstance(run["step_seconds"], dict) else run["step_seconds"]
+        rows.append(dict(run=key, method=label, workers=run["workers"], shards=shards,
+                         rate_mbit=net_info["rate_bits"] / 1e6, measured=meas, predicted=pred["step"],
+                         compute=compute, error=(pred["step"] - meas) / meas))
+    return rows
+
+
 def validate_stragglers(cal: dict, strag: dict, seed: int = 0) -> list[dict]:
     """Measured throughput slow-down with one worker sleeping U[0, D] vs the simulated one."""
     rows = []
@@ -187,7 +230,26 @@ def answers(w: cost.Work, net: cost.Net, proj: dict) -> dict:
                                     for r in g},
                 allreduce_comm_ms={r["workers"]: 1e3 * r["comm"] for r in proj["allreduce"]},
                 easgd_tau_to_keep_up={r["workers"]: cost.tau_to_keep_up(r["workers"], w.step_seconds, ts)
-                                      for r in proj["easgd"]})
+                                      for r in proj["easgd"]},
+                **extensions(w, net, [r["workers"] for r in g]))
+
+
+def extensions(w: cost.Work, net: cost.Net, workers: list[int], bound: int = 4) -> dict:
+    """Issue 15's extensions projected (tau = 1): where K server shards saturate and the shards a
+    server needs at p workers; the fraction of pushes asgd rejects with --max-staleness ``bound``
+    (simulated, FIFO server); overlapped gossip's ms per step next to blocking gossip's."""
+    sat = {k: cost.step_seconds("easgd", 1, w, net, shards=k)["saturation_workers"] for k in (1, 2, 4, 8, 16)}
+    need = {p: next((k for k in range(1, 257)
+                     if cost.step_seconds("easgd", 1, w, net, shards=k)["saturation_workers"] >= p), None)
+            for p in workers}
+    rejected = {}
+    for p in workers:
+        r = sim.simulate("asgd", p, w, net, steps=100, max_staleness=bound, seed=p)
+        rejected[p] = r.rejected / max(r.exchanges, 1)
+    return dict(shards_saturate_at_workers=sat, shards_to_keep_up=need, max_staleness=bound,
+                asgd_rejected_fraction=rejected,
+                gossip_overlap_step_ms={p: 1e3 * cost.step_seconds("gossip", p, w, net, overlap=True)["step"]
+                                        for p in workers})
 
 
 # ----------------------------------------------------------------------------- output
@@ -221,6 +283,12 @@ def main(argv=None) -> int:
     ap.add_argument("--calibration", type=Path, default=ROOT / "benchmarks" / "results" / "calibration-cpu.json")
     ap.add_argument("--measured", type=Path, default=ROOT / "benchmarks" / "results" / "methods.json")
     ap.add_argument("--stragglers", type=Path, default=ROOT / "benchmarks" / "results" / "stragglers.json")
+    ap.add_argument("--net-measured", type=Path, nargs="*",
+                    default=[ROOT / "benchmarks" / "results" / "methods-net.json",
+                             ROOT / "benchmarks" / "results" / "extensions-net.json"],
+                    help="emulated-cluster sweeps (experiments.py --net) to validate the link model on")
+    ap.add_argument("--net-efficiency", type=float, default=0.9,
+                    help="fraction of an emulated link's tbf rate that MPI reaches (measured 0.86-0.95)")
     ap.add_argument("--bandwidth-gbps", type=float, default=100.0)
     ap.add_argument("--link-efficiency", type=float, default=0.8)
     ap.add_argument("--latency-us", type=float, default=5.0)
@@ -272,6 +340,22 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"{r['method']:>12} {r['delay_ms']:>5} {r['measured']:>9.2f} {r['simulated']:>9.2f}")
         out["straggler_validation"] = rows
+    net_rows = []
+    mix_mem = 3 * 272_474 * 4 / cal_mod.at({float(k): v for k, v in cal["compute"]["mix"].items()}, 272_474 * 4)
+    for path in a.net_measured:
+        if path.exists():
+            net_rows += validate_net(json.loads(path.read_text()), a.net_efficiency, 20e-6, mix_mem)
+    if net_rows:
+        print(f"\nvalidation on emulated nodes: seconds per local step, measured vs predicted from the run's "
+              f"compute and the link (tbf rate x {a.net_efficiency:g}); blocking gossip waits for its target")
+        print(f"{'run':>30} {'Mbit/s':>7} {'compute':>8} {'measured':>9} {'predicted':>9} {'error':>7}")
+        for r in net_rows:
+            print(f"{r['run']:>30} {r['rate_mbit']:>7.0f} {r['compute']:>8.3f} {r['measured']:>9.3f} "
+                  f"{r['predicted']:>9.3f} {100 * r['error']:>+6.0f}%")
+        errs = np.abs([r["error"] for r in net_rows])
+        print(f"|error|: median {100 * np.median(errs):.0f}%, max {100 * errs.max():.0f}% over {len(errs)} runs")
+        out["net_validation"] = dict(rows=net_rows, efficiency=a.net_efficiency,
+                                     median_abs_error=float(np.median(errs)), max_abs_error=float(errs.max()))
     # --- the cluster
     net = cost.Net(alpha=a.latency_us * 1e-6, bandwidth=a.bandwidth_gbps / 8 * 1e9 * a.link_efficiency,
                    mem=a.mem_gbps * 1e9)
@@ -302,6 +386,12 @@ def main(argv=None) -> int:
               f"{ans['server_saturates_at_workers']:.1f} workers (tau = 1); all-reduce overtakes it at "
               f"{ans['allreduce_overtakes_server_at_workers']} workers; tau (or n_sync) that keeps one server "
               f"below saturation: " + ", ".join(f"p={p}: {t}" for p, t in ans["easgd_tau_to_keep_up"].items()))
+        print("server shards (tau = 1): saturate at " + ", ".join(
+            f"K={k}: {v:.1f}" for k, v in ans["shards_saturate_at_workers"].items()) + " workers; shards to keep up: "
+            + ", ".join(f"p={p}: {k}" for p, k in ans["shards_to_keep_up"].items()))
+        print(f"asgd --max-staleness {ans['max_staleness']}: rejected fraction " + ", ".join(
+            f"p={p}: {v:.2f}" for p, v in ans["asgd_rejected_fraction"].items())
+            + "; overlapped gossip ms/step: " + ", ".join(f"{p}: {v:.1f}" for p, v in ans["gossip_overlap_step_ms"].items()))
         print("gossip pull ms/step by p: " + ", ".join(f"{p}: {v:.1f}" for p, v in ans["gossip_step_ms"].items())
               + " (simulated with stragglers: " + ", ".join(f"{v:.1f}" for v in ans["gossip_sim_step_ms"].values())
               + ")")

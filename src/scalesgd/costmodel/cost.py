@@ -15,6 +15,19 @@ an update); a ``Work`` is one worker's step: compute seconds per minibatch, batc
   ``alpha + S / B + 3 S / mem``; every node serves on average one Get per exchange round whatever
   p is, so the per-step cost does not grow with p (contention is in ``sim.py``).
 * **gossip push**: one Accumulate of S + 1 into the peer's inbox and one fold of the own inbox.
+
+Issue 15's extensions:
+
+* **K server shards** (``--servers K``): shard s holds S/K bytes and serves its slice of every
+  exchange, ``t_s(K) = 2 (alpha + S / (K B)) + 3 S / (K mem)``; the shards are K queues that every
+  exchange visits at once, modelled as one queue with service t_s(K).  The worker still moves S each
+  way over its own link: the part of ``2 S / B`` the shards do not cover, ``2 S / B (1 - 1/K)``,
+  is added to its think time.  Saturation rises to ``p* = (Z + t_s(K)) / t_s(K)``.
+* **bounded staleness** (asgd ``--max-staleness``) does not change the time per exchange; a push
+  more than S versions stale is rejected, so the useful samples are the applied ones
+  (``sim.py`` counts them: staleness is a property of the arrival order, not of the means).
+* **overlapped gossip** (``--gossip-overlap``): the exchange runs under the next step's compute and
+  is waited for before the next mix, so a step costs ``max(t_c, exchange)`` instead of the sum.
 """
 from __future__ import annotations
 
@@ -53,9 +66,16 @@ def mix_seconds(nbytes: float, net: Net) -> float:
     return 3 * nbytes / net.mem
 
 
-def server_service_seconds(nbytes: float, net: Net) -> float:
-    """Receive the worker's vector, apply it, send the result back (one exchange, sequential)."""
-    return 2 * get_seconds(nbytes, net) + mix_seconds(nbytes, net)
+def server_service_seconds(nbytes: float, net: Net, shards: int = 1) -> float:
+    """Receive the worker's vector, apply it, send the result back (one exchange, sequential); with
+    ``shards`` servers, the time each shard spends on its slice."""
+    return 2 * get_seconds(nbytes / shards, net) + mix_seconds(nbytes / shards, net)
+
+
+def worker_link_surplus(nbytes: float, net: Net, shards: int = 1) -> float:
+    """Seconds of a sharded exchange spent on the worker's own link beyond what a shard spends on
+    its slice: the worker sends and receives all S, each shard S/K."""
+    return 2 * nbytes / net.bandwidth * (1 - 1 / shards)
 
 
 def gossip_exchange_seconds(nbytes: float, net: Net, variant: str = "pull") -> float:
@@ -89,9 +109,11 @@ def tau_to_keep_up(workers: int, step: float, service: float) -> int:
     return max(1, math.ceil((workers - 1) * service / step - 1e-9))
 
 
-def step_seconds(method: str, p: int, w: Work, net: Net, tau: int = 1, variant: str = "pull") -> dict:
+def step_seconds(method: str, p: int, w: Work, net: Net, tau: int = 1, variant: str = "pull",
+                 shards: int = 1, overlap: bool = False) -> dict:
     """Mean seconds per local step of one worker, with ``p`` workers and no stragglers, and what
-    it is made of: {"step", "compute", "comm", "samples_per_second", "server_utilization"?}."""
+    it is made of: {"step", "compute", "comm", "samples_per_second", "server_utilization"?}.
+    ``shards``: server shards (easgd/asgd); ``overlap``: gossip's exchange under the compute."""
     S, tc = w.param_bytes, w.step_seconds
     if method in ("single",) or p == 1 and method == "allreduce":
         comm = 0.0
@@ -100,13 +122,17 @@ def step_seconds(method: str, p: int, w: Work, net: Net, tau: int = 1, variant: 
     elif method == "gossip":                 # a rank picks itself with probability 1/p: no transfer
         comm = (1 - 1 / p) * gossip_exchange_seconds(S, net, variant) / tau
     elif method in ("easgd", "asgd"):
-        ts = server_service_seconds(S, net)
-        x, r = server_throughput(p, tau * tc, ts)
+        ts = server_service_seconds(S, net, shards)
+        think = tau * tc + worker_link_surplus(S, net, shards)
+        x, r = server_throughput(p, think, ts)
         cycle = p / x                                  # seconds per tau local steps of one worker
         return dict(step=cycle / tau, compute=tc, comm=(cycle - tau * tc) / tau,
                     samples_per_second=x * tau * w.batch, server_utilization=min(1.0, x * ts),
-                    service=ts, saturation_workers=saturation_workers(tau * tc, ts))
+                    service=ts, saturation_workers=saturation_workers(think, ts))
     else:
         raise ValueError(f"unknown method {method!r}")
+    if overlap and method == "gossip":       # hidden under the compute, up to the compute's length
+        return dict(step=max(tc, comm), compute=tc, comm=max(0.0, comm - tc),
+                    samples_per_second=p * w.batch / max(tc, comm))
     step = tc + comm
     return dict(step=step, compute=tc, comm=comm, samples_per_second=p * w.batch / step)

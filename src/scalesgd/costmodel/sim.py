@@ -40,6 +40,8 @@ class SimResult:
     wait_mean: float = 0.0        # seconds an exchange waited in a queue (server or a peer's NIC)
     staleness: Counter = field(default_factory=Counter)
     exchanges: int = 0            # exchanges completed inside the measurement window
+    rejected: int = 0             # of those, pushes rejected as too stale (max_staleness)
+    useful_samples_per_second: float = 0.0     # samples of applied exchanges only
 
     @property
     def staleness_mean(self) -> float:
@@ -65,19 +67,24 @@ class _Draw:
 
 def simulate(method: str, p: int, w: cost.Work, net: cost.Net, steps: int = 400, tau: int = 1,
              variant: str = "pull", straggle: Straggle = Straggle(), seed: int = 0,
-             warmup: float = 0.1) -> SimResult:
-    """Simulates ``steps`` local steps per worker (``p`` workers); see the module doc."""
+             warmup: float = 0.1, shards: int = 1, max_staleness: int | None = None,
+             overlap: bool = False) -> SimResult:
+    """Simulates ``steps`` local steps per worker (``p`` workers); see the module doc.  Server
+    methods: ``shards`` (service per slice, ``cost.server_service_seconds``) and ``max_staleness``
+    (a push staler than that is rejected: not applied, the version does not move); gossip:
+    ``overlap`` (the exchange runs under the next step's compute)."""
     draw = _Draw(p, w, straggle, seed)
     if method in ("allreduce", "single"):
         comm = cost.allreduce_seconds(w.param_bytes, p, net) if method == "allreduce" else 0.0
         times = [max(draw(i) for i in range(p)) + comm for _ in range(steps)]
         skip = int(warmup * steps)
         span = float(np.sum(times[skip:]))
-        return SimResult(p * w.batch * (steps - skip) / span, span / (steps - skip))
+        rate = p * w.batch * (steps - skip) / span
+        return SimResult(rate, span / (steps - skip), useful_samples_per_second=rate)
     if method in ("easgd", "asgd"):
-        return _server(p, w, net, steps, tau, draw, warmup)
+        return _server(p, w, net, steps, tau, draw, warmup, shards, max_staleness)
     if method == "gossip":
-        return _gossip(p, w, net, steps, tau, variant, draw, warmup, seed)
+        return _gossip(p, w, net, steps, tau, variant, draw, warmup, seed, overlap)
     raise ValueError(f"unknown method {method!r}")
 
 
@@ -92,40 +99,47 @@ def _window_rate(ends: list[float], t_stop: float, warmup: float, per_event: flo
     return n * per_event / (t_stop - t0), n
 
 
-def _server(p, w, net, steps, tau, draw, warmup) -> SimResult:
+def _server(p, w, net, steps, tau, draw, warmup, shards=1, max_staleness=None) -> SimResult:
     """Runs until the first worker has done ``steps`` local steps (a slow worker must not stretch
-    the window: the others keep going in a real run); throughput over the steady part."""
-    ts = cost.server_service_seconds(w.param_bytes, net)
+    the window: the others keep going in a real run); throughput over the steady part.  K shards
+    serve every exchange together (one queue, service per slice) and the worker's own link adds
+    ``cost.worker_link_surplus`` to its exchange."""
+    ts = cost.server_service_seconds(w.param_bytes, net, shards)
+    extra = cost.worker_link_surplus(w.param_bytes, net, shards)
     rounds = max(1, steps // tau)
     heap = [(draw(i, tau), i) for i in range(p)]
     heapq.heapify(heap)
     free = 0.0
     version, fetched, done = 0, [0] * p, [0] * p
-    log = []                                   # (arrival, start, end, staleness) per exchange
+    log = []                                   # (arrival, start, end, staleness, applied) per exchange
     t_stop = None
     while heap:
         arrive, i = heapq.heappop(heap)
         start = max(arrive, free)
         free = start + ts
-        log.append((arrive, start, free, version - fetched[i]))
-        version += 1
+        stale = version - fetched[i]
+        applied = max_staleness is None or stale <= max_staleness
+        log.append((arrive, start, free, stale, applied))
+        version += int(applied)
         fetched[i] = version
         done[i] += 1
         if done[i] == rounds:
             t_stop = free
             break
-        heapq.heappush(heap, (free + draw(i, tau), i))
-    ends = [e for _, _, e, _ in log]
+        heapq.heappush(heap, (free + extra + draw(i, tau), i))
+    ends = [x[2] for x in log]
     rate, n = _window_rate(ends, t_stop, warmup, tau * w.batch)
     t0 = t_stop - n * tau * w.batch / rate
     inside = [x for x in log if t0 < x[2] <= t_stop]
-    busy = sum(min(e, t_stop) - max(s, t0) for _, s, e, _ in log if e > t0 and s < t_stop)
-    stale = Counter(x[3] for x in inside)
-    waited = float(np.mean([s - a for a, s, _, _ in inside])) if inside else 0.0
-    return SimResult(rate, p * w.batch / rate, busy / (t_stop - t0), waited, stale, n)
+    busy = sum(min(x[2], t_stop) - max(x[1], t0) for x in log if x[2] > t0 and x[1] < t_stop)
+    stale = Counter(x[3] for x in inside if x[4])
+    rejected = sum(1 for x in inside if not x[4])
+    waited = float(np.mean([x[1] - x[0] for x in inside])) if inside else 0.0
+    return SimResult(rate, p * w.batch / rate, busy / (t_stop - t0), waited, stale, n, rejected,
+                     rate * (n - rejected) / n)
 
 
-def _gossip(p, w, net, steps, tau, variant, draw, warmup, seed) -> SimResult:
+def _gossip(p, w, net, steps, tau, variant, draw, warmup, seed, overlap=False) -> SimResult:
     rng = np.random.default_rng([seed, 0x6055])
     S = w.param_bytes
     if variant == "pull":
@@ -154,8 +168,11 @@ def _gossip(p, w, net, steps, tau, variant, draw, warmup, seed) -> SimResult:
         if done[i] == rounds:
             t_stop = t        # every exchange ending by now has been simulated (requests come in order)
             break
-        heapq.heappush(heap, (end + draw(i, tau), i))
+        # blocking: the next step starts after the exchange; overlapped: right away, and it
+        # ends (mixes) once both its compute and this exchange are done
+        heapq.heappush(heap, (max(t + draw(i, tau), end) if overlap else end + draw(i, tau), i))
     rate, n = _window_rate([e for _, _, e in log], t_stop, warmup, tau * w.batch)
     t0 = t_stop - n * tau * w.batch / rate
     waits = [s - r for r, s, e in log if t0 < e <= t_stop]
-    return SimResult(rate, p * w.batch / rate, 0.0, float(np.mean(waits)) if waits else 0.0, Counter(), n)
+    return SimResult(rate, p * w.batch / rate, 0.0, float(np.mean(waits)) if waits else 0.0, Counter(), n,
+                     0, rate)
