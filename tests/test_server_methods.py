@@ -9,14 +9,14 @@ from synth import make_dataset
 from helpers import TINY, bad_sample_warnings, one_line_error, run_cli
 
 pytestmark = [pytest.mark.mpi, needs_mpi]
-CHECKS = 7                                       # functions run by tests/mpi/server_check.py
+CHECKS = 8                                       # functions run by tests/mpi/server_check.py
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_server_invariants(ranks):
     """Exact update sums, hand-computed easgd, conservation, staleness, 40 short runs that end."""
     out = check(run_mpi(ranks, ["tests/mpi/server_check.py"], timeout=240))   # a hang guard: Open MPI
-    # oversubscribed on 2 cores needs over 90 s for the 7 checks at 4 ranks
+    # oversubscribed on 2 cores needs over 90 s for the 8 checks at 4 ranks
     assert out.count(": ok") == CHECKS, out
 
 

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from scalesgd import config as C
 from scalesgd.comm import topology
-from scalesgd.comm.protocol import Tag
+from scalesgd.comm.protocol import PushHeader, ServerPort, Tag, WorkerPort, header, shard_bounds
 from scalesgd.methods import create, evaluated
 from scalesgd.methods.asgd import ASGD
 from scalesgd.methods.easgd import EASGD
@@ -291,10 +291,8 @@ def sharded_one_worker_is_the_unsharded_rule_bitwise(comm):
 def sharded_servers_keep_the_invariants(comm):
     """--servers 2 with several workers: asgd's assembled master = initial + every update
     (bitwise, integer-valued updates); easgd conserves sum_i x_i + center; every shard serves every
-    exchange; runs end cleanly (no message in flight) with boundaries and jitter.
-    KNOWN ISSUE: under Open MPI at 4 oversubscribed ranks this check intermittently does not finish
-    (not diagnosed yet; MPICH passes); it runs under MPICH only until that is fixed."""
-    if comm.size < 4 or "Open MPI" in MPI.Get_library_version():
+    exchange; runs end cleanly (no message in flight) with boundaries and jitter."""
+    if comm.size < 4:
         return
     for cls, knob in ((ASGD, "n_sync"), (EASGD, "tau")):
         for period in (1, 2):
@@ -320,6 +318,37 @@ def sharded_servers_keep_the_invariants(comm):
                     w = m.roles.num_workers
                     np.testing.assert_allclose(workers_sum + ps.params, (w + 1) * x0 + added_all,
                                                rtol=1e-12, atol=1e-9)
+
+
+def shards_taking_pushes_in_opposite_orders_finish(comm):
+    """Two shards take two workers' pushes in opposite orders (shard 0: rank 2 then 3; shard 1: 3
+    then 2), which ANY_SOURCE allows since nothing orders messages from different senders: both
+    exchanges complete, each shard slice in place.  A worker that waited for every shard to take
+    its header before sending any payload deadlocks here (shard 0 waits for rank 2's payload, rank
+    2 for shard 1, shard 1 for rank 3's payload, rank 3 for shard 0): a shard fails instead."""
+    if comm.size < 4:
+        return
+    n, shards, workers = 11, [0, 1], [2, 3]
+    bounds = shard_bounds(n, len(shards))
+    if comm.rank in workers:
+        port, got = WorkerPort(comm, shards, bounds), np.zeros(n)
+        port.post_reply(got)
+        port.push(header(PushHeader.SIZE), np.full(n, float(comm.rank)))
+        port.wait_reply()
+        assert np.array_equal(got, np.full(n, -float(comm.rank))), got
+    elif comm.rank in shards:
+        port = ServerPort(comm)
+        part = np.zeros(bounds[comm.rank + 1] - bounds[comm.rank])
+        for src in (workers if comm.rank == 0 else workers[::-1]):
+            comm.Recv(port.push_hdr, source=src, tag=Tag.PUSH_HEADER)
+            req = comm.Irecv(part, source=src, tag=Tag.PUSH_PAYLOAD)
+            deadline = time.monotonic() + 30             # a hang guard, not a timing check
+            while not req.Test():
+                assert time.monotonic() < deadline, f"shard {comm.rank}: rank {src}'s payload " \
+                    "never came after its header (the workers wait for each other: deadlock)"
+                time.sleep(0.001)
+            assert np.all(part == src), part
+            port.send_reply(src, -part)
 
 
 def asgd_bounded_staleness_holds(comm):
@@ -351,5 +380,6 @@ if __name__ == "__main__":
     assert MPI.COMM_WORLD.size >= 2
     run_checks(asgd_applies_every_update_exactly, easgd_hand_computed_two_ranks,
                easgd_conserves_mass, repeated_short_runs_terminate,
-               sharded_one_worker_is_the_unsharded_rule_bitwise, sharded_servers_keep_the_invariants,
+               sharded_one_worker_is_the_unsharded_rule_bitwise,
+               shards_taking_pushes_in_opposite_orders_finish, sharded_servers_keep_the_invariants,
                asgd_bounded_staleness_holds)

@@ -145,6 +145,7 @@ class WorkerPort:
         self.reply = self.replies[0]                  # server 0's: the count and the signals
         self._headers: list = []
         self._payloads: list = []
+        self._sends: list = []                        # the push's payload sends, one per shard
 
     def parts(self, a: np.ndarray) -> list:
         """``a`` cut into the shards' contiguous slices (views)."""
@@ -161,20 +162,33 @@ class WorkerPort:
             self._payloads.append(self.comm.Irecv(part, source=srv, tag=Tag.REPLY_PAYLOAD))
 
     def push(self, hdr: np.ndarray, payload: np.ndarray) -> None:
-        self.push_header(hdr)
-        self.push_payload(payload)
+        self.send_push(hdr, payload)
+        self.finish_push()
 
-    def push_header(self, hdr: np.ndarray) -> None:
-        """Synchronous sends (``Issend`` to every shard, then wait): returns once every shard has
-        received the header, i.e. has started serving this push, so the time in it is queueing
-        behind other workers (wait) and the payload's transfer can be timed apart.  Costs one
-        small-message round trip."""
-        MPI.Request.Waitall([self.comm.Issend(hdr, dest=srv, tag=Tag.PUSH_HEADER)
-                             for srv in self.servers])
+    def send_push(self, hdr: np.ndarray, payload: np.ndarray) -> None:
+        """Synchronous header sends (``Issend`` to every shard); each shard's payload slice is sent
+        (``Isend``) as soon as THAT shard has received the header.  Returns once every shard has
+        received it, i.e. has started serving this push, so the time in it is queueing behind other
+        workers (wait); ``finish_push`` then completes the payloads' transfer.  With one server it
+        is ``Ssend`` then ``Isend``, as drawn above.
 
-    def push_payload(self, payload: np.ndarray) -> None:
-        MPI.Request.Waitall([self.comm.Isend(part, dest=srv, tag=Tag.PUSH_PAYLOAD)
-                             for srv, part in zip(self.servers, self.parts(payload))])
+        A shard's payload never waits for another shard: two shards may take two workers' headers
+        in opposite orders (nothing orders messages from different senders), and a shard blocks
+        in the payload receive of the header it took, so waiting for every header before sending
+        any payload is a cycle (shard 0 waits for A's payload, A for shard 1, shard 1 for B's
+        payload, B for shard 0)."""
+        assert not self._sends, "a push is already in flight"
+        parts = self.parts(payload)
+        heads = [self.comm.Issend(hdr, dest=srv, tag=Tag.PUSH_HEADER) for srv in self.servers]
+        while len(self._sends) < len(heads):
+            for s in MPI.Request.Waitsome(heads):      # completed ones become REQUEST_NULL
+                self._sends.append(self.comm.Isend(parts[s], dest=self.servers[s],
+                                                   tag=Tag.PUSH_PAYLOAD))
+
+    def finish_push(self) -> None:
+        """Completes the payload sends posted by ``send_push``."""
+        MPI.Request.Waitall(self._sends)
+        self._sends = []
 
     def wait_reply_header(self) -> None:
         """Blocks until every shard's reply header has arrived (each is done with this push and

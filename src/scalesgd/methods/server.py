@@ -107,9 +107,9 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         with self.timed("comm"):
             self.port.post_reply(self.reply_buffer(ps))
         with self.timed("wait"):
-            self.port.push_header(h)                  # until every shard takes it: queueing
+            self.port.send_push(h, payload)           # until every shard takes it: queueing
         with self.timed("comm"):
-            self.port.push_payload(payload)
+            self.port.finish_push()
         with self.timed("wait"):
             self.port.wait_reply_header()             # the shards applying it (and replying)
         with self.timed("comm"):
@@ -138,11 +138,15 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
 
     def stats(self) -> dict:
         """Worker: exchanges so far, staleness of the last one and the mean; server: exchanges
-        served, version, staleness mean/max and the histogram {staleness: exchanges}."""
+        served, version, staleness mean/max, the histogram {staleness: exchanges}, and the seconds
+        spent serving (receiving a push's payload, applying it, replying: ``service_seconds``) and
+        waiting for the next push (``idle_seconds``), so service time per exchange and utilisation
+        can be read off a run (docs/results.md, server contention)."""
         mean, top = self.staleness_summary()
         if self.roles.is_server:
             return dict(served=self.exchanges, version=self.version, staleness_mean=mean,
                         staleness_max=top, rejected=self.rejected,
+                        service_seconds=self.timers["comm"], idle_seconds=self.timers["wait"],
                         staleness_histogram={str(k): v for k, v in sorted(self.staleness.items())})
         return dict(exchanges=self.exchanges, staleness=self.last_staleness, staleness_mean=mean,
                     rejected=self.rejected)
