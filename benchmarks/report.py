@@ -60,6 +60,45 @@ def methods(d):
     return "\n".join(rows) + f"\n\nMean over {d['seeds']} seeds [min–max]."
 
 
+def methods_net(d):
+    """Experiment 2 on emulated nodes: the table, then per run where a step's time went and the
+    least bytes any node's interface carried (the proof the traffic used the links)."""
+    n = d["net"]
+    head = (f"Emulated nodes, one rank each; link rate per p from the papers' ratio r = {n['ratio']:.3f} "
+            f"of transfer to step time (× {n['factor']:g})." if n.get("ratio") else
+            f"Emulated nodes, one rank each, every link at {n['fixed_rate'] / 1e6:g} Mbit/s.")
+    rows = [f"| method | workers (nodes) | link Mbit/s | final error % | seconds to {100 * d['target_error']:g}% | "
+            f"epochs to {100 * d['target_error']:g}% | s/step | compute / comm / wait ms per step | "
+            "server ms per exchange (busy) | least MB sent, received by a node |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for v in d["runs"].values():
+        sp, net = v["split_per_step"], v.get("net", {})
+        srv = v.get("server_service_ms") or {}
+        rows.append(
+            f"| {v['method']} | {v['workers']} ({v['ranks']}) | {net.get('rate_bits', 0) / 1e6:.0f} | "
+            f"{agg(v['final_error'], 100)} | {agg(v['time_to_target'])} | {agg(v['epochs_to_target'], 1, '.2f')} | "
+            f"{f(v['step_seconds']['mean'], '.3f')} | {1e3 * (sp['compute'] + sp['data']):.0f} / "
+            f"{1e3 * sp['comm']:.0f} / {1e3 * sp['wait']:.0f} | "
+            + (f"{srv['mean']:.1f} ({100 * v['server_utilization']['mean']:.0f}%)" if srv.get("mean") else "—")
+            + f" | {net.get('min_sent_mb', 0):.0f}, {net.get('min_received_mb', 0):.0f} |")
+    return head + "\n\n" + "\n".join(rows) + f"\n\nMean over {d['seeds']} seeds [min–max]."
+
+
+def extensions(d):
+    rows = ["| run | workers | final error % | seconds to target | epochs to target | s/step | wait ms per step | "
+            "server ms per exchange (busy) | pushes served / rejected | staleness max |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for v in d["runs"].values():
+        util = v.get("server_utilization")
+        srv = (f"{v['server_service_ms']:.1f} ({100 * util:.0f}%)" if v.get("server_service_ms") else "—")
+        rows.append(f"| {v['label']} | {v['workers']} | {100 * v['final_error']:.1f} | {f(v['time_to_target'], '.1f')} | "
+                    f"{f(v['epochs_to_target'])} | {v['step_seconds']:.3f} | "
+                    f"{1e3 * v['split_per_step']['wait']:.0f} | {srv} | "
+                    f"{f(v.get('served'), 'd')} / {f(v.get('rejected'), 'd')} | {f(v.get('staleness_max'), 'd')} |")
+    return "\n".join(rows) + (f"\n\nOne seed (0); asgd's bound S = {d['max_staleness']}; rows without K are one "
+                               "server, rows without a graph name the uniform graph.")
+
+
 def stragglers(d):
     delays = d["delays_ms"]
     rows = ["| method | " + " | ".join(f"D = {x} ms: throughput ×, time-to-target ×, final err %" for x in delays)
@@ -156,7 +195,7 @@ def model(d):
 
 
 TABLES = {"sync": sync, "methods": methods, "stragglers": stragglers, "lr": lr, "consensus": consensus,
-          "easgd": easgd, "asgd": asgd}
+          "easgd": easgd, "asgd": asgd, "extensions": extensions}
 
 
 def update(doc: Path, results: Path) -> list[str]:
@@ -173,8 +212,11 @@ def update(doc: Path, results: Path) -> list[str]:
             return m.group(0)
         done.append(name)
         base = name.split("-")[0]                  # methods-textures: a tagged rerun of methods
+        data = json.loads(p.read_text())
+        if data.get("net") and f"{base}_net" in globals():   # methods-net: with the time split
+            return f"<!-- begin:{name} -->\n{globals()[base + '_net'](data)}\n<!-- end:{name} -->"
         fn = model if base == "model" else TABLES[base]
-        return f"<!-- begin:{name} -->\n{fn(json.loads(p.read_text()))}\n<!-- end:{name} -->"
+        return f"<!-- begin:{name} -->\n{fn(data)}\n<!-- end:{name} -->"
     new = re.sub(r"<!-- begin:([\w-]+) -->.*?<!-- end:\1 -->", repl, text, flags=re.S)
     doc.write_text(new)
     return done

@@ -133,7 +133,7 @@ def test_report_update_rewrites_only_marked_blocks(tmp_path):
                    "<!-- begin:methods -->\nkeep\n<!-- end:methods -->\n")
     assert report.update(doc, res) == ["consensus"]
     text = doc.read_text()
-    assert "old" not in text and "| pull | 2 | 1.25e-01 | 0.500 | — | 1.0e-01 |" in text and "keep" in text
+    assert "old" not in text and "| pull | uniform | 2 | 1.25e-01 | 0.500 | — | 1.0e-01 |" in text and "keep" in text
 
 
 def test_runner_refuses_one_name_for_two_settings(tmp_path):
@@ -152,3 +152,50 @@ def test_texture_cells_never_share_a_pixel_between_train_and_val():
     assert not tr & va and len(tr) + len(va) == (660 // 32) * (550 // 32)
     assert len(va) == round(0.2 * (len(tr) + len(va)))
     assert max(r for r, _ in tr | va) * 32 + 32 <= 660 and max(c for _, c in tr | va) * 32 + 32 <= 550
+
+
+def test_ranks_count_every_server_shard():
+    assert X.ranks_for("easgd", 4) == 5 and X.ranks_for("easgd", 4, ["--servers", "3"]) == 7
+    assert X.ranks_for("gossip-pull", 4, ["--servers", "3"]) == 4
+
+
+def test_papers_link_rate_keeps_the_ratio_of_transfer_to_step_time():
+    """r = ResNet-18's 46.8 MB over 10 GB/s (100 Gb/s at 80%) / the model's 30.2 ms A100 step; the
+    emulated link at p workers moves ResNet-20's 1.09 MB in r x (shared-memory step at p)."""
+    r = X.papers_ratio()
+    assert r == pytest.approx(11_689_512 * 4 / 10e9 / (64 / 938 * 1.81 / 4.09))
+    assert 0.15 < r < 0.16
+    net = X.Net.__new__(X.Net)               # the rate arithmetic only (no cluster, no root)
+    net.fixed, net.ratio, net.factor, net.spec = None, r, 1.0, "papers"
+    net.step = {2: 0.104, 8: 0.441}
+    rate = net.rate_for(2)
+    assert rate % 10**6 == 0                  # whole Mbit/s
+    assert 272_474 * 4 * 8 / rate / 0.104 == pytest.approx(r, rel=0.01)
+    assert net.rate_for(8) < rate / 4         # a slower node gets a proportionally slower link
+    with pytest.raises(SystemExit, match="no shared-memory allreduce step at 4 workers"):
+        net.rate_for(4)
+
+
+@pytest.mark.netcluster
+@pytest.mark.mpi
+def test_extensions_quick_on_emulated_nodes(tmp_path):
+    """A sweep on emulated nodes end to end: easgd with one server and with two shards, each rank
+    on its own node at 300 Mbit/s; every run directory keeps its nodes' byte counters, and the
+    table has the server's service time per exchange."""
+    import netcluster  # noqa: PLC0415
+    missing = netcluster.requirements_missing()
+    if missing:
+        pytest.skip(missing)
+    run_driver("extensions", "--quick", "--net", "300mbit", "--out", str(tmp_path))
+    d = json.loads((tmp_path / "extensions-net-300mbit.json").read_text())
+    assert d["net"]["fixed_rate"] == 300 * 10**6
+    rows = d["runs"]
+    assert set(rows) == {"easgd K=1/w2", "easgd K=2/w2"}
+    assert (rows["easgd K=1/w2"]["servers"], rows["easgd K=2/w2"]["servers"]) == (1, 2)
+    for name, nodes in (("easgd-w2-s0", 3), ("easgd-w2-s0-k2", 4)):
+        counters = json.loads((tmp_path / "runs" / name / "netcluster.json").read_text())
+        assert counters["nodes"] == nodes and counters["rate_bits"] == 300 * 10**6
+        assert all(min(t["sent"], t["received"]) > 272_474 * 4 // nodes for t in counters["traffic"].values())
+    for row in rows.values():
+        assert row["server_service_ms"] > 0 and 0 < row["server_utilization"] <= 1
+        assert row["served"] > 0 and row["net"]["rate_bits"] == 300 * 10**6
