@@ -54,6 +54,8 @@ def test_the_demo_job_file_matches_the_defaults():
     ('[train]\nmethod = "hogwild"\n', "train.method: expected one of"),
     ('[dist]\nstraggler = "1:50:80"\n', "dist.straggler: expected RANKS:DELAY_MS"),
     ('[dist]\ngossip = "broadcast"\n', "dist.gossip: expected one of"),
+    ('[train]\nmethod = "asgd"\n[dist]\nservers = 2\nmax_staleness = 3\n',
+     "dist.max_staleness: needs dist.servers = 1 \\(got 2\\)"),
     ('[train]\ndevice = "tpu"\n', "train.device: expected one of"),
     ('model = "resnet18"\n', "model: expected a table"),
 ])

@@ -62,7 +62,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 # Keys a resumed run must keep: they define the model, the data order and the method's state.
 RESUME_IDENTITY = {"model": None, "data": ("data", "image_size", "batch_size"),
-                   "train": ("method", "seed"), "dist": ("gossip", "servers")}
+                   "train": ("method", "seed"), "dist": ("gossip", "gossip_graph", "servers")}
 EXIT_STOPPED = 75            # stopped on SIGTERM/SIGUSR1 after writing a checkpoint (EX_TEMPFAIL)
 
 

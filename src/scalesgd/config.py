@@ -131,7 +131,7 @@ class DistConfig:
     servers: int = _f(1, "easgd and asgd: parameter-server ranks (0..K-1), each holding one contiguous "
                       "shard of the flat buffer; workers exchange with all of them at once", lo=1)
     max_staleness: int = _f(-1, "asgd: a push more than this many server versions stale is rejected (not "
-                            "applied; the worker re-fetches); -1: unbounded", lo=-1)
+                            "applied; the worker re-fetches); -1: unbounded; one server only", lo=-1)
     n_sync: int = _f(1, "asgd: local steps between push+fetch with the server", lo=1)
     gossip: str = _f("pull", "gossip variant", choices=GOSSIP_VARIANTS)
     gossip_gamma: float = _f(0.5, "gossip pull: x_i <- (1-gamma) x_i + gamma x_j", lo=0, hi=1,
@@ -335,6 +335,11 @@ def _cross_checks(cfg: Config) -> Config:
                           f"{cfg.data.image_size}")
     if cfg.dist.straggler:
         parse_straggler(cfg.dist.straggler)            # raises ConfigError naming dist.straggler
+    if cfg.dist.max_staleness >= 0 and cfg.dist.servers > 1 and cfg.train.method == "asgd":
+        # each shard would judge a push by its own version: one update applied to some slices only
+        raise ConfigError(f"dist.max_staleness: needs dist.servers = 1 (got {cfg.dist.servers}): each "
+                          "shard would judge staleness by its own version and could apply a push to some "
+                          "slices of the model only")
     if list(cfg.schedule.milestones) != sorted(cfg.schedule.milestones):
         raise ConfigError(f"schedule.milestones: must be increasing, got {cfg.schedule.milestones}")
     if cfg.schedule.epochs == 0:        # cosine horizon defaults to the training length
