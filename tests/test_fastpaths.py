@@ -70,6 +70,18 @@ def test_auto_turns_each_failure_off_with_one_line(caplog):
     assert rep == json.loads(json.dumps(rep, allow_nan=False))        # summary.json-ready
 
 
+def test_the_reference_runs_even_when_the_fast_path_raises():
+    """For a collective component (the all-reduce transport) the reference is a collective too:
+    a rank whose fast path raised must still enter it, or the ranks' collectives stop matching."""
+    refs, disabled = [], []
+    x = np.linspace(-1, 2, 17)
+    c = F.Component("raising", lambda: 1 / 0, lambda: (refs.append(1), x ** 2)[1], 1e-6, "the reference",
+                    lambda: disabled.append("raising"), ("y",))
+    out = F.validate([c], "auto", speak=False)
+    assert refs == [1] and disabled == ["raising"]
+    assert "ZeroDivisionError" in out["raising"]["error"]
+
+
 def test_strict_fails_the_run_with_one_line_and_turns_nothing_off():
     disabled = []
     with pytest.raises(BackendError) as info:

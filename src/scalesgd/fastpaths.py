@@ -113,12 +113,32 @@ def compare(got, want, tol: float, names: tuple = ()) -> tuple[float, str | None
 
 
 def _check(c: Component) -> tuple[float | None, str | None]:
-    """Runs one component and its reference: (relative error, None) or (error or None, why)."""
+    """Runs one component and its reference: (relative error, None) or (error or None, why).
+    The reference runs even when the fast path raised: for a collective component (the all-reduce
+    transport) both are collectives, and a rank that skipped the reference would enter the next
+    collective while the others sit in it."""
+    out = ref = None
     try:
-        return compare(c.run(), c.reference(), c.tol, c.outputs)
+        out = c.run()
     except Exception as exc:  # noqa: BLE001 - any failure of a fast path means "do not use it"
-        text = " ".join(str(exc).split())[:300]
-        return None, f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        failed = exc
+    else:
+        failed = None
+    try:
+        ref = c.reference()
+    except Exception as exc:  # noqa: BLE001
+        failed = failed or exc
+    if failed is not None:
+        return None, _why(failed)
+    try:
+        return compare(out, ref, c.tol, c.outputs)
+    except Exception as exc:  # noqa: BLE001
+        return None, _why(exc)
+
+
+def _why(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 # ----------------------------------------------------------------------------- the check
