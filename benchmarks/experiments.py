@@ -273,7 +273,7 @@ def exchange_costs(res: Result) -> dict:
     steps = [len(r) for r in res.data.steps.values() if r]
     split = time_split(res.data)
     out = dict(split_per_step={k: v / max(np.mean(steps), 1) for k, v in split.items()} if steps else {})
-    srv = _read_rank0_server(res)
+    srv = _read_rank0_server(res) if (res.data.path / "metrics" / "rank-0.jsonl").exists() else []
     if srv and "service_seconds" in srv[-1]:
         last = srv[-1]
         busy, idle = last["service_seconds"], last["idle_seconds"]

@@ -57,7 +57,7 @@ def methods(d):
                     f"{agg(v['final_error'], 100)} | {agg(v['best_error'], 100)} | {agg(v['time_to_target'])} | "
                     f"{agg(v['epochs_to_target'], 1, '.2f')} | {agg(v['images_per_second'], 1, '.0f')} | "
                     f"{f(v['step_seconds']['mean'], '.3f')} |")
-    return "\n".join(rows) + f"\n\nMean over {d['seeds']} seeds [min–max]."
+    return "\n".join(rows) + (f"\n\nMean over {d['seeds']} seeds [min–max]." if d['seeds'] > 1 else "\n\nOne seed.")
 
 
 def methods_net(d):
@@ -81,7 +81,7 @@ def methods_net(d):
             f"{1e3 * sp['comm']:.0f} / {1e3 * sp['wait']:.0f} | "
             + (f"{srv['mean']:.1f} ({100 * v['server_utilization']['mean']:.0f}%)" if srv.get("mean") else "—")
             + f" | {net.get('min_sent_mb', 0):.0f}, {net.get('min_received_mb', 0):.0f} |")
-    return head + "\n\n" + "\n".join(rows) + f"\n\nMean over {d['seeds']} seeds [min–max]."
+    return head + "\n\n" + "\n".join(rows) + (f"\n\nMean over {d['seeds']} seeds [min–max]." if d['seeds'] > 1 else "\n\nOne seed.")
 
 
 def extensions(d):
@@ -174,6 +174,14 @@ def model(d):
         out += ["| method | D ms | measured slow-down | simulated |", "|---|---|---|---|"]
         out += [f"| {r['method']} | {r['delay_ms']} | {r['measured']:.2f} | {r['simulated']:.2f} |" for r in sv]
         out += [""]
+    nv = d.get("net_validation")
+    if nv:
+        out += [f"On emulated nodes (link = tbf rate × {nv['efficiency']:g}; the run's own compute per step):", "",
+                "| run | link Mbit/s | compute s/step | measured s/step | predicted | error |",
+                "|---|---|---|---|---|---|"]
+        out += [f"| {r['run']} | {r['rate_mbit']:.0f} | {r['compute']:.3f} | {r['measured']:.3f} | "
+                f"{r['predicted']:.3f} | {100 * r['error']:+.0f}% |" for r in nv["rows"]]
+        out += ["", f"Median |error| {100 * nv['median_abs_error']:.0f}%, largest {100 * nv['max_abs_error']:.0f}%.", ""]
     for name, proj in d["projection"].items():
         ws = [r["workers"] for r in next(iter(proj.values()))]
         out += [f"**{name}** — minutes per ImageNet epoch / scaling efficiency (analytic; simulated with "
@@ -190,7 +198,17 @@ def model(d):
                 + ". Gossip-pull ms per step: " + ", ".join(f"{p}: {x:.1f}" for p, x in a["gossip_step_ms"].items())
                 + " (simulated with stragglers: " + ", ".join(f"{x:.1f}" for x in a["gossip_sim_step_ms"].values())
                 + "); all-reduce ms per step of communication: "
-                + ", ".join(f"{p}: {x:.1f}" for p, x in a["allreduce_comm_ms"].items()) + ".", ""]
+                + ", ".join(f"{p}: {x:.1f}" for p, x in a["allreduce_comm_ms"].items()) + "."]
+        if "shards_saturate_at_workers" in a:
+            out += ["", "Issue 15's extensions (τ = 1): K server shards saturate at "
+                    + ", ".join(f"K = {k}: {x:.1f}" for k, x in a["shards_saturate_at_workers"].items())
+                    + " workers; shards needed to keep up: "
+                    + ", ".join(f"p = {p}: {k}" for p, k in a["shards_to_keep_up"].items())
+                    + f"; asgd `--max-staleness {a['max_staleness']}` rejects "
+                    + ", ".join(f"p = {p}: {100 * x:.0f}%" for p, x in a["asgd_rejected_fraction"].items())
+                    + " of pushes (simulated FIFO server); overlapped gossip ms per step: "
+                    + ", ".join(f"{p}: {x:.1f}" for p, x in a["gossip_overlap_step_ms"].items()) + "."]
+        out += [""]
     return "\n".join(out)
 
 

@@ -83,6 +83,20 @@ def ended(p: subprocess.Popen, within: float, what: str) -> tuple[str, str]:
                 f"stdout:\n{out}\nstderr:\n{err}")
 
 
+def rank_pid(tag: str, rank: int) -> int:
+    """PID of MPI rank ``rank`` among ``rank_pids(tag)`` (from the rank variable its launcher set:
+    MPICH's PMI_RANK, Open MPI's OMPI_COMM_WORLD_RANK)."""
+    for pid in rank_pids(tag):
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        env = dict(e.split(b"=", 1) for e in raw if b"=" in e)
+        if int(env.get(b"PMI_RANK", env.get(b"OMPI_COMM_WORLD_RANK", b"-1"))) == rank:
+            return pid
+    raise AssertionError(f"no rank {rank} among the processes of {tag}")
+
+
 def rank_pids(tag: str) -> list[int]:
     """PIDs of the Python ranks whose command line contains ``tag`` (e.g. their run directory)."""
     out = []

@@ -13,8 +13,8 @@ import h5py
 import numpy as np
 import pytest
 
-from helpers import (ROOT, TINY, ended, final_arrays, launch, one_line_error, rank_pids, ranks_left, run_cli,
-                     start, stop)
+from helpers import (ROOT, TINY, ended, final_arrays, launch, one_line_error, rank_pid, rank_pids, ranks_left,
+                     run_cli, start, stop)
 from mpirun import uses_mpi
 from synth import make_dataset
 
@@ -133,20 +133,25 @@ def wait_for_steps(run_dir: Path, n: int, rank: int = 0) -> None:
 
 
 @MPI
-@pytest.mark.parametrize("method,ranks,sig", [("allreduce", 2, signal.SIGUSR1),
-                                              ("easgd", 3, signal.SIGTERM),
-                                              ("gossip", 3, signal.SIGUSR1)])
-def test_signal_to_one_rank_checkpoints_everyone_and_resumes(tmp_path, data, method, ranks, sig):
+@pytest.mark.parametrize("method,ranks,sig,victim", [("allreduce", 2, signal.SIGUSR1, -1),
+                                                     ("easgd", 3, signal.SIGTERM, -1),
+                                                     ("gossip", 3, signal.SIGUSR1, -1),
+                                                     ("easgd-shards", 4, signal.SIGTERM, 1)])
+def test_signal_to_one_rank_checkpoints_everyone_and_resumes(tmp_path, data, method, ranks, sig, victim):
+    """The signal goes to the last rank (a worker), or with two server shards to shard 1, whose
+    stop only its replies carry (server 0 decides the phases)."""
     run_dir = tmp_path / "run"
+    method, _, shards = method.partition("-")
     args = ["--data", str(data), "--method", method, *TINY, "--epochs", "40", "--batch-size", "4",
             "--run-dir", str(run_dir), "--straggler", "0:20"]
     if method == "gossip":
         args += ["--gossip", "push"]
+    if shards:             # one evaluation, at the end: no phase but the stop's can end the run early
+        args += ["--servers", "2", "--eval-every", "40"]
     p = start(args, ranks)
     try:
-        wait_for_steps(run_dir, 8, rank=1 if method == "easgd" else 0)   # easgd: rank 0 serves
-        victim = rank_pids(str(run_dir))[-1]           # one rank, not the launcher
-        os.kill(victim, sig)
+        wait_for_steps(run_dir, 8, rank=ranks - 1 if method == "easgd" else 0)   # easgd: servers first
+        os.kill(rank_pid(str(run_dir), ranks - 1 if victim < 0 else victim), sig)   # not the launcher
         out, err = ended(p, 60, f"{method}: a signal to one rank did not stop the job")
     finally:
         stop(p)
@@ -210,6 +215,8 @@ def test_resume_refuses_a_different_method_or_model(tmp_path, data):
     one_line_error(p, f"cannot resume {run_dir}", "model.width was 0.25, now 0.5")
     p = run_cli(["--resume", str(run_dir), "--method", "allreduce"], tmp_path)
     one_line_error(p, "train.method was 'single', now 'allreduce'")
+    p = run_cli(["--resume", str(run_dir), "--gossip-graph", "ring"], tmp_path)   # a peer choice's state
+    one_line_error(p, "dist.gossip_graph was 'uniform', now 'ring'")
     p = run_cli(["--init-from", str(ckpt.listing(ckpt.checkpoint_dir(run_dir))[-1]), "--data", str(data),
                  *TINY, "--width", "0.5", "--run-dir", str(tmp_path / "w")], tmp_path)
     one_line_error(p, "is not this run's")

@@ -4,8 +4,12 @@ Every window is ``MPI.Win.Allocate``d (MPI owns the memory: on one node MPICH ma
 ``Get`` is a copy by the origin and never needs the target to enter MPI; ``Win.Create`` over a NumPy
 array did, and was 2-20x slower) and is opened with ONE ``Lock_all(MODE_NOCHECK)`` epoch for its whole
 life.  No checked lock is ever taken (a checked lock waits for a busy target, and mixing NOCHECK and
-checked exclusive locks on one window hung MPICH 5.0.2).  Every RMA call is followed by ``Flush`` of
-its target before it returns, so no operation is ever in flight when the caller enters a collective.
+checked exclusive locks on one window hung MPICH 5.0.2).  Every blocking RMA call is followed by
+``Flush`` of its target before it returns.  The request-based calls of gossip's communication thread
+(``Raccumulate``, ``Rget_accumulate``) complete locally only, so their data may still be on its way
+when the caller goes on: ``Gossip.quiesce`` flushes every window (then a barrier) before a
+checkpoint reads the inboxes, and ``Win.Free`` flushes at the end; an evaluation in between
+averages the parameters, which those calls do not touch.
 
 ``MODE_NOCHECK`` means MPI does not serialise readers and writers: consistency comes from the
 protocols below, where each rank writes only its own memory with local stores (``PublishedVector``)

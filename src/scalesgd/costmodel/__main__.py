@@ -103,7 +103,7 @@ def predict_net_step(label: str, workers: int, compute: float, nbytes: float, ne
     one-sided call across nodes completes only when its target next enters MPI (docs/cluster.md),
     on average half of the target's step later; the overlapped gossip's thread keeps MPI
     progressing, so its calls do not wait."""
-    method, variant, overlap = NET_LABELS.get(label, (*METHOD_OF[label], False))
+    method, variant, overlap = NET_LABELS[label] if label in NET_LABELS else (*METHOD_OF[label], False)
     w = cost.Work(label, compute, 16, nbytes)
     an = cost.step_seconds(method, workers, w, net, variant=variant, shards=shards, overlap=overlap)
     step = an["step"]
@@ -284,8 +284,8 @@ def main(argv=None) -> int:
     ap.add_argument("--measured", type=Path, default=ROOT / "benchmarks" / "results" / "methods.json")
     ap.add_argument("--stragglers", type=Path, default=ROOT / "benchmarks" / "results" / "stragglers.json")
     ap.add_argument("--net-measured", type=Path, nargs="*",
-                    default=[ROOT / "benchmarks" / "results" / "methods-net.json",
-                             ROOT / "benchmarks" / "results" / "extensions-net.json"],
+                    default=[ROOT / "benchmarks" / "results" / f"{n}.json"
+                             for n in ("methods-net", "methods-net-papersx4", "extensions-net")],
                     help="emulated-cluster sweeps (experiments.py --net) to validate the link model on")
     ap.add_argument("--net-efficiency", type=float, default=0.9,
                     help="fraction of an emulated link's tbf rate that MPI reaches (measured 0.86-0.95)")
@@ -318,7 +318,8 @@ def main(argv=None) -> int:
     print(f"calibration ({a.calibration.name}, {cal.get('machine', '?')}): one-rank step "
           f"{1e3 * cal['end_to_end']['resnet20_b16']['seconds']:.1f} ms (ResNet-20, batch 16, data included); "
           f"Get at {p0} ranks: alpha {1e6 * alpha:.1f} us, {bw / 1e9:.1f} GB/s (max misfit {100 * misfit:.0f}%)")
-    out["calibration"] = dict(file=str(a.calibration), get_alpha=alpha, get_bandwidth=bw, get_misfit=misfit)
+    where = a.calibration.resolve()          # recorded relative to the repository when inside it
+    out["calibration"] = dict(file=str(where.relative_to(ROOT)) if where.is_relative_to(ROOT) else str(where), get_alpha=alpha, get_bandwidth=bw, get_misfit=misfit)
     if a.measured.exists():
         rows = validate(cal, json.loads(a.measured.read_text()))
         print("\nvalidation: seconds per local step, measured (experiment 2) vs predicted from the calibration")

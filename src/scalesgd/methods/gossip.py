@@ -204,9 +204,9 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self.load_strategy_state(scalars)
         self.comm.Barrier()                          # restored everywhere before anyone reads
         if self.courier is not None:
-            self.resume_background(scalars)
+            self.resume_background(arrays, scalars)
 
-    def resume_background(self, scalars: dict) -> None:
+    def resume_background(self, arrays: dict, scalars: dict) -> None:
         """Overlap, after the restore: the courier's seconds so far, and the read that was in
         flight started again (every rank has published its restored parameters by now)."""
         if "courier_seconds" in scalars:
@@ -288,6 +288,22 @@ class PullGossip(Gossip):
         """Reads ``peer``'s copy into ``peer_buf`` (the courier's until ``finish``)."""
         return None if peer is None else functools.partial(self.pub.read, peer, self.peer_buf,
                                                            POLL_SECONDS)
+
+    def state(self, ps) -> tuple[dict, dict]:
+        """Overlap: a read that ``quiesce`` collected is saved with its copy, so the resumed run
+        mixes what the uninterrupted one would (reading the peer again would get its restored
+        parameters, not the copy it had published)."""
+        arrays, scalars = super().state(ps)
+        if self.landed is not None:
+            arrays["gossip_peer_copy"] = self.peer_buf.copy()
+            scalars["landed"], scalars["pending"] = [int(v) for v in self.landed], -1
+        return arrays, scalars
+
+    def resume_background(self, arrays: dict, scalars: dict) -> None:
+        super().resume_background(arrays, scalars)
+        if "landed" in scalars:
+            self.peer_buf[...] = arrays["gossip_peer_copy"]
+            self.landed = tuple(scalars["landed"])
 
     def strategy_stats(self) -> dict:
         return {"gossip_torn_retries": self.retries}

@@ -117,6 +117,12 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         self.global_samples = int(r[ReplyHeader.GLOBAL])
         self.version = int(r[ReplyHeader.VERSION])
         self.signals.merge(r[ReplyHeader.STOP:ReplyHeader.CKPT + 1])
+        if len(self.port.replies) > 1:
+            # a stop asked of shard s > 0 (SIGTERM/SIGUSR1 on its rank) reaches the workers only in
+            # its replies, and only server 0 decides phases: relay it as this worker's own request
+            # (into ``raised``, not ``seen``: entering a phase server 0 never enters would hang)
+            stop = self.port.replies[1:, ReplyHeader.STOP].max()
+            self.signals.raised[self.signals.STOP] = max(self.signals.raised[self.signals.STOP], stop)
         if r[ReplyHeader.REJECTED]:
             self.rejected += 1
         else:
