@@ -130,7 +130,7 @@ class Net:
         and received at least one model's worth of bytes; writes run_dir/netcluster.json."""
         rate = self.rate_for(workers)
         # node k on core k mod cores: one BLAS thread per rank, as the ranks of a one-node run have
-        # (unpinned, every rank counts all cores and starts that many threads: 8x slower steps)
+        # (unpinned, every rank counts all cores and starts that many threads: steps took 2.7x as long)
         with self.nc.NetCluster(n, rate=rate, cpus_per_node=1) as c:
             res = c.run([sys.executable, *argv], env=rank_env(), timeout=timeout, capture=True, cwd=ROOT)
         if res.timed_out or res.returncode:
