@@ -56,6 +56,7 @@ COLORS = {"allreduce": "#4C72B0", "easgd": "#DD8452", "asgd": "#55A868", "gossip
 # on emulated nodes (--net): the best version of each method (asgd at lr 0.1 diverged on one node;
 # gossip blocking and overlapped, since across nodes a blocking one-sided call waits for its target)
 NET_METHODS = ("allreduce", "easgd", "asgd lr/p", "gossip-pull", "gossip-pull-ov", "gossip-push-ov")
+RESNET20_BYTES = 272_474 * 4    # the sweeps' model (jobs/experiments.toml), float32
 TARGET_ERROR = 0.10            # validation top-1 error for "time to target" (digits: 90% accuracy)
 
 
@@ -118,8 +119,7 @@ class Net:
         if workers not in self.step:
             raise SystemExit(f"experiments --net papers: no shared-memory allreduce step at {workers} "
                              f"workers in benchmarks/results/methods.json (has {sorted(self.step)})")
-        nbytes = 272_474 * 4                                   # ResNet-20's parameters
-        return int(round(8 * nbytes / (self.ratio * self.step[workers]) / 1e6)) * 10**6
+        return int(round(8 * RESNET20_BYTES / (self.ratio * self.step[workers]) / 1e6)) * 10**6
 
     def describe(self) -> dict:
         return dict(spec=self.spec, ratio=self.ratio, factor=self.factor, fixed_rate=self.fixed,
@@ -137,7 +137,7 @@ class Net:
             raise SystemExit(f"experiments: {run_dir.name} on {n} emulated nodes "
                              f"{'did not finish' if res.timed_out else f'failed (exit {res.returncode})'}:"
                              f"\n{(res.stderr or '')[-3000:]}")
-        low = [k for k, t in res.traffic.items() if min(t.sent, t.received) < 272_474 * 4 // n]
+        low = [k for k, t in res.traffic.items() if min(t.sent, t.received) < RESNET20_BYTES // n]
         if low:
             raise SystemExit(f"experiments: {run_dir.name}: nodes {low} carried less than a model's "
                              "worth of bytes: the MPI library did not use the emulated links\n"
@@ -285,16 +285,25 @@ def exchange_costs(res: Result) -> dict:
     return out
 
 
+# the scalar measures of a run that are averaged over seeds
+MEASURE_KEYS = ("final_error", "best_error", "time_to_target", "epochs_to_target", "train_seconds",
+                "images_per_second", "step_seconds", "server_service_ms", "server_utilization")
+SPLIT_KEYS = ("compute", "comm", "wait", "data")
+
+
+def mean_split(ms: list[dict]) -> dict:
+    """The per-step time split averaged over runs."""
+    return {k: float(np.mean([m["split_per_step"].get(k, 0.0) for m in ms])) for k in SPLIT_KEYS}
+
+
 def seed_mean(runs: list[dict]) -> dict:
     """The measures of one setting averaged over seeds (a time to target: over the seeds that
     reached it, None if none did); the first run's other entries."""
     out = dict(runs[0])
-    for k in ("final_error", "best_error", "time_to_target", "epochs_to_target", "train_seconds",
-              "images_per_second", "step_seconds", "server_service_ms", "server_utilization"):
+    for k in MEASURE_KEYS:
         vals = [r[k] for r in runs if r.get(k) is not None]
         out[k] = float(np.mean(vals)) if vals else None
-    out["split_per_step"] = {k: float(np.mean([r["split_per_step"].get(k, 0.0) for r in runs]))
-                             for k in runs[0].get("split_per_step", {})}
+    out["split_per_step"] = mean_split(runs)
     return out
 
 
@@ -311,11 +320,8 @@ def mean_spread(values) -> dict:
 def aggregate(results: list[Result], target: float | None = None) -> dict:
     """Mean and spread over seeds of each measure."""
     ms = [measures(r, target) for r in results]
-    keys = ("final_error", "best_error", "time_to_target", "epochs_to_target", "train_seconds",
-            "images_per_second", "step_seconds", "server_service_ms", "server_utilization")
-    out = {k: mean_spread([m.get(k) for m in ms]) for k in keys}
-    out["split_per_step"] = {k: float(np.mean([m["split_per_step"].get(k, 0.0) for m in ms]))
-                             for k in ("compute", "comm", "wait", "data")}
+    out = {k: mean_spread([m.get(k) for m in ms]) for k in MEASURE_KEYS}
+    out["split_per_step"] = mean_split(ms)
     nets = [m["net"] for m in ms if "net" in m]
     if nets:                          # the proof the traffic crossed the links: least bytes per node
         out["net"] = dict(rate_bits=nets[0]["rate_bits"], nodes=nets[0]["nodes"],

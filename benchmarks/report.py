@@ -214,6 +214,7 @@ def model(d):
 
 TABLES = {"sync": sync, "methods": methods, "stragglers": stragglers, "lr": lr, "consensus": consensus,
           "easgd": easgd, "asgd": asgd, "extensions": extensions}
+NET_TABLES = {"methods": methods_net}          # a sweep on emulated nodes (--net): with the time split
 
 
 def update(doc: Path, results: Path) -> list[str]:
@@ -231,9 +232,7 @@ def update(doc: Path, results: Path) -> list[str]:
         done.append(name)
         base = name.split("-")[0]                  # methods-textures: a tagged rerun of methods
         data = json.loads(p.read_text())
-        if data.get("net") and f"{base}_net" in globals():   # methods-net: with the time split
-            return f"<!-- begin:{name} -->\n{globals()[base + '_net'](data)}\n<!-- end:{name} -->"
-        fn = model if base == "model" else TABLES[base]
+        fn = model if base == "model" else NET_TABLES.get(base, TABLES[base]) if data.get("net") else TABLES[base]
         return f"<!-- begin:{name} -->\n{fn(data)}\n<!-- end:{name} -->"
     new = re.sub(r"<!-- begin:([\w-]+) -->.*?<!-- end:\1 -->", repl, text, flags=re.S)
     doc.write_text(new)

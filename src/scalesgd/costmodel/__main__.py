@@ -113,7 +113,7 @@ def predict_net_step(label: str, workers: int, compute: float, nbytes: float, ne
 
 
 def validate_net(measured: dict, efficiency: float, alpha: float, mem: float,
-                 passive_target: bool = True) -> list[dict]:
+                 passive_target: bool = True, nbytes: float = 272_474 * 4) -> list[dict]:
     """Measured seconds per step of every emulated-cluster run against ``predict_net_step``; the
     link of a run is its tbf rate x ``efficiency`` (all-reduce reached 86-95% of it)."""
     rows = []
@@ -126,7 +126,7 @@ def validate_net(measured: dict, efficiency: float, alpha: float, mem: float,
         compute = split["compute"] + split.get("data", 0.0)
         net = cost.Net(alpha=alpha, bandwidth=net_info["rate_bits"] / 8 * efficiency, mem=mem)
         shards = int(run.get("servers", 1))
-        pred = predict_net_step(label, run["workers"], compute, 272_474 * 4, net, shards, passive_target)
+        pred = predict_net_step(label, run["workers"], compute, nbytes, net, shards, passive_target)
         meas = run["step_seconds"]["mean"] if isinstance(run["step_seconds"], dict) else run["step_seconds"]
         rows.append(dict(run=key, method=label, workers=run["workers"], shards=shards,
                          rate_mbit=net_info["rate_bits"] / 1e6, measured=meas, predicted=pred["step"],
@@ -342,10 +342,12 @@ def main(argv=None) -> int:
             print(f"{r['method']:>12} {r['delay_ms']:>5} {r['measured']:>9.2f} {r['simulated']:>9.2f}")
         out["straggler_validation"] = rows
     net_rows = []
-    mix_mem = 3 * 272_474 * 4 / cal_mod.at({float(k): v for k, v in cal["compute"]["mix"].items()}, 272_474 * 4)
+    nbytes = cal["compute"]["resnet20_b16"]["num_params"] * 4          # the sweeps' ResNet-20
+    mix_mem = 3 * nbytes / cal_mod.at({float(k): v for k, v in cal["compute"]["mix"].items()}, nbytes)
     for path in a.net_measured:
         if path.exists():
-            net_rows += validate_net(json.loads(path.read_text()), a.net_efficiency, 20e-6, mix_mem)
+            net_rows += validate_net(json.loads(path.read_text()), a.net_efficiency, 20e-6, mix_mem,
+                                     nbytes=nbytes)
     if net_rows:
         print(f"\nvalidation on emulated nodes: seconds per local step, measured vs predicted from the run's "
               f"compute and the link (tbf rate x {a.net_efficiency:g}); blocking gossip waits for its target")
