@@ -251,7 +251,7 @@ def run(cfg: C.Config, topo) -> dict:
     from .train import loop
     from .train.control import Control
     cfg = C.fit_to_world(cfg, topo.size)         # rank-count defaults of unset keys (rank 0 logs)
-    control = Control(topo.comm, topo.size)
+    control = Control(topo.transport, topo.size)
     method = methods.create(cfg, topo, control.signals)   # refuses a wrong rank count first
     with together(topo):
         backend = backend_mod.select(cfg.train.device, topo.local_rank)

@@ -100,7 +100,7 @@ def bn_statistics_averaged_for_evaluation(comm):
     with evaluated(method, model.ps):
         assert np.all(model.ps.buffers == (comm.size - 1) / 2)
     assert np.all(model.ps.buffers == comm.rank), "own statistics restored after evaluation"
-    counts = Control(comm, comm.size).sum_over_ranks([1, 2, 3])
+    counts = Control(TOPO.transport, comm.size).sum_over_ranks([1, 2, 3])
     assert counts.tolist() == [comm.size, 2 * comm.size, 3 * comm.size]
 
 

@@ -34,7 +34,7 @@ class FakePS:
 
 def make(cls, **dist):
     """The method with its control plane (``m.control``, a test-only attribute)."""
-    control = Control(TOPO.comm, TOPO.size)
+    control = Control(TOPO.transport, TOPO.size)
     m = create(C.build(overrides={"train": {"method": cls.name}, "dist": dist}), TOPO, control.signals)
     m.control = control
     return m

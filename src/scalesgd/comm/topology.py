@@ -20,8 +20,15 @@ class Topology:
     size: int
     local_rank: int          # rank among the processes sharing this node's memory
     local_size: int
-    comm: object             # MPI.COMM_WORLD
+    comm: object             # MPI.COMM_WORLD (None for a virtual rank)
     node_comm: object        # COMM_WORLD split by shared-memory node
+    transport: object = None # what methods and the control plane talk through (comm/transport.py);
+                             # default: MPITransport(comm)
+
+    def __post_init__(self):
+        if self.transport is None:
+            from .transport import MPITransport
+            object.__setattr__(self, "transport", MPITransport(self.comm))
 
     @property
     def is_root(self) -> bool:
@@ -37,9 +44,9 @@ class Roles:
     """Who does what for one method, computed once: ranks ``0..num_servers-1`` serve (the
     parameter-server methods), the rest are workers, numbered ``0..num_workers-1`` in rank order.
 
-    ``workers`` is a communicator of the workers only (``None`` on a server rank), for reductions
-    that concern only the replicas (e.g. BN statistics); with no server it is the world.
-    ``servers`` is the servers' communicator on a server rank (``None`` elsewhere)."""
+    ``workers`` is a transport of the workers only (``None`` on a server rank), for reductions
+    that concern only the replicas (e.g. BN statistics); with no server it is the world's.
+    ``servers`` is the servers' transport on a server rank (``None`` elsewhere)."""
 
     rank: int
     size: int
@@ -50,9 +57,9 @@ class Roles:
     @classmethod
     def of(cls, topo: Topology, num_servers: int) -> "Roles":
         if not num_servers:
-            return cls(topo.rank, topo.size, 0, topo.comm)
+            return cls(topo.rank, topo.size, 0, topo.transport)
         serving = topo.rank < num_servers
-        split = topo.comm.Split(0 if serving else 1, topo.rank)
+        split = topo.transport.split(0 if serving else 1, topo.rank)
         if serving:
             return cls(topo.rank, topo.size, num_servers, None, split)
         return cls(topo.rank, topo.size, num_servers, split)

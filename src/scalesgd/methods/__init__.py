@@ -26,7 +26,7 @@ def create(cfg, topo, signals) -> Method:
         raise MethodError(f"method '{name}' is not available in this build")
     cls = METHODS[name].select(cfg)
     cls.check_ranks(topo.size, cfg)
-    return cls(cfg, topo.roles(cls.servers_for(cfg)), topo.comm, signals)
+    return cls(cfg, topo.roles(cls.servers_for(cfg)), topo.transport, signals)
 
 
 @contextlib.contextmanager

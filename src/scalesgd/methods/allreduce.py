@@ -12,7 +12,6 @@ behind backward).  The barrier costs one small-message latency per step.
 """
 from __future__ import annotations
 
-from ..comm import collectives, device
 from .base import Method
 
 
@@ -36,7 +35,7 @@ class AllReduce(Method):
         """Hooks the bucketed all-reduce into the model's backward (called by the loop)."""
         # one transport for the run, by name (dist.allreduce_transport), agreed by every rank;
         # reducer.overlap is what runs (False for nccl, which the factory says in a warning)
-        self.reducer = device.create_allreducer(self.comm, model.ps.grads, model.ps.layout, self.cfg.dist)
+        self.reducer = self.comm.allreducer(model.ps.grads, model.ps.layout, self.cfg.dist)
         if self.reducer.overlap and self.roles.size > 1:
             model.set_grad_hook(self._ready)
 
@@ -49,11 +48,11 @@ class AllReduce(Method):
         if self.roles.size == 1:
             return
         with self.timed("wait"):
-            self.comm.Barrier()            # every rank has finished backward: the rest is transfer
+            self.comm.barrier()            # every rank has finished backward: the rest is transfer
         with self.timed("comm"):
             self.reducer.finish()
 
     def load_eval_model(self, ps) -> dict:
         """The replicas are identical; average the per-replica BN statistics."""
-        collectives.allreduce_mean(self.comm, ps.buffers)
+        self.comm.allreduce_mean(ps.buffers)
         return {}

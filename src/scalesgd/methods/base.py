@@ -17,10 +17,9 @@ messages: it sends ``signals.raised`` (a server: ``signals.seen``) and ``merge``
 from __future__ import annotations
 
 import contextlib
-import time
 
-from ..comm import collectives
 from ..errors import MethodError, PhaseError  # noqa: F401 - re-exported
+from ..io.trace import NO_TRACE
 
 
 class Method:
@@ -51,12 +50,14 @@ class Method:
             raise MethodError(f"method '{cls.name}' needs at least {need} ranks{roles}, got {size}")
 
     def __init__(self, cfg, roles, comm, signals):
-        """``roles``: this rank's role; ``comm``: the job's communicator; ``signals``: the
-        ``train.control.Signals`` to carry on this method's messages."""
+        """``roles``: this rank's role; ``comm``: the job's transport (``comm/transport.py``: MPI,
+        or the virtual cluster's in-process one); ``signals``: the ``train.control.Signals`` to
+        carry on this method's messages."""
         self.check_ranks(roles.size, cfg)
         self.cfg, self.roles, self.comm, self.signals = cfg, roles, comm, signals
         self.global_samples = 0
         self.timers = {"comm": 0.0, "wait": 0.0}
+        self.trace = NO_TRACE          # the run's event recorder (``trace.TraceWriter``), set by the loop
 
     @property
     def grad_scale(self) -> float:
@@ -75,8 +76,8 @@ class Method:
     def start(self, ps) -> None:
         """Makes every replica identical to rank 0's (params and BN statistics)."""
         if self.roles.size > 1:
-            collectives.bcast(self.comm, ps.params, 0)
-            collectives.bcast(self.comm, ps.buffers, 0)
+            self.comm.bcast(ps.params, 0)
+            self.comm.bcast(ps.buffers, 0)
 
     def after_backward(self, step: int, ps) -> None:
         """Gradients in ``ps.grads`` are final on this rank."""
@@ -88,7 +89,7 @@ class Method:
         the same step (one tiny all-reduce per step)."""
         self.global_samples += samples * self.roles.num_workers
         if self.roles.size > 1:
-            self.signals.merge(collectives.allreduce_max_host(self.comm, self.signals.raised))
+            self.signals.merge(self.comm.allreduce_max_host(self.signals.raised))
         else:
             self.signals.merge(self.signals.raised)
         return self.global_samples
@@ -132,8 +133,9 @@ class Method:
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager
     def timed(self, key: str):
-        t = time.perf_counter()
+        clock = self.comm.clock
+        t = clock()
         try:
             yield
         finally:
-            self.timers[key] += time.perf_counter() - t
+            self.timers[key] += clock() - t

@@ -46,8 +46,8 @@ import functools
 import numpy as np
 
 from ..comm import collectives
-from ..comm.probe import thread_level
-from ..comm.window import POLL_SECONDS, Courier, Inbox, PublishedVector, SampleCounter
+from ..comm.window import POLL_SECONDS
+from ..io.trace import digest
 from . import mixing
 from .base import Method, MethodError
 
@@ -77,9 +77,9 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self.pending = None               # overlap: the peer of the exchange in flight (None: none)
         self.landed = None                # overlap: the collected value of a pull's read, to mix
         self._unreported = 0              # samples consumed since the last Fetch_and_op
-        if d.gossip_overlap and thread_level() != "multiple":
+        if d.gossip_overlap and comm.thread_level() != "multiple":
             raise MethodError(f"dist.gossip_overlap needs MPI thread level 'multiple' (its exchange "
-                              f"runs in a thread), but MPI was started with '{thread_level()}' (see "
+                              f"runs in a thread), but MPI was started with '{comm.thread_level()}' (see "
                               "MPI4PY_RC_THREAD_LEVEL, or the MPI library's thread support): drop "
                               "--gossip-overlap or start MPI with MPI_THREAD_MULTIPLE")
 
@@ -88,11 +88,11 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         """Identical replicas (base), then the windows (collective, once) and the first publication."""
         super().start(ps)
         self.stage = collectives.HostStage(ps.params)
-        self.counter = SampleCounter(self.comm, root=0)
+        self.counter = self.comm.sample_counter(root=0)
         self.windows = [self.counter, *self.open_windows(ps.params.size, ps.params.dtype)]
         if self.cfg.dist.gossip_overlap:         # idle, it keeps this rank's MPI progressing
-            self.courier = Courier(progress=self.comm.Iprobe)
-        self.comm.Barrier()                # every rank has published before anyone reads
+            self.courier = self.comm.courier()
+        self.comm.barrier()                # every rank has published before anyone reads
 
     def close(self) -> None:
         """Collective: collects the exchange in flight, then frees the windows (``Win.Free``
@@ -114,6 +114,8 @@ class Gossip(Method, metaclass=abc.ABCMeta):
             self.exchange()
             if self.courier is None:             # (overlapped: submitted with the exchange)
                 self.global_samples, sig = self.counter.add(self._unreported, self.signals.raised)
+                self.trace.record("count", x=self.exchanges - 1, old=self.global_samples -
+                                  self._unreported, add=self._unreported)
                 self.signals.merge(sig)
         waited = self.waited() - waited          # blocked, not moving data: comm -> wait
         self.timers["comm"] -= waited
@@ -173,7 +175,7 @@ class Gossip(Method, metaclass=abc.ABCMeta):
             self.collect()
             for w in self.windows:
                 w.win.flush_all()
-            self.comm.Barrier()
+            self.comm.barrier()
 
     def stats(self) -> dict:
         extra = {} if self.courier is None else {
@@ -202,7 +204,7 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         if self.roles.rank == self.counter.root:
             self.counter.set(int(scalars["counter_total"]))
         self.load_strategy_state(scalars)
-        self.comm.Barrier()                          # restored everywhere before anyone reads
+        self.comm.barrier()                          # restored everywhere before anyone reads
         if self.courier is not None:
             self.resume_background(arrays, scalars)
 
@@ -222,11 +224,11 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         statistics; extra metric ``consensus_distance`` = mean_i ||x_i - mean||.  Messages still in
         push inboxes are not part of the average (they are folded at the next exchange)."""
         own = ps.params.copy()
-        collectives.allreduce_mean(self.comm, ps.params)
+        self.comm.allreduce_mean(ps.params)
         own -= ps.params
         dist = float(getattr(ps, "xp", np).linalg.norm(own))
-        total = collectives.allreduce_sum_host(self.comm, np.array([dist]))[0]
-        collectives.allreduce_mean(self.comm, ps.buffers)
+        total = self.comm.allreduce_sum_host(np.array([dist]))[0]
+        self.comm.allreduce_mean(ps.buffers)
         return {"consensus_distance": total / self.roles.size}
 
     # ------------------------------------------------------------------ strategy hooks
@@ -262,7 +264,7 @@ class PullGossip(Gossip):
     publishes its own."""
 
     def open_windows(self, n: int, dtype) -> list:
-        self.pub = PublishedVector(self.comm, n, dtype)
+        self.pub = self.comm.published_vector(n, dtype)
         self.peer_buf = np.empty(n, dtype)
         self.retries = 0
         self.last_version = 0
@@ -272,6 +274,9 @@ class PullGossip(Gossip):
     def mix(self, x, peer) -> None:
         if peer is not None:
             self.last_version, r = self.pub.read(peer, self.peer_buf)
+            if self.trace.active:
+                self.trace.record("read", x=self.exchanges, peer=peer, version=self.last_version,
+                                  d=digest(self.peer_buf))
             self.retries += r
             mixing.pull_mix(x, self.peer_buf, self.gamma)
         self.pub.publish(x)
@@ -321,7 +326,7 @@ class PushGossip(Gossip):
 
     def open_windows(self, n: int, dtype) -> list:
         self.weight = 1.0
-        self.inbox = Inbox(self.comm, n + 1, dtype)
+        self.inbox = self.comm.inbox(n + 1, dtype)
         self.msg = np.empty(n + 1, dtype)
         self.recv = np.empty(n + 1, dtype)
         return [self.inbox]
@@ -330,6 +335,7 @@ class PushGossip(Gossip):
         if peer is not None:
             sent, self.weight = mixing.push_split(self.weight, x.dtype)
             self.inbox.push(peer, mixing.push_message(x, sent, self.msg))
+            self.trace.record("push", x=self.exchanges, peer=peer)
         self.fold_inbox(x)
 
     def fold_inbox(self, x) -> None:

@@ -37,10 +37,10 @@ from collections import Counter
 
 import numpy as np
 
-from ..comm import collectives, watchdog
+from ..comm import watchdog
 from ..comm.collectives import HostStage
-from ..comm.protocol import (PushHeader, ReplyHeader, ServerPort, Tag, WorkerPort, header,
-                             shard_bounds)
+from ..comm.protocol import PushHeader, ReplyHeader, Tag, header, shard_bounds
+from ..io.trace import digest
 from .base import Method, PhaseError
 
 
@@ -72,7 +72,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
             lo, hi = self.bounds[r.shard], self.bounds[r.shard + 1]
             self.mine = ps.params[lo:hi]                  # this shard's slice (a view)
             self.rx = HostStage(self.mine.copy())         # a pushed slice (host side in rx.host)
-            self.port = ServerPort(self.comm)
+            self.port = self.comm.server_port()
             self.told = np.zeros(r.num_workers, dtype=np.int64)
             self.told_sig = np.zeros((r.num_workers, 2), dtype=np.int64)
             self.fetched = np.zeros(r.num_workers, dtype=np.int64)   # version at last reply
@@ -80,8 +80,8 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
             self.target = np.zeros(r.num_workers, dtype=np.int64)    # shard > 0: a phase's notice
         else:
             self.rx = HostStage(ps.params.copy())         # the reply payload (host side in rx.host)
-            self.port = WorkerPort(self.comm, r.server_ranks,
-                                   self.bounds if r.num_servers > 1 else None)
+            self.port = self.comm.worker_port(r.server_ranks,
+                                              self.bounds if r.num_servers > 1 else None)
             self.push_hdr = header(PushHeader.SIZE)
         self.start_role(ps)
 
@@ -194,6 +194,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         src = port.recv_push_header()
         with self.timed("comm"):
             port.recv_push_payload(src, self.rx.host)
+        d = digest(self.rx.host) if self.trace.active else ""
         h = port.push_hdr
         if h[PushHeader.KIND] != self.kind:
             raise RuntimeError(f"{self.name} server: rank {src} pushed kind {int(h[0])}, "
@@ -206,6 +207,8 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         with self.timed("comm"):
             applied = self.serve_push(ps, w, stale)     # applies and replies (subclass order)
         self.fetched[w] = self.version
+        self.trace.record("serve", w=w, seq=int(h[PushHeader.SEQ]), version=self.version,
+                          stale=stale, applied=int(applied), d=d)
         if applied:
             self._record(stale)
         else:
@@ -246,7 +249,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         """Every shard's slice of ``ps.params`` to every rank of ``comm`` (K broadcasts)."""
         for s in range(self.roles.num_servers):
             lo, hi = self.bounds[s], self.bounds[s + 1]
-            collectives.bcast(comm, ps.params[lo:hi], root_of(s))
+            comm.bcast(ps.params[lo:hi], root_of(s))
 
     def load_eval_model(self, ps) -> dict:
         """Collective: the servers' weights to every rank, BN statistics = mean over the workers.
@@ -257,7 +260,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         own = None if r.is_server else ps.params.copy()
         self._gather_slices(ps, self.comm, lambda s: s)
         if not r.is_server:                       # the servers' statistics were never trained
-            collectives.allreduce_mean(r.workers, ps.buffers)
+            r.workers.allreduce_mean(ps.buffers)
         # one small all-reduce: [distance of each worker..., per shard: version, staleness mean, max]
         p = r.num_workers
         vec = np.zeros(p + 3 * k)
@@ -265,7 +268,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
             vec[p + 3 * r.shard:p + 3 * r.shard + 3] = (self.version, *self.staleness_summary())
         else:
             vec[r.worker_index] = float(((own - ps.params) ** 2).sum()) ** 0.5
-        vec = collectives.allreduce_sum_host(self.comm, vec)
+        vec = self.comm.allreduce_sum_host(vec)
         dist, shards = vec[:p], vec[p:].reshape(k, 3)
         return dict(worker_distance=float(dist.mean()), worker_distance_max=float(dist.max()),
                     server_version=int(shards[0, 0]), staleness_mean=float(shards[:, 1].mean()),

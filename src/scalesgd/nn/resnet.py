@@ -283,6 +283,15 @@ class ResNet:
             if isinstance(m, (Conv, BatchNorm)):
                 m.engine = engine
 
+    def share_workspaces(self, other: "ResNet") -> None:
+        """Every Conv reuses ``other``'s im2col buffers (same architecture): for replicas stepped one
+        at a time in one process (the virtual cluster), so p replicas cost one set of buffers.  A
+        cache stays checked (``Workspace.check``): a forward of another replica in between makes
+        backward raise, never compute from its batch."""
+        convs = [m for m in _leaves(other.net) if isinstance(m, Conv)]
+        for mine, theirs in zip([m for m in _leaves(self.net) if isinstance(m, Conv)], convs, strict=True):
+            mine.ws = theirs.ws
+
     def set_grad_hook(self, fn) -> None:
         """``fn(names)`` is called during backward as soon as the gradients of ``names`` are final."""
         for m in _leaves(self.net):

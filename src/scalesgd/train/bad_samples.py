@@ -5,8 +5,6 @@ import sys
 
 import numpy as np
 
-from ..comm import collectives
-
 
 class BadSamples:
     """Undecodable or corrupt images the loaders skipped and replaced (``data/pipeline.py``)."""
@@ -24,10 +22,10 @@ class BadSamples:
         (``Loader.merge_checks``): a sample is decoded strictly by one rank, not by each (unless
         two meet it between the same evaluations), and one found bad is skipped everywhere
         without a second warning."""
-        s, rank, comm = self.s, self.s.topo.rank, self.s.topo.comm
+        s, rank, comm = self.s, self.s.topo.rank, self.s.topo.transport
         new = {sid: (where, why) for ld in (s.train_data, s.val_data) if ld is not None
                for sid, where, why in ld.take_new_bad()}
-        ids, src = collectives.allgather_int64(comm, np.fromiter(new, np.int64, len(new)))
+        ids, src = comm.allgather_int64(np.fromiter(new, np.int64, len(new)))
         uniq, first = np.unique(ids, return_index=True)     # rank order: first = lowest finder
         for sid in uniq[src[first] == rank].tolist():       # one write per line: lines of
             where, why = new[sid]                           # several ranks never interleave
@@ -37,7 +35,7 @@ class BadSamples:
             self.owned += 1
         train = s.train_data
         checks = train.checks if train is not None else np.zeros(s.train_samples, np.uint8)
-        checks = collectives.allreduce_max_host(comm, checks)
+        checks = comm.allreduce_max_host(checks)
         if train is not None:
             train.merge_checks(checks)
         return self.owned

@@ -66,7 +66,7 @@ def save(s, run_dir: Path, loop: LoopState, history: list, boundary_done: int, e
     arrays = {"params": ps.params, "momentum": s.opt.momentum, "buffers": ps.buffers, **arrays}
     arrays = {k: to_numpy(v) for k, v in arrays.items()}
     state = json.dumps({"loop": loop.to_dict(global_samples=m.global_samples), "method": scalars,
-                        **extra})
+                        "trace_lines": m.trace.lines, **extra})
     writer = None
     if s.topo.is_root:
         cfg = s.cfg
@@ -97,6 +97,8 @@ def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
     s.opt.momentum[...] = xp.asarray(arrays.pop("momentum"))
     ps.buffers[...] = xp.asarray(arrays.pop("buffers"))
     m.load_state(ps, arrays, state.pop("method"))
+    if "trace_lines" in state:                       # the events after the checkpoint never happened
+        m.trace.truncate(int(state.pop("trace_lines")))
     return meta, LoopState.from_dict(state.pop("loop")), state
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..comm import collectives
 
 
 class Signals:
@@ -59,13 +58,13 @@ class Control:
     def max_over_ranks(self, v) -> np.ndarray:
         """Collective: element-wise maximum of a small int64 vector over all ranks."""
         v = np.asarray(v, dtype=np.int64)
-        return v.copy() if self.size == 1 else collectives.allreduce_max_host(self.comm, v)
+        return v.copy() if self.size == 1 else self.comm.allreduce_max_host(v)
 
     def sum_over_ranks(self, v) -> np.ndarray:
         """Collective: element-wise sum of a small float64 vector over all ranks (rank 0, which
         records the run's history, is a server for the server methods: it contributes zeros)."""
         v = np.asarray(v, dtype=np.float64)
-        return v.copy() if self.size == 1 else collectives.allreduce_sum_host(self.comm, v)
+        return v.copy() if self.size == 1 else self.comm.allreduce_sum_host(v)
 
     def agree(self, want: int, poll=None) -> tuple[int, bool, int]:
         """Collective at a phase: the furthest boundary index any rank reached, whether any rank
@@ -74,14 +73,14 @@ class Control:
         seen = self.signals.seen
         v = np.array([want, seen[0], seen[1]], dtype=np.int64)
         if self.size > 1:
-            v = collectives.iallreduce_max_host(self.comm, v, poll)
+            v = self.comm.iallreduce_max_host(v, poll)
         self.signals.merge(v[1:])
         return int(v[0]), bool(v[1]), int(v[2])
 
     def funnel(self, arrays: dict, text: str, sink) -> None:
         """Collective: every rank's host arrays and text reach ``sink(rank, arrays, text)`` on
         rank 0, one rank at a time (checkpoint writing)."""
-        collectives.funnel(self.comm, arrays, text, sink)
+        self.comm.funnel(arrays, text, sink)
 
     def restored(self, phase_done: int, ckpt_done: int) -> None:
         """A checkpoint's counters; the clock's next request is a new generation."""

@@ -27,6 +27,7 @@ from ..errors import DataError, Diverged, RunDirError
 from ..io.files import write_json_atomic
 from ..io.metrics import MetricsWriter
 from ..io.progress import TrainLog
+from ..io.trace import TraceWriter
 from ..io.summary import time_to_targets
 from ..methods import evaluated
 from ..nn import kernels
@@ -118,15 +119,16 @@ def _input_dtype(cfg: Config) -> str:
 class Straggler:
     """Sleeps ``delay +- jitter`` ms after each backward pass on the chosen ranks (seeded)."""
 
-    def __init__(self, spec: str, rank: int, seed: int):
+    def __init__(self, spec: str, rank: int, seed: int, sleep=time.sleep):
         ranks, self.delay, self.jitter = parse_straggler(spec) if spec else ((), 0.0, 0.0)
         self.active = rank in ranks
         self.rng = np.random.default_rng([seed, rank, 0x57A6])
+        self.sleep = sleep                 # the transport's (virtual: simulated seconds pass)
 
     def __call__(self) -> None:
         if self.active:
             ms = self.delay + (self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0.0)
-            time.sleep(ms / 1000.0)
+            self.sleep(ms / 1000.0)
 
 
 def evaluate_local(model, loader: Loader | None) -> np.ndarray:
@@ -154,13 +156,16 @@ class Run:
         self.boundaries = sorted(self.eval_at | self.ckpt_at)
         self.phases = Phases(s.control, self.boundaries, self.on_boundary, self.on_checkpoint,
                              poll=s.method.poll_in_phase, tick=self.tick)
-        self.straggle = Straggler(s.cfg.dist.straggler, s.topo.rank, s.cfg.train.seed)
+        self.net = s.topo.transport                      # its clock is the run's (virtual: simulated)
+        self.straggle = Straggler(s.cfg.dist.straggler, s.topo.rank, s.cfg.train.seed, self.net.sleep)
         self.fault = _fault_spec()
+        self.clock = self.net.clock
+        s.method.trace = TraceWriter(run_dir, s.topo.rank)
         self.st = LoopState()
         # time of this allocation: a resumed run adds its checkpoint's train and wall seconds
-        self.t_start, self.t_excluded = time.perf_counter(), 0.0
+        self.t_start, self.t_excluded = self.clock(), 0.0
         self.train_offset = self.wall_offset = 0.0
-        self.last_ckpt_clock = time.perf_counter()
+        self.last_ckpt_clock = self.clock()
         self.metrics = MetricsWriter(run_dir, s.topo.rank)
         self.progress = TrainLog(s.roles.worker_index == 0, s.topo.is_root, s.cfg.train.log_every,
                                  s.cfg.train.epochs, s.cfg.train.progress)
@@ -171,11 +176,11 @@ class Run:
     def evaluate(self, boundary: int) -> None:
         """Collective over all ranks at a global-sample boundary."""
         s, st = self.s, self.st
-        t = time.perf_counter()
+        t = self.clock()
         with evaluated(s.method, s.model.ps) as extra:
             counts = s.control.sum_over_ranks(np.append(evaluate_local(s.model, s.val_data),
                                                         self.bad.report()))
-        st.eval_seconds += time.perf_counter() - t
+        st.eval_seconds += self.clock() - t
         top1, top5 = counts[0] / max(counts[2], 1), counts[1] / max(counts[2], 1)
         rec = dict(epoch=boundary / self.spe, global_samples=boundary, val_top1_accuracy=top1,
                    val_top5_accuracy=top5, val_samples=int(counts[2]), bad_samples=int(counts[3]),
@@ -191,41 +196,41 @@ class Run:
     def train_seconds(self) -> float:
         """Training time so far: wall time of this run (and of the runs it resumes) minus the time
         spent in phases (evaluations, checkpoints, waiting for the other ranks to get there)."""
-        return self.train_offset + time.perf_counter() - self.t_start - self.t_excluded
+        return self.train_offset + self.clock() - self.t_start - self.t_excluded
 
     def wall_seconds(self) -> float:
         """Wall time of this run so far, earlier allocations of a resumed run included."""
-        return self.wall_offset + time.perf_counter() - self.t_start
+        return self.wall_offset + self.clock() - self.t_start
 
     def on_boundary(self, i: int) -> bool:
         """Phase action for boundary i (collective): evaluates if it is an evaluation boundary;
         True if a checkpoint is due at it (``Phases`` writes it once the phase is complete)."""
-        b, t = self.boundaries[i], time.perf_counter()
+        b, t = self.boundaries[i], self.clock()
         self.st.train_seconds = self.train_seconds()
         if b in self.eval_at:
             watchdog.doing(f"evaluating at global sample {b}")
             self.evaluate(b)
-        self.t_excluded += time.perf_counter() - t
+        self.t_excluded += self.clock() - t
         return b in self.ckpt_at
 
     def on_checkpoint(self, reason: str) -> None:
         """Phase action (collective), after every boundary of the phase was processed."""
-        t, done = time.perf_counter(), self.s.control.phase_done
+        t, done = self.clock(), self.s.control.phase_done
         self.st.train_seconds = self.train_seconds()
         self.st.wall_seconds = self.wall_seconds()
         watchdog.doing(f"writing a checkpoint ({reason}) after boundary {done}")
         checkpointing.save(self.s, self.run_dir, self.st, self.history,
                            self.boundaries[done] if done >= 0 else -1,
                            {"straggler": self.straggle.rng.bit_generator.state}, reason)
-        self.last_ckpt_clock = time.perf_counter()
-        self.t_excluded += time.perf_counter() - t
+        self.last_ckpt_clock = self.clock()
+        self.t_excluded += self.clock() - t
 
     def tick(self) -> None:
         """Rank 0's clock asks for a checkpoint every ``checkpoint_minutes``."""
         minutes = self.cfg.train.checkpoint_minutes
-        if minutes and self.s.topo.is_root and time.perf_counter() - self.last_ckpt_clock > 60 * minutes:
+        if minutes and self.s.topo.is_root and self.clock() - self.last_ckpt_clock > 60 * minutes:
             self.s.control.signals.request_checkpoint()
-            self.last_ckpt_clock = time.perf_counter()
+            self.last_ckpt_clock = self.clock()
 
     def restore(self, path: Path) -> None:
         """After ``method.start``: this rank's state from checkpoint ``path`` (digests checked)."""
@@ -247,9 +252,9 @@ class Run:
         seen = s.control.signals.seen
         gs = m.global_samples
         while not self.phases.finished:          # (a resumed run may already be past its end)
-            td = time.perf_counter()
+            td = self.clock()
             for x, y in epoch_from(s.train_data, st.local_epoch, st.step_in_epoch):
-                tc = time.perf_counter()
+                tc = self.clock()
                 st.data_seconds += tc - td
                 lr = lr_at(cfg.schedule, gs / self.spe, m.lr_batch)
                 watchdog.doing(f"training step {st.step}")
@@ -261,18 +266,19 @@ class Run:
                                    "diverged; lower --lr (or --warmup-epochs) and start again, or "
                                    "--resume from an earlier checkpoint with a lower --lr")
                 self.straggle()
+                self.net.step_done()                 # (virtual: the step's compute time passes)
                 m.after_backward(st.step, ps)
                 s.opt.step(ps.params, ps.grads, lr)
                 gs = m.after_update(st.step, ps, len(y))
                 st.step += 1
                 st.step_in_epoch += 1
                 st.local_samples += len(y)
-                st.compute_seconds += time.perf_counter() - tc
+                st.compute_seconds += self.clock() - tc
                 self.log_step(gs, loss, int(errors) / len(y), lr)
                 self.inject_fault()
                 if self.phases.check(gs, seen):
                     return
-                td = time.perf_counter()
+                td = self.clock()
             st.local_epoch += 1
             st.step_in_epoch = 0
 
@@ -360,6 +366,7 @@ def train(s: Setup, run_dir: Path, resume: Path | None = None) -> dict:
     finally:                              # local only: on an error, MPI_Abort must not be delayed
         run.metrics.close()
         run.progress.close()
+        s.method.trace.close()
     summary = run.summary(run.wall_seconds())
     # rank 0 is a worker or the server; either way it has every evaluation (they are collective)
     if s.topo.is_root:

@@ -1,0 +1,119 @@
+"""The transport: everything a method and the control plane ask of the network, behind one object.
+
+A ``Method`` (``methods/``), the control plane (``train/control.py``) and the loop never call MPI
+themselves: they hold a transport and ask it for collectives on flat buffers, the
+parameter-server endpoints, the one-sided windows, the gradient all-reducer and the time.  Two
+transports implement the same surface:
+
+* ``MPITransport`` (here): one rank of a real MPI job; every call is the ``comm/`` code it always
+  was (``collectives``, ``protocol``, ``window``, ``device``), so MPI runs are unchanged bit for bit.
+* ``virtual.transport.InProcessTransport``: one of p virtual ranks stepped inside one process by a
+  timeline (``python -m scalesgd.virtual``); the same method code, the same arithmetic.
+
+The surface, by group (a new transport implements all of it):
+
+- identity and time: ``rank``, ``size``, ``clock()`` (seconds; the virtual one is simulated),
+  ``step_done()`` (a worker finished a step's compute: the virtual timeline charges its compute
+  time there), ``sleep(seconds)`` (a straggler's delay), ``split(color, key)`` (a sub-transport);
+- collectives: ``bcast``, ``bcast_text``, ``allgather_text``, ``allgather_int64``,
+  ``allreduce_sum_host``, ``allreduce_max_host``, ``iallreduce_max_host``, ``allreduce_mean``,
+  ``barrier``, ``funnel``;
+- endpoints: ``worker_port(servers, bounds)``, ``server_port()`` (``comm/protocol.py``);
+- windows: ``published_vector(n, dtype)``, ``inbox(n, dtype)``, ``sample_counter(root)``,
+  ``courier()`` (``comm/window.py``), ``thread_level()``;
+- ``allreducer(grads, layout, dist)``: the gradient all-reducer of ``dist`` (``comm/device.py``).
+"""
+from __future__ import annotations
+
+import time
+
+from . import collectives
+
+
+class MPITransport:
+    """One rank of a real MPI job, over the mpi4py communicator ``comm``."""
+
+    name = "mpi"
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+
+    # identity and time ------------------------------------------------------
+    clock = staticmethod(time.perf_counter)
+
+    def step_done(self) -> None:
+        """A worker finished a step's compute (real time already passed: nothing to charge)."""
+
+    sleep = staticmethod(time.sleep)
+
+    def split(self, color: int, key: int) -> "MPITransport":
+        """Collective: the sub-transport of the ranks with the same ``color``, ordered by ``key``."""
+        return MPITransport(self.comm.Split(color, key))
+
+    # collectives -----------------------------------------------------------
+    def bcast(self, arr, root: int = 0) -> None:
+        collectives.bcast(self.comm, arr, root)
+
+    def bcast_text(self, text, root: int = 0) -> str:
+        return collectives.bcast_text(self.comm, text, root)
+
+    def allgather_text(self, text: str) -> list[str]:
+        return collectives.allgather_text(self.comm, text)
+
+    def allgather_int64(self, a):
+        return collectives.allgather_int64(self.comm, a)
+
+    def allreduce_sum_host(self, a):
+        return collectives.allreduce_sum_host(self.comm, a)
+
+    def allreduce_max_host(self, a):
+        return collectives.allreduce_max_host(self.comm, a)
+
+    def iallreduce_max_host(self, a, poll=None):
+        return collectives.iallreduce_max_host(self.comm, a, poll)
+
+    def allreduce_mean(self, arr) -> None:
+        collectives.allreduce_mean(self.comm, arr)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def funnel(self, arrays: dict, text: str, sink, root: int = 0) -> None:
+        collectives.funnel(self.comm, arrays, text, sink, root)
+
+    # endpoints and windows --------------------------------------------------
+    def worker_port(self, servers, bounds=None):
+        from .protocol import WorkerPort
+        return WorkerPort(self.comm, servers, bounds)
+
+    def server_port(self):
+        from .protocol import ServerPort
+        return ServerPort(self.comm)
+
+    def published_vector(self, n: int, dtype):
+        from .window import PublishedVector
+        return PublishedVector(self.comm, n, dtype)
+
+    def inbox(self, n: int, dtype):
+        from .window import Inbox
+        return Inbox(self.comm, n, dtype)
+
+    def sample_counter(self, root: int = 0):
+        from .window import SampleCounter
+        return SampleCounter(self.comm, root)
+
+    def courier(self):
+        """A communication thread that keeps MPI progressing while idle (``window.Courier``)."""
+        from .window import Courier
+        return Courier(progress=self.comm.Iprobe)
+
+    @staticmethod
+    def thread_level() -> str:
+        from .probe import thread_level
+        return thread_level()
+
+    def allreducer(self, grads, layout, dist):
+        """Collective: the gradient all-reducer ``dist`` asks for (``device.create_allreducer``)."""
+        from .device import create_allreducer
+        return create_allreducer(self.comm, grads, layout, dist)

@@ -1,0 +1,132 @@
+"""Hardware profiles of the virtual cluster: compute per step, links, ranks per node.
+
+A profile is a JSON file (``profiles/*.json`` ship with the package; ``--profile FILE.json`` reads
+a user's own) with these keys:
+
+===================  ==========================================================================
+``name``             what ``--profile NAME`` selects
+``description``      one line, shown by ``--list-profiles``
+``images_per_second`` training images per second of one rank on ``reference`` (model,
+                     image_size); other models and sizes are scaled by their multiply-accumulates
+                     per image (``model_macs``).  ``null``: **measured** — each virtual step costs
+                     the real seconds it took on this machine (data, forward, backward, update)
+``reference``        ``{"model": "resnet50", "image_size": 224}``
+``compute_source``   where the compute figure comes from (a citation, or "measured")
+``link_gbps``        usable bandwidth of one node's NIC, Gbit/s, each way
+``latency_us``       one message's latency across nodes, microseconds
+``ranks_per_node``   consecutive ranks share a node (and its NIC)
+``intra_gbps``       bandwidth between ranks of one node, Gbit/s
+``mem_gbps``         device memory bandwidth, GB/s (a server's update, a gossip mix: 3 passes)
+``jitter_cv``        every step's compute x max(0.5, 1 + cv N(0, 1)) (0: none)
+===================  ==========================================================================
+
+Stragglers come from the job's own ``dist.straggler`` (the same option as a real run; the virtual
+rank's clock advances by the delay instead of sleeping).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str = ""
+    images_per_second: float | None = None
+    reference: dict | None = None
+    compute_source: str = ""
+    link_gbps: float = 80.0
+    latency_us: float = 5.0
+    ranks_per_node: int = 1
+    intra_gbps: float = 2400.0
+    mem_gbps: float = 1555.0
+    jitter_cv: float = 0.0
+
+    @property
+    def measured(self) -> bool:
+        return self.images_per_second is None
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def available() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(PROFILE_DIR.glob("*.json"))}
+
+
+def load(spec: str) -> Profile:
+    """``spec``: a shipped profile's name or a JSON file's path."""
+    path = Path(spec)
+    if not path.suffix == ".json":
+        shipped = available()
+        if spec not in shipped:
+            raise ConfigError(f"--profile {spec}: no such profile (shipped: {', '.join(shipped)}; "
+                              "or give a JSON file, see docs/virtual.md)")
+        path = shipped[spec]
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--profile {path}: cannot read the profile ({exc})") from None
+    known = {f.name for f in fields(Profile)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"--profile {path}: unknown key(s) {', '.join(unknown)} (known: "
+                          f"{', '.join(sorted(known))})")
+    prof = Profile(**raw)
+    for key in ("link_gbps", "intra_gbps", "mem_gbps"):
+        if not getattr(prof, key) > 0:
+            raise ConfigError(f"--profile {path}: {key} must be > 0")
+    if prof.ranks_per_node < 1 or prof.latency_us < 0 or prof.jitter_cv < 0:
+        raise ConfigError(f"--profile {path}: ranks_per_node >= 1, latency_us >= 0, jitter_cv >= 0")
+    if not prof.measured and (prof.images_per_second <= 0 or not prof.reference):
+        raise ConfigError(f"--profile {path}: images_per_second > 0 needs a reference "
+                          "{\"model\": ..., \"image_size\": ...}")
+    return prof
+
+
+def model_macs(model: str, image_size: int, num_classes: int = 1000, width: float = 1.0) -> int:
+    """Multiply-accumulates of one image's forward pass (convolutions and the classifier), counted
+    on a batch-1 forward of the real network."""
+    from ..nn import resnet as R  # noqa: PLC0415
+    net = R.ResNet(model, num_classes, width, seed=None)
+    total = [0]
+    convs = [m for m in R._leaves(net.net) if isinstance(m, R.Conv)]
+    for c in convs:
+        def counting(x, train, c=c, orig=c.forward):
+            out = orig(x, train)
+            y = out[0] if isinstance(out, tuple) else out
+            total[0] += int(np.prod(y.shape[:-1])) * c.k * c.k * c.cin * c.cout
+            return out
+        c.forward = counting
+    net.forward(np.zeros((1, image_size, image_size, 3), np.float32), False)
+    head = [m for m in R._leaves(net.net) if isinstance(m, R.Head)][0]
+    return total[0] + int(np.prod(head.w.shape))
+
+
+class Compute:
+    """Simulated seconds of one local step: from the profile (scaled by MACs and batch, with its
+    jitter), or the real seconds it took (``measured``)."""
+
+    def __init__(self, prof: Profile, cfg, num_classes: int, seed: int = 0):
+        self.prof = prof
+        self.rng = np.random.default_rng([seed, 0xC0FE])
+        self.seconds = None
+        if not prof.measured:
+            ref = prof.reference
+            ratio = (model_macs(cfg.model.model, cfg.data.image_size, num_classes, cfg.model.width)
+                     / model_macs(ref["model"], int(ref["image_size"])))
+            self.seconds = cfg.data.batch_size * ratio / prof.images_per_second
+
+    def __call__(self, rank: int, step: int, real: float) -> float:
+        t = real if self.seconds is None else self.seconds
+        if self.prof.jitter_cv:
+            t *= max(0.5, 1.0 + self.prof.jitter_cv * self.rng.standard_normal())
+        return t

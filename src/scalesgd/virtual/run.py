@@ -1,0 +1,187 @@
+"""``python -m scalesgd.virtual``: train p virtual workers in one process, write a real run directory.
+
+Each virtual rank runs the program's own set-up and loop (``train.loop.build`` / ``train``, the
+method from ``methods.create``, the control plane) against an ``InProcessTransport``; only the
+clock is simulated.  Timelines: ``model`` (the default: a hardware ``--profile``) and ``replay``
+(``--replay RUN_DIR``: the order a real MPI run recorded; afterwards its events and final
+checkpoint are compared with the run's).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .. import backend as backend_mod
+from .. import config as C
+from ..errors import ConfigError, UserError
+from . import profile as P
+
+log = logging.getLogger("scalesgd")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("virtual cluster")
+    g.add_argument("--workers", type=int, help="virtual workers (a server method adds its "
+                   "--servers shards as ranks of their own); with --replay: the run's")
+    g.add_argument("--profile", help="hardware profile: a shipped name (--list-profiles) or a JSON "
+                   "file (docs/virtual.md); default a100-100gbit; with --replay: ignored for the order")
+    g.add_argument("--replay", metavar="RUN_DIR", help="replay the event order a real MPI run "
+                   "recorded in RUN_DIR/trace (its config is used; flags may not change it), then "
+                   "compare its events and final checkpoint with the run's")
+    g.add_argument("--list-profiles", action="store_true", help="list the shipped profiles and exit")
+
+
+def ranks_for(cfg: C.Config, workers: int) -> int:
+    """Ranks of a virtual run of ``workers`` workers: the server methods add their shards."""
+    from ..methods import METHODS  # noqa: PLC0415
+    cls = METHODS[cfg.train.method].select(cfg)
+    return workers + cls.servers_for(cfg)
+
+
+def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = None) -> dict:
+    """Trains ``workers`` virtual workers; returns rank 0's summary (also in RUN_DIR/summary.json)."""
+    from ..comm.topology import Topology  # noqa: PLC0415
+    from ..data.demo import build_digits, default_data_dir  # noqa: PLC0415
+    from ..io import checkpoint as ckpt  # noqa: PLC0415
+    from ..io.files import write_json_atomic  # noqa: PLC0415
+    from ..methods import create  # noqa: PLC0415
+    from ..train import loop  # noqa: PLC0415
+    from ..train.control import Control  # noqa: PLC0415
+    from .replay import Replay, first_difference  # noqa: PLC0415
+    from .transport import Cluster, InProcessTransport  # noqa: PLC0415
+    from .world import World  # noqa: PLC0415
+
+    if cfg.dist.gossip_overlap and cfg.train.method == "gossip":
+        raise ConfigError("--gossip-overlap: the virtual cluster runs no communication thread; "
+                          "simulate the blocking exchange (drop --gossip-overlap)")
+    size = ranks_for(cfg, workers)
+    cfg = C.fit_to_world(cfg, size)
+    data_root = Path(cfg.data.data) if cfg.data.data else build_digits(default_data_dir())
+    run_dir = Path(cfg.train.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-virtual-"
+                   f"{cfg.train.method}-{workers}")
+    resume = None
+    if cfg.train.resume:
+        resume = ckpt.latest_good(ckpt.checkpoint_dir(run_dir))
+        meta = ckpt.verify(resume)
+        if (meta["ranks"], meta["method"]) != (size, cfg.train.method):
+            raise ConfigError(f"{resume}: written by {meta['ranks']} ranks of '{meta['method']}', "
+                              f"this virtual run has {size} of '{cfg.train.method}'")
+    elif (run_dir / "config.json").exists():
+        raise ConfigError(f"--run-dir {run_dir} already holds a run (its config.json): continue it "
+                          f"with --resume {run_dir}, or choose another run directory")
+    backend = backend_mod.select("cpu", 0)
+    backend_mod.set_blas_threads(backend_mod.blas_threads_for(1))
+    ns = size - workers
+    replay = Replay(replay_dir, size, ns) if replay_dir is not None else None
+    world = World(size)
+    cluster = Cluster(world, prof, replay)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", cfg.to_dict())
+    virtual = dict(workers=workers, ranks=size, profile=prof.to_dict(),
+                   timeline="replay" if replay else "model",
+                   replay_of=str(replay_dir) if replay else None, time="simulated seconds")
+    write_json_atomic(run_dir / "virtual.json", virtual)
+    from ..data.shards import ShardSet  # noqa: PLC0415
+    cluster.compute = P.Compute(prof, cfg, ShardSet.open(data_root, "train").num_classes,
+                                cfg.train.seed)
+    group = tuple(range(size))
+    setups, summaries = [None] * size, [None] * size
+
+    def body(r: int):
+        def main():
+            net = InProcessTransport(cluster, group, r)
+            topo = Topology(r, size, r % prof.ranks_per_node, min(size, prof.ranks_per_node),
+                            None, None, net)
+            control = Control(net, size)
+            method = create(cfg, topo, control.signals)
+            s = loop.build(cfg, topo, backend, method, control, data_root, 1)
+            if r > 0 and setups[0] is not None:
+                s.model.share_workspaces(setups[0].model)     # one replica computes at a time
+            setups[r] = s
+            method.attach(s.model)
+            summaries[r] = loop.train(s, run_dir, resume)
+        return main
+
+    def on_sigint(signum, frame):
+        for s in setups:
+            if s is not None:
+                s.control.signals.request_stop()
+        log.info("virtual cluster: stop requested; every rank checkpoints at its next phase")
+
+    old = signal.signal(signal.SIGINT, on_sigint)
+    t0 = time.perf_counter()
+    try:
+        world.run([body(r) for r in range(size)])
+    finally:
+        signal.signal(signal.SIGINT, old)
+    real = time.perf_counter() - t0
+    summary = summaries[0]
+    summary["virtual"] = dict(virtual, real_seconds=real, switches=world.switches,
+                              simulated_seconds=max(world.clock), node_bytes_sent=cluster.net.bytes_sent,
+                              worker_steps=sum(n.steps for n in _transports(setups)))
+    if replay is not None:
+        diff = first_difference(replay_dir, run_dir, size)
+        summary["virtual"]["replay_first_difference"] = diff
+    write_json_atomic(run_dir / "summary.json", summary)
+    print(f"done: {workers} virtual workers, validation top-1 {100 * summary['val_top1_accuracy']:.2f}% "
+          f"after {summary["train_seconds"]:.4g} simulated s ({real:.1f} s real); results in "
+          f"{run_dir}/summary.json", flush=True)
+    return summary
+
+
+def _transports(setups):
+    return [s.topo.transport for s in setups if s is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..cli import EXIT_STOPPED, make_parser, resolve_config  # noqa: PLC0415
+    from ..train.phases import Stopped  # noqa: PLC0415
+    ap = make_parser()
+    ap.prog = "python -m scalesgd.virtual"
+    ap.description = ("Train a virtual cluster of p workers in one process (the real method code; "
+                      "simulated time) and write a run directory like a real run's.")
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="scalesgd: %(message)s", stream=sys.stderr)
+    try:
+        if getattr(args, "list_profiles", False):
+            for name in P.available():
+                prof = P.load(name)
+                print(f"{name:24s} {prof.description}")
+            return 0
+        replay_dir = Path(args.replay) if getattr(args, "replay", None) else None
+        if replay_dir is not None:
+            if not (replay_dir / "config.json").is_file():
+                raise ConfigError(f"--replay {replay_dir}: not a run directory (no config.json)")
+            saved = json.loads((replay_dir / "config.json").read_text())
+            summary = json.loads((replay_dir / "summary.json").read_text()) \
+                if (replay_dir / "summary.json").is_file() else {}
+            cfg = C.build(saved, {"train": {"run_dir": getattr(args, "train.run_dir", None) or
+                                            str(replay_dir) + "-replay", "resume": ""}})
+            ranks = summary.get("ranks") or len(list((replay_dir / "metrics").glob("rank-*.jsonl")))
+            workers = ranks - (ranks_for(cfg, 0))
+        else:
+            cfg = resolve_config(args)
+            workers = getattr(args, "workers", None) or 4
+        if workers < 1:
+            raise ConfigError(f"--workers {workers}: need at least 1")
+        prof = P.load(getattr(args, "profile", None) or "a100-100gbit")
+        run(cfg, workers, prof, replay_dir)
+    except Stopped:
+        print(f"scalesgd: stopped; checkpoint written; continue with --resume "
+              f"{cfg.train.run_dir or 'RUN_DIR'}", file=sys.stderr)
+        return EXIT_STOPPED
+    except UserError as exc:
+        print(f"scalesgd: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("scalesgd: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
