@@ -129,7 +129,7 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
         summary["virtual"]["replay_first_difference"] = diff
     write_json_atomic(run_dir / "summary.json", summary)
     print(f"done: {workers} virtual workers, validation top-1 {100 * summary['val_top1_accuracy']:.2f}% "
-          f"after {summary["train_seconds"]:.4g} simulated s ({real:.1f} s real); results in "
+          f"after {summary['train_seconds']:.4g} simulated s ({real:.1f} s real); results in "
           f"{run_dir}/summary.json", flush=True)
     return summary
 

@@ -1,0 +1,172 @@
+"""The virtual cluster (``python -m scalesgd.virtual``): exact replay of real MPI runs, the first
+difference named when a replay diverges, the scheduler's deadlock report, and a virtual run at
+many workers that the plot command draws beside a real one."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from helpers import ROOT, TINY, final_arrays, launch, run_cli
+from synth import make_dataset
+
+from scalesgd.virtual.transport import tree_sum
+from scalesgd.virtual.world import Aborted, Deadlock, World
+
+RANKS = 4
+
+
+def virtual(args, tmp_path, timeout=300, **kw):
+    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "scalesgd.virtual", *args], cwd=ROOT, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def ok(p):
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("vdata"), n=96, n_val=16, num_classes=4)
+
+
+CASES = {                              # name: flags of a 4-rank run
+    "allreduce": ["--method", "allreduce"],
+    "easgd": ["--method", "easgd"],
+    "asgd": ["--method", "asgd"],
+    "asgd-2-servers": ["--method", "asgd", "--servers", "2"],
+    "gossip-pull": ["--method", "gossip", "--gossip", "pull"],
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_replay_of_a_real_run_is_bit_identical(case, dtype, data, tmp_path):
+    run = tmp_path / "run"
+    args = [*CASES[case], "--data", str(data), *TINY, "--epochs", "2", "--dtype", dtype,
+            "--run-dir", str(run)]
+    ok(run_cli(args, tmp_path, launcher=launch(RANKS)))
+    events = sum(1 for _ in (run / "trace").glob("rank-*.jsonl"))
+    assert events == RANKS
+    if case != "allreduce":            # the order MPI decided was recorded
+        assert any((run / "trace" / f"rank-{r}.jsonl").read_text() for r in range(RANKS))
+    replay = tmp_path / "replay"
+    ok(virtual(["--replay", str(run), "--run-dir", str(replay)], tmp_path))
+    summary = json.loads((replay / "summary.json").read_text())
+    assert summary["virtual"]["timeline"] == "replay"
+    assert summary["virtual"]["replay_first_difference"] is None
+    real, again = final_arrays(run), final_arrays(replay)
+    assert sorted(real) == sorted(again)
+    for name in real:                  # params, momentum, BN statistics, method state: every bit
+        assert np.array_equal(real[name], again[name]), name
+    assert json.loads((run / "summary.json").read_text())["history"][-1]["val_top1_accuracy"] == \
+        summary["history"][-1]["val_top1_accuracy"]
+
+
+@pytest.mark.mpi
+def test_a_diverging_replay_names_the_first_exchange(data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli(["--method", "easgd", "--data", str(data), *TINY, "--run-dir", str(run)], tmp_path,
+               launcher=launch(RANKS)))
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["schedule"]["lr"] = 0.0123                    # the replay computes something else
+    (run / "config.json").write_text(json.dumps(cfg))
+    replay = tmp_path / "replay"
+    ok(virtual(["--replay", str(run), "--run-dir", str(replay)], tmp_path))
+    diff = json.loads((replay / "summary.json").read_text())["virtual"]["replay_first_difference"]
+    # the server's first push is still the initial model (identical); the first one computed
+    # from a step differs, and the difference names its rank, event and exchange
+    assert diff is not None and diff.startswith("rank 0, event ") and "(serve, worker " in diff, diff
+    assert "d: run " in diff, diff
+
+
+@pytest.mark.mpi
+def test_many_virtual_workers_write_a_run_the_plot_draws_beside_a_real_one(data, tmp_path):
+    real = tmp_path / "real"
+    ok(run_cli(["--method", "gossip", "--data", str(data), *TINY, "--run-dir", str(real)], tmp_path,
+               launcher=launch(RANKS)))
+    v = tmp_path / "virtual"
+    p = ok(virtual(["--method", "gossip", "--workers", "12", "--data", str(data), *TINY,
+                    "--batch-size", "4", "--profile", "a100x8-100gbit", "--run-dir", str(v)], tmp_path))
+    assert "12 virtual workers" in p.stdout
+    summary = json.loads((v / "summary.json").read_text())
+    assert summary["workers"] == 12 and summary["virtual"]["time"] == "simulated seconds"
+    assert summary["virtual"]["profile"]["name"] == "a100x8-100gbit"
+    # asynchronous: every worker steps until the phase at the end, at least an epoch's share each
+    assert summary["virtual"]["worker_steps"] >= 12 * (96 // (12 * 4))
+    assert len(list((v / "metrics").glob("rank-*.jsonl"))) == 12
+    # 8 ranks per node: nodes 0 and 1 sent the bytes of gossip reads across the link
+    assert sum(summary["virtual"]["node_bytes_sent"]) > 0
+    png = tmp_path / "cmp.png"
+    ok(subprocess.run([sys.executable, "-m", "scalesgd.plot", str(real), str(v), "-o", str(png)],
+                      cwd=ROOT, capture_output=True, text=True, timeout=120))
+    assert png.stat().st_size > 0
+
+
+@pytest.mark.mpi
+def test_ctrl_c_checkpoints_and_resume_finishes(data, tmp_path):
+    v = tmp_path / "v"
+    args = ["--method", "asgd", "--workers", "3", "--data", str(data), *TINY, "--epochs", "40",
+            "--profile", "cpu-emulated-papers", "--run-dir", str(v)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "scalesgd.virtual", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t = time.monotonic()
+    while not list((v / "metrics").glob("rank-1.jsonl")) or \
+            (v / "metrics" / "rank-1.jsonl").read_text().count("\n") < 5:
+        assert proc.poll() is None and time.monotonic() - t < 120, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out + err
+    assert list((v / "checkpoints").glob("ckpt-*.h5")), err
+    p = ok(virtual([*args[:-2], "--run-dir", str(v), "--resume", str(v), "--epochs", "3"], tmp_path))
+    assert "done:" in p.stdout
+
+
+def test_tree_sum_is_mpichs_pairwise_order():
+    rng = np.random.default_rng(0)
+    xs = [(rng.standard_normal(1000) * np.exp(3 * rng.standard_normal(1000))).astype(np.float32)
+          for _ in range(5)]
+    assert np.array_equal(tree_sum(xs[:4]), (xs[0] + xs[1]) + (xs[2] + xs[3]))
+    assert not np.array_equal(tree_sum(xs[:4]), ((xs[0] + xs[1]) + xs[2]) + xs[3])
+    # p = 5: ranks 0 and 1 folded first, then the pairwise tree over the remaining four
+    assert np.array_equal(tree_sum(xs), ((xs[0] + xs[1]) + xs[2]) + (xs[3] + xs[4]))
+
+
+def test_the_world_runs_in_clock_order_and_reports_a_deadlock():
+    w, order = World(3), []
+
+    def body(r):
+        def main():
+            w.advance(r, [3.0, 1.0, 2.0][r])
+            order.append(r)
+        return main
+    w.run([body(r) for r in range(3)])
+    assert order == [1, 2, 0] and w.clock == [3.0, 1.0, 2.0]
+
+    w = World(2)
+
+    def waits_for_ever():
+        w.block(0, lambda: None, "waiting for a message nobody sends")
+
+    with pytest.raises(Deadlock, match="rank 0 at 0.000 s: waiting for a message nobody sends"):
+        w.run([waits_for_ever, lambda: None])
+
+    w = World(2)
+
+    def fails():
+        raise ValueError("boom")
+
+    def blocked():
+        w.block(1, lambda: None, "a partner that failed")
+    with pytest.raises(ValueError, match="boom"):
+        w.run([fails, blocked])
+    assert issubclass(Aborted, BaseException)
