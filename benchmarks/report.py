@@ -212,8 +212,32 @@ def model(d):
     return "\n".join(out)
 
 
+def virtual(d):
+    """The virtual cluster's predictions against the emulated-cluster runs (virtual_validation.py)."""
+    out = ["| method | p | s/epoch predicted | measured | error | time to target predicted | "
+           "measured | error | reached (virtual / real) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        out.append(f"| {r['method']} | {r['workers']} | {f(r['predicted_epoch_seconds'])} | "
+                   f"{f(r['measured_epoch_seconds'])} | {pct(r['epoch_seconds_error'])} | "
+                   f"{f(r['predicted_time_to_target'])} | {f(r['measured_time_to_target'])} | "
+                   f"{pct(r['time_to_target_error'])} | {r['predicted_reached']} / {r['measured_reached']} |")
+    s = d["summary"]
+    out += ["", f"Absolute errors, seconds per epoch: median {pct(s['epoch_seconds']['median'], sign=False)}, "
+            f"worst {pct(s['epoch_seconds']['worst'], sign=False)} ({s['epoch_seconds']['n']} settings); "
+            f"time to {100 * d['target_error']:.0f}% error: median "
+            f"{pct(s['time_to_target']['median'], sign=False)}, worst "
+            f"{pct(s['time_to_target']['worst'], sign=False)} ({s['time_to_target']['n']} settings "
+            f"reached by both). Not simulated: " + "; ".join(f"{x['run']}" for x in d["skipped"])
+            + f" ({d['skipped'][0]['why']})." if d["skipped"] else ""]
+    return "\n".join(out)
+
+
+def pct(x, sign=True):
+    return "—" if x is None else f"{100 * x:+.0f}%" if sign else f"{100 * x:.0f}%"
+
+
 TABLES = {"sync": sync, "methods": methods, "stragglers": stragglers, "lr": lr, "consensus": consensus,
-          "easgd": easgd, "asgd": asgd, "extensions": extensions}
+          "easgd": easgd, "asgd": asgd, "extensions": extensions, "virtual": virtual}
 NET_TABLES = {"methods": methods_net}          # a sweep on emulated nodes (--net): with the time split
 
 

@@ -71,6 +71,28 @@ def test_replay_of_a_real_run_is_bit_identical(case, dtype, data, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("dtype,bound", [("float64", 1e-12), ("float32", 1e-5)])
+def test_push_sum_replay_agrees_to_the_order_of_its_sums(dtype, bound, data, tmp_path):
+    """Push-sum: the same messages in every drain (recorded), added in arrival order (MPI's own
+    order is not exposed): equal up to the rounding of that order."""
+    run, replay = tmp_path / "run", tmp_path / "replay"
+    ok(run_cli(["--method", "gossip", "--gossip", "push", "--data", str(data), *TINY, "--epochs", "2",
+                "--dtype", dtype, "--run-dir", str(run)], tmp_path, launcher=launch(RANKS)))
+    drains = [json.loads(line) for r in range(RANKS)
+              for line in (run / "trace" / f"rank-{r}.jsonl").read_text().splitlines()
+              if '"drain"' in line]
+    assert drains and all("got" in d for d in drains)
+    ok(virtual(["--replay", str(run), "--run-dir", str(replay)], tmp_path))
+    real, again = final_arrays(run), final_arrays(replay)
+    worst = max(float(np.abs(real[k] - again[k]).max() / max(np.abs(real[k]).max(), 1e-30))
+                for k in real)
+    most = max(sum(c for _, c in d["got"]) for d in drains)
+    print(f"push-sum replay, {dtype}: worst relative difference {worst:.3g} (at most {most} "
+          "messages in one drain)")
+    assert worst <= bound
+
+
+@pytest.mark.mpi
 def test_a_diverging_replay_names_the_first_exchange(data, tmp_path):
     run = tmp_path / "run"
     ok(run_cli(["--method", "easgd", "--data", str(data), *TINY, "--run-dir", str(run)], tmp_path,
@@ -170,3 +192,30 @@ def test_the_world_runs_in_clock_order_and_reports_a_deadlock():
     with pytest.raises(ValueError, match="boom"):
         w.run([fails, blocked])
     assert issubclass(Aborted, BaseException)
+
+
+def test_profiles_load_and_bad_ones_are_refused(tmp_path):
+    from scalesgd.errors import ConfigError
+    from scalesgd.virtual import profile as P
+    assert {"a100-100gbit", "a100x8-100gbit", "cpu-emulated-papers"} <= set(P.available())
+    for name in P.available():
+        prof = P.load(name)
+        assert prof.name == name and prof.link_gbps > 0
+    assert P.load("cpu-emulated-papers").measured and not P.load("a100-100gbit").measured
+    bad = tmp_path / "bad.json"
+    for text, needle in (('{"name": "x", "link_gbsp": 1}', "unknown key(s) link_gbsp"),
+                         ('{"name": "x", "link_gbps": 0}', "link_gbps must be > 0"),
+                         ('{"name": "x", "rma_progress": "maybe"}', "rma_progress"),
+                         ('{"name": "x", "images_per_second": 10}', "needs a reference"),
+                         ("{", "cannot read the profile")):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            P.load(str(bad))
+    with pytest.raises(ConfigError, match="no such profile"):
+        P.load("h100-nonexistent")
+
+
+def test_multiply_accumulates_match_the_published_counts():
+    from scalesgd.virtual.profile import model_macs
+    assert model_macs("resnet50", 224) / 1e9 == pytest.approx(4.09, rel=0.02)
+    assert model_macs("resnet18", 224) / 1e9 == pytest.approx(1.81, rel=0.02)

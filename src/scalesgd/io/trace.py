@@ -17,6 +17,7 @@ per line; ``e`` names the event:
 ``count``  a gossip rank    ``x`` exchange number, ``old`` the global count before this
                             rank's ``Fetch_and_op``, ``add`` the samples added
 ``push``   push-sum         ``x`` exchange number, ``peer`` the rank the half was sent to
+``drain``  push-sum         ``k`` drain number, ``got`` [[sender, messages of it folded]]
 =========  ===============  =============================================================
 
 Synchronous all-reduce needs no event: every step is a collective in a fixed order.  A checkpoint

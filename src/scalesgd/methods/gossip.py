@@ -322,13 +322,20 @@ class PullGossip(Gossip):
 
 
 class PushGossip(Gossip):
-    """Push-sum: sends half its (numerator, weight) into the peer's ``Inbox``, folds its own."""
+    """Push-sum: sends half its (numerator, weight) into the peer's ``Inbox``, folds its own.
+
+    A message is n + 1 + p items: the numerator share, the weight share, then a count per sender
+    (1 in the sender's slot), so a drain also says how many messages of each sender it folded
+    (recorded in the trace: what a replay must fold in that drain; the fold ignores them)."""
 
     def open_windows(self, n: int, dtype) -> list:
         self.weight = 1.0
-        self.inbox = self.comm.inbox(n + 1, dtype)
-        self.msg = np.empty(n + 1, dtype)
-        self.recv = np.empty(n + 1, dtype)
+        self.n, p = n, self.roles.size
+        self.inbox = self.comm.inbox(n + 1 + p, dtype)
+        self.msg = np.zeros(n + 1 + p, dtype)
+        self.msg[n + 1 + self.roles.rank] = 1
+        self.recv = np.empty(n + 1 + p, dtype)
+        self.drains = 0
         return [self.inbox]
 
     def mix(self, x, peer) -> None:
@@ -342,6 +349,11 @@ class PushGossip(Gossip):
         """Drains this rank's inbox and folds it into (w_i x_i, w_i), in place on ``x``."""
         self.inbox.drain(self.recv)
         self.weight = mixing.push_fold(x, self.weight, self.recv)
+        if self.trace.active:
+            counts = self.recv[self.n + 1:]
+            self.trace.record("drain", k=self.drains, got=[[int(s), int(counts[s])]
+                                                          for s in np.flatnonzero(counts)])
+        self.drains += 1
 
     def finish(self, x) -> None:
         """The push started last time has left (``msg`` is free again); folds the inbox."""
@@ -370,7 +382,8 @@ class PushGossip(Gossip):
         return {"pushsum_weight": self.weight}
 
     def strategy_state(self) -> dict:
-        return {"weight": self.weight}
+        return {"weight": self.weight, "drains": self.drains}
 
     def load_strategy_state(self, scalars: dict) -> None:
         self.weight = float(scalars["weight"])
+        self.drains = int(scalars.get("drains", 0))

@@ -8,8 +8,11 @@ a user's own) with these keys:
 ``description``      one line, shown by ``--list-profiles``
 ``images_per_second`` training images per second of one rank on ``reference`` (model,
                      image_size); other models and sizes are scaled by their multiply-accumulates
-                     per image (``model_macs``).  ``null``: **measured** — each virtual step costs
-                     the real seconds it took on this machine (data, forward, backward, update)
+                     per image (``model_macs``).  ``null`` (and no ``step_seconds``): **measured** —
+                     each virtual step costs the real seconds it took on this machine (data,
+                     forward, backward, update)
+``step_seconds``     instead of ``images_per_second``: the seconds of one local step of the job
+                     the profile is used with (e.g. a step measured on the real cluster)
 ``reference``        ``{"model": "resnet50", "image_size": 224}``
 ``compute_source``   where the compute figure comes from (a citation, or "measured")
 ``link_gbps``        usable bandwidth of one node's NIC, Gbit/s, each way
@@ -18,6 +21,10 @@ a user's own) with these keys:
 ``intra_gbps``       bandwidth between ranks of one node, Gbit/s
 ``mem_gbps``         device memory bandwidth, GB/s (a server's update, a gossip mix: 3 passes)
 ``jitter_cv``        every step's compute x max(0.5, 1 + cv N(0, 1)) (0: none)
+``rma_progress``     ``target`` (default): a one-sided call to a rank on another node completes
+                     only once that rank is next inside MPI (not computing a step), as MPICH and
+                     Open MPI do across nodes without a progress thread (docs/cluster.md);
+                     ``async``: at once (an asynchronous progress engine)
 ===================  ==========================================================================
 
 Stragglers come from the job's own ``dist.straggler`` (the same option as a real run; the virtual
@@ -41,6 +48,7 @@ class Profile:
     name: str
     description: str = ""
     images_per_second: float | None = None
+    step_seconds: float | None = None
     reference: dict | None = None
     compute_source: str = ""
     link_gbps: float = 80.0
@@ -49,10 +57,11 @@ class Profile:
     intra_gbps: float = 2400.0
     mem_gbps: float = 1555.0
     jitter_cv: float = 0.0
+    rma_progress: str = "target"
 
     @property
     def measured(self) -> bool:
-        return self.images_per_second is None
+        return self.images_per_second is None and self.step_seconds is None
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -84,9 +93,14 @@ def load(spec: str) -> Profile:
     for key in ("link_gbps", "intra_gbps", "mem_gbps"):
         if not getattr(prof, key) > 0:
             raise ConfigError(f"--profile {path}: {key} must be > 0")
+    if prof.rma_progress not in ("target", "async"):
+        raise ConfigError(f"--profile {path}: rma_progress is 'target' or 'async'")
     if prof.ranks_per_node < 1 or prof.latency_us < 0 or prof.jitter_cv < 0:
         raise ConfigError(f"--profile {path}: ranks_per_node >= 1, latency_us >= 0, jitter_cv >= 0")
-    if not prof.measured and (prof.images_per_second <= 0 or not prof.reference):
+    if prof.step_seconds is not None:
+        if not prof.step_seconds > 0 or prof.images_per_second is not None:
+            raise ConfigError(f"--profile {path}: step_seconds > 0, and not with images_per_second")
+    elif not prof.measured and (prof.images_per_second <= 0 or not prof.reference):
         raise ConfigError(f"--profile {path}: images_per_second > 0 needs a reference "
                           "{\"model\": ..., \"image_size\": ...}")
     return prof
@@ -119,7 +133,9 @@ class Compute:
         self.prof = prof
         self.rng = np.random.default_rng([seed, 0xC0FE])
         self.seconds = None
-        if not prof.measured:
+        if prof.step_seconds is not None:
+            self.seconds = prof.step_seconds
+        elif not prof.measured:
             ref = prof.reference
             ratio = (model_macs(cfg.model.model, cfg.data.image_size, num_classes, cfg.model.width)
                      / model_macs(ref["model"], int(ref["image_size"])))

@@ -26,10 +26,8 @@ class Replay:
         self.reads = [[(e["peer"], e["version"]) for e in ev if e["e"] == "read"] for ev in self.events]
         self.counts = [[e["old"] for e in ev if e["e"] == "count"] for ev in self.events]
         self.pending = Counter(pv for reads in self.reads for pv in reads)   # (peer, version) reads
-        if any(e["e"] == "push" for ev in self.events for e in ev):
-            raise ReplayDiverged(f"{run_dir}: push-sum runs cannot be replayed yet (their inboxes' "
-                                 "order is not recorded); replay pull gossip, the server methods or "
-                                 "allreduce")
+        self.drains = [[{s: c for s, c in e["got"]} for e in ev if e["e"] == "drain"]
+                       for ev in self.events]
 
     # the order -------------------------------------------------------------
     def next_serve(self, shard: int, k: int) -> int | None:
@@ -51,6 +49,11 @@ class Replay:
 
     def reads_left(self, peer: int, version: int) -> int:
         return max(0, self.pending[(peer, version)])
+
+    def next_drain(self, rank: int, k: int) -> dict | None:
+        """{sender: messages} that rank ``rank``'s k-th drain folded (None: past the end)."""
+        d = self.drains[rank]
+        return d[k] if k < len(d) else None
 
     def next_count(self, rank: int, k: int) -> int | None:
         c = self.counts[rank]

@@ -100,6 +100,7 @@ class Cluster:
         self.notices: dict = {}      # world rank of a shard -> [(arrival, counts)]
         self.windows: dict = {}      # (kind, group) -> per-rank state
         self.ports: dict = {}        # world rank of a worker -> its VirtualWorkerPort
+        self.busy_until = [0.0] * world.size   # end of each rank's last compute (not in MPI)
         self.compute = None          # (world rank, its step, real seconds it took) -> simulated
                                      # compute seconds (the timeline's)
 
@@ -126,10 +127,20 @@ class InProcessTransport:
         real = time.perf_counter() - self.world.resumed[self.wr]
         self.last_compute = self.c.compute(self.wr, self.steps, real)
         self.steps += 1
+        self.c.busy_until[self.wr] = self.clock() + self.last_compute
         self.world.advance(self.wr, self.last_compute)
 
     def sleep(self, seconds: float) -> None:
+        self.c.busy_until[self.wr] = self.clock() + seconds
         self.world.advance(self.wr, seconds)
+
+    def target_ready(self, target_wr: int, t: float) -> float:
+        """When a one-sided call issued at ``t`` to ``target_wr`` starts: at once, or (profile
+        ``rma_progress = target``, across nodes) once the target has finished its compute."""
+        net = self.c.net
+        if self.c.profile.rma_progress != "target" or net.node(target_wr) == net.node(self.wr):
+            return t
+        return max(t, self.c.busy_until[target_wr])
 
     def split(self, color: int, key: int) -> "InProcessTransport":
         def combine(vals):
@@ -457,7 +468,7 @@ class VirtualPublishedVector:
             want = replay.next_read(n.wr, self.reads, target)
             n._wait(lambda: n.clock() if theirs["version"] == want else None,
                     f"reading version {want} of rank {target}'s copy (replay)")
-        t = n.clock()
+        t = n.target_ready(n.group[target], n.clock())
         arrival = n.c.net.send(n.group[target], n.wr, out.nbytes, t + n.c.net.lat)
         version = theirs["version"]
         out[...] = theirs["data"]
@@ -481,10 +492,12 @@ class VirtualInbox:
         self.shared = net.c.windows.setdefault(("inbox", net.group), {})
         self.shared[net.rank] = []
         self.waited = 0.0
+        self.drains = 0
 
     def push(self, target: int, msg, poll=None) -> None:
         n = self.net
-        arrival = n.c.net.send(n.wr, n.group[target], msg.nbytes, n.clock())
+        arrival = n.c.net.send(n.wr, n.group[target], msg.nbytes,
+                               n.target_ready(n.group[target], n.clock()))
         self.shared[target].append((arrival, n.rank, msg.copy()))
         n._wait(lambda: arrival, f"pushing to rank {target}")
 
@@ -492,10 +505,26 @@ class VirtualInbox:
         pass
 
     def drain(self, out) -> None:
-        n, now = self.net, self.net.clock()
+        n = self.net
         box = self.shared[n.rank]
-        here = sorted((m for m in box if m[0] <= now), key=lambda m: (m[0], m[1]))
-        box[:] = [m for m in box if m[0] > now]
+        want = n.c.replay.next_drain(n.wr, self.drains) if n.c.replay is not None else None
+        self.drains += 1
+        if want is not None:           # replay: exactly the messages the run's drain folded
+            def arrived():
+                return n.clock() if all(sum(m[1] == s for m in box) >= c for s, c in want.items()) \
+                    else None
+            n._wait(arrived, f"draining the inbox (replay: {want})")
+            here, left = [], dict(want)
+            for m in box:              # each sender's oldest messages (MPI keeps one origin's order)
+                if left.get(m[1], 0) > 0:
+                    here.append(m)
+                    left[m[1]] -= 1
+            box[:] = [m for m in box if not any(m is h for h in here)]
+            here.sort(key=lambda m: (m[0], m[1]))
+        else:
+            now = n.clock()
+            here = sorted((m for m in box if m[0] <= now), key=lambda m: (m[0], m[1]))
+            box[:] = [m for m in box if m[0] > now]
         out[...] = 0
         for _, _, msg in here:
             out += msg
@@ -524,8 +553,10 @@ class VirtualSampleCounter:
             if old is not None:
                 n._wait(lambda: n.clock() if sh["total"] == old else None,
                         f"updating the sample counter after {old} (replay)")
-        rt = 2 * n.c.net.lat if n.c.net.node(n.wr) != n.c.net.node(n.group[self.root]) else 0.0
-        n._wait(lambda: n.clock() + rt, "updating the sample counter")
+        root = n.group[self.root]
+        rt = 2 * n.c.net.lat if n.c.net.node(n.wr) != n.c.net.node(root) else 0.0
+        start = n.target_ready(root, n.clock())
+        n._wait(lambda: start + rt, "updating the sample counter")
         sh["total"] += int(k)
         self.adds += int(bool(k))
         mine = np.zeros(2, np.int64) if raised is None else np.asarray(raised, np.int64)

@@ -1,0 +1,149 @@
+"""The virtual cluster's timing against the emulated cluster's measured runs (issue 20, item 4).
+
+    python benchmarks/virtual_validation.py [--seeds 2] [--out benchmarks/results/virtual-runs]
+    python benchmarks/report.py --update docs/results.md          # the table in docs/results.md
+
+For every run of the emulated-cluster sweep (``benchmarks/results/methods-net.json``: experiment 2
+on emulated nodes, one rank per node, links at the papers' ratio), the virtual cluster trains the
+same job (``jobs/experiments.toml`` + the run's flags and seed) with a profile built from what that
+run measured of its *compute only*: ``step_seconds`` = its compute + data seconds per step, its link
+rate, 50 µs latency, one rank per node, one-sided calls waiting for a busy target
+(``rma_progress = target``).  Communication, waiting and the method's statistics are the virtual
+cluster's own.  It compares, per method and p, the predicted and measured training seconds per epoch
+(the timing model) and time to the sweep's target error (timing and statistics: the virtual run's
+own error curve, which follows another exchange order than the real run's, as another seed would).
+Overlapped gossip (``-ov``) is not simulated (the virtual cluster runs no communication thread).
+Writes ``benchmarks/results/virtual-validation.json``; finished virtual runs are reused.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from scalesgd.virtual.profile import Profile
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE_DEFAULTS = Profile("emulated").to_dict()
+JOB = ROOT / "jobs" / "experiments.toml"
+FLAGS = {"allreduce": ["--method", "allreduce"], "easgd": ["--method", "easgd"],
+         "asgd lr/p": ["--method", "asgd"], "gossip-pull": ["--method", "gossip", "--gossip", "pull"]}
+LATENCY_US = 50.0
+
+
+def first_reach(history: list[dict], target: float) -> float | None:
+    hit = next((h for h in sorted(history, key=lambda h: h["global_samples"])
+                if 1.0 - h["val_top1_accuracy"] <= target), None)
+    return None if hit is None else float(hit["train_seconds"])
+
+
+def profile_for(run: dict) -> dict:
+    split = run["split_per_step"]
+    return dict(name="emulated", description="built from one emulated-cluster run's compute",
+                step_seconds=split["compute"] + split["data"], compute_source="measured on the "
+                "emulated cluster (compute + data seconds per step)",
+                link_gbps=run["net"]["rate_bits"] / 1e9, latency_us=LATENCY_US, ranks_per_node=1,
+                intra_gbps=100.0, mem_gbps=20.0, rma_progress="target")
+
+
+def virtual_run(out: Path, label: str, workers: int, seed: int, prof: dict) -> Path:
+    """The run directory of one virtual run (reused when it finished with the same profile)."""
+    run_dir = out / f"{label.replace(' ', '').replace('/', '')}-w{workers}-s{seed}"
+    if (run_dir / "summary.json").exists() and \
+            json.loads((run_dir / "virtual.json").read_text())["profile"] == {**PROFILE_DEFAULTS, **prof}:
+        return run_dir
+    if run_dir.exists():
+        subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    flags = list(FLAGS[label])
+    if label == "asgd lr/p":
+        flags += ["--lr", f"{0.1 / workers:.4g}"]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(prof, fh)
+    argv = [sys.executable, "-m", "scalesgd.virtual", "--config", str(JOB), *flags, "--seed", str(seed),
+            "--workers", str(workers), "--profile", fh.name, "--run-dir", str(run_dir)]
+    p = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    os.unlink(fh.name)
+    if p.returncode:
+        raise SystemExit(f"{' '.join(argv)} failed:\n{p.stderr[-3000:]}")
+    return run_dir
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--measured", type=Path, default=ROOT / "benchmarks/results/methods-net.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/virtual-runs")
+    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/virtual-validation.json")
+    ap.add_argument("--seeds", type=int, default=None, help="default: the sweep's")
+    a = ap.parse_args()
+    measured = json.loads(a.measured.read_text())
+    target, seeds = measured["target_error"], a.seeds or measured["seeds"]
+    rows, skipped = [], []
+    for key, run in measured["runs"].items():
+        label, w = key.rsplit("/w", 1)
+        if label not in FLAGS:
+            skipped.append(dict(run=key, why="overlapped gossip: the virtual cluster runs no "
+                                "communication thread"))
+            continue
+        prof = profile_for(run)
+        dirs = [virtual_run(a.out, label, int(w), s, prof) for s in range(seeds)]
+        sums = [json.loads((d / "summary.json").read_text()) for d in dirs]
+        ttt = [first_reach(s["history"], target) for s in sums]
+        reached = [t for t in ttt if t is not None]
+        epochs = run["epochs"]
+        row = dict(method=label, workers=int(w), profile=prof,
+                   predicted_epoch_seconds=float(np.mean([s["train_seconds"] for s in sums])) / epochs,
+                   measured_epoch_seconds=run["train_seconds"]["mean"] / epochs,
+                   predicted_time_to_target=float(np.mean(reached)) if reached else None,
+                   predicted_reached=f"{len(reached)}/{len(ttt)}",
+                   measured_time_to_target=run["time_to_target"]["mean"],
+                   measured_reached=f"{run['time_to_target']['n']}/{run['time_to_target']['n'] + run['time_to_target']['missing']}",
+                   predicted_split=_split(dirs, int(w), label), measured_split=run["split_per_step"])
+        for k in ("epoch_seconds", "time_to_target"):
+            p, m = row[f"predicted_{k}"], row[f"measured_{k}"]
+            row[f"{k}_error"] = None if p is None or m is None else (p - m) / m
+        rows.append(row)
+        print(f"{key:22s} epoch s: {row['predicted_epoch_seconds']:7.2f} vs {row['measured_epoch_seconds']:7.2f}"
+              f"  ({_pct(row['epoch_seconds_error'])})   to target: {_f(row['predicted_time_to_target'])} vs "
+              f"{_f(row['measured_time_to_target'])} ({_pct(row['time_to_target_error'])})", flush=True)
+    summary = {}
+    for k in ("epoch_seconds", "time_to_target"):
+        errs = [abs(r[f"{k}_error"]) for r in rows if r[f"{k}_error"] is not None]
+        summary[k] = dict(median=float(np.median(errs)) if errs else None,
+                          worst=float(np.max(errs)) if errs else None, n=len(errs))
+    a.json.write_text(json.dumps(dict(experiment="virtual-validation", measured=str(a.measured.relative_to(ROOT)),
+                                      target_error=target, seeds=seeds, latency_us=LATENCY_US,
+                                      rows=rows, skipped=skipped, summary=summary), indent=1) + "\n")
+    print(json.dumps(summary))
+    return 0
+
+
+def _split(dirs: list[Path], workers: int, label: str) -> dict:
+    """Seconds per local step of the first worker (its last step record), mean over the runs:
+    compute (the profile's step, data included), comm, wait."""
+    first = 1 if label in ("easgd", "asgd lr/p") else 0            # rank 0 serves
+    rows = []
+    for d in dirs:
+        last = [json.loads(x) for x in (d / "metrics" / f"rank-{first}.jsonl").read_text().splitlines()
+                if '"kind": "step"' in x][-1]
+        n = last["step"] + 1
+        rows.append({k: last[f"{k}_seconds"] / n for k in ("compute", "comm", "wait")})
+    return {k: float(np.mean([r[k] for r in rows])) for k in ("compute", "comm", "wait")}
+
+
+def _f(x):
+    return "—" if x is None else f"{x:.2f}"
+
+
+def _pct(x):
+    return "—" if x is None else f"{100 * x:+.0f}%"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
