@@ -42,6 +42,7 @@ CASES = {                              # name: flags of a 4-rank run
     "asgd": ["--method", "asgd"],
     "asgd-2-servers": ["--method", "asgd", "--servers", "2"],
     "gossip-pull": ["--method", "gossip", "--gossip", "pull"],
+    "gossip-pull-overlap": ["--method", "gossip", "--gossip", "pull", "--gossip-overlap"],
 }
 
 
@@ -71,13 +72,15 @@ def test_replay_of_a_real_run_is_bit_identical(case, dtype, data, tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("dtype,bound", [("float64", 1e-12), ("float32", 1e-5)])
-def test_push_sum_replay_agrees_to_the_order_of_its_sums(dtype, bound, data, tmp_path):
+@pytest.mark.parametrize("dtype,bound,overlap", [("float64", 1e-12, False), ("float32", 1e-5, False),
+                                                 ("float32", 1e-5, True)])
+def test_push_sum_replay_agrees_to_the_order_of_its_sums(dtype, bound, overlap, data, tmp_path):
     """Push-sum: the same messages in every drain (recorded), added in arrival order (MPI's own
     order is not exposed): equal up to the rounding of that order."""
     run, replay = tmp_path / "run", tmp_path / "replay"
     ok(run_cli(["--method", "gossip", "--gossip", "push", "--data", str(data), *TINY, "--epochs", "2",
-                "--dtype", dtype, "--run-dir", str(run)], tmp_path, launcher=launch(RANKS)))
+                "--dtype", dtype, "--run-dir", str(run), *(["--gossip-overlap"] if overlap else [])],
+               tmp_path, launcher=launch(RANKS)))
     drains = [json.loads(line) for r in range(RANKS)
               for line in (run / "trace" / f"rank-{r}.jsonl").read_text().splitlines()
               if '"drain"' in line]
@@ -87,8 +90,8 @@ def test_push_sum_replay_agrees_to_the_order_of_its_sums(dtype, bound, data, tmp
     worst = max(float(np.abs(real[k] - again[k]).max() / max(np.abs(real[k]).max(), 1e-30))
                 for k in real)
     most = max(sum(c for _, c in d["got"]) for d in drains)
-    print(f"push-sum replay, {dtype}: worst relative difference {worst:.3g} (at most {most} "
-          "messages in one drain)")
+    print(f"push-sum replay, {dtype}{', overlapped' if overlap else ''}: worst relative difference "
+          f"{worst:.3g} (at most {most} messages in one drain)")
     assert worst <= bound
 
 

@@ -153,18 +153,23 @@ class Gossip(Method, metaclass=abc.ABCMeta):
 
     def _background(self, job, samples: int, raised) -> tuple:
         got = None if job is None else job()
-        return got, self.counter.add(samples, raised, POLL_SECONDS)
+        return got, self.counter.add(samples, raised, POLL_SECONDS), samples
 
     def collect(self) -> None:
         """Overlap: completes the exchange in flight, if any: its counter update is applied now (a
         count never ahead of the counter's, so phases stay safe), a read is kept for ``finish``."""
         if self.courier is None or not self.courier.busy:
             return
-        got, (total, sig) = self.courier.wait()
+        got, (total, sig), samples = self.courier.wait()
+        if samples:                              # (a resumed read in flight adds nothing)
+            self.trace.record("count", x=self.exchanges - 1, old=total - samples, add=samples)
         self.global_samples = max(self.global_samples, total)
         self.signals.merge(sig)
         if got is not None:
             self.landed = got
+            if self.trace.active:           # (pull: the read, recorded when it has landed)
+                self.trace.record("read", x=self.exchanges - 1, peer=self.pending, version=got[0],
+                                  d=digest(self.peer_buf))
 
     def quiesce(self, ps) -> None:
         """Collective, inside a phase (nobody starts an exchange).  Overlap: the exchange in flight

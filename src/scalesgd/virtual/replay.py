@@ -45,7 +45,8 @@ class Replay:
         return r[k][1]
 
     def did_read(self, peer: int, version: int) -> None:
-        self.pending[(peer, version)] -= 1
+        if self.pending[(peer, version)] > 0:
+            self.pending[(peer, version)] -= 1
 
     def reads_left(self, peer: int, version: int) -> int:
         return max(0, self.pending[(peer, version)])

@@ -56,9 +56,6 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
     from .transport import Cluster, InProcessTransport  # noqa: PLC0415
     from .world import World  # noqa: PLC0415
 
-    if cfg.dist.gossip_overlap and cfg.train.method == "gossip":
-        raise ConfigError("--gossip-overlap: the virtual cluster runs no communication thread; "
-                          "simulate the blocking exchange (drop --gossip-overlap)")
     size = ranks_for(cfg, workers)
     cfg = C.fit_to_world(cfg, size)
     data_root = Path(cfg.data.data) if cfg.data.data else build_digits(default_data_dir())

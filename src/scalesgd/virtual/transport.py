@@ -101,6 +101,7 @@ class Cluster:
         self.windows: dict = {}      # (kind, group) -> per-rank state
         self.ports: dict = {}        # world rank of a worker -> its VirtualWorkerPort
         self.busy_until = [0.0] * world.size   # end of each rank's last compute (not in MPI)
+        self.progressing: set = set()          # ranks whose communication thread keeps MPI going
         self.compute = None          # (world rank, its step, real seconds it took) -> simulated
                                      # compute seconds (the timeline's)
 
@@ -120,25 +121,30 @@ class InProcessTransport:
 
     # identity and time ------------------------------------------------------
     def clock(self) -> float:
-        return self.world.clock[self.wr]
+        return self.world.clock[self.world.me()]
 
     def step_done(self) -> None:
         """A step's compute: the timeline's seconds for it pass on this rank's clock."""
-        real = time.perf_counter() - self.world.resumed[self.wr]
+        real = time.perf_counter() - self.world.resumed[self.world.me()]
         self.last_compute = self.c.compute(self.wr, self.steps, real)
         self.steps += 1
         self.c.busy_until[self.wr] = self.clock() + self.last_compute
-        self.world.advance(self.wr, self.last_compute)
+        self.advance(self.last_compute)
 
     def sleep(self, seconds: float) -> None:
         self.c.busy_until[self.wr] = self.clock() + seconds
-        self.world.advance(self.wr, seconds)
+        self.advance(seconds)
+
+    def advance(self, seconds: float) -> None:
+        """The calling participant (this rank, or its communication thread) spends ``seconds``."""
+        self.world.advance(self.world.me(), seconds)
 
     def target_ready(self, target_wr: int, t: float) -> float:
         """When a one-sided call issued at ``t`` to ``target_wr`` starts: at once, or (profile
         ``rma_progress = target``, across nodes) once the target has finished its compute."""
         net = self.c.net
-        if self.c.profile.rma_progress != "target" or net.node(target_wr) == net.node(self.wr):
+        if self.c.profile.rma_progress != "target" or net.node(target_wr) == net.node(self.wr) or \
+                target_wr in self.c.progressing:
             return t
         return max(t, self.c.busy_until[target_wr])
 
@@ -150,7 +156,7 @@ class InProcessTransport:
         return InProcessTransport(self.c, tuple(wr for _, wr in mine), self.wr)
 
     def _wait(self, cond, doing: str) -> float:
-        return self.world.block(self.wr, cond, doing)
+        return self.world.block(self.world.me(), cond, doing)
 
     # collectives -----------------------------------------------------------
     def _collective(self, value, combine, seconds: float, doing: str):
@@ -245,15 +251,79 @@ class InProcessTransport:
         return VirtualSampleCounter(self, root)
 
     def courier(self):
-        raise NotImplementedError("the virtual cluster runs no courier thread (--gossip-overlap is "
-                                  "refused before the run starts)")
+        """Overlapped gossip's communication thread: a helper participant of the world."""
+        self.c.progressing.add(self.wr)
+        return VirtualCourier(self)
 
     @staticmethod
     def thread_level() -> str:
-        return "single"
+        return "multiple"
 
     def allreducer(self, grads, layout, dist):
         return VirtualAllreducer(self, grads, dist)
+
+
+class VirtualCourier:
+    """``comm.window.Courier`` for a virtual rank: one job at a time, run by a helper participant
+    with its own clock (from the time it was submitted), so the job's communication overlaps the
+    rank's next compute in simulated time; ``wait`` blocks the rank until the job's end.  While
+    idle it counts as progressing MPI (``Cluster.progressing``: no one-sided call to this rank
+    waits for its compute)."""
+
+    def __init__(self, net: InProcessTransport):
+        self.net, self.world = net, net.world
+        self.busy_seconds = self.exposed_seconds = 0.0
+        self.jobs = 0
+        self._state, self._job, self._result, self._closed = "idle", None, (None, None), False
+        self._submitted = self._finished = 0.0
+        self.id = self.world.add(self._run, f"vcourier-{net.wr}")
+
+    @property
+    def busy(self) -> bool:
+        return self._state != "idle"
+
+    @property
+    def done(self) -> bool:
+        return self._state in ("done", "idle")
+
+    def submit(self, fn, *args) -> None:
+        assert self._state == "idle" and not self._closed, "one job at a time, on an open courier"
+        self._state, self._job, self._submitted = "queued", (fn, args), self.net.clock()
+
+    def wait(self):
+        t = self.net.clock()
+        self.net._wait(lambda: None if self._state in ("queued", "running") else self._finished,
+                       "waiting for the communication thread")
+        if self._state == "idle":
+            return None
+        (value, error), self._result, self._state = self._result, (None, None), "idle"
+        self.exposed_seconds += self.net.clock() - t
+        if error is not None:
+            raise error
+        return value
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+
+    def _run(self) -> None:
+        w, me = self.world, self.id
+        while True:
+            w.block(me, lambda: self._submitted if self._state == "queued" else
+                    (w.clock[me] if self._closed else None), "communication thread idle")
+            if self._state != "queued":
+                return
+            self._state, t = "running", w.clock[me]
+            fn, args = self._job
+            try:
+                out = (fn(*args), None)
+            except Exception as exc:       # (Aborted is not an Exception: it ends the helper)
+                out = (None, exc)
+            self.busy_seconds += w.clock[me] - t
+            self.jobs += 1
+            self._result, self._finished, self._state = out, w.clock[me], "done"
 
 
 class VirtualAllreducer:
@@ -405,7 +475,7 @@ class VirtualServerPort:
         payload[...] = p.part
         p.received = n.clock()
         self.served += 1
-        n.world.advance(n.wr, n.c.net.apply_seconds(payload.nbytes))   # the update's arithmetic
+        n.advance(n.c.net.apply_seconds(payload.nbytes))   # the update's arithmetic
 
     def send_reply(self, dest: int, payload) -> None:
         n = self.net
@@ -417,7 +487,7 @@ class VirtualServerPort:
         port.reply_to[s][...] = payload
         arrival = n.c.net.send(n.wr, n.group[dest], payload.nbytes, t)
         port.payload_at[s] = arrival
-        n.world.advance(n.wr, max(0.0, arrival - n.c.net.lat - t))    # until it left the NIC
+        n.advance(max(0.0, arrival - n.c.net.lat - t))    # until it left the NIC
 
     def send_notice(self, dest: int, counts) -> None:
         n = self.net
@@ -466,8 +536,9 @@ class VirtualPublishedVector:
         replay = n.c.replay
         if replay is not None:
             want = replay.next_read(n.wr, self.reads, target)
-            n._wait(lambda: n.clock() if theirs["version"] == want else None,
-                    f"reading version {want} of rank {target}'s copy (replay)")
+            if want is not None:       # (past the trace's end: a read the run never mixed in)
+                n._wait(lambda: n.clock() if theirs["version"] == want else None,
+                        f"reading version {want} of rank {target}'s copy (replay)")
         t = n.target_ready(n.group[target], n.clock())
         arrival = n.c.net.send(n.group[target], n.wr, out.nbytes, t + n.c.net.lat)
         version = theirs["version"]
@@ -476,11 +547,18 @@ class VirtualPublishedVector:
             replay.did_read(n.group[target], version)
         self.reads += 1
         n._wait(lambda: arrival, f"reading rank {target}'s copy")
-        n.world.advance(n.wr, n.c.net.apply_seconds(out.nbytes))      # the mix
+        n.advance(n.c.net.apply_seconds(out.nbytes))      # the mix
         return version, 0
 
     def free(self) -> None:
         pass
+
+    @property
+    def win(self):
+        return self
+
+    def flush_all(self) -> None:
+        """Every one-sided call of this rank has completed when its call returned."""
 
 
 class VirtualInbox:
@@ -528,10 +606,13 @@ class VirtualInbox:
         out[...] = 0
         for _, _, msg in here:
             out += msg
-        n.world.advance(n.wr, n.c.net.apply_seconds(out.nbytes))      # the fold
+        n.advance(n.c.net.apply_seconds(out.nbytes))      # the fold
 
     def free(self) -> None:
         pass
+
+    win = VirtualPublishedVector.win
+    flush_all = VirtualPublishedVector.flush_all
 
 
 class VirtualSampleCounter:
@@ -570,3 +651,6 @@ class VirtualSampleCounter:
 
     def free(self) -> None:
         pass
+
+    win = VirtualPublishedVector.win
+    flush_all = VirtualPublishedVector.flush_all

@@ -2,22 +2,25 @@
 
 Each virtual rank is a thread that runs the unchanged training code of one MPI rank (``Run.work`` /
 ``Run.serve`` through ``methods/`` and ``train/``) against an ``InProcessTransport``.  Exactly one
-of them runs at any moment (a baton: each thread waits on its own semaphore), so the ranks share
-the process's memory and the scratch buffers of one model without a lock, and every run is
-deterministic.
+participant runs at any moment (a baton: each thread waits on its own semaphore), so the ranks
+share the process's memory and the scratch buffers of one model without a lock, and every run is
+deterministic.  Besides the ranks, a rank may add *helpers* (``add``: the communication thread of
+overlapped gossip); a helper has its own clock, runs under the same baton, and does not keep the
+world alive (daemon).
 
-Time: every rank has a clock (simulated seconds).  A rank advances it when it computes
+Time: every participant has a clock (simulated seconds).  It advances when it computes
 (``advance``: a step's compute, from the timeline) and when it waits (``block``: until a condition
 of the shared state holds, e.g. a message has arrived, at the time it holds).  The scheduler always
-runs the rank whose next action is earliest: a runnable rank at its clock, a blocked rank at the
-time its condition became true (ties: the lower rank).  So every action happens when no other rank
-can still produce an earlier event (conservative discrete-event simulation): a message is matched
-to the earliest send that reached it, a read sees the publications made before it, in simulated
-time.
+runs the participant whose next action is earliest: a runnable one at its clock, a blocked one at
+the time its condition became true (ties: the lower index).  So every action happens when no other
+participant can still produce an earlier event (conservative discrete-event simulation): a message
+is matched to the earliest send that reached it, a read sees the publications made before it, in
+simulated time.  ``me()`` is the participant the calling thread runs as.
 
-A blocked rank whose condition can never hold while no rank can run is a deadlock: the world fails
-with each rank's last ``doing`` note instead of hanging.  The first exception in any rank fails the
-world: every other rank is woken with ``Aborted`` and the driver re-raises the first error.
+A state where ranks wait for something no participant can do any more is a deadlock: the world
+fails with each one's last ``doing`` note instead of hanging.  The first exception in any
+participant fails the world: every other one is woken with ``Aborted`` and the driver re-raises
+the first error.
 """
 from __future__ import annotations
 
@@ -26,44 +29,70 @@ import time
 
 
 class Aborted(BaseException):
-    """Raised in a virtual rank's thread when another rank failed (not an error of its own)."""
+    """Raised in a participant's thread when another one failed (not an error of its own)."""
 
 
 class Deadlock(RuntimeError):
-    """No virtual rank can run and some have not finished."""
+    """No participant can run and some rank has not finished."""
 
 
 class World:
     def __init__(self, size: int):
-        self.size = size
+        self.size = size                        # ranks; helpers are numbered from size on
         self.clock = [0.0] * size
         self.waiting: list = [None] * size      # None: runnable; else cond() -> time | None
         self.done = [False] * size
+        self.daemon = [False] * size
         self.doing = ["starting"] * size
+        self.resumed = [0.0] * size             # real time each one last got to run (perf_counter)
         self.error: tuple[int, BaseException] | None = None
         self._sem = [threading.Semaphore(0) for _ in range(size)]
+        self._threads: list[threading.Thread] = []
         self._main = threading.Semaphore(0)
         self._lock = threading.Lock()           # guards the hand-over (and the abort cascade)
+        self._local = threading.local()
         self._released_main = False
         self.switches = 0
-        self.resumed = [0.0] * size             # real time each rank last got to run (perf_counter)
 
     # ------------------------------------------------------------------ driver
     def run(self, bodies, name: str = "vrank") -> None:
         """Runs ``bodies[r]()`` as rank r until every rank returned; re-raises the first error."""
-        threads = [threading.Thread(target=self._body, args=(r, fn), name=f"{name}-{r}", daemon=True)
-                   for r, fn in enumerate(bodies)]
-        for t in threads:
-            t.start()
+        for r, fn in enumerate(bodies):
+            self._start(r, fn, f"{name}-{r}")
         with self._lock:
             self._hand_over(None)
         self._main.acquire()
-        for t in threads:
+        for t in self._threads[:self.size]:       # (an idle helper may wait for ever: a daemon)
             t.join()
         if self.error is not None:
             raise self.error[1]
 
+    def add(self, fn, name: str, daemon: bool = True) -> int:
+        """From a running participant: a helper that runs ``fn()`` from the caller's clock on; its
+        index.  It runs once the scheduler picks it (the caller keeps the baton until it waits)."""
+        with self._lock:
+            i = len(self.clock)
+            self.clock.append(self.clock[self.me()])
+            self.waiting.append(None)
+            self.done.append(False)
+            self.daemon.append(daemon)
+            self.doing.append("starting")
+            self.resumed.append(0.0)
+            self._sem.append(threading.Semaphore(0))
+        self._start(i, fn, name)
+        return i
+
+    def _start(self, i: int, fn, name: str) -> None:
+        t = threading.Thread(target=self._body, args=(i, fn), name=name, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def me(self) -> int:
+        """The participant the calling thread runs as."""
+        return self._local.me
+
     def _body(self, r: int, fn) -> None:
+        self._local.me = r
         self._sem[r].acquire()
         self.resumed[r] = time.perf_counter()
         try:
@@ -81,16 +110,16 @@ class World:
                 self.waiting[r] = None
                 self._hand_over(r)
 
-    # ------------------------------------------------------------------ ranks
+    # ------------------------------------------------------------------ participants
     def advance(self, r: int, seconds: float) -> None:
-        """Rank r spends ``seconds`` (compute); the ranks whose clocks are behind run first."""
+        """Participant r spends ``seconds`` (compute); those whose clocks are behind run first."""
         self.clock[r] += max(0.0, seconds)
         self._yield(r)
 
     def block(self, r: int, cond, doing: str = "") -> float:
-        """Rank r waits until ``cond()`` returns a time (the condition holds since then); returns
-        its clock, max(clock, that time).  ``cond`` is called by the scheduler on any thread and must
-        only read the shared state."""
+        """Participant r waits until ``cond()`` returns a time (the condition holds since then);
+        returns its clock, max(clock, that time).  ``cond`` is called by the scheduler on any
+        thread and must only read the shared state."""
         if doing:
             self.doing[r] = doing
         self.waiting[r] = cond
@@ -109,7 +138,7 @@ class World:
     # ------------------------------------------------------------------ scheduling
     def _pick(self):
         best = None
-        for q in range(self.size):
+        for q in range(len(self.clock)):
             if self.done[q]:
                 continue
             cond = self.waiting[q]
@@ -124,17 +153,20 @@ class World:
                 best = (t, q)
         return best
 
+    def _ranks_done(self) -> bool:
+        return all(d for d, daemon in zip(self.done, self.daemon) if not daemon)
+
     def _hand_over(self, r) -> int | None:
-        """Under the lock: wakes the next rank (returns it; r itself: keep running)."""
+        """Under the lock: wakes the next participant (returns it; r itself: keep running)."""
         if self.error is not None:              # abort cascade: wake everyone, then the driver
-            for q in range(self.size):
+            for q in range(len(self.clock)):
                 if not self.done[q] and q != r:
                     self._sem[q].release()
             self._finish_if_done()
             return None
         best = self._pick()
         if best is None:
-            if not all(self.done):
+            if not self._ranks_done():
                 self.error = (-1, Deadlock(self._deadlock_message()))
                 return self._hand_over(r)
             self._finish_if_done()
@@ -147,11 +179,11 @@ class World:
         return q
 
     def _finish_if_done(self) -> None:
-        if all(self.done) and not self._released_main:
+        if not self._released_main and (all(self.done) or (self.error is None and self._ranks_done())):
             self._released_main = True
             self._main.release()
 
     def _deadlock_message(self) -> str:
-        stuck = [f"rank {q} at {self.clock[q]:.3f} s: {self.doing[q]}"
-                 for q in range(self.size) if not self.done[q]]
+        stuck = [f"{'rank' if q < self.size else 'helper'} {q} at {self.clock[q]:.3f} s: {self.doing[q]}"
+                 for q in range(len(self.clock)) if not self.done[q]]
         return "virtual cluster deadlock: no rank can run; " + "; ".join(stuck)
