@@ -214,11 +214,14 @@ def model(d):
 
 def virtual(d):
     """The virtual cluster's predictions against the emulated-cluster runs (virtual_validation.py)."""
-    out = ["| method | p | s/epoch predicted | measured | error | time to target predicted | "
-           "measured | error | reached (virtual / real) |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| method | p | s/epoch predicted | measured | error | comm + wait ms/step predicted | "
+           "measured | time to target predicted | measured | error | reached (virtual / real) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
+        cw = [1000 * (sp["comm"] + sp["wait"]) for sp in (r["predicted_split"], r["measured_split"])]
         out.append(f"| {r['method']} | {r['workers']} | {f(r['predicted_epoch_seconds'])} | "
                    f"{f(r['measured_epoch_seconds'])} | {pct(r['epoch_seconds_error'])} | "
+                   f"{cw[0]:.1f} | {cw[1]:.1f} | "
                    f"{f(r['predicted_time_to_target'])} | {f(r['measured_time_to_target'])} | "
                    f"{pct(r['time_to_target_error'])} | {r['predicted_reached']} / {r['measured_reached']} |")
     s = d["summary"]

@@ -44,9 +44,9 @@ def first_reach(history: list[dict], target: float) -> float | None:
     return None if hit is None else float(hit["train_seconds"])
 
 
-def profile_for(run: dict) -> dict:
+def profile_for(run: dict, jitter_cv: float = 0.0) -> dict:
     split = run["split_per_step"]
-    return dict(name="emulated", description="built from one emulated-cluster run's compute",
+    return dict(name="emulated", jitter_cv=jitter_cv, description="built from one emulated-cluster run's compute",
                 step_seconds=split["compute"] + split["data"], compute_source="measured on the "
                 "emulated cluster (compute + data seconds per step)",
                 link_gbps=run["net"]["rate_bits"] / 1e9, latency_us=LATENCY_US, ranks_per_node=1,
@@ -82,7 +82,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/virtual-runs")
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/virtual-validation.json")
     ap.add_argument("--seeds", type=int, default=None, help="default: the sweep's")
+    ap.add_argument("--jitter-cv", type=float, default=0.0, help="compute jitter of every step in "
+                    "the profiles (a sensitivity check: the sweep's JSON has no step-time spread)")
+    ap.add_argument("--only", nargs="*", default=None, help="sweep keys to run (default: all)")
     a = ap.parse_args()
+    if a.jitter_cv:                     # a sensitivity run keeps its own runs and JSON
+        a.out = a.out.with_name(f"{a.out.name}-jitter{a.jitter_cv:g}")
+        a.json = a.json.with_name(a.json.name.replace(".json", f"-jitter{a.jitter_cv:g}.json"))
     measured = json.loads(a.measured.read_text())
     target, seeds = measured["target_error"], a.seeds or measured["seeds"]
     rows, skipped = [], []
@@ -91,7 +97,9 @@ def main() -> int:
         if label not in FLAGS:
             skipped.append(dict(run=key, why="no virtual counterpart"))
             continue
-        prof = profile_for(run)
+        if a.only is not None and key not in a.only:
+            continue
+        prof = profile_for(run, a.jitter_cv)
         dirs = [virtual_run(a.out, label, int(w), s, prof) for s in range(seeds)]
         sums = [json.loads((d / "summary.json").read_text()) for d in dirs]
         ttt = [first_reach(s["history"], target) for s in sums]
@@ -119,6 +127,7 @@ def main() -> int:
                           worst=float(np.max(errs)) if errs else None, n=len(errs))
     a.json.write_text(json.dumps(dict(experiment="virtual-validation", measured=str(a.measured.relative_to(ROOT)),
                                       target_error=target, seeds=seeds, latency_us=LATENCY_US,
+                                      jitter_cv=a.jitter_cv,
                                       rows=rows, skipped=skipped, summary=summary), indent=1) + "\n")
     print(json.dumps(summary))
     return 0
