@@ -5,7 +5,7 @@
 
 For every run of the emulated-cluster sweep (``benchmarks/results/methods-net.json``: experiment 2
 on emulated nodes, one rank per node, links at the papers' ratio), the virtual cluster trains the
-same job (``jobs/experiments.toml`` + the run's flags and seed) with a profile built from what that
+same job (``jobs/experiments.toml`` + the run's flags, seed and epochs) with a profile built from what that
 run measured of its *compute only*: ``step_seconds`` = its compute + data seconds per step, its link
 rate, 50 µs latency, one rank per node, one-sided calls waiting for a busy target
 (``rma_progress = target``).  Communication, waiting and the method's statistics are the virtual
@@ -53,11 +53,13 @@ def profile_for(run: dict, jitter_cv: float = 0.0) -> dict:
                 intra_gbps=100.0, mem_gbps=20.0, rma_progress="target")
 
 
-def virtual_run(out: Path, label: str, workers: int, seed: int, prof: dict) -> Path:
-    """The run directory of one virtual run (reused when it finished with the same profile)."""
+def virtual_run(out: Path, label: str, workers: int, seed: int, epochs: int, prof: dict) -> Path:
+    """The run directory of one virtual run (reused when it finished with the same profile and
+    epochs)."""
     run_dir = out / f"{label.replace(' ', '').replace('/', '')}-w{workers}-s{seed}"
     if (run_dir / "summary.json").exists() and \
-            json.loads((run_dir / "virtual.json").read_text())["profile"] == {**PROFILE_DEFAULTS, **prof}:
+            json.loads((run_dir / "virtual.json").read_text())["profile"] == {**PROFILE_DEFAULTS, **prof} \
+            and json.loads((run_dir / "config.json").read_text())["train"]["epochs"] == epochs:
         return run_dir
     if run_dir.exists():
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
@@ -67,7 +69,8 @@ def virtual_run(out: Path, label: str, workers: int, seed: int, prof: dict) -> P
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(prof, fh)
     argv = [sys.executable, "-m", "scalesgd.virtual", "--config", str(JOB), *flags, "--seed", str(seed),
-            "--workers", str(workers), "--profile", fh.name, "--run-dir", str(run_dir)]
+            "--workers", str(workers), "--epochs", str(epochs), "--profile", fh.name,
+            "--run-dir", str(run_dir)]
     p = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     os.unlink(fh.name)
@@ -100,7 +103,7 @@ def main() -> int:
         if a.only is not None and key not in a.only:
             continue
         prof = profile_for(run, a.jitter_cv)
-        dirs = [virtual_run(a.out, label, int(w), s, prof) for s in range(seeds)]
+        dirs = [virtual_run(a.out, label, int(w), s, run["epochs"], prof) for s in range(seeds)]
         sums = [json.loads((d / "summary.json").read_text()) for d in dirs]
         ttt = [first_reach(s["history"], target) for s in sums]
         reached = [t for t in ttt if t is not None]
