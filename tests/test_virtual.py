@@ -96,6 +96,47 @@ def test_push_sum_replay_agrees_to_the_order_of_its_sums(dtype, bound, overlap, 
 
 
 @pytest.mark.mpi
+def test_a_stopped_and_resumed_pull_gossip_run_replays_exactly(data, tmp_path):
+    """The trace of a resumed run is that of a run that went through: pull gossip's publication
+    numbers continue across the resume, the events after the checkpoint are cut."""
+    run = tmp_path / "run"
+    args = ["--method", "gossip", "--gossip", "pull", "--data", str(data), *TINY, "--dtype", "float64",
+            "--run-dir", str(run)]
+    ok(run_cli(args, tmp_path, launcher=launch(RANKS)))
+    ok(run_cli([*args, "--resume", str(run), "--epochs", "2"], tmp_path, launcher=launch(RANKS)))
+    replay = tmp_path / "replay"
+    ok(virtual(["--replay", str(run), "--run-dir", str(replay)], tmp_path))
+    assert json.loads((replay / "summary.json").read_text())["virtual"]["replay_first_difference"] is None
+    real, again = final_arrays(run), final_arrays(replay)
+    for name in real:
+        assert np.array_equal(real[name], again[name]), name
+
+
+@pytest.mark.mpi
+def test_a_push_sum_run_with_unscheduled_checkpoints_is_refused(data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli(["--method", "gossip", "--gossip", "push", "--data", str(data), *TINY,
+                "--checkpoint-minutes", "0.00001", "--run-dir", str(run)], tmp_path,
+               launcher=launch(RANKS)))
+    p = virtual(["--replay", str(run), "--run-dir", str(tmp_path / "replay")], tmp_path)
+    assert p.returncode == 1 and "outside its final schedule (clock" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_stragglers_delay_adds_to_its_measured_compute(data, tmp_path):
+    """With a measured profile, the straggler's sleep is simulated time on top of the step's real
+    compute (not instead of it)."""
+    def simulated(extra):
+        d = tmp_path / f"v{len(extra)}"
+        ok(virtual(["--method", "allreduce", "--workers", "2", "--data", str(data), *TINY,
+                    "--profile", "cpu-emulated-papers", "--run-dir", str(d), *extra], tmp_path))
+        s = json.loads((d / "summary.json").read_text())
+        return s["train_seconds"], s["virtual"]["worker_steps"] // 2
+    plain, steps = simulated([])
+    slow, _ = simulated(["--straggler", "1:200"])
+    assert slow >= 0.2 * steps + 0.5 * plain, (plain, slow, steps)
+
+
+@pytest.mark.mpi
 def test_a_diverging_replay_names_the_first_exchange(data, tmp_path):
     run = tmp_path / "run"
     ok(run_cli(["--method", "easgd", "--data", str(data), *TINY, "--run-dir", str(run)], tmp_path,
@@ -222,3 +263,19 @@ def test_multiply_accumulates_match_the_published_counts():
     from scalesgd.virtual.profile import model_macs
     assert model_macs("resnet50", 224) / 1e9 == pytest.approx(4.09, rel=0.02)
     assert model_macs("resnet18", 224) / 1e9 == pytest.approx(1.81, rel=0.02)
+
+
+def test_mismatched_collectives_are_an_error_not_a_silent_combine():
+    from scalesgd.virtual.profile import load
+    from scalesgd.virtual.transport import Cluster, InProcessTransport
+    w = World(2)
+    c = Cluster(w, load("a100-100gbit"))
+    nets = [InProcessTransport(c, (0, 1), r) for r in range(2)]
+
+    def rank0():
+        nets[0].barrier()
+
+    def rank1():
+        nets[1].bcast(np.zeros(3), 0)
+    with pytest.raises(RuntimeError, match="mismatched collectives"):
+        w.run([rank0, rank1])

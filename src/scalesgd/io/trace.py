@@ -20,7 +20,10 @@ per line; ``e`` names the event:
 ``drain``  push-sum         ``k`` drain number, ``got`` [[sender, messages of it folded]]
 =========  ===============  =============================================================
 
-Synchronous all-reduce needs no event: every step is a collective in a fixed order.  A checkpoint
+Every rank also records ``checkpoint`` (``reason``: scheduled, end, stop, clock; ``boundary``)
+when it writes one: a replay refuses a push-sum run with checkpoints outside its final schedule
+(push-sum folds its inbox in each; the replay cannot place those phases yet).  Synchronous all-reduce needs
+no event: every step is a collective in a fixed order.  A checkpoint
 records how many lines each rank had written (``TraceWriter.lines``); a resumed run cuts its file
 back to that, so the trace of a run that crashed and resumed is the trace of the run that
 finished.
@@ -57,6 +60,9 @@ class NoTrace:
     def truncate(self, lines: int) -> None:
         pass
 
+    def flush(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -65,7 +71,9 @@ NO_TRACE = NoTrace()
 
 
 class TraceWriter(NoTrace):
-    """Appends one rank's events, line-buffered (a crash loses at most the line being written)."""
+    """Appends one rank's events, buffered (nothing on an exchange's path waits for the disk) and
+    flushed at every checkpoint: a crash loses only events after the last checkpoint, which a resumed
+    run would cut anyway."""
 
     active = True
 
@@ -75,7 +83,7 @@ class TraceWriter(NoTrace):
         try:
             d.mkdir(parents=True, exist_ok=True)
             self.lines = sum(1 for _ in self.path.open()) if self.path.exists() else 0
-            self._fh = self.path.open("a", buffering=1)
+            self._fh = self.path.open("a")
         except OSError as exc:
             raise RunDirError(f"{self.path}: cannot write the trace ({exc.strerror or exc})") from None
 
@@ -89,7 +97,10 @@ class TraceWriter(NoTrace):
         kept = self.path.read_text().splitlines(keepends=True)[:lines]
         self.path.write_text("".join(kept))
         self.lines = len(kept)
-        self._fh = self.path.open("a", buffering=1)
+        self._fh = self.path.open("a")
+
+    def flush(self) -> None:
+        self._fh.flush()
 
     def close(self) -> None:
         self._fh.close()

@@ -319,11 +319,14 @@ class PullGossip(Gossip):
         return {"gossip_torn_retries": self.retries}
 
     def strategy_state(self) -> dict:
-        return {"retries": self.retries}
+        return {"retries": self.retries, "published": self.pub.published}
 
     def load_strategy_state(self, scalars: dict) -> None:
+        """Peers read the restored parameters, under the version number of the last publication
+        before the checkpoint (so versions continue across a resume, as the trace records them)."""
         self.retries = int(scalars["retries"])
-        self.pub.publish(self.stage.to_host())      # peers read the restored parameters
+        self.pub.published = max(0, int(scalars.get("published", 1)) - 1)
+        self.pub.publish(self.stage.to_host())
 
 
 class PushGossip(Gossip):
@@ -369,6 +372,7 @@ class PushGossip(Gossip):
         if peer is None or x is None:
             return None
         sent, self.weight = mixing.push_split(self.weight, x.dtype)
+        self.trace.record("push", x=self.exchanges, peer=peer)
         return functools.partial(self.inbox.push, peer, mixing.push_message(x, sent, self.msg),
                                  POLL_SECONDS)
 

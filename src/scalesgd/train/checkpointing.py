@@ -61,6 +61,8 @@ def save(s, run_dir: Path, loop: LoopState, history: list, boundary_done: int, e
     state of this rank (the straggler's generator)."""
     m, ps, c = s.method, s.model.ps, s.control
     m.quiesce(ps)
+    m.trace.record("checkpoint", reason=reason, boundary=boundary_done)
+    m.trace.flush()
     g = int(c.max_over_ranks([m.global_samples])[0])
     arrays, scalars = m.state(ps)
     arrays = {"params": ps.params, "momentum": s.opt.momentum, "buffers": ps.buffers, **arrays}

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from ..errors import UserError
 from ..io import trace
 
 
-class ReplayDiverged(RuntimeError):
-    """The replay's events differ from the recorded ones (the message names the first)."""
+class ReplayDiverged(UserError, RuntimeError):
+    """A run that cannot be replayed as recorded (the message names why and where)."""
 
 
 class Replay:
@@ -28,6 +29,15 @@ class Replay:
         self.pending = Counter(pv for reads in self.reads for pv in reads)   # (peer, version) reads
         self.drains = [[{s: c for s, c in e["got"]} for e in ev if e["e"] == "drain"]
                        for ev in self.events]
+        ckpts = [e for e in self.events[0] if e["e"] == "checkpoint"]
+        extra = sorted({e["reason"] for e in ckpts if e["reason"] in ("stop", "clock")} |
+                       ({"end"} if sum(e["reason"] == "end" for e in ckpts) > 1 else set()))
+        if extra and any(self.drains):
+            raise ReplayDiverged(f"{run_dir}: a push-sum run with checkpoints outside its final "
+                                 f"schedule ({', '.join(extra)}: a stop signal, "
+                                 "train.checkpoint_minutes, or a resume with more epochs); push-sum "
+                                 "folds its inbox at each checkpoint and a replay does not place "
+                                 "those phases yet, so it cannot be redone exactly")
 
     # the order -------------------------------------------------------------
     def next_serve(self, shard: int, k: int) -> int | None:
@@ -66,7 +76,8 @@ def first_difference(real_dir: str | Path, replay_dir: str | Path, size: int) ->
     the order of the recorded events (rank by rank, earliest event first)."""
     found = []
     for r in range(size):
-        a, b = trace.read(real_dir, r), trace.read(replay_dir, r)
+        # checkpoints are not exchanges: a resumed run has the earlier allocation's end in its trace
+        a, b = ([e for e in trace.read(d, r) if e["e"] != "checkpoint"] for d in (real_dir, replay_dir))
         for i, (x, y) in enumerate(zip(a, b)):
             if x != y:
                 what = ", ".join(f"{k}: run {x.get(k)} / replay {y.get(k)}" for k in sorted(set(x) | set(y))

@@ -63,7 +63,8 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
                    f"{cfg.train.method}-{workers}")
     resume = None
     if cfg.train.resume:
-        resume = ckpt.latest_good(ckpt.checkpoint_dir(run_dir))
+        given = Path(cfg.train.resume)
+        resume = given if given.is_file() else ckpt.latest_good(ckpt.checkpoint_dir(run_dir))
         meta = ckpt.verify(resume)
         if (meta["ranks"], meta["method"]) != (size, cfg.train.method):
             raise ConfigError(f"{resume}: written by {meta['ranks']} ranks of '{meta['method']}', "
@@ -97,6 +98,10 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
             control = Control(net, size)
             method = create(cfg, topo, control.signals)
             s = loop.build(cfg, topo, backend, method, control, data_root, 1)
+            if resume is not None:
+                loop.check_fits(s, resume)
+            elif cfg.train.init_from:
+                loop.warm_start(s, Path(cfg.train.init_from))
             if r > 0 and setups[0] is not None:
                 s.model.share_workspaces(setups[0].model)     # one replica computes at a time
             setups[r] = s
@@ -108,7 +113,9 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
         for s in setups:
             if s is not None:
                 s.control.signals.request_stop()
-        log.info("virtual cluster: stop requested; every rank checkpoints at its next phase")
+        log.info("virtual cluster: stop requested; every rank checkpoints at its next phase "
+                 "(Ctrl-C again: interrupt at once, no checkpoint)")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     old = signal.signal(signal.SIGINT, on_sigint)
     t0 = time.perf_counter()
@@ -159,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             summary = json.loads((replay_dir / "summary.json").read_text()) \
                 if (replay_dir / "summary.json").is_file() else {}
             cfg = C.build(saved, {"train": {"run_dir": getattr(args, "train.run_dir", None) or
-                                            str(replay_dir) + "-replay", "resume": ""}})
+                                            str(replay_dir) + "-replay", "resume": "",
+                                            "checkpoint_minutes": 0.0}})
             ranks = summary.get("ranks") or len(list((replay_dir / "metrics").glob("rank-*.jsonl")))
             workers = ranks - (ranks_for(cfg, 0))
         else:

@@ -118,6 +118,7 @@ class InProcessTransport:
         self.rank, self.size = self.group.index(wr), len(self.group)
         self.steps = 0
         self.last_compute = 0.0
+        self._real = 0.0                 # real seconds of this step before a straggler's sleep
 
     # identity and time ------------------------------------------------------
     def clock(self) -> float:
@@ -125,13 +126,15 @@ class InProcessTransport:
 
     def step_done(self) -> None:
         """A step's compute: the timeline's seconds for it pass on this rank's clock."""
-        real = time.perf_counter() - self.world.resumed[self.world.me()]
+        real = self._real + time.perf_counter() - self.world.resumed[self.world.me()]
+        self._real = 0.0
         self.last_compute = self.c.compute(self.wr, self.steps, real)
         self.steps += 1
         self.c.busy_until[self.wr] = self.clock() + self.last_compute
         self.advance(self.last_compute)
 
     def sleep(self, seconds: float) -> None:
+        self._real += time.perf_counter() - self.world.resumed[self.world.me()]   # (the step so far)
         self.c.busy_until[self.wr] = self.clock() + seconds
         self.advance(seconds)
 
@@ -161,10 +164,16 @@ class InProcessTransport:
     # collectives -----------------------------------------------------------
     def _collective(self, value, combine, seconds: float, doing: str):
         """Every rank of the group deposits ``value``; once all have, each gets ``combine(values in
-        rank order)`` (computed once), at the last arrival + ``seconds``."""
+        rank order)`` (computed once, while every other rank still waits in it), at the last arrival
+        + ``seconds``.  Ranks entering different collectives (``doing``) is a bug MPI would hang on:
+        raised."""
         c, key = self.c, self.group
         n = c.seq[(key, self.wr)] = c.seq.get((key, self.wr), 0) + 1
-        slot = c.slots.setdefault((key, n), {"v": {}, "t": {}, "left": self.size})
+        slot = c.slots.setdefault((key, n), {"v": {}, "t": {}, "left": self.size, "kind": doing})
+        if slot["kind"] != doing:
+            raise RuntimeError(f"virtual rank {self.wr} entered collective {n} of its group "
+                               f"{'in' if doing.startswith('in') else 'as'} '{doing}' while another "
+                               f"rank is '{slot['kind']}': mismatched collectives")
         slot["v"][self.rank], slot["t"][self.rank] = value, self.clock()
 
         def ready():
@@ -226,13 +235,15 @@ class InProcessTransport:
         self._collective(None, lambda v: None, self._small(), "in a barrier")
 
     def funnel(self, arrays: dict, text: str, sink, root: int = 0) -> None:
-        mine = ({k: np.array(v, copy=True) for k, v in arrays.items()}, text)
+        """Root's ``sink`` sees every rank's arrays in rank order, by reference (no copies: the
+        ranks are all inside this collective while it runs, so p replicas never exist twice)."""
         nbytes = sum(v.nbytes for v in arrays.values())
-        got = self._collective(mine, list, nbytes * self.size / self.c.net.bps,
-                               "in the checkpoint funnel")
-        if self.rank == root:
-            for r, (arrs, txt) in enumerate(got):
-                sink(r, arrs, txt)
+
+        def combine(vals):
+            for r, (arrs, txt, _) in enumerate(vals):
+                vals[root][2](r, arrs, txt)
+        self._collective((arrays, text, sink), combine, nbytes * self.size / self.c.net.bps,
+                         "in the checkpoint funnel")
 
     # endpoints and windows --------------------------------------------------
     def worker_port(self, servers, bounds=None):
@@ -307,6 +318,7 @@ class VirtualCourier:
             self.wait()
         finally:
             self._closed = True
+            self.net.c.progressing.discard(self.net.wr)
 
     def _run(self) -> None:
         w, me = self.world, self.id
@@ -513,7 +525,7 @@ class VirtualPublishedVector:
     def __init__(self, net: InProcessTransport, n: int, dtype):
         self.net, self.n, self.dtype = net, int(n), np.dtype(dtype)
         self.shared = net.c.windows.setdefault(("pub", net.group), {})
-        self.shared[net.rank] = {"version": 0, "data": np.zeros(self.n, self.dtype)}
+        self.shared[net.rank] = {"version": 0, "t": 0.0, "data": np.zeros(self.n, self.dtype)}
         self.published = 0
         self.waited = 0.0
         self.reads = 0
@@ -522,28 +534,28 @@ class VirtualPublishedVector:
         n, me = self.net, self.shared[self.net.rank]
         replay = n.c.replay
         if replay is not None:         # the readers of the current version read it first
-            n._wait(lambda: n.clock() if replay.reads_left(n.wr, me["version"]) == 0 else None,
+            n._wait(lambda: me["t"] if replay.reads_left(n.wr, me["version"]) == 0 else None,
                     f"publishing version {me['version'] + 1} (replay: readers of "
                     f"version {me['version']} first)")
         np.copyto(me["data"], x, casting="same_kind")
-        me["version"] += 1
-        self.published = me["version"]
+        self.published += 1                        # (a resumed run sets it: versions continue)
+        me["version"], me["t"] = self.published, n.clock()
         return self.published
 
     def read(self, target: int, out, poll=None) -> tuple[int, int]:
         n = self.net
         theirs = self.shared[target]
-        replay = n.c.replay
+        replay, want = n.c.replay, None
         if replay is not None:
             want = replay.next_read(n.wr, self.reads, target)
             if want is not None:       # (past the trace's end: a read the run never mixed in)
-                n._wait(lambda: n.clock() if theirs["version"] == want else None,
+                n._wait(lambda: theirs["t"] if theirs["version"] == want else None,
                         f"reading version {want} of rank {target}'s copy (replay)")
         t = n.target_ready(n.group[target], n.clock())
         arrival = n.c.net.send(n.group[target], n.wr, out.nbytes, t + n.c.net.lat)
         version = theirs["version"]
         out[...] = theirs["data"]
-        if replay is not None:
+        if replay is not None and want is not None:
             replay.did_read(n.group[target], version)
         self.reads += 1
         n._wait(lambda: arrival, f"reading rank {target}'s copy")
@@ -589,8 +601,13 @@ class VirtualInbox:
         self.drains += 1
         if want is not None:           # replay: exactly the messages the run's drain folded
             def arrived():
-                return n.clock() if all(sum(m[1] == s for m in box) >= c for s, c in want.items()) \
-                    else None
+                times = []
+                for s, c in want.items():
+                    got = [m[0] for m in box if m[1] == s][:c]
+                    if len(got) < c:
+                        return None
+                    times += got
+                return max(times, default=0.0)
             n._wait(arrived, f"draining the inbox (replay: {want})")
             here, left = [], dict(want)
             for m in box:              # each sender's oldest messages (MPI keeps one origin's order)
@@ -621,7 +638,7 @@ class VirtualSampleCounter:
     def __init__(self, net: InProcessTransport, root: int = 0):
         self.net, self.root = net, root
         self.shared = net.c.windows.setdefault(("counter", net.group),
-                                               {"total": 0, "sig": np.zeros(2, np.int64)})
+                                               {"total": 0, "t": 0.0, "sig": np.zeros(2, np.int64)})
         self.waited = 0.0
         self.adds = 0
 
@@ -632,13 +649,14 @@ class VirtualSampleCounter:
         if replay is not None and k:           # (a checkpoint's add of 0 is not an exchange)
             old = replay.next_count(n.wr, self.adds)
             if old is not None:
-                n._wait(lambda: n.clock() if sh["total"] == old else None,
+                n._wait(lambda: sh["t"] if sh["total"] == old else None,
                         f"updating the sample counter after {old} (replay)")
         root = n.group[self.root]
         rt = 2 * n.c.net.lat if n.c.net.node(n.wr) != n.c.net.node(root) else 0.0
         start = n.target_ready(root, n.clock())
         n._wait(lambda: start + rt, "updating the sample counter")
         sh["total"] += int(k)
+        sh["t"] = n.clock()
         self.adds += int(bool(k))
         mine = np.zeros(2, np.int64) if raised is None else np.asarray(raised, np.int64)
         before = sh["sig"].copy()
