@@ -115,9 +115,12 @@ def test_a_stopped_and_resumed_pull_gossip_run_replays_exactly(data, tmp_path):
 @pytest.mark.mpi
 def test_a_push_sum_run_with_unscheduled_checkpoints_is_refused(data, tmp_path):
     run = tmp_path / "run"
-    ok(run_cli(["--method", "gossip", "--gossip", "push", "--data", str(data), *TINY,
+    ok(run_cli(["--method", "gossip", "--gossip", "push", "--data", str(data), *TINY, "--epochs", "3",
                 "--checkpoint-minutes", "0.00001", "--run-dir", str(run)], tmp_path,
                launcher=launch(RANKS)))
+    reasons = [json.loads(line)["reason"] for line in (run / "trace" / "rank-0.jsonl").read_text().splitlines()
+               if '"checkpoint"' in line]
+    assert "clock" in reasons, reasons          # rank 0's clock asked for checkpoints before the end
     p = virtual(["--replay", str(run), "--run-dir", str(tmp_path / "replay")], tmp_path)
     assert p.returncode == 1 and "outside its final schedule (clock" in p.stderr, p.stderr[-2000:]
 
