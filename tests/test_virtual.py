@@ -282,3 +282,11 @@ def test_mismatched_collectives_are_an_error_not_a_silent_combine():
         nets[1].bcast(np.zeros(3), 0)
     with pytest.raises(RuntimeError, match="mismatched collectives"):
         w.run([rank0, rank1])
+
+
+def test_a_batch_the_data_cannot_fill_is_refused_before_anything_is_written(data, tmp_path):
+    v = tmp_path / "v"
+    p = virtual(["--method", "gossip", "--workers", "64", "--data", str(data), *TINY, "--run-dir", str(v)],
+                tmp_path)
+    assert p.returncode == 1 and "8 x 64 workers exceeds the 96 training samples" in p.stderr, p.stderr
+    assert not v.exists()

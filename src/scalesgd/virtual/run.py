@@ -78,15 +78,21 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
     replay = Replay(replay_dir, size, ns) if replay_dir is not None else None
     world = World(size)
     cluster = Cluster(world, prof, replay)
+    from ..data.pipeline import train_steps  # noqa: PLC0415
+    from ..data.shards import ShardSet  # noqa: PLC0415
+    from ..errors import DataError  # noqa: PLC0415
+    train_set = ShardSet.open(data_root, "train")            # checked before anything is written
+    if train_steps(train_set.num_samples, cfg.data.batch_size, workers) < 1:
+        raise DataError(f"data.batch_size: {cfg.data.batch_size} x {workers} workers exceeds the "
+                        f"{train_set.num_samples} training samples in {data_root} (a smaller "
+                        "--batch-size or fewer --workers)")
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", cfg.to_dict())
     virtual = dict(workers=workers, ranks=size, profile=prof.to_dict(),
                    timeline="replay" if replay else "model",
                    replay_of=str(replay_dir) if replay else None, time="simulated seconds")
     write_json_atomic(run_dir / "virtual.json", virtual)
-    from ..data.shards import ShardSet  # noqa: PLC0415
-    cluster.compute = P.Compute(prof, cfg, ShardSet.open(data_root, "train").num_classes,
-                                cfg.train.seed)
+    cluster.compute = P.Compute(prof, cfg, train_set.num_classes, cfg.train.seed)
     group = tuple(range(size))
     setups, summaries = [None] * size, [None] * size
 
