@@ -230,8 +230,9 @@ def virtual(d):
             f"time to {100 * d['target_error']:.0f}% error: median "
             f"{pct(s['time_to_target']['median'], sign=False)}, worst "
             f"{pct(s['time_to_target']['worst'], sign=False)} ({s['time_to_target']['n']} settings "
-            f"reached by both). Not simulated: " + "; ".join(f"{x['run']}" for x in d["skipped"])
-            + f" ({d['skipped'][0]['why']})." if d["skipped"] else ""]
+            "reached by both)."
+            + (" Not simulated: " + "; ".join(x["run"] for x in d["skipped"])
+               + f" ({d['skipped'][0]['why']})." if d["skipped"] else "")]
     return "\n".join(out)
 
 
