@@ -280,7 +280,7 @@ def test_mismatched_collectives_are_an_error_not_a_silent_combine():
         nets[0].barrier()
 
     def rank1():
-        nets[1].bcast(np.zeros(3), 0)
+        nets[1].broadcast(np.zeros(3), 0)
     with pytest.raises(RuntimeError, match="mismatched collectives"):
         w.run([rank0, rank1])
 

@@ -15,7 +15,7 @@ The surface, by group (a new transport implements all of it):
 - identity and time: ``rank``, ``size``, ``clock()`` (seconds; the virtual one is simulated),
   ``step_done()`` (a worker finished a step's compute: the virtual timeline charges its compute
   time there), ``sleep(seconds)`` (a straggler's delay), ``split(color, key)`` (a sub-transport);
-- collectives: ``bcast``, ``bcast_text``, ``allgather_text``, ``allgather_int64``,
+- collectives (buffers, never pickles): ``broadcast``, ``bcast_text``, ``allgather_text``, ``allgather_int64``,
   ``allreduce_sum_host``, ``allreduce_max_host``, ``iallreduce_max_host``, ``allreduce_mean``,
   ``barrier``, ``funnel``;
 - endpoints: ``worker_port(servers, bounds)``, ``server_port()`` (``comm/protocol.py``);
@@ -52,7 +52,7 @@ class MPITransport:
         return MPITransport(self.comm.Split(color, key))
 
     # collectives -----------------------------------------------------------
-    def bcast(self, arr, root: int = 0) -> None:
+    def broadcast(self, arr, root: int = 0) -> None:
         collectives.bcast(self.comm, arr, root)
 
     def bcast_text(self, text, root: int = 0) -> str:

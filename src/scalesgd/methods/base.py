@@ -76,8 +76,8 @@ class Method:
     def start(self, ps) -> None:
         """Makes every replica identical to rank 0's (params and BN statistics)."""
         if self.roles.size > 1:
-            self.comm.bcast(ps.params, 0)
-            self.comm.bcast(ps.buffers, 0)
+            self.comm.broadcast(ps.params, 0)
+            self.comm.broadcast(ps.buffers, 0)
 
     def after_backward(self, step: int, ps) -> None:
         """Gradients in ``ps.grads`` are final on this rank."""

@@ -249,7 +249,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         """Every shard's slice of ``ps.params`` to every rank of ``comm`` (K broadcasts)."""
         for s in range(self.roles.num_servers):
             lo, hi = self.bounds[s], self.bounds[s + 1]
-            comm.bcast(ps.params[lo:hi], root_of(s))
+            comm.broadcast(ps.params[lo:hi], root_of(s))
 
     def load_eval_model(self, ps) -> dict:
         """Collective: the servers' weights to every rank, BN statistics = mean over the workers.

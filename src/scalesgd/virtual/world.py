@@ -61,7 +61,8 @@ class World:
             self._start(r, fn, f"{name}-{r}")
         with self._lock:
             self._hand_over(None)
-        self._main.acquire()
+        while not self._main.acquire(timeout=0.2):    # wakes so that Ctrl-C's handler runs promptly
+            pass
         for t in self._threads[:self.size]:       # (an idle helper may wait for ever: a daemon)
             t.join()
         if self.error is not None:
