@@ -39,11 +39,13 @@ def check_input_and_param_grads(forward, backward, inputs: dict, out_shape, rand
 
 @pytest.mark.parametrize("k,stride,pad,hw", [(3, 1, 1, 7), (3, 2, 1, 7), (3, 2, 1, 8), (1, 1, 0, 5),
                                              (1, 2, 0, 6), (7, 2, 3, 11), (3, 1, 0, 6), (5, 1, 2, 6)])
-@pytest.mark.parametrize("workspace", [False, True])
-def test_conv2d(k, stride, pad, hw, workspace, rand):
-    x, w = rand(2, hw, hw + 1, 3), rand(k, k, 3, 3)
+@pytest.mark.parametrize("workspace,block", [(False, None), (True, None), (True, 1), (False, 2)])
+def test_conv2d(k, stride, pad, hw, workspace, block, rand):
+    """Whole-batch im2col (block None) and blocked (1 and 2 images per block of a batch of 3: the last
+    block is shorter)."""
+    x, w = rand(3, hw, hw + 1, 3), rand(k, k, 3, 3)
     ws = L.Workspace() if workspace else None
-    out, cache = L.conv2d_forward(x, w, stride, pad, ws)
+    out, cache = L.conv2d_forward(x, w, stride, pad, ws, block)
 
     def backward(d):
         dw = np.zeros_like(w)
@@ -51,8 +53,37 @@ def test_conv2d(k, stride, pad, hw, workspace, rand):
         return {"x": dx, "w": dw}
 
     # the forward passes of the finite differences reuse the same workspace buffers
-    check_input_and_param_grads(lambda x, w: L.conv2d_forward(x, w, stride, pad, ws)[0], backward,
+    check_input_and_param_grads(lambda x, w: L.conv2d_forward(x, w, stride, pad, ws, block)[0], backward,
                                 {"x": x, "w": w}, out.shape, rand)
+
+
+@pytest.mark.parametrize("k,stride,pad", [(3, 1, 1), (3, 2, 1), (7, 2, 3), (1, 2, 0)])
+def test_blocked_conv_equals_whole_batch_in_float32(k, stride, pad, rand):
+    """float32: the blocked algorithm's output, dx and dw equal the whole-batch im2col's to rounding
+    (the output and dx rows are the same dot products; dw sums the blocks' partial GEMMs)."""
+    x, w = rand(5, 9, 8, 4).astype(np.float32), rand(k, k, 4, 6).astype(np.float32)
+    (y0, c0), (y1, c1) = L.conv2d_forward(x, w, stride, pad), L.conv2d_forward(x, w, stride, pad, block=2)
+    d = rand(*y0.shape).astype(np.float32)
+    dw0, dw1 = np.empty_like(w), np.empty_like(w)
+    dx0, dx1 = L.conv2d_backward(d, c0, dw0), L.conv2d_backward(d, c1, dw1)
+    for a, b in ((y0, y1), (dx0, dx1), (dw0, dw1)):
+        assert a.dtype == b.dtype == np.float32
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * float(np.abs(a).max()))
+
+
+def test_conv_block_sizes():
+    """Blocks hold BLOCK_BYTES of im2col rows (at least one image); 1x1 convs, the im2col algorithm,
+    CuPy under auto and a batch that fits whole get no blocking; an unknown algorithm is refused."""
+    per_image = 32 * 32 * 9 * 16 * 4                                 # ResNet-20's first stage
+    assert L.conv_block("auto", np, (64, 32, 32, 16), 3, 3, 1, 1, 4) == L.BLOCK_BYTES // per_image
+    assert L.conv_block("blocked", np, (64, 224, 224, 64), 3, 3, 1, 1, 4) == 1
+    assert L.conv_block("blocked", np, (4, 8, 8, 16), 3, 3, 1, 1, 4) is None       # fits whole
+    assert L.conv_block("blocked", np, (64, 32, 32, 16), 1, 1, 1, 0, 4) is None     # 1x1: no im2col
+    assert L.conv_block("im2col", np, (64, 32, 32, 16), 3, 3, 1, 1, 4) is None
+    cupy_like = type("M", (), {"__name__": "cupy"})
+    assert L.conv_block("auto", cupy_like, (64, 32, 32, 16), 3, 3, 1, 1, 4) is None
+    with pytest.raises(ValueError, match="conv algorithm 'fast'"):
+        L.conv_block("fast", np, (64, 32, 32, 16), 3, 3, 1, 1, 4)
 
 
 def test_conv2d_matches_direct_sum(rand):
@@ -203,3 +234,25 @@ def test_batchnorm_float32_sums_stay_accurate_at_many_rows(rows):
     assert rel(db, dy64.sum(0)) < 1e-6
     prod = dy64 * xhat                                   # mixed signs: error relative to sum |terms|
     assert float(np.max(np.abs(dg - prod.sum(0)) / np.abs(prod).sum(0))) < 1e-6
+
+
+def test_batchnorm_wide_rows_change_no_bit(rand):
+    """BN's per-channel passes run over rows of ~1024 elements (channel vectors tiled): the same
+    operations on the same elements in the same order as the plain (M, C) broadcast, bit for bit."""
+    x, dy = rand(6, 5, 4, 8).astype(np.float32), rand(6, 5, 4, 8).astype(np.float32)
+    gamma, beta = rand(8).astype(np.float32), rand(8).astype(np.float32)
+    out, (xc, g, invstd) = L.batchnorm_forward(x, gamma, beta, np.zeros(8, np.float32),
+                                               np.ones(8, np.float32), True)
+    x2 = x.reshape(-1, 8)
+    mean = L._colsum(x2) / x2.shape[0]
+    np.testing.assert_array_equal(xc, x2 - mean)
+    np.testing.assert_array_equal(out.reshape(-1, 8), (x2 - mean) * (gamma * invstd) + beta)
+    dg, db = np.empty(8, np.float32), np.empty(8, np.float32)
+    dx = L.batchnorm_backward(dy, (xc, g, invstd), dg, db)
+    m, d2 = x2.shape[0], dy.reshape(-1, 8)
+    ref = xc * (invstd * dg / m)
+    ref -= d2
+    ref += db / m
+    ref *= -(gamma * invstd)
+    np.testing.assert_array_equal(dx.reshape(-1, 8), ref)
+    assert L._wide(x2)[0].shape == (15, 64)                  # 120 rows: gcd(120, 1024 / 8) = 8 at a time

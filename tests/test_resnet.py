@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from scalesgd.nn import layers as L
-from scalesgd.nn.resnet import ARCHS, ResNet
+from scalesgd.nn.resnet import ARCHS, Conv, ResNet, _leaves
 
 from gradcheck import numeric_grad, rel_error, sample_idx
 
@@ -79,7 +79,7 @@ def test_a_constructed_model_is_initialised_from_its_seed():
 def test_backward_refuses_a_cache_overwritten_by_an_eval_forward():
     """forward(A, train), forward(B, eval) of the same shape, backward(A): stale im2col -> error;
     an eval forward of another shape leaves A's buffers alone and A's gradients exact."""
-    m = ResNet("resnet20", 4, width=0.25, dtype="float64")
+    m = ResNet("resnet20", 4, width=0.25, dtype="float64", conv_algo="im2col")   # the buffer-reusing one
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((2, 8, 8, 3)), rng.standard_normal((2, 8, 8, 3))
     logits, cache = m.forward(a, True)
@@ -98,9 +98,12 @@ def test_backward_refuses_a_cache_overwritten_by_an_eval_forward():
 
 @pytest.mark.parametrize("name,width,hw", [("resnet20", 0.25, 8), ("resnet18", 1 / 16, 32),
                                            ("resnet50", 1 / 16, 64)])
-def test_whole_network_gradients_float64(name, width, hw):
-    """Parameter and input gradients of a small ResNet (train mode, loss = CE) vs finite differences."""
-    m = ResNet(name, 5, width=width, dtype="float64")
+@pytest.mark.parametrize("algo", ["im2col", "blocked"])
+def test_whole_network_gradients_float64(name, width, hw, algo, monkeypatch):
+    """Parameter and input gradients of a small ResNet (train mode, loss = CE) vs finite differences,
+    with both conv algorithms (blocked: one image per block, the batch of 3 in three blocks)."""
+    monkeypatch.setattr(L, "BLOCK_BYTES", 1)
+    m = ResNet(name, 5, width=width, dtype="float64", conv_algo=algo)
     m.ps.initialize(0)
     rng = np.random.default_rng(0)
     m.ps.params += 0.1 * rng.standard_normal(m.ps.params.size)   # break symmetries (BN gamma=1, beta=0)
@@ -118,6 +121,25 @@ def test_whole_network_gradients_float64(name, width, hw):
     assert rel_error(m.ps.grads[idx], numeric_grad(loss, m.ps.params, idx)) < 1e-7
     xi = sample_idx(x.size, 30, seed=1)
     assert rel_error(dx.reshape(-1)[xi], numeric_grad(loss, x, xi)) < 1e-7
+
+
+def test_conv_algos_agree_in_float32_and_are_selectable(monkeypatch):
+    """blocked and im2col give the same logits and gradients to float32 rounding; the model's
+    conv_algo reaches every Conv; an unknown name is refused."""
+    monkeypatch.setattr(L, "BLOCK_BYTES", 8 * 8 * 9 * 4 * 4 * 2)     # 2 images per block at the stem
+    x = np.random.default_rng(0).standard_normal((5, 8, 8, 3)).astype(np.float32)
+    y = np.array([0, 1, 2, 3, 0])
+    out = {}
+    for algo in ("im2col", "blocked"):
+        m = ResNet("resnet20", 4, width=0.25, seed=0, conv_algo=algo)
+        assert {c.algo for c in _leaves(m.net) if isinstance(c, Conv)} == {algo}
+        logits, cache = m.forward(x, True)
+        m.backward(L.softmax_cross_entropy(logits, y)[1], cache)
+        out[algo] = logits, m.ps.grads.copy()
+    for a, b in zip(out["im2col"], out["blocked"]):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * float(np.abs(a).max()))
+    with pytest.raises(ValueError, match="conv algorithm 'winograd'"):
+        ResNet("resnet20", 4, width=0.25, conv_algo="winograd")
 
 
 def test_eval_mode_is_batch_independent():

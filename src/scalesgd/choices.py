@@ -17,6 +17,7 @@ AUGMENTS = ("multiscale", "rrc", "center")         # data.augment (data/pipeline
 DEVICES = ("cpu", "gpu", "auto")                   # train.device (backend.select)
 PRECISIONS = ("fp32", "tf32", "bf16")              # model.precision (backend, nn/cudnn_conv.py)
 CONV_IMPLS = ("im2col", "cudnn", "auto")           # model.conv_impl (nn/cudnn_conv.py)
+CONV_ALGOS = ("auto", "im2col", "blocked")         # model.conv_algo (nn/layers.py)
 PROGRESS_MODES = ("auto", "bar", "lines", "off")   # train.progress (io/progress.py)
 KERNEL_IMPLS = ("fused", "reference")              # model.kernels (nn/kernels.py)
 FAST_PATH_MODES = ("auto", "strict", "off")        # model.fast_paths (fastpaths.py)

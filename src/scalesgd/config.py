@@ -25,8 +25,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .choices import (AUGMENTS, CONV_IMPLS, DEVICES, GOSSIP_GRAPHS, GOSSIP_VARIANTS, METHODS, PRECISIONS,
-                      PROGRESS_MODES, SERVER_METHODS)
+from .choices import (AUGMENTS, CONV_ALGOS, CONV_IMPLS, DEVICES, GOSSIP_GRAPHS, GOSSIP_VARIANTS, METHODS,
+                      PRECISIONS, PROGRESS_MODES, SERVER_METHODS)
 from .choices import ALLREDUCE_TRANSPORTS, FAST_PATH_MODES, KERNEL_IMPLS
 from .errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError
 from .nn.resnet import ARCHS
@@ -56,6 +56,10 @@ class ModelConfig:
     conv_impl: str = _f("auto", "GPU convolutions: im2col (cuBLAS GEMMs, the reference), cudnn (cuDNN "
                         "Frontend graphs), auto (cudnn when it imports and a GPU is present)",
                         choices=CONV_IMPLS)
+    conv_algo: str = _f("auto", "convolutions on the xp path: im2col (one im2col matrix and GEMM per layer "
+                        "for the whole batch), blocked (im2col + GEMM per block of images sized to the CPU's "
+                        "L2 cache; faster on CPUs), auto (blocked on NumPy, im2col on CuPy)",
+                        choices=CONV_ALGOS)
     precision: str = _f("fp32", "GPU math: fp32, tf32 (tensor-core float32 GEMMs/convs), bf16 "
                         "(bf16 activations, float32 master weights)", choices=PRECISIONS)
     kernels: str = _f("fused", "GPU element-wise ops (BN apply, residual add+ReLU, the SGD update): fused "

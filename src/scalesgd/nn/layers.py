@@ -14,7 +14,10 @@ Conventions:
 """
 from __future__ import annotations
 
+import math
+
 from ..backend import get_array_module
+from ..choices import CONV_ALGOS
 
 
 # ----------------------------------------------------------------------------- convolution
@@ -91,16 +94,20 @@ def _valid_range(size_in: int, size_out: int, k_off: int, stride: int, pad: int)
     return o_lo, o_hi, o_lo * stride + k_off - pad
 
 
-def col2im(dcols, x_shape, kh: int, kw: int, stride: int, pad: int):
+def col2im(dcols, x_shape, kh: int, kw: int, stride: int, pad: int, out=None):
     """Adjoint of :func:`im2col`: dcols (N*Ho*Wo, KH*KW*C) -> dx (N, H, W, C), summing overlaps.
 
-    Accumulates straight into the unpadded dx with clipped slices (no padded buffer, no crop copy).
-    """
+    Accumulates straight into the unpadded dx with clipped slices (no padded buffer, no crop copy);
+    ``out`` (an (N, H, W, C) array or view, overwritten) receives it instead of a fresh array."""
     xp = get_array_module(dcols)
     n, h, w, c = x_shape
     ho, wo = _out_size(h, kh, stride, pad), _out_size(w, kw, stride, pad)
     d6 = dcols.reshape(n, ho, wo, kh, kw, c)
-    dx = xp.zeros(x_shape, dtype=dcols.dtype)
+    if out is None:
+        dx = xp.zeros(x_shape, dtype=dcols.dtype)
+    else:
+        dx = out
+        dx[...] = 0
     for i in range(kh):
         oh0, oh1, ih0 = _valid_range(h, ho, i, stride, pad)
         for j in range(kw):
@@ -112,24 +119,68 @@ def col2im(dcols, x_shape, kh: int, kw: int, stride: int, pad: int):
     return dx
 
 
-def conv2d_forward(x, w, stride: int = 1, pad: int = 0, ws: Workspace | None = None):
+# ----------------------------------------------------------------------------- conv algorithms
+# ``im2col``: one im2col buffer for the whole batch and one GEMM per layer and pass (the reference;
+# what a GPU runs).  ``blocked``: the batch in blocks of images whose im2col rows fit the CPU's
+# per-core L2 cache (BLOCK_BYTES), im2col + GEMM per block: the copy is written and read back from L2
+# instead of memory, and the forward keeps x (not the 9x larger im2col matrix) for backward, which
+# rebuilds each block's columns.  Measured (benchmarks/bench_cpu.py, docs/benchmarks.md): ResNet-20's
+# 32x32x16 convs run ~1.8x faster per layer, the 8x8x64 ones break even.  ``auto``: ``blocked`` for
+# NumPy arrays, ``im2col`` for CuPy ones (a GPU has no per-core cache to fit).
+BLOCK_BYTES = 1 << 20            # im2col bytes per block: ~half the L2 of one core of this machine
+
+
+def conv_block(algo: str, xp, x_shape, kh: int, kw: int, stride: int, pad: int, itemsize: int):
+    """Images per block for ``algo`` at this geometry; None = the whole batch at once."""
+    if algo not in CONV_ALGOS:
+        raise ValueError(f"conv algorithm {algo!r}: choose from {', '.join(CONV_ALGOS)}")
+    if algo == "im2col" or (algo == "auto" and xp.__name__ != "numpy") or (kh == kw == 1 and pad == 0):
+        return None
+    n, h, w, c = x_shape
+    per_image = _out_size(h, kh, stride, pad) * _out_size(w, kw, stride, pad) * kh * kw * c * itemsize
+    block = max(1, BLOCK_BYTES // max(per_image, 1))
+    return None if block >= n else block
+
+
+def conv2d_forward(x, w, stride: int = 1, pad: int = 0, ws: Workspace | None = None,
+                   block: int | None = None):
     """x: (N, H, W, C), w: (KH, KW, C, F) -> out: (N, Ho, Wo, F).  No bias.
 
-    With a workspace the im2col buffers are reused (see :class:`Workspace`)."""
+    ``block``: images per im2col + GEMM (see :func:`conv_block`); None = the whole batch.  With a
+    workspace the im2col buffers are reused (see :class:`Workspace`)."""
+    xp = get_array_module(x)
     n, h, wd, c = x.shape
     kh, kw, c2, f = w.shape
     assert c == c2, f"conv: input has {c} channels, weight expects {c2}"
     if kh == kw == 1 and pad == 0:
         xs = x[:, ::stride, ::stride, :] if stride > 1 else x
-        cols = get_array_module(x).ascontiguousarray(xs).reshape(-1, c)
+        cols = xp.ascontiguousarray(xs).reshape(-1, c)
         ho, wo = xs.shape[1], xs.shape[2]
         stamp = None                     # cols is x itself or a fresh copy: never reused
+    elif block is not None and block < n:
+        ho, wo = _out_size(h, kh, stride, pad), _out_size(wd, kw, stride, pad)
+        out = xp.empty((n, ho, wo, f), dtype=xp.result_type(x.dtype, w.dtype))
+        w2 = w.reshape(-1, f)
+        for i in range(0, n, block):
+            xp.matmul(im2col(x[i:i + block], kh, kw, stride, pad, ws), w2,
+                      out=out[i:i + block].reshape(-1, f))
+        return out, (None, x.shape, w, stride, pad, None, x, block)
     else:
         cols = im2col(x, kh, kw, stride, pad, ws)
         ho, wo = _out_size(h, kh, stride, pad), _out_size(wd, kw, stride, pad)
         stamp = None if ws is None else ws.stamp("cols", (n, ho, wo, kh, kw, c), x.dtype)
     out = cols @ w.reshape(-1, f)
-    return out.reshape(n, ho, wo, f), (cols, x.shape, w, stride, pad, stamp)
+    return out.reshape(n, ho, wo, f), (cols, x.shape, w, stride, pad, stamp, None, None)
+
+
+def _same(kh: int, kw: int, stride: int, pad: int) -> bool:
+    """A stride-1 "same" convolution, whose adjoint is the same convolution of the flipped kernel."""
+    return stride == 1 and kh == kw and kh % 2 == 1 and pad == kh // 2 and kh > 1
+
+
+def _adjoint_weight(xp, w):
+    """The flipped, in/out-transposed kernel: dx of a "same" conv = conv(dout, this)."""
+    return xp.ascontiguousarray(w[::-1, ::-1].transpose(0, 1, 3, 2))
 
 
 def conv2d_backward(dout, cache, dw, need_dx: bool = True, ws: Workspace | None = None):
@@ -138,7 +189,9 @@ def conv2d_backward(dout, cache, dw, need_dx: bool = True, ws: Workspace | None 
     dw is computed first, so the forward's im2col buffer is free again for dout's im2col.
     Raises RuntimeError if that buffer was reused by another forward since ``cache`` was made."""
     xp = get_array_module(dout)
-    cols, x_shape, w, stride, pad, stamp = cache
+    cols, x_shape, w, stride, pad, stamp, x, block = cache
+    if x is not None:
+        return _conv2d_backward_blocked(dout, x, w, stride, pad, block, dw, need_dx, ws)
     if stamp is not None:
         Workspace.check(stamp, "conv2d_backward")
     kh, kw, c, f = w.shape
@@ -146,11 +199,9 @@ def conv2d_backward(dout, cache, dw, need_dx: bool = True, ws: Workspace | None 
     xp.matmul(cols.T, d2, out=dw.reshape(-1, f))
     if not need_dx:
         return None
-    if stride == 1 and kh == kw and kh % 2 == 1 and pad == kh // 2 and kh > 1:
-        # "same" convolution: its adjoint is the same convolution of dout with the flipped,
-        # in/out-transposed kernel.  im2col + GEMM beats GEMM + col2im's 9 strided adds ~2x.
-        w_adj = xp.ascontiguousarray(w[::-1, ::-1].transpose(0, 1, 3, 2))
-        return conv2d_forward(dout, w_adj, 1, pad, ws)[0]
+    if _same(kh, kw, stride, pad):
+        # im2col + GEMM of the adjoint conv beats GEMM + col2im's 9 strided adds ~2x
+        return conv2d_forward(dout, _adjoint_weight(xp, w), 1, pad, ws)[0]
     dcols = d2 @ w.reshape(-1, f).T
     if kh == kw == 1 and pad == 0:
         if stride == 1:
@@ -159,6 +210,37 @@ def conv2d_backward(dout, cache, dw, need_dx: bool = True, ws: Workspace | None 
         dx[:, ::stride, ::stride, :] = dcols.reshape(dout.shape[:3] + (c,))
         return dx
     return col2im(dcols, x_shape, kh, kw, stride, pad)
+
+
+def _conv2d_backward_blocked(dout, x, w, stride, pad, block, dw, need_dx, ws):
+    """Backward of a blocked forward: per block, im2col of x again -> dW partial, then dx."""
+    xp = get_array_module(dout)
+    kh, kw, c, f = w.shape
+    n = x.shape[0]
+    dw2 = dw.reshape(-1, f)
+    part = xp.empty_like(dw2)
+    for i in range(0, n, block):
+        cols = im2col(x[i:i + block], kh, kw, stride, pad, ws)
+        d2 = dout[i:i + block].reshape(-1, f)
+        if i == 0:
+            xp.matmul(cols.T, d2, out=dw2)
+        else:
+            xp.matmul(cols.T, d2, out=part)
+            dw2 += part
+    if not need_dx:
+        return None
+    dx = xp.empty(x.shape, dtype=dout.dtype)
+    if _same(kh, kw, stride, pad):
+        w_adj = _adjoint_weight(xp, w).reshape(-1, c)
+        for i in range(0, n, block):
+            xp.matmul(im2col(dout[i:i + block], kh, kw, 1, pad, ws), w_adj,
+                      out=dx[i:i + block].reshape(-1, c))
+        return dx
+    wt = w.reshape(-1, f).T
+    for i in range(0, n, block):
+        d2 = dout[i:i + block].reshape(-1, f)
+        col2im(d2 @ wt, dx[i:i + block].shape, kh, kw, stride, pad, out=dx[i:i + block])
+    return dx
 
 
 # ----------------------------------------------------------------------------- batch norm
@@ -202,6 +284,21 @@ def _coldot(a2, b2):
     return _finish(xp, part, rest, c, a2.dtype)
 
 
+# A per-channel broadcast over an (M, C) array runs NumPy's inner loop C elements at a time: for
+# C = 16 that is 1.5-1.9x slower than the same pass over rows of ~1024 elements (measured in
+# benchmarks/bench_cpu.py's profile).  _wide views the rows k at a time and tiles the (C,) vectors k
+# times, which gives the same elements the same operations in the same order: bitwise the same.
+_WIDE = 1024
+
+
+def _wide(a2, *vecs):
+    """(M, C) contiguous -> ((M/k, k*C) view, each (C,) vector tiled k times), k = gcd(M, _WIDE/C)."""
+    xp = get_array_module(a2)
+    m, c = a2.shape
+    k = math.gcd(m, max(1, _WIDE // c))
+    return a2.reshape(m // k, k * c), [xp.tile(v, k) for v in vecs]
+
+
 def batchnorm_forward(x, gamma, beta, running_mean, running_var, train: bool,
                       momentum: float = 0.1, eps: float = 1e-5):
     """x: (..., C) -> out (same shape).  Normalises over every axis but the last.
@@ -209,20 +306,24 @@ def batchnorm_forward(x, gamma, beta, running_mean, running_var, train: bool,
     train=True: batch statistics; running_mean/var (C,) updated in place with ``momentum``
     (running_var gets the unbiased batch variance, as in PyTorch).  train=False: running stats.
     """
+    xp = get_array_module(x)
     c = x.shape[-1]
-    x2 = x.reshape(-1, c)
+    x2 = xp.ascontiguousarray(x).reshape(-1, c)
     m = x2.shape[0]
     if not train:
         scale = gamma / (running_var + eps) ** 0.5
-        out = x2 * scale
-        out += beta - running_mean * scale
+        xw, (sw, bw) = _wide(x2, scale, beta - running_mean * scale)
+        out = xw * sw
+        out += bw
         return out.reshape(x.shape), None
     mean = _colsum(x2) / m
-    xc = x2 - mean                                # centred input, cached (x-hat = xc * invstd)
+    xw, (mw,) = _wide(x2, mean)
+    xc = (xw - mw).reshape(m, c)                  # centred input, cached (x-hat = xc * invstd)
     var = _coldot(xc, xc) / m                     # two-pass variance: no cancellation in float32
     invstd = 1.0 / (var + eps) ** 0.5
-    out = xc * (gamma * invstd)
-    out += beta
+    xcw, (sw, bw) = _wide(xc, gamma * invstd, beta)
+    out = xcw * sw
+    out += bw
     running_mean *= 1.0 - momentum
     running_mean += momentum * mean
     running_var *= 1.0 - momentum
@@ -232,16 +333,18 @@ def batchnorm_forward(x, gamma, beta, running_mean, running_var, train: bool,
 
 def batchnorm_backward(dout, cache, dgamma, dbeta):
     """dout: (..., C) -> dx (same shape); writes dL/dgamma, dL/dbeta (C,) into the given arrays."""
+    xp = get_array_module(dout)
     xc, gamma, invstd = cache
     c = dout.shape[-1]
-    dy = dout.reshape(-1, c)
+    dy = xp.ascontiguousarray(dout).reshape(-1, c)
     m = dy.shape[0]
     dbeta[...] = _colsum(dy)
     dgamma[...] = _coldot(dy, xc) * invstd        # sum(dy * x-hat)
-    dx = xc * (invstd * dgamma / m)               # = x-hat * dgamma / m
-    dx -= dy
-    dx += dbeta / m
-    dx *= -(gamma * invstd)                       # dx = g*invstd*(dy - dbeta/m - xhat*dgamma/m)
+    xcw, (a, b, g) = _wide(xc, invstd * dgamma / m, dbeta / m, -(gamma * invstd))
+    dx = xcw * a                                  # = x-hat * dgamma / m
+    dx -= dy.reshape(dx.shape)
+    dx += b
+    dx *= g                                       # dx = g*invstd*(dy - dbeta/m - xhat*dgamma/m)
     return dx.reshape(dout.shape)
 
 

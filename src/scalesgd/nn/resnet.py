@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..backend import get_array_module
 from . import kernels as K
 from . import layers as L
 from .params import ParamSet, TensorSpec
@@ -56,6 +57,7 @@ class Conv(ParamModule):
         self.pad = k // 2
         self.need_dx = need_dx       # False for the stem: no gradient w.r.t. the images
         self.ws = L.Workspace()      # im2col buffers reused every step
+        self.algo = "auto"           # layers.CONV_ALGOS (the ResNet's conv_algo)
 
     def specs(self):
         return [TensorSpec(f"{self.name}.weight", (self.k, self.k, self.cin, self.cout),
@@ -67,7 +69,9 @@ class Conv(ParamModule):
     def forward(self, x, train):
         if self.engine is not None:
             return self.engine.conv_forward(self, x, train)
-        return L.conv2d_forward(x, self.w, self.stride, self.pad, self.ws)
+        block = L.conv_block(self.algo, get_array_module(x), x.shape, self.k, self.k, self.stride,
+                             self.pad, x.dtype.itemsize)
+        return L.conv2d_forward(x, self.w, self.stride, self.pad, self.ws, block)
 
     def backward(self, dout, cache):
         if self.engine is not None:
@@ -236,7 +240,8 @@ class ResNet:
     nothing: ResNet-50's init takes ~0.5 s)."""
 
     def __init__(self, name: str, num_classes: int = 1000, width: float = 1.0,
-                 zero_init_residual: bool = False, xp=None, dtype="float32", seed: int | None = 0):
+                 zero_init_residual: bool = False, xp=None, dtype="float32", seed: int | None = 0,
+                 conv_algo: str = "auto"):
         if name not in ARCHS:
             raise ValueError(f"unknown model {name!r}; choose from {', '.join(ARCHS)}")
         if xp is None:
@@ -272,10 +277,19 @@ class ResNet:
                 m.param_names = tuple(t.name for t in m.specs()[0])
         if seed is not None:
             self.ps.initialize(seed)
+        self.set_conv_algo(conv_algo)
 
     @property
     def num_params(self) -> int:
         return self.ps.num_params
+
+    def set_conv_algo(self, algo: str) -> None:
+        """How every Conv runs on the xp path (``layers.CONV_ALGOS``: auto | im2col | blocked)."""
+        if algo not in L.CONV_ALGOS:
+            raise ValueError(f"conv algorithm {algo!r}: choose from {', '.join(L.CONV_ALGOS)}")
+        for m in _leaves(self.net):
+            if isinstance(m, Conv):
+                m.algo = algo
 
     def set_engine(self, engine) -> None:
         """Routes every Conv and BatchNorm through ``engine`` (cudnn_conv.CudnnEngine; None = xp)."""

@@ -84,7 +84,7 @@ def build(cfg: Config, topo, backend, method, control: Control, data_root: Path,
         from ..nn import cudnn_conv  # noqa: PLC0415
         backend_mod.set_precision(m.precision)
     model = ResNet(m.model, train_shards.num_classes, m.width, m.zero_init_residual, backend.xp, m.dtype,
-                   seed=cfg.train.seed)
+                   seed=cfg.train.seed, conv_algo=m.conv_algo)
     if getattr(backend, "is_gpu", False):
         cudnn_conv.attach(model, m.conv_impl, m.precision, backend, m.dtype)
     opt = SGD(model.ps.params, cfg.optim, model.ps.decay_mask())
