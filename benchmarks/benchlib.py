@@ -143,9 +143,9 @@ class OursRunner:
     ``cudnn_conv.CudnnEngine`` for the cuDNN path, None for im2col."""
 
     def __init__(self, name: str, classes: int, size: int, batch: int, xp=np, engine=None,
-                 seed: int = 0, lr: float = 0.01):
+                 seed: int = 0, lr: float = 0.01, width: float = 1.0, conv_algo: str = "auto"):
         self.xp, self.batch, self.lr = xp, batch, lr
-        self.model = ResNet(name, classes, xp=xp, dtype="float32", seed=seed)
+        self.model = ResNet(name, classes, width, xp=xp, dtype="float32", seed=seed, conv_algo=conv_algo)
         if engine is not None:
             self.model.set_engine(engine)
         self.opt = SGD(self.model.ps.params, SGDConfig(), self.model.ps.decay_mask())

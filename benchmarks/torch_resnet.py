@@ -69,16 +69,17 @@ if torch is not None:
     class TResNet(tnn.Module):
         """x: (N, 3, H, W) (NCHW or channels_last memory) -> logits (N, num_classes)."""
 
-        def __init__(self, name: str, num_classes: int):
+        def __init__(self, name: str, num_classes: int, width: float = 1.0):
             super().__init__()
             a = ARCHS[name]
             block = BasicBlock if a.block == "basic" else Bottleneck
-            w0 = a.widths[0]
+            widths = [max(1, round(w * width)) for w in a.widths]        # as scalesgd's ResNet
+            w0 = widths[0]
             stem = [tnn.Conv2d(3, w0, 7, 2, 3, bias=False) if a.stem == "imagenet"
                     else tnn.Conv2d(3, w0, 3, 1, 1, bias=False), tnn.BatchNorm2d(w0), tnn.ReLU(inplace=True)]
             self.stem = tnn.Sequential(*stem, *([tnn.MaxPool2d(3, 2, 1)] if a.stem == "imagenet" else []))
             blocks, cin = [], w0
-            for si, (n, w) in enumerate(zip(a.stages, a.widths)):
+            for si, (n, w) in enumerate(zip(a.stages, widths)):
                 for bi in range(n):
                     blocks.append(block(cin, w, 2 if (bi == 0 and si > 0) else 1))
                     cin = w * block.expansion
@@ -101,11 +102,11 @@ class TorchRunner:
 
     def __init__(self, name: str, classes: int, size: int, batch: int, num_params: int, *,
                  channels_last: bool = True, precision: str = "fp32", device: str = "cpu",
-                 seed: int = 0, lr: float = 0.01):
+                 seed: int = 0, lr: float = 0.01, width: float = 1.0):
         torch.manual_seed(seed)
         self.batch, self.device, self.amp = batch, device, precision == "bf16"
         fmt = torch.channels_last if channels_last else torch.contiguous_format
-        self.model = TResNet(name, classes)
+        self.model = TResNet(name, classes, width)
         n = sum(p.numel() for p in self.model.parameters())
         assert n == num_params, f"torch {name}: {n} parameters, scalesgd has {num_params}"
         self.model = self.model.to(device=device, memory_format=fmt).train()

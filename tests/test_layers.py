@@ -39,13 +39,14 @@ def check_input_and_param_grads(forward, backward, inputs: dict, out_shape, rand
 
 @pytest.mark.parametrize("k,stride,pad,hw", [(3, 1, 1, 7), (3, 2, 1, 7), (3, 2, 1, 8), (1, 1, 0, 5),
                                              (1, 2, 0, 6), (7, 2, 3, 11), (3, 1, 0, 6), (5, 1, 2, 6)])
-@pytest.mark.parametrize("workspace,block", [(False, None), (True, None), (True, 1), (False, 2)])
-def test_conv2d(k, stride, pad, hw, workspace, block, rand):
-    """Whole-batch im2col (block None) and blocked (1 and 2 images per block of a batch of 3: the last
+@pytest.mark.parametrize("workspace,plan", [(False, None), (True, None), (True, ("blocked", 1)),
+                                            (False, ("blocked", 2))])
+def test_conv2d(k, stride, pad, hw, workspace, plan, rand):
+    """Whole-batch im2col (plan None) and blocked (1 and 2 images per block of a batch of 3: the last
     block is shorter)."""
     x, w = rand(3, hw, hw + 1, 3), rand(k, k, 3, 3)
     ws = L.Workspace() if workspace else None
-    out, cache = L.conv2d_forward(x, w, stride, pad, ws, block)
+    out, cache = L.conv2d_forward(x, w, stride, pad, ws, plan)
 
     def backward(d):
         dw = np.zeros_like(w)
@@ -53,16 +54,17 @@ def test_conv2d(k, stride, pad, hw, workspace, block, rand):
         return {"x": dx, "w": dw}
 
     # the forward passes of the finite differences reuse the same workspace buffers
-    check_input_and_param_grads(lambda x, w: L.conv2d_forward(x, w, stride, pad, ws, block)[0], backward,
+    check_input_and_param_grads(lambda x, w: L.conv2d_forward(x, w, stride, pad, ws, plan)[0], backward,
                                 {"x": x, "w": w}, out.shape, rand)
 
 
-@pytest.mark.parametrize("k,stride,pad", [(3, 1, 1), (3, 2, 1), (7, 2, 3), (1, 2, 0)])
+@pytest.mark.parametrize("k,stride,pad", [(3, 1, 1), (3, 2, 1), (7, 2, 3), (1, 2, 0), (5, 1, 2)])
 def test_blocked_conv_equals_whole_batch_in_float32(k, stride, pad, rand):
     """float32: the blocked algorithm's output, dx and dw equal the whole-batch im2col's to rounding
     (the output and dx rows are the same dot products; dw sums the blocks' partial GEMMs)."""
     x, w = rand(5, 9, 8, 4).astype(np.float32), rand(k, k, 4, 6).astype(np.float32)
-    (y0, c0), (y1, c1) = L.conv2d_forward(x, w, stride, pad), L.conv2d_forward(x, w, stride, pad, block=2)
+    y0, c0 = L.conv2d_forward(x, w, stride, pad)
+    y1, c1 = L.conv2d_forward(x, w, stride, pad, L.Workspace(), ("blocked", 2))
     d = rand(*y0.shape).astype(np.float32)
     dw0, dw1 = np.empty_like(w), np.empty_like(w)
     dx0, dx1 = L.conv2d_backward(d, c0, dw0), L.conv2d_backward(d, c1, dw1)
@@ -71,19 +73,21 @@ def test_blocked_conv_equals_whole_batch_in_float32(k, stride, pad, rand):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * float(np.abs(a).max()))
 
 
-def test_conv_block_sizes():
-    """Blocks hold BLOCK_BYTES of im2col rows (at least one image); 1x1 convs, the im2col algorithm,
-    CuPy under auto and a batch that fits whole get no blocking; an unknown algorithm is refused."""
-    per_image = 32 * 32 * 9 * 16 * 4                                 # ResNet-20's first stage
-    assert L.conv_block("auto", np, (64, 32, 32, 16), 3, 3, 1, 1, 4) == L.BLOCK_BYTES // per_image
-    assert L.conv_block("blocked", np, (64, 224, 224, 64), 3, 3, 1, 1, 4) == 1
-    assert L.conv_block("blocked", np, (4, 8, 8, 16), 3, 3, 1, 1, 4) is None       # fits whole
-    assert L.conv_block("blocked", np, (64, 32, 32, 16), 1, 1, 1, 0, 4) is None     # 1x1: no im2col
-    assert L.conv_block("im2col", np, (64, 32, 32, 16), 3, 3, 1, 1, 4) is None
+def test_conv_plans():
+    """auto on NumPy = blocked: blocks hold BLOCK_BYTES of im2col rows (at least one image); 1x1
+    convs, the im2col algorithm, CuPy under auto and a batch that fits whole run whole-batch im2col;
+    an unknown name is refused."""
+    x = (64, 32, 32, 16)                                             # ResNet-20's first stage
+    assert L.conv_plan("auto", np, x, 3, 3, 1, 1, 4) == ("blocked", L.BLOCK_BYTES // (32 * 32 * 144 * 4))
+    assert L.conv_plan("blocked", np, x, 3, 3, 2, 1, 4) == ("blocked", L.BLOCK_BYTES // (16 * 16 * 144 * 4))
+    assert L.conv_plan("blocked", np, (64, 224, 224, 64), 3, 3, 1, 1, 4) == ("blocked", 1)
+    assert L.conv_plan("blocked", np, (4, 8, 8, 16), 3, 3, 1, 1, 4) is None       # fits whole
+    assert L.conv_plan("auto", np, x, 1, 1, 1, 0, 4) is None                     # 1x1: no im2col
+    assert L.conv_plan("im2col", np, x, 3, 3, 1, 1, 4) is None
     cupy_like = type("M", (), {"__name__": "cupy"})
-    assert L.conv_block("auto", cupy_like, (64, 32, 32, 16), 3, 3, 1, 1, 4) is None
+    assert L.conv_plan("auto", cupy_like, x, 3, 3, 1, 1, 4) is None
     with pytest.raises(ValueError, match="conv algorithm 'fast'"):
-        L.conv_block("fast", np, (64, 32, 32, 16), 3, 3, 1, 1, 4)
+        L.conv_plan("fast", np, x, 3, 3, 1, 1, 4)
 
 
 def test_conv2d_matches_direct_sum(rand):

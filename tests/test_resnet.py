@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from scalesgd.nn import conv
 from scalesgd.nn import layers as L
 from scalesgd.nn.resnet import ARCHS, Conv, ResNet, _leaves
 
@@ -16,12 +17,13 @@ def test_parameter_counts_match_reference(name, count):
 
 def test_cifar_resnets_have_expected_depth():
     # 6n + 2 layers: conv1 + 3 stages x n blocks x 2 convs + fc
-    for name, n in [("resnet20", 3), ("resnet32", 5), ("resnet56", 9)]:
+    for name, n in [("resnet8", 1), ("resnet20", 3), ("resnet32", 5), ("resnet56", 9)]:
         m = ResNet(name, 10)
         convs = [s for s in m.ps.layout.specs if s.name.endswith(".weight") and len(s.shape) == 4
                  and "downsample" not in s.name]
         assert len(convs) + 1 == 6 * n + 2
-    assert set(ARCHS) == {"resnet18", "resnet34", "resnet50", "resnet20", "resnet32", "resnet56"}
+    assert set(ARCHS) == {"resnet18", "resnet34", "resnet50", "resnet8", "resnet20", "resnet32",
+                          "resnet56"}
 
 
 def test_unknown_model_is_a_clear_error():
@@ -102,7 +104,7 @@ def test_backward_refuses_a_cache_overwritten_by_an_eval_forward():
 def test_whole_network_gradients_float64(name, width, hw, algo, monkeypatch):
     """Parameter and input gradients of a small ResNet (train mode, loss = CE) vs finite differences,
     with both conv algorithms (blocked: one image per block, the batch of 3 in three blocks)."""
-    monkeypatch.setattr(L, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(conv, "BLOCK_BYTES", 1)
     m = ResNet(name, 5, width=width, dtype="float64", conv_algo=algo)
     m.ps.initialize(0)
     rng = np.random.default_rng(0)
@@ -126,7 +128,7 @@ def test_whole_network_gradients_float64(name, width, hw, algo, monkeypatch):
 def test_conv_algos_agree_in_float32_and_are_selectable(monkeypatch):
     """blocked and im2col give the same logits and gradients to float32 rounding; the model's
     conv_algo reaches every Conv; an unknown name is refused."""
-    monkeypatch.setattr(L, "BLOCK_BYTES", 8 * 8 * 9 * 4 * 4 * 2)     # 2 images per block at the stem
+    monkeypatch.setattr(conv, "BLOCK_BYTES", 8 * 8 * 9 * 4 * 4 * 2)  # 2 images per block at the stem
     x = np.random.default_rng(0).standard_normal((5, 8, 8, 3)).astype(np.float32)
     y = np.array([0, 1, 2, 3, 0])
     out = {}

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..backend import get_array_module
+from ..choices import CONV_ALGOS
+from . import conv as CV
 from . import kernels as K
 from . import layers as L
 from .params import ParamSet, TensorSpec
@@ -32,6 +34,7 @@ ARCHS = {
     "resnet18": Arch("imagenet", "basic", (2, 2, 2, 2), (64, 128, 256, 512)),
     "resnet34": Arch("imagenet", "basic", (3, 4, 6, 3), (64, 128, 256, 512)),
     "resnet50": Arch("imagenet", "bottleneck", (3, 4, 6, 3), (64, 128, 256, 512)),
+    "resnet8": Arch("cifar", "basic", (1, 1, 1), (16, 32, 64)),     # the smallest of He et al.'s 6n+2
     "resnet20": Arch("cifar", "basic", (3, 3, 3), (16, 32, 64)),
     "resnet32": Arch("cifar", "basic", (5, 5, 5), (16, 32, 64)),
     "resnet56": Arch("cifar", "basic", (9, 9, 9), (16, 32, 64)),
@@ -56,8 +59,9 @@ class Conv(ParamModule):
         self.name, self.cin, self.cout, self.k, self.stride = name, cin, cout, k, stride
         self.pad = k // 2
         self.need_dx = need_dx       # False for the stem: no gradient w.r.t. the images
-        self.ws = L.Workspace()      # im2col buffers reused every step
-        self.algo = "auto"           # layers.CONV_ALGOS (the ResNet's conv_algo)
+        self.ws = CV.Workspace()     # im2col buffers reused every step
+        self.algo = "auto"           # choices.CONV_ALGOS (the ResNet's conv_algo)
+        self._plan, self._plan_key = None, None   # conv.conv_plan for the last (shape, dtype) seen
 
     def specs(self):
         return [TensorSpec(f"{self.name}.weight", (self.k, self.k, self.cin, self.cout),
@@ -69,15 +73,18 @@ class Conv(ParamModule):
     def forward(self, x, train):
         if self.engine is not None:
             return self.engine.conv_forward(self, x, train)
-        block = L.conv_block(self.algo, get_array_module(x), x.shape, self.k, self.k, self.stride,
-                             self.pad, x.dtype.itemsize)
-        return L.conv2d_forward(x, self.w, self.stride, self.pad, self.ws, block)
+        key = (x.shape, x.dtype)
+        if key != self._plan_key:                # the plan depends on the batch shape only
+            self._plan = CV.conv_plan(self.algo, get_array_module(x), x.shape, self.k, self.k,
+                                     self.stride, self.pad, x.dtype.itemsize)
+            self._plan_key = key
+        return CV.conv2d_forward(x, self.w, self.stride, self.pad, self.ws, self._plan)
 
     def backward(self, dout, cache):
         if self.engine is not None:
             dx = self.engine.conv_backward(self, dout, cache, self.need_dx)
         else:
-            dx = L.conv2d_backward(dout, cache, self.dw, need_dx=self.need_dx, ws=self.ws)
+            dx = CV.conv2d_backward(dout, cache, self.dw, need_dx=self.need_dx, ws=self.ws)
         self._grads_done()
         return dx
 
@@ -284,12 +291,12 @@ class ResNet:
         return self.ps.num_params
 
     def set_conv_algo(self, algo: str) -> None:
-        """How every Conv runs on the xp path (``layers.CONV_ALGOS``: auto | im2col | blocked)."""
-        if algo not in L.CONV_ALGOS:
-            raise ValueError(f"conv algorithm {algo!r}: choose from {', '.join(L.CONV_ALGOS)}")
+        """How every Conv runs on the xp path (``choices.CONV_ALGOS``, see :mod:`.conv`)."""
+        if algo not in CONV_ALGOS:
+            raise ValueError(f"conv algorithm {algo!r}: choose from {', '.join(CONV_ALGOS)}")
         for m in _leaves(self.net):
             if isinstance(m, Conv):
-                m.algo = algo
+                m.algo, m._plan_key = algo, None
 
     def set_engine(self, engine) -> None:
         """Routes every Conv and BatchNorm through ``engine`` (cudnn_conv.CudnnEngine; None = xp)."""
