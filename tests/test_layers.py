@@ -40,10 +40,13 @@ def check_input_and_param_grads(forward, backward, inputs: dict, out_shape, rand
 @pytest.mark.parametrize("k,stride,pad,hw", [(3, 1, 1, 7), (3, 2, 1, 7), (3, 2, 1, 8), (1, 1, 0, 5),
                                              (1, 2, 0, 6), (7, 2, 3, 11), (3, 1, 0, 6), (5, 1, 2, 6)])
 @pytest.mark.parametrize("workspace,plan", [(False, None), (True, None), (True, ("blocked", 1)),
-                                            (False, ("blocked", 2))])
+                                            (False, ("blocked", 2)), (True, ("taps", 1)),
+                                            (False, ("taps", 1))])
 def test_conv2d(k, stride, pad, hw, workspace, plan, rand):
-    """Whole-batch im2col (plan None) and blocked (1 and 2 images per block of a batch of 3: the last
-    block is shorter)."""
+    """Whole-batch im2col (plan None), blocked (1 and 2 images per block of a batch of 3: the last
+    block is shorter) and taps (where it applies: stride-1 "same" convolutions)."""
+    if plan and plan[0] == "taps" and not (stride == 1 and pad == k // 2 and k > 1):
+        pytest.skip("taps: stride-1 same convolutions only")
     x, w = rand(3, hw, hw + 1, 3), rand(k, k, 3, 3)
     ws = L.Workspace() if workspace else None
     out, cache = L.conv2d_forward(x, w, stride, pad, ws, plan)
@@ -58,13 +61,16 @@ def test_conv2d(k, stride, pad, hw, workspace, plan, rand):
                                 {"x": x, "w": w}, out.shape, rand)
 
 
-@pytest.mark.parametrize("k,stride,pad", [(3, 1, 1), (3, 2, 1), (7, 2, 3), (1, 2, 0), (5, 1, 2)])
-def test_blocked_conv_equals_whole_batch_in_float32(k, stride, pad, rand):
-    """float32: the blocked algorithm's output, dx and dw equal the whole-batch im2col's to rounding
-    (the output and dx rows are the same dot products; dw sums the blocks' partial GEMMs)."""
+@pytest.mark.parametrize("k,stride,pad,plan", [(3, 1, 1, ("blocked", 2)), (3, 2, 1, ("blocked", 2)),
+                                               (7, 2, 3, ("blocked", 2)), (1, 2, 0, ("blocked", 2)),
+                                               (5, 1, 2, ("blocked", 2)), (3, 1, 1, ("taps", 1)),
+                                               (5, 1, 2, ("taps", 1))])
+def test_conv_algorithms_equal_whole_batch_in_float32(k, stride, pad, plan, rand):
+    """float32: the blocked and taps algorithms' output, dx and dw equal the whole-batch im2col's to
+    rounding (the same products, summed in another order)."""
     x, w = rand(5, 9, 8, 4).astype(np.float32), rand(k, k, 4, 6).astype(np.float32)
     y0, c0 = L.conv2d_forward(x, w, stride, pad)
-    y1, c1 = L.conv2d_forward(x, w, stride, pad, L.Workspace(), ("blocked", 2))
+    y1, c1 = L.conv2d_forward(x, w, stride, pad, L.Workspace(), plan)
     d = rand(*y0.shape).astype(np.float32)
     dw0, dw1 = np.empty_like(w), np.empty_like(w)
     dx0, dx1 = L.conv2d_backward(d, c0, dw0), L.conv2d_backward(d, c1, dw1)
@@ -74,12 +80,15 @@ def test_blocked_conv_equals_whole_batch_in_float32(k, stride, pad, rand):
 
 
 def test_conv_plans():
-    """auto on NumPy = blocked: blocks hold BLOCK_BYTES of im2col rows (at least one image); 1x1
-    convs, the im2col algorithm, CuPy under auto and a batch that fits whole run whole-batch im2col;
-    an unknown name is refused."""
+    """auto on NumPy: taps for stride-1 same convs of >= TAPS_MIN_PIXELS pixels, else blocked (blocks
+    hold BLOCK_BYTES of im2col rows, at least one image); 1x1 convs, the im2col algorithm, CuPy under
+    auto and a batch that fits whole run whole-batch im2col; an unknown name is refused."""
     x = (64, 32, 32, 16)                                             # ResNet-20's first stage
-    assert L.conv_plan("auto", np, x, 3, 3, 1, 1, 4) == ("blocked", L.BLOCK_BYTES // (32 * 32 * 144 * 4))
-    assert L.conv_plan("blocked", np, x, 3, 3, 2, 1, 4) == ("blocked", L.BLOCK_BYTES // (16 * 16 * 144 * 4))
+    assert L.conv_plan("auto", np, x, 3, 3, 1, 1, 4) == ("taps", 1)
+    assert L.conv_plan("auto", np, (64, 8, 8, 64), 3, 3, 1, 1, 4) == ("blocked", L.BLOCK_BYTES // (64 * 576 * 4))
+    assert L.conv_plan("taps", np, (64, 8, 8, 64), 3, 3, 1, 1, 4) == ("taps", 1)
+    assert L.conv_plan("taps", np, x, 3, 3, 2, 1, 4) == ("blocked", L.BLOCK_BYTES // (16 * 16 * 144 * 4))
+    assert L.conv_plan("blocked", np, x, 3, 3, 1, 1, 4) == ("blocked", L.BLOCK_BYTES // (32 * 32 * 144 * 4))
     assert L.conv_plan("blocked", np, (64, 224, 224, 64), 3, 3, 1, 1, 4) == ("blocked", 1)
     assert L.conv_plan("blocked", np, (4, 8, 8, 16), 3, 3, 1, 1, 4) is None       # fits whole
     assert L.conv_plan("auto", np, x, 1, 1, 1, 0, 4) is None                     # 1x1: no im2col

@@ -100,10 +100,10 @@ def test_backward_refuses_a_cache_overwritten_by_an_eval_forward():
 
 @pytest.mark.parametrize("name,width,hw", [("resnet20", 0.25, 8), ("resnet18", 1 / 16, 32),
                                            ("resnet50", 1 / 16, 64)])
-@pytest.mark.parametrize("algo", ["im2col", "blocked"])
+@pytest.mark.parametrize("algo", ["im2col", "blocked", "taps"])
 def test_whole_network_gradients_float64(name, width, hw, algo, monkeypatch):
     """Parameter and input gradients of a small ResNet (train mode, loss = CE) vs finite differences,
-    with both conv algorithms (blocked: one image per block, the batch of 3 in three blocks)."""
+    with every conv algorithm (blocked: one image per block, the batch of 3 in three blocks)."""
     monkeypatch.setattr(conv, "BLOCK_BYTES", 1)
     m = ResNet(name, 5, width=width, dtype="float64", conv_algo=algo)
     m.ps.initialize(0)
@@ -126,20 +126,21 @@ def test_whole_network_gradients_float64(name, width, hw, algo, monkeypatch):
 
 
 def test_conv_algos_agree_in_float32_and_are_selectable(monkeypatch):
-    """blocked and im2col give the same logits and gradients to float32 rounding; the model's
+    """blocked, taps and im2col give the same logits and gradients to float32 rounding; the model's
     conv_algo reaches every Conv; an unknown name is refused."""
     monkeypatch.setattr(conv, "BLOCK_BYTES", 8 * 8 * 9 * 4 * 4 * 2)  # 2 images per block at the stem
     x = np.random.default_rng(0).standard_normal((5, 8, 8, 3)).astype(np.float32)
     y = np.array([0, 1, 2, 3, 0])
     out = {}
-    for algo in ("im2col", "blocked"):
+    for algo in ("im2col", "blocked", "taps"):
         m = ResNet("resnet20", 4, width=0.25, seed=0, conv_algo=algo)
         assert {c.algo for c in _leaves(m.net) if isinstance(c, Conv)} == {algo}
         logits, cache = m.forward(x, True)
         m.backward(L.softmax_cross_entropy(logits, y)[1], cache)
         out[algo] = logits, m.ps.grads.copy()
-    for a, b in zip(out["im2col"], out["blocked"]):
-        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * float(np.abs(a).max()))
+    for algo in ("blocked", "taps"):
+        for a, b in zip(out["im2col"], out[algo]):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * float(np.abs(a).max()))
     with pytest.raises(ValueError, match="conv algorithm 'winograd'"):
         ResNet("resnet20", 4, width=0.25, conv_algo="winograd")
 

@@ -2,7 +2,7 @@
 
 ``x: (N, H, W, C)``, ``w: (KH, KW, C, F)``: im2col gives ``cols: (N*Ho*Wo, KH*KW*C)`` and one GEMM
 ``cols @ w.reshape(-1, F)`` yields the output already in NHWC, with no transpose.  Two ways to run
-that product (``model.conv_algo``; :func:`conv_plan` picks one per layer and batch shape):
+that product, or a cheaper one (``model.conv_algo``; :func:`conv_plan` picks per layer and shape):
 
 - ``im2col``: one im2col matrix for the whole batch and one GEMM per pass (the reference, and what a
   GPU runs).  The forward caches the im2col matrix for backward's dW GEMM.
@@ -10,12 +10,19 @@ that product (``model.conv_algo``; :func:`conv_plan` picks one per layer and bat
   core's L2 cache here), im2col + GEMM per block, so the 9x copy is written and read back from cache
   instead of memory.  The forward caches x, not the 9x larger matrix; backward rebuilds each block's
   columns (dW sums the blocks' partial GEMMs).
-- ``auto``: ``blocked`` on NumPy, ``im2col`` on CuPy (a GPU has no per-core cache to fit).
+- ``taps`` (stride-1 "same" convolutions, the 3x3 convs that dominate a ResNet; the others run
+  ``blocked``): image by image, the padded image's rows are copied with the kernel's width taps only
+  (a KW x copy instead of KH x KW, from and to cache), and the product is one GEMM per kernel row on a
+  row-shifted view of that matrix, summed.  dW is the same GEMMs transposed, dX the same convolution
+  of dout with the flipped kernel.
+- ``auto``: on NumPy ``taps`` where it applies and the image has at least TAPS_MIN_PIXELS pixels
+  (below that, per-image calls cost more than they save), ``blocked`` elsewhere; ``im2col`` on CuPy
+  (a GPU has no per-core cache to fit, and big GEMMs suit it).
 
-Both give the same results to float32 rounding and pass the same float64 finite-difference checks
-(tests/test_layers.py, tests/test_resnet.py).  Measured per conv geometry in
-``benchmarks/bench_cpu.py`` (docs/benchmarks.md, which also records the candidates that were measured
-and not kept: Winograd F(4x4, 3x3) and a width-taps-only im2col with one GEMM per kernel row).
+All give the same results to float32 rounding and pass the same float64 finite-difference checks
+(tests/test_layers.py, tests/test_resnet.py).  Measured per conv geometry by
+``benchmarks/conv_candidates.py`` and per step by ``benchmarks/bench_cpu.py`` (docs/benchmarks.md,
+which also records the candidates measured and not kept: Winograd F(2x2, 3x3) and F(4x4, 3x3)).
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from ..backend import get_array_module
 from ..choices import CONV_ALGOS
 
 BLOCK_BYTES = 1 << 20            # blocked: im2col bytes per block (~half of one core's L2 here)
+TAPS_MIN_PIXELS = 256            # auto: taps from 16x16 images up (measured: conv_candidates.py)
 
 
 class Workspace:
@@ -137,13 +145,15 @@ def _same(kh: int, kw: int, stride: int, pad: int) -> bool:
 
 
 def conv_plan(algo: str, xp, x_shape, kh: int, kw: int, stride: int, pad: int, itemsize: int):
-    """How a layer runs under ``algo`` (``model.conv_algo``): None (the whole batch at once, im2col)
-    or ``("blocked", images per block)``."""
+    """How a layer runs under ``algo`` (``model.conv_algo``): None (the whole batch at once, im2col),
+    ``("blocked", images per block)`` or ``("taps", 1)``."""
     if algo not in CONV_ALGOS:
         raise ValueError(f"conv algorithm {algo!r}: choose from {', '.join(CONV_ALGOS)}")
     if algo == "im2col" or (algo == "auto" and xp.__name__ != "numpy") or (kh == kw == 1 and pad == 0):
         return None
     n, h, w, c = x_shape
+    if _same(kh, kw, stride, pad) and (algo == "taps" or (algo == "auto" and h * w >= TAPS_MIN_PIXELS)):
+        return "taps", 1
     per_image = _out_size(h, kh, stride, pad) * _out_size(w, kw, stride, pad) * kh * kw * c * itemsize
     block = max(1, BLOCK_BYTES // max(per_image, 1))
     return None if block >= n else ("blocked", block)
@@ -168,6 +178,9 @@ def conv2d_forward(x, w, stride: int = 1, pad: int = 0, ws: Workspace | None = N
         block = plan[1]
         ho, wo = _out_size(h, kh, stride, pad), _out_size(wd, kw, stride, pad)
         out = xp.empty((n, ho, wo, f), dtype=xp.result_type(x.dtype, w.dtype))
+        if plan[0] == "taps":
+            _taps_conv(x, w, pad, ws, out)
+            return out, (None, x.shape, w, stride, pad, None, x, plan)
         w2 = w.reshape(-1, f)
         for i in range(0, n, block):
             gemm(im2col(x[i:i + block], kh, kw, stride, pad, ws), w2, out=out[i:i + block].reshape(-1, f))
@@ -193,6 +206,13 @@ def conv2d_backward(dout, cache, dw, need_dx: bool = True, ws: Workspace | None 
     xp = get_array_module(dout)
     cols, x_shape, w, stride, pad, stamp, x, plan = cache
     if plan is not None:
+        if plan[0] == "taps":
+            _taps_dw(dout, x, w, pad, dw, ws)
+            if not need_dx:
+                return None
+            dx = xp.empty(x_shape, dtype=dout.dtype)
+            _taps_conv(dout, _adjoint_weight(xp, w), pad, ws, dx)
+            return dx
         return _blocked_backward(dout, x, w, stride, pad, plan[1], dw, need_dx, ws)
     if stamp is not None:
         Workspace.check(stamp, "conv2d_backward")
@@ -251,3 +271,54 @@ def _blocked_backward(dout, x, w, stride, pad, block, dw, need_dx, ws):
         d2 = dout[i:i + block].reshape(-1, f)
         col2im(gemm(d2, wt), dx[i:i + block].shape, kh, kw, stride, pad, out=dx[i:i + block])
     return dx
+
+
+# ----------------------------------------------------------------------------- taps (stride 1, same)
+class _Taps:
+    """The width-tap matrix of one padded image and its per-kernel-row views (built once per call;
+    the buffers come from the workspace, the padded border is zeroed once)."""
+
+    def __init__(self, ws, xp, h: int, w: int, c: int, kh: int, kw: int, pad: int, dtype):
+        hp = h + 2 * pad
+        xpad = _scratch(ws, xp, "taps_pad", (hp, w + 2 * pad, c), dtype)
+        self.inner = xpad[pad:pad + h, pad:pad + w]
+        s = xpad.strides                    # row r, column j of the taps: padded row r, cols j..j+KW-1
+        self.win = xp.lib.stride_tricks.as_strided(xpad, (hp, w, kw * c), (s[0], s[1], s[2]))
+        self.taps = _scratch(ws, xp, "taps", (hp, w, kw * c), dtype)
+        t2 = self.taps.reshape(hp * w, kw * c)
+        self.rows = [t2[i * w:i * w + h * w] for i in range(kh)]    # kernel row i: shifted by i rows
+
+    def load(self, image) -> None:
+        self.inner[...] = image
+        self.taps[...] = self.win
+
+
+def _taps_conv(x, w, pad: int, ws, out) -> None:
+    """out[...] = the stride-1 "same" convolution of x (N, H, W, C) with w, image by image."""
+    xp = get_array_module(x)
+    n, h, wd, c = x.shape
+    kh, kw, _, f = w.shape
+    t = _Taps(ws, xp, h, wd, c, kh, kw, pad, x.dtype)
+    wrows = [w[i].reshape(kw * c, f) for i in range(kh)]
+    part = _scratch(ws, xp, "taps_part", (h * wd, f), out.dtype)
+    for i in range(n):
+        t.load(x[i])
+        y = out[i].reshape(h * wd, f)
+        gemm(t.rows[0], wrows[0], out=y)
+        for k in range(1, kh):
+            gemm(t.rows[k], wrows[k], out=part)
+            y += part
+
+
+def _taps_dw(dout, x, w, pad: int, dw, ws) -> None:
+    """dW[i] = sum over images of (taps shifted by kernel row i)^T @ dout."""
+    xp = get_array_module(dout)
+    n, h, wd, c = x.shape
+    kh, kw, _, f = w.shape
+    t = _Taps(ws, xp, h, wd, c, kh, kw, pad, x.dtype)
+    accs = [_Accumulate(xp, dw[i].reshape(kw * c, f)) for i in range(kh)]
+    for i in range(n):
+        t.load(x[i])
+        d2 = dout[i].reshape(h * wd, f)
+        for k in range(kh):
+            accs[k](t.rows[k].T, d2)
