@@ -23,6 +23,11 @@ Usage (from the repository root)::
 
     .venv/bin/python benchmarks/bench_cpu.py [--threads 1 2] [--repeats 5] [--json out.json]
 
+``--end-to-end`` also trains the built-in digits the way ``make demo`` does (4 MPI ranks, all-reduce,
+``jobs/digits-allreduce.toml``) and on one rank (``jobs/demo.toml``), ``--e2e-epochs`` epochs each, and
+records each run's images/s, accuracy and the peak resident memory of its largest rank; ``--src DIR``
+runs them from another source tree (an older commit's ``src``, for a before/after).
+
 Also profiles one scalesgd step per configuration on one thread (``cpu_profile.py``: per conv
 geometry, GEMM against copies against Python, and the OpenBLAS rate of the same GEMM shapes alone;
 ``--no-profile`` to skip), and runs the core-to-core placement probe (``benchmarks/c2c.c``, or
@@ -35,8 +40,11 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -154,6 +162,40 @@ def measure(key: str, threads: int, args, layouts: list[str], use_torch: bool, p
     return res
 
 
+E2E_JOBS = {"make demo (4 ranks, all-reduce)": ("jobs/digits-allreduce.toml", 4),
+            "one rank (jobs/demo.toml)": ("jobs/demo.toml", 1)}
+_MAXRSS = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; "
+           "print('maxrss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)")
+
+
+def end_to_end(src: Path, epochs: int) -> dict:
+    """Trains the digits as ``make demo`` and on one rank from the source tree ``src``; per job the
+    summary's images/s and accuracy, and the peak RSS of its largest process (kernel's RUSAGE_CHILDREN
+    maximum over the launcher and every rank, measured in a wrapper process of its own)."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec"
+    out = {}
+    for name, (job, ranks) in E2E_JOBS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            run = [sys.executable, "-m", "scalesgd", "train", "--config", str(repo / job), "--epochs",
+                   str(epochs), "--progress", "off", "--run-dir", tmp]
+            cmd = [sys.executable, "-c", _MAXRSS] + ([mpiexec, "-n", str(ranks)] if ranks > 1 else []) + run
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=repo, timeout=1800)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            s = json.loads((Path(tmp) / "summary.json").read_text())
+        rss = [int(w.split()[1]) for w in proc.stdout.splitlines() if w.startswith("maxrss_kib")]
+        out[name] = {"job": job, "ranks": ranks, "epochs": epochs, "images_per_second": s["images_per_second"],
+                     "val_top1_accuracy": s["val_top1_accuracy"], "train_seconds": s["train_seconds"],
+                     "wall_seconds_with_start": time.perf_counter() - t0,
+                     "peak_rss_mib_largest_process": rss[-1] / 1024 if rss else None}
+        print(f"  {name}: {s['images_per_second']:.0f} img/s, top-1 {s['val_top1_accuracy']:.4f}, peak RSS "
+              f"{out[name]['peak_rss_mib_largest_process']:.0f} MiB (largest process)", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -167,7 +209,14 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-steps", type=int, default=4)
     ap.add_argument("--c2c", type=Path, default=C2C_SRC, help="placement probe source")
     ap.add_argument("--json", type=Path, help="write all results (raw step times too) here")
+    ap.add_argument("--end-to-end", action="store_true", help="also train the digits (make demo, 1 rank)")
+    ap.add_argument("--e2e-epochs", type=int, default=12, help="epochs of each end-to-end run")
+    ap.add_argument("--src", type=Path, default=Path(__file__).resolve().parents[1] / "src",
+                    help="source tree the end-to-end runs import scalesgd from")
+    ap.add_argument("--only-end-to-end", action="store_true", help="skip the step benchmark")
     args = ap.parse_args(argv)
+    if args.only_end_to_end:
+        args.models, args.no_profile, args.end_to_end = [], True, True
 
     use_torch = torch is not None and not args.no_torch
     layouts = ["nchw"] + ([] if args.no_channels_last else ["channels_last"])
@@ -210,6 +259,11 @@ def main(argv=None) -> int:
             profiles[key] = cpu_profile.profile(ours_runner(key), 1, args.profile_steps, args.warmup)
             cpu_profile.print_profile(key, profiles[key])
 
+    e2e = None
+    if args.end_to_end:
+        print(f"\nEnd to end, {args.e2e_epochs} epochs, scalesgd from {args.src}:")
+        e2e = end_to_end(args.src, args.e2e_epochs)
+
     elapsed = time.perf_counter() - t_start
     print(f"\ntotal wall time {elapsed:.0f} s")
     if args.json:
@@ -217,6 +271,7 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps({"info": info, "c2c_before_ns": c2c_before,
                                          "c2c_after_ns": c2c_after, "results": results,
                                          "targets": TARGETS, "profiles": profiles,
+                                         "end_to_end": e2e, "src": str(args.src),
                                          "elapsed_s": elapsed}, indent=1))
         print(f"wrote {args.json}")
     return 0

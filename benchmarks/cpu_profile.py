@@ -101,6 +101,8 @@ class StepProfiler:
             cache = a[1]
             return cache[1], cache[2].shape, cache[3]
 
+        self._wrap(CV._Taps, "load", lambda a, k: ((self._conv_frame() or [("outside convs",)])[0][0],
+                                                  "im2col"))           # taps: the width-tap copy
         self._wrap(CV, "conv2d_forward", conv_key("fwd", fwd_shapes))
         self._wrap(CV, "conv2d_backward", conv_key("bwd", bwd_shapes))
         for fn, part in CONV_INNER.items():

@@ -1,7 +1,9 @@
-"""Markdown tables for docs/results.md from benchmarks/results/*.json (no number typed by hand).
+"""Markdown tables for docs/results.md and docs/benchmarks.md from benchmarks/results/*.json (no
+number typed by hand).
 
     python benchmarks/report.py [EXPERIMENT ...] [--results benchmarks/results] [--model-json F]
     python benchmarks/report.py --update docs/results.md     # rewrite its generated blocks
+    python benchmarks/report.py --update docs/benchmarks.md  # the CPU step tables (cpu*.json)
 """
 from __future__ import annotations
 
@@ -236,6 +238,95 @@ def virtual(d):
     return "\n".join(out)
 
 
+# ----------------------------------------------------------------------------- CPU step (bench_cpu.py)
+CPU_NAMES = {"resnet20": "ResNet-20 32×32 b64", "resnet18": "ResNet-18 64×64 b16",
+             "proxy": "proxy: ResNet-8 ×0.5 16×16 b8"}
+
+
+def _img_s(r):
+    return f"{r['median_img_s']:.0f} [{r['range_img_s'][0]:.0f}–{r['range_img_s'][1]:.0f}]"
+
+
+def cpu_step(results: Path) -> str:
+    """scalesgd (conv_algo auto, and im2col in the same run) against PyTorch per configuration and
+    thread count (cpu.json), beside the same script's run of the code before (cpu-before.json)."""
+    d = json.loads((results / "cpu.json").read_text())
+    before = {}
+    if (results / "cpu-before.json").exists():
+        for r in json.loads((results / "cpu-before.json").read_text())["results"]:
+            before[(r["model"], r["threads"])] = r
+    out = ["| configuration | threads | scalesgd img/s | scalesgd im2col | torch NCHW | torch channels_last | "
+           "ratio (goal) | ratio im2col | before: scalesgd / torch best, ratio | other-procs CPU |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in d["results"]:
+        b = before.get((r["model"], r["threads"]))
+        bt = (f"{b['scalesgd']['median_img_s']:.0f} / {b['torch_best_median_img_s']:.0f}, {b['ratio']:.2f}"
+              if b else "— (not in that run)")
+        out.append(f"| {CPU_NAMES[r['model']]} | {r['threads']} | {_img_s(r['scalesgd'])} | "
+                   f"{_img_s(r['scalesgd_im2col'])} | {_img_s(r['torch_nchw'])} | "
+                   f"{_img_s(r['torch_channels_last'])} | **{r['ratio']:.2f}** ({d['targets'][r['model']]}) | "
+                   f"{r['ratio_scalesgd_im2col']:.2f} | {bt} | {f(r['foreign_cpu'])} |")
+    i = d["info"]
+    out += ["", f"Run {i['date']}: {i['cpu_model']} ×{i['cpus']}, Python {i['python']}, NumPy {i['numpy']}, "
+            f"BLAS {i['blas']}, torch {i['torch']}; {i['repeats']} interleaved blocks of {i['steps']} steps "
+            f"after {i['warmup']} warm-up steps per runner; median of block medians [range of block medians]."]
+    return "\n".join(out)
+
+
+def cpu_profile(results: Path) -> str:
+    """Where a step's time goes (cpu.json profiles): per configuration, then per conv geometry."""
+    profs = json.loads((results / "cpu.json").read_text())["profiles"]
+    keys = list(next(iter(profs.values()))["summary"])
+    out = ["| ms per step (1 thread) | " + " | ".join(CPU_NAMES[k] for k in profs) + " |",
+           "|---|" + "---|" * len(profs)]
+    out.append("| whole step, profiled (unprofiled) | " + " | ".join(
+        f"{p['ms_per_step']:.1f} ({p['ms_per_step_unprofiled']:.1f})" for p in profs.values()) + " |")
+    for k in keys:
+        out.append(f"| {k} | " + " | ".join(f"{p['summary'].get(k, 0.0):.2f}" for p in profs.values()) + " |")
+    for name, p in profs.items():
+        out += ["", f"{CPU_NAMES[name]}, per conv geometry (k×k/stride, input H×W, channels; fwd and bwd passes):",
+                "", "| conv | calls | GEMM ms | GFLOP/s | OpenBLAS alone ms | GFLOP/s | im2col ms | col2im ms | "
+                "conv Python ms |", "|---|---|---|---|---|---|---|---|---|"]
+        for c in p["convs"]:
+            out.append(f"| {c['conv']} | {c['calls_per_step']:.0f} | {c['gemm_ms']:.2f} | {f(c['gemm_gflops'], '.0f')} | "
+                       f"{c['openblas_alone_ms']:.2f} | {f(c['openblas_alone_gflops'], '.0f')} | "
+                       f"{c['im2col_ms']:.2f} | {c['col2im_ms']:.2f} | {c['own_python_ms']:.2f} |")
+    return "\n".join(out)
+
+
+def cpu_end_to_end(results: Path) -> str:
+    """make demo and a one-rank run, before (cpu-e2e-before.json) and after (cpu-e2e.json)."""
+    runs = {tag: json.loads((results / f"cpu-e2e{tag}.json").read_text())["end_to_end"]
+            for tag in ("-before", "") if (results / f"cpu-e2e{tag}.json").exists()}
+    out = ["| run | before: img/s | top-1 | peak RSS MiB | after: img/s | top-1 | peak RSS MiB | speed-up |",
+           "|---|---|---|---|---|---|---|---|"]
+    for name, a in runs[""].items():
+        b = runs.get("-before", {}).get(name)
+        cells = (f"{b['images_per_second']:.0f} | {b['val_top1_accuracy']:.4f} | "
+                 f"{b['peak_rss_mib_largest_process']:.0f}" if b else "— | — | —")
+        out.append(f"| {name}, {a['epochs']} epochs | {cells} | {a['images_per_second']:.0f} | "
+                   f"{a['val_top1_accuracy']:.4f} | {a['peak_rss_mib_largest_process']:.0f} | "
+                   + (f"{a['images_per_second'] / b['images_per_second']:.2f}× |" if b else "— |"))
+    return "\n".join(out)
+
+
+def conv_candidates(results: Path) -> str:
+    d = json.loads((results / "conv-candidates.json").read_text())
+    names = list(d["rows"][0]["ms"])
+    out = ["| geometry (N, H×W, C→F) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for r in d["rows"]:
+        best = min(r["ms"].values())
+        out.append(f"| {r['geometry']} | " + " | ".join(
+            (f"**{r['ms'][k]:.2f}**" if r["ms"][k] == best else f"{r['ms'][k]:.2f}") for k in names) + " |")
+    out.append("| max error / max output (vs float64) | " + " | ".join(
+        f"{max(r['max_rel_error'][k] for r in d['rows']):.1e}" for k in names) + " |")
+    return "\n".join(out)
+
+
+VIEWS = {"cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
+         "conv-candidates": conv_candidates}      # blocks drawn from several files or parts of one
+
+
 def pct(x, sign=True):
     return "—" if x is None else f"{100 * x:+.0f}%" if sign else f"{100 * x:.0f}%"
 
@@ -254,6 +345,9 @@ def update(doc: Path, results: Path) -> list[str]:
 
     def repl(m):
         name = m.group(1)
+        if name in VIEWS:
+            done.append(name)
+            return f"<!-- begin:{name} -->\n{VIEWS[name](results)}\n<!-- end:{name} -->"
         p = results / f"{name}.json"
         if not p.exists():
             return m.group(0)

@@ -80,11 +80,14 @@ def test_conv_algorithms_equal_whole_batch_in_float32(k, stride, pad, plan, rand
 
 
 def test_conv_plans():
-    """auto on NumPy: taps for stride-1 same convs of >= TAPS_MIN_PIXELS pixels, else blocked (blocks
-    hold BLOCK_BYTES of im2col rows, at least one image); 1x1 convs, the im2col algorithm, CuPy under
-    auto and a batch that fits whole run whole-batch im2col; an unknown name is refused."""
+    """auto on NumPy: taps for stride-1 same convs of >= TAPS_MIN_PIXELS pixels and TAPS_MIN_MACS
+    multiply-adds per image, else blocked (blocks hold at most BLOCK_BYTES of im2col rows, at least
+    one image, and are equal); 1x1 convs, the im2col algorithm, CuPy under auto and a batch that fits
+    whole run whole-batch im2col; an unknown name is refused."""
     x = (64, 32, 32, 16)                                             # ResNet-20's first stage
-    assert L.conv_plan("auto", np, x, 3, 3, 1, 1, 4) == ("taps", 1)
+    assert L.conv_plan("auto", np, x, 3, 3, 1, 1, 4, 16) == ("taps", 1)
+    assert L.conv_plan("auto", np, (8, 16, 16, 8), 3, 3, 1, 1, 4, 8) is None       # the proxy: im2col
+    assert L.conv_plan("auto", np, (16, 2, 2, 512), 3, 3, 1, 1, 4, 512) == ("blocked", 8)   # not 14 + 2
     assert L.conv_plan("auto", np, (64, 8, 8, 64), 3, 3, 1, 1, 4) == ("blocked", L.BLOCK_BYTES // (64 * 576 * 4))
     assert L.conv_plan("taps", np, (64, 8, 8, 64), 3, 3, 1, 1, 4) == ("taps", 1)
     assert L.conv_plan("taps", np, x, 3, 3, 2, 1, 4) == ("blocked", L.BLOCK_BYTES // (16 * 16 * 144 * 4))

