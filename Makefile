@@ -15,7 +15,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 install: $(VENV)/.installed
 
 # Train ResNet-20 on the built-in digits with 4 MPI ranks and all-reduce SGD (the shards are built
-# on first use).  `make demo METHOD=gossip` (or easgd, asgd) runs jobs/digits-METHOD.toml instead.
+# on first use).  `make demo METHOD=gossip` (or easgd, asgd, localsgd) runs jobs/digits-METHOD.toml instead.
 METHOD ?= allreduce
 demo: install
 	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m src.main --config jobs/digits-$(METHOD).toml

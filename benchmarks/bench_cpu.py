@@ -178,7 +178,7 @@ def end_to_end(src: Path, epochs: int) -> dict:
     out = {}
     for name, (job, ranks) in E2E_JOBS.items():
         with tempfile.TemporaryDirectory() as tmp:
-            run = [sys.executable, "-m", "scalesgd", "train", "--config", str(repo / job), "--epochs",
+            run = [sys.executable, "-m", "scalesgd", "--config", str(repo / job), "--epochs",
                    str(epochs), "--progress", "off", "--run-dir", tmp]
             cmd = [sys.executable, "-c", _MAXRSS] + ([mpiexec, "-n", str(ranks)] if ranks > 1 else []) + run
             t0 = time.perf_counter()

@@ -1,16 +1,14 @@
 #!/usr/bin/env python3
-"""Forward time of candidate CPU convolution algorithms per ResNet-20 geometry (3x3, stride 1, batch 64),
-against the two that ship (``model.conv_algo`` = im2col, blocked): the measurement behind the choice.
-
-Candidates, forward only (a candidate that loses its forward cannot win the step, whose backward is two
-more products of the same shape):
+"""The measured table behind ``model.conv_algo = auto``: forward + backward time of the three shipped
+convolution algorithms (im2col, blocked, taps) per 3x3 stride-1 layer of ResNet-20 (batch 64) and
+ResNet-18 (64x64 input, batch 16), with the one ``auto`` picks; and, forward only, two candidates that
+were measured and not shipped (a candidate that loses its forward cannot win the step, whose backward
+is two more products of the same shape):
 
 - ``winograd_f2``, ``winograd_f4``: Winograd F(2x2, 3x3) and F(4x4, 3x3) (Lavin & Gray 2016) as batched
   GEMMs in NumPy: tiles gathered by one strided copy, the input transform B^T d B and the output
   transform A^T m A as small GEMMs over the tile axis, one GEMM per transform point.  The weight
   transform G g G^T is done once outside the timing (as a per-step cache would), which favours them.
-- ``width_taps``: im2col over the kernel's width taps only (3x less copying) and one GEMM per kernel row
-  on row-shifted views of that matrix, summed (one image per block).
 
 Usage: ``.venv/bin/python benchmarks/conv_candidates.py [--repeats 9] [--json OUT]``.  One thread.
 """
@@ -29,7 +27,8 @@ from threadpoolctl import threadpool_limits
 
 from scalesgd.nn import conv as CV
 
-GEOMETRIES = [(64, 32, 16, 16), (64, 16, 32, 32), (64, 8, 64, 64)]       # (N, H=W, C, F)
+GEOMETRIES = [(64, 32, 16, 16), (64, 16, 32, 32), (64, 8, 64, 64),      # (N, H=W, C, F): ResNet-20
+              (16, 16, 64, 64), (16, 8, 128, 128), (16, 4, 256, 256), (16, 2, 512, 512)]  # ResNet-18
 WINOGRAD = {
     2: dict(BT=[[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
             G=[[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]],
@@ -71,27 +70,6 @@ def winograd_forward(x, u, m: int, pad_buf):
     return out
 
 
-def width_taps_forward(x, w, bufs):
-    """Stride-1, pad-1 3x3 convolution: per image, im2col over width taps, one GEMM per kernel row."""
-    n, h, wd, c = x.shape
-    f = w.shape[3]
-    rows = [w[i].reshape(3 * c, f) for i in range(3)]
-    xpad, taps, part = bufs
-    out = np.empty((n, h, wd, f), x.dtype)
-    s = xpad.strides
-    win = as_strided(xpad, (h + 2, wd, 3 * c), (s[0], s[1], s[2]))
-    t2 = taps.reshape(-1, 3 * c)
-    for i in range(n):
-        xpad[1:1 + h, 1:1 + wd] = x[i]
-        taps[...] = win
-        y = out[i].reshape(h * wd, f)
-        np.matmul(t2[:h * wd], rows[0], out=y)
-        for k in (1, 2):
-            np.matmul(t2[k * wd:k * wd + h * wd], rows[k], out=part)
-            y += part
-    return out
-
-
 def median_ms(fn, repeats: int) -> float:
     fn()
     ts = []
@@ -109,30 +87,43 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     rows = []
-    print(f"{'geometry (N, HxW, C->F)':<26}" + "".join(f"{k:>13}" for k in
-          ("im2col", "blocked", "winograd_f2", "winograd_f4", "width_taps")) + "   (ms, forward, 1 thread)")
+    shipped = ("im2col", "blocked", "taps")
+    print(f"{'geometry (N, HxW, C->F)':<26}" + "".join(f"{k:>9}" for k in shipped) + f"{'auto':>9}   fwd+bwd ms"
+          + "".join(f"{k:>13}" for k in (*shipped, "winograd_f2", "winograd_f4")) + "   fwd ms (1 thread)")
     with threadpool_limits(limits=1, user_api="blas"):
         for n, h, c, f in GEOMETRIES:
             x = rng.standard_normal((n, h, h, c)).astype(np.float32)
             w = (rng.standard_normal((3, 3, c, f)) / np.sqrt(9 * c)).astype(np.float32)
+            dy = rng.standard_normal((n, h, h, f)).astype(np.float32)
             ref = CV.conv2d_forward(x.astype(np.float64), w.astype(np.float64), 1, 1)[0]
-            ws, plan = CV.Workspace(), CV.conv_plan("blocked", np, x.shape, 3, 3, 1, 1, 4)
-            cands = {"im2col": lambda: CV.conv2d_forward(x, w, 1, 1, ws)[0],
-                     "blocked": lambda: CV.conv2d_forward(x, w, 1, 1, ws, plan)[0]}
+            plans = {"im2col": None, "blocked": CV.conv_plan("blocked", np, x.shape, 3, 3, 1, 1, 4, f),
+                     "taps": ("taps", 1)}
+            auto = CV.conv_plan("auto", np, x.shape, 3, 3, 1, 1, 4, f)
+            row = {"geometry": f"{n}, {h}x{h}, {c}->{f}", "auto": auto[0] if auto else "im2col",
+                   "fwd_bwd_ms": {}, "ms": {}, "max_rel_error": {}}
+            fwd = {}
+            for name, plan in plans.items():
+                ws, dw = CV.Workspace(), np.empty_like(w)
+
+                def step(plan=plan, ws=ws, dw=dw):
+                    _, cache = CV.conv2d_forward(x, w, 1, 1, ws, plan)
+                    CV.conv2d_backward(dy, cache, dw, True, ws)
+                row["fwd_bwd_ms"][name] = median_ms(step, args.repeats)
+                fwd[name] = lambda plan=plan, ws=ws: CV.conv2d_forward(x, w, 1, 1, ws, plan)[0]
             for m in (2, 4):
-                u, buf = winograd_weights(w, m), np.zeros((n, h + 2, h + 2, c), np.float32)
-                cands[f"winograd_f{m}"] = lambda u=u, buf=buf, m=m: winograd_forward(x, u, m, buf)
-            bufs = (np.zeros((h + 2, h + 2, c), np.float32), np.empty((h + 2, h, 3 * c), np.float32),
-                    np.empty((h * h, f), np.float32))
-            cands["width_taps"] = lambda: width_taps_forward(x, w, bufs)
-            row = {"geometry": f"{n}, {h}x{h}, {c}->{f}", "ms": {}, "max_rel_error": {}}
-            for name, fn in cands.items():
-                err = float(np.abs(fn() - ref).max() / np.abs(ref).max())
-                row["ms"][name], row["max_rel_error"][name] = median_ms(fn, args.repeats), err
+                if h % m == 0 and h >= 2 * m:
+                    u, buf = winograd_weights(w, m), np.zeros((n, h + 2, h + 2, c), np.float32)
+                    fwd[f"winograd_f{m}"] = lambda u=u, buf=buf, m=m: winograd_forward(x, u, m, buf)
+            for name, fn in fwd.items():
+                row["max_rel_error"][name] = float(np.abs(fn() - ref).max() / np.abs(ref).max())
+                row["ms"][name] = median_ms(fn, args.repeats)
             rows.append(row)
-            print(f"{row['geometry']:<26}" + "".join(f"{row['ms'][k]:13.2f}" for k in cands))
+            print(f"{row['geometry']:<26}" + "".join(f"{row['fwd_bwd_ms'][k]:9.2f}" for k in shipped)
+                  + f"{row['auto']:>9}   " + "".join(f"{row['ms'].get(k, float('nan')):13.2f}" for k in
+                                                     (*shipped, "winograd_f2", "winograd_f4")))
+    names = sorted({k for r in rows for k in r["max_rel_error"]})
     print("max |error| / max |output| against float64: " + "; ".join(
-        f"{k} {max(r['max_rel_error'][k] for r in rows):.1e}" for k in rows[0]["ms"]))
+        f"{k} {max(r['max_rel_error'].get(k, 0.0) for r in rows):.1e}" for k in names))
     if args.json:
         args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "repeats": args.repeats,
                                          "rows": rows}, indent=1))

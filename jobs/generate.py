@@ -9,7 +9,7 @@
   server; warm start from ``imagenet-warmup.toml`` (one rank, a few epochs).
 * ``laptop-asgd8-nsync{1,2,4,8}-{cold,warm}.toml`` and ``laptop-warmup.toml``: the same on the
   built-in digits on CPU (an epoch of the digits is ~12 client steps, so n_sync is scaled down);
-  the laptop versions of the other methods are ``digits-{allreduce,easgd,gossip}.toml``.
+  the laptop versions of the other methods are ``digits-{allreduce,easgd,gossip,localsgd}.toml``.
 Only keys that exist in ``scalesgd.config`` are set; keys still to come are in comments.
 """
 from __future__ import annotations

@@ -51,8 +51,9 @@ def test_placement_probe_is_built_from_the_repo_source(tmp_path):
 
 
 def test_bench_cpu_smallest_run_with_profile(tmp_path):
-    """bench_cpu.py end to end at its smallest (one step per block), per-layer profile included:
-    the loss goes through the profiled module, and the conv backward FLOP count reads the cache."""
+    """bench_cpu.py end to end at its smallest (one step per block), per-geometry profile included:
+    the loss goes through the profiled module, every conv geometry's GEMMs are timed and their shapes
+    timed again alone, and the taps and im2col copies are charged to their conv."""
     out = tmp_path / "b.json"
     proc = subprocess.run([sys.executable, str(BENCH / "bench_cpu.py"), "--threads", "1", "--models",
                            "resnet20", "--repeats", "1", "--steps", "1", "--warmup", "1",
@@ -62,9 +63,17 @@ def test_bench_cpu_smallest_run_with_profile(tmp_path):
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
-    assert res["results"][0]["scalesgd"]["median_img_s"] > 0
-    keys = {r["key"]: r for r in res["profile"]["rows"]}
-    assert "softmax_cross_entropy" in keys and keys["conv2d_backward"]["gflops"] > 0
+    r = res["results"][0]
+    assert r["scalesgd"]["median_img_s"] > 0 and r["scalesgd_im2col"]["median_img_s"] > 0
+    p = res["profiles"]["resnet20"]
+    convs = {c["conv"]: c for c in p["convs"]}
+    assert len(convs) == 16                     # 8 geometries (3x3/1 at 3 sizes + stem, 2 strided, 2 1x1) x 2
+    for c in convs.values():
+        assert c["gemm_ms"] > 0 and c["gemm_gflops"] > 0 and c["openblas_alone_ms"] > 0, c
+    assert convs["fwd 3x3/1 32x32 16->16"]["im2col_ms"] > 0          # taps copy (auto: taps here)
+    assert convs["bwd 3x3/2 32x32 16->32"]["col2im_ms"] > 0
+    assert convs["fwd 3x3/1 8x8 64->64"]["im2col_ms"] > 0            # blocked im2col
+    assert p["others"]["avg pool + linear + loss"] > 0 and p["others"]["SGD update"] > 0
 
 
 @uses_mpi

@@ -122,7 +122,7 @@ def test_help_lists_every_choice_and_section_and_version_is_setup_cfgs(tmp_path)
     p = run_cli(["--help"], tmp_path)
     assert p.returncode == 0, p.stderr
     text = " ".join(p.stdout.split())                  # argparse wraps at the terminal width
-    for flag in ("--method {single,allreduce,easgd,asgd,gossip}", "--gossip {pull,push}",
+    for flag in ("--method {single,allreduce,easgd,asgd,gossip,localsgd}", "--gossip {pull,push}",
                  "--device {cpu,gpu,auto}", "--dtype {float32,float64}",
                  "--augment {multiscale,rrc,center}", "--schedule {constant,step,cosine}",
                  "--model {resnet18,"):

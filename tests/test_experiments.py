@@ -108,17 +108,20 @@ def test_sync_and_easgd_quick_real_runs(tmp_path):
     assert "0 runs launched, 3 reused" in again          # the 2 runs + the seed-1 run of the weights check
 
 
-def test_results_doc_tables_match_the_committed_results(tmp_path):
-    """docs/results.md's generated blocks are what benchmarks/report.py makes of the JSON files
-    (so no number in them was typed by hand or left stale)."""
+@pytest.mark.parametrize("doc,blocks", [
+    ("results.md", {"methods", "sync", "consensus", "model"}),
+    ("benchmarks.md", {"cpu-step", "cpu-e2e", "cpu-profile", "conv-candidates"})])
+def test_docs_tables_match_the_committed_results(doc, blocks, tmp_path):
+    """docs/results.md's and docs/benchmarks.md's generated blocks are what benchmarks/report.py makes
+    of the JSON files (so no number in them was typed by hand or left stale)."""
     import report  # noqa: PLC0415  (benchmarks/report.py)
-    doc = ROOT / "docs" / "results.md"
-    copy = tmp_path / "results.md"
-    copy.write_text(doc.read_text())
+    path = ROOT / "docs" / doc
+    copy = tmp_path / doc
+    copy.write_text(path.read_text())
     done = report.update(copy, ROOT / "benchmarks" / "results")
-    assert {"methods", "sync", "consensus", "model"} <= set(done), done
-    assert copy.read_text() == doc.read_text(), \
-        "docs/results.md is stale: run python benchmarks/report.py --update docs/results.md"
+    assert blocks <= set(done), done
+    assert copy.read_text() == path.read_text(), \
+        f"docs/{doc} is stale: run python benchmarks/report.py --update docs/{doc}"
 
 
 def test_report_update_rewrites_only_marked_blocks(tmp_path):

@@ -81,23 +81,25 @@ def test_conv_algorithms_equal_whole_batch_in_float32(k, stride, pad, plan, rand
 
 def test_conv_plans():
     """auto on NumPy: taps for stride-1 same convs of >= TAPS_MIN_PIXELS pixels and TAPS_MIN_MACS
-    multiply-adds per image, else blocked (blocks hold at most BLOCK_BYTES of im2col rows, at least
-    one image, and are equal); 1x1 convs, the im2col algorithm, CuPy under auto and a batch that fits
-    whole run whole-batch im2col; an unknown name is refused."""
+    multiply-adds per image; blocked where the whole batch's im2col exceeds BLOCKED_ABOVE and a block
+    has >= F rows (blocks hold at most BLOCK_BYTES, at least one image, and are equal); else the
+    whole batch.  1x1 convs, the im2col algorithm and CuPy under auto run whole-batch im2col;
+    ``blocked`` blocks whatever does not fit one block; an unknown name is refused."""
     x = (64, 32, 32, 16)                                             # ResNet-20's first stage
     assert L.conv_plan("auto", np, x, 3, 3, 1, 1, 4, 16) == ("taps", 1)
-    assert L.conv_plan("auto", np, (8, 16, 16, 8), 3, 3, 1, 1, 4, 8) is None       # the proxy: im2col
-    assert L.conv_plan("auto", np, (16, 2, 2, 512), 3, 3, 1, 1, 4, 512) == ("blocked", 8)   # not 14 + 2
-    assert L.conv_plan("auto", np, (64, 8, 8, 64), 3, 3, 1, 1, 4) == ("blocked", L.BLOCK_BYTES // (64 * 576 * 4))
-    assert L.conv_plan("taps", np, (64, 8, 8, 64), 3, 3, 1, 1, 4) == ("taps", 1)
-    assert L.conv_plan("taps", np, x, 3, 3, 2, 1, 4) == ("blocked", L.BLOCK_BYTES // (16 * 16 * 144 * 4))
-    assert L.conv_plan("blocked", np, x, 3, 3, 1, 1, 4) == ("blocked", L.BLOCK_BYTES // (32 * 32 * 144 * 4))
-    assert L.conv_plan("blocked", np, (64, 224, 224, 64), 3, 3, 1, 1, 4) == ("blocked", 1)
-    assert L.conv_plan("blocked", np, (4, 8, 8, 16), 3, 3, 1, 1, 4) is None       # fits whole
-    assert L.conv_plan("auto", np, x, 1, 1, 1, 0, 4) is None                     # 1x1: no im2col
-    assert L.conv_plan("im2col", np, x, 3, 3, 1, 1, 4) is None
+    assert L.conv_plan("auto", np, (8, 16, 16, 8), 3, 3, 1, 1, 4, 8) is None       # the proxy
+    assert L.conv_plan("auto", np, (64, 8, 8, 64), 3, 3, 1, 1, 4, 64) is None      # 9.4 MB: whole
+    assert L.conv_plan("auto", np, (16, 2, 2, 512), 3, 3, 1, 1, 4, 512) is None    # dW > a block
+    assert L.conv_plan("auto", np, (64, 224, 224, 3), 7, 7, 2, 3, 4, 64) == ("blocked", 1)  # 470 MB
+    assert L.conv_plan("taps", np, x, 3, 3, 2, 1, 4, 32) is None                   # strided: as auto
+    assert L.conv_plan("taps", np, (64, 8, 8, 64), 3, 3, 1, 1, 4, 64) == ("taps", 1)
+    assert L.conv_plan("blocked", np, x, 3, 3, 1, 1, 4, 16) == ("blocked", 1)
+    assert L.conv_plan("blocked", np, (16, 2, 2, 512), 3, 3, 1, 1, 4, 512) == ("blocked", 8)  # not 14+2
+    assert L.conv_plan("blocked", np, (4, 8, 8, 16), 3, 3, 1, 1, 4, 16) is None    # fits one block
+    assert L.conv_plan("auto", np, x, 1, 1, 1, 0, 4, 32) is None                   # 1x1: no im2col
+    assert L.conv_plan("im2col", np, x, 3, 3, 1, 1, 4, 16) is None
     cupy_like = type("M", (), {"__name__": "cupy"})
-    assert L.conv_plan("auto", cupy_like, x, 3, 3, 1, 1, 4) is None
+    assert L.conv_plan("auto", cupy_like, x, 3, 3, 1, 1, 4, 16) is None
     with pytest.raises(ValueError, match="conv algorithm 'fast'"):
         L.conv_plan("fast", np, x, 3, 3, 1, 1, 4)
 

@@ -10,3 +10,14 @@ pytestmark = [pytest.mark.mpi, needs_mpi]
 def test_allreduce_invariants(ranks):
     out = check(run_mpi(ranks, ["tests/mpi/allreduce_check.py"], timeout=180))
     assert out.count(": ok") == 3, out
+
+
+LOCALSGD_CHECKS = 4           # the checks tests/mpi/localsgd_check.py runs
+
+
+def test_localsgd_invariants():
+    """3 ranks: tau = 1 is synchronous SGD; replicas drift for tau steps, then average (params and BN
+    statistics); SlowMo's outer step follows its formula and survives a checkpoint; the evaluated
+    model is the average."""
+    out = check(run_mpi(3, ["tests/mpi/localsgd_check.py"], timeout=180))
+    assert out.count(": ok") == LOCALSGD_CHECKS, out

@@ -43,6 +43,7 @@ CASES = {                              # name: flags of a 4-rank run
     "asgd-2-servers": ["--method", "asgd", "--servers", "2"],
     "gossip-pull": ["--method", "gossip", "--gossip", "pull"],
     "gossip-pull-overlap": ["--method", "gossip", "--gossip", "pull", "--gossip-overlap"],
+    "localsgd-slowmo": ["--method", "localsgd", "--tau", "2", "--slowmo-beta", "0.5"],
 }
 
 

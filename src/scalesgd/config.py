@@ -133,7 +133,11 @@ class DistConfig:
                                   "and a test passes, else host); NumPy gradients always use host",
                                   choices=ALLREDUCE_TRANSPORTS)
     beta: float = _f(0.8, "easgd: moving rate alpha = beta / workers", lo=0, hi=1, lo_open=True)
-    tau: int = _f(1, "easgd and gossip: local steps between exchanges", lo=1)
+    tau: int = _f(1, "easgd, gossip and localsgd: local steps between exchanges", lo=1)
+    slowmo_beta: float = _f(0.0, "localsgd: SlowMo's slow momentum on the averaged update (0 = plain "
+                            "local SGD)", lo=0, hi=1)
+    slowmo_lr: float = _f(1.0, "localsgd: SlowMo's outer learning rate alpha (1 with beta 0 = plain "
+                          "local SGD)", lo=0, lo_open=True)
     servers: int = _f(1, "easgd and asgd: parameter-server ranks (0..K-1), each holding one contiguous "
                       "shard of the flat buffer; workers exchange with all of them at once", lo=1)
     max_staleness: int = _f(-1, "asgd: a push more than this many server versions stale is rejected (not "

@@ -12,9 +12,10 @@ from .asgd import ASGD
 from .base import Method, MethodError
 from .easgd import EASGD
 from .gossip import Gossip
+from .localsgd import LocalSGD
 from .single import Single
 
-METHODS = {cls.name: cls for cls in (Single, AllReduce, EASGD, ASGD, Gossip)}   # keys == choices.METHODS
+METHODS = {cls.name: cls for cls in (Single, AllReduce, EASGD, ASGD, Gossip, LocalSGD)}   # keys == choices.METHODS
 
 
 def create(cfg, topo, signals) -> Method:

@@ -6,7 +6,7 @@ a server (``roles``: ``comm.topology.Roles``, computed once).  The loop calls on
     loss = train_step(model, x, y)              # fills ps.grads, no communication
     method.after_backward(step, ps)             # e.g. all-reduce of the gradients
     opt.step(ps.params, ps.grads, lr)
-    gs = method.after_update(step, ps, n)       # e.g. elastic / gossip averaging; -> global samples
+    gs = method.after_update(step, ps, n, lr)   # e.g. elastic / gossip averaging; -> global samples
 
 and on a server ``method.serve(ps, check)`` instead.  Progress is counted in **global samples** (all
 workers together), so epochs, the learning-rate schedule and stopping mean the same for every
@@ -82,8 +82,9 @@ class Method:
     def after_backward(self, step: int, ps) -> None:
         """Gradients in ``ps.grads`` are final on this rank."""
 
-    def after_update(self, step: int, ps, samples: int) -> int:
-        """Parameters were updated locally from ``samples`` samples; returns the global count.
+    def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
+        """Parameters were updated locally from ``samples`` samples at learning rate ``lr``; returns
+        the global count.
 
         Synchronous methods advance in lockstep; a stop request anywhere is known everywhere after
         the same step (one tiny all-reduce per step)."""

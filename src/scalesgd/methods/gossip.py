@@ -105,7 +105,7 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self.windows, self.counter = [], None
 
     # ------------------------------------------------------------------ training
-    def after_update(self, step: int, ps, samples: int) -> int:
+    def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
         self._unreported += samples
         if (step + 1) % self.tau:
             return self.global_samples

@@ -90,7 +90,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
             raise RuntimeError(f"{self.name}: worker closed with a reply still pending")
 
     # ------------------------------------------------------------------ worker
-    def after_update(self, step: int, ps, samples: int) -> int:
+    def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
         self._samples += samples
         self._steps += 1
         if self._steps >= self.period:

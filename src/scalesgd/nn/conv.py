@@ -17,8 +17,11 @@ that product, or a cheaper one (``model.conv_algo``; :func:`conv_plan` picks per
   of dout with the flipped kernel.
 - ``auto``: on NumPy ``taps`` where it applies and an image has at least TAPS_MIN_PIXELS pixels and
   TAPS_MIN_MACS multiply-adds (below either, its per-image calls cost more than they save: 8x8 images,
-  or the crossover proxy's 8-channel 16x16 ones), ``blocked`` elsewhere; ``im2col`` on CuPy (a GPU
-  has no per-core cache to fit, and big GEMMs suit it).
+  or the crossover proxy's 8-channel 16x16 ones); else ``blocked`` where the whole batch's im2col
+  matrix exceeds BLOCKED_ABOVE (an ImageNet stem's is 470 MB at batch 64) and a block has at least F
+  rows (so that summing dW's partials costs less than the block); else ``im2col``.  On CuPy
+  ``im2col`` (a GPU has no per-core cache to fit, and big GEMMs suit it).  The measured table behind
+  these thresholds: ``benchmarks/conv_candidates.py`` (docs/benchmarks.md).
 
 All give the same results to float32 rounding and pass the same float64 finite-difference checks
 (tests/test_layers.py, tests/test_resnet.py).  Measured per conv geometry by
@@ -31,6 +34,7 @@ from ..backend import get_array_module
 from ..choices import CONV_ALGOS
 
 BLOCK_BYTES = 1 << 20            # blocked: im2col bytes per block (~half of one core's L2 here)
+BLOCKED_ABOVE = 16 << 20         # auto: blocked only where the whole batch's im2col is larger
 TAPS_MIN_PIXELS = 256            # auto: taps from 16x16 images up (measured: conv_candidates.py)
 TAPS_MIN_MACS = 1 << 20          # ... and from 1M multiply-adds per image (bench_cpu.py's proxy)
 
@@ -158,11 +162,12 @@ def conv_plan(algo: str, xp, x_shape, kh: int, kw: int, stride: int, pad: int, i
     if _same(kh, kw, stride, pad) and (algo == "taps" or (
             algo == "auto" and h * w >= TAPS_MIN_PIXELS and h * w * kh * kw * c * f >= TAPS_MIN_MACS)):
         return "taps", 1
-    per_image = _out_size(h, kh, stride, pad) * _out_size(w, kw, stride, pad) * kh * kw * c * itemsize
+    rows = _out_size(h, kh, stride, pad) * _out_size(w, kw, stride, pad)
+    per_image = rows * kh * kw * c * itemsize
     block = max(1, BLOCK_BYTES // max(per_image, 1))
-    if block >= n:
-        return None
-    blocks = -(-n // block)
+    if block >= n or (algo != "blocked" and (n * per_image <= BLOCKED_ABOVE or block * rows < f)):
+        return None                  # auto: a whole-batch matrix that fits, or dW partials (K x F
+    blocks = -(-n // block)          # per block) larger than a block's im2col rows: one GEMM
     return "blocked", -(-n // blocks)             # equal blocks: 8 + 8, not 14 + 2
 
 
@@ -200,6 +205,15 @@ def conv2d_forward(x, w, stride: int = 1, pad: int = 0, ws: Workspace | None = N
     return out.reshape(n, ho, wo, f), (cols, x.shape, w, stride, pad, stamp, None, None)
 
 
+def _dx_by_adjoint(x_shape, w_shape, stride: int, pad: int) -> bool:
+    """dX of a "same" conv as the convolution of dout with the adjoint kernel (im2col of dout + GEMM)
+    rather than GEMM + col2im (9 strided adds): ~2x faster where the images are large, but the adjoint
+    kernel is a transposing copy of the weights (4 ms at 512 channels), which costs more than the
+    adds where the rows (N*H*W) are fewer than the weight's C*F (ResNet-18's 8x8 to 2x2 stages)."""
+    n, h, w, c = x_shape
+    return _same(w_shape[0], w_shape[1], stride, pad) and n * h * w >= c * w_shape[3]
+
+
 def _adjoint_weight(xp, w):
     """The flipped, in/out-transposed kernel: dx of a "same" conv = conv(dout, this)."""
     return xp.ascontiguousarray(w[::-1, ::-1].transpose(0, 1, 3, 2))
@@ -228,8 +242,7 @@ def conv2d_backward(dout, cache, dw, need_dx: bool = True, ws: Workspace | None 
     gemm(cols.T, d2, out=dw.reshape(-1, f))
     if not need_dx:
         return None
-    if _same(kh, kw, stride, pad):
-        # im2col + GEMM of the adjoint conv beats GEMM + col2im's 9 strided adds ~2x
+    if _dx_by_adjoint(x_shape, w.shape, stride, pad):
         return conv2d_forward(dout, _adjoint_weight(xp, w), 1, pad, ws)[0]
     dcols = gemm(d2, w.reshape(-1, f).T)
     if kh == kw == 1 and pad == 0:
@@ -269,7 +282,7 @@ def _blocked_backward(dout, x, w, stride, pad, block, dw, need_dx, ws):
     if not need_dx:
         return None
     dx = xp.empty(x.shape, dtype=dout.dtype)
-    if _same(kh, kw, stride, pad):
+    if _dx_by_adjoint(x.shape, w.shape, stride, pad):
         w_adj = _adjoint_weight(xp, w).reshape(-1, c)
         for i in range(0, n, block):
             gemm(im2col(dout[i:i + block], kh, kw, 1, pad, ws), w_adj, out=dx[i:i + block].reshape(-1, c))

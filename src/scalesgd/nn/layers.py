@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from ..backend import get_array_module
-from .conv import (BLOCK_BYTES, Workspace, _out_size, col2im, conv2d_backward,  # noqa: F401
+from .conv import (BLOCK_BYTES, BLOCKED_ABOVE, Workspace, _out_size, col2im, conv2d_backward,  # noqa: F401
                    conv2d_forward, conv_plan, gemm, im2col)
 
 

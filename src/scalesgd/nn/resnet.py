@@ -2,7 +2,7 @@
 
 - ImageNet stem (7x7/2 conv, BN, ReLU, 3x3/2 max-pool): ResNet-18/34 (basic blocks), ResNet-50
   (bottleneck, expansion 4, stride on the 3x3 conv as in torchvision).
-- CIFAR stem (3x3/1 conv, BN, ReLU): ResNet-20/32/56 (basic blocks, widths 16/32/64).
+- CIFAR stem (3x3/1 conv, BN, ReLU): ResNet-8/20/32/56 (basic blocks, widths 16/32/64).
 - Shortcuts are identity when shapes match, else a projection (1x1 conv with the block's stride + BN).
 - ``width``: multiplier on every stage width (and the stem); ``num_classes``: any.
 

@@ -269,7 +269,7 @@ class Run:
                 self.net.step_done()                 # (virtual: the step's compute time passes)
                 m.after_backward(st.step, ps)
                 s.opt.step(ps.params, ps.grads, lr)
-                gs = m.after_update(st.step, ps, len(y))
+                gs = m.after_update(st.step, ps, len(y), lr)
                 st.step += 1
                 st.step_in_epoch += 1
                 st.local_samples += len(y)
