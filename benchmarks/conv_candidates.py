@@ -87,9 +87,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     rows = []
-    shipped = ("im2col", "blocked", "taps")
+    shipped = ("im2col", "blocked", "taps", "winograd")
     print(f"{'geometry (N, HxW, C->F)':<26}" + "".join(f"{k:>9}" for k in shipped) + f"{'auto':>9}   fwd+bwd ms"
-          + "".join(f"{k:>13}" for k in (*shipped, "winograd_f2", "winograd_f4")) + "   fwd ms (1 thread)")
+          + "".join(f"{k:>13}" for k in (*shipped[:3], "winograd_f2", "winograd_f4")) + "   fwd ms (1 thread)")
     with threadpool_limits(limits=1, user_api="blas"):
         for n, h, c, f in GEOMETRIES:
             x = rng.standard_normal((n, h, h, c)).astype(np.float32)
@@ -97,19 +97,20 @@ def main(argv=None) -> int:
             dy = rng.standard_normal((n, h, h, f)).astype(np.float32)
             ref = CV.conv2d_forward(x.astype(np.float64), w.astype(np.float64), 1, 1)[0]
             plans = {"im2col": None, "blocked": CV.conv_plan("blocked", np, x.shape, 3, 3, 1, 1, 4, f),
-                     "taps": ("taps", 1)}
+                     "taps": ("taps", 1), "winograd": CV.conv_plan("winograd", np, x.shape, 3, 3, 1, 1, 4, f)}
             auto = CV.conv_plan("auto", np, x.shape, 3, 3, 1, 1, 4, f)
             row = {"geometry": f"{n}, {h}x{h}, {c}->{f}", "auto": auto[0] if auto else "im2col",
                    "fwd_bwd_ms": {}, "ms": {}, "max_rel_error": {}}
             fwd = {}
-            for name, plan in plans.items():
+            for name, plan in plans.items():     # forward + backward (dX and dW) of each
                 ws, dw = CV.Workspace(), np.empty_like(w)
 
                 def step(plan=plan, ws=ws, dw=dw):
                     _, cache = CV.conv2d_forward(x, w, 1, 1, ws, plan)
                     CV.conv2d_backward(dy, cache, dw, True, ws)
                 row["fwd_bwd_ms"][name] = median_ms(step, args.repeats)
-                fwd[name] = lambda plan=plan, ws=ws: CV.conv2d_forward(x, w, 1, 1, ws, plan)[0]
+                if name != "winograd":           # its forward: the F2/F4 columns below
+                    fwd[name] = lambda plan=plan, ws=ws: CV.conv2d_forward(x, w, 1, 1, ws, plan)[0]
             for m in (2, 4):
                 if h % m == 0 and h >= 2 * m:
                     u, buf = winograd_weights(w, m), np.zeros((n, h + 2, h + 2, c), np.float32)
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{row['geometry']:<26}" + "".join(f"{row['fwd_bwd_ms'][k]:9.2f}" for k in shipped)
                   + f"{row['auto']:>9}   " + "".join(f"{row['ms'].get(k, float('nan')):13.2f}" for k in
-                                                     (*shipped, "winograd_f2", "winograd_f4")))
+                                                     (*shipped[:3], "winograd_f2", "winograd_f4")))
     names = sorted({k for r in rows for k in r["max_rel_error"]})
     print("max |error| / max |output| against float64: " + "; ".join(
         f"{k} {max(r['max_rel_error'].get(k, 0.0) for r in rows):.1e}" for k in names))

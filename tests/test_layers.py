@@ -41,12 +41,16 @@ def check_input_and_param_grads(forward, backward, inputs: dict, out_shape, rand
                                              (1, 2, 0, 6), (7, 2, 3, 11), (3, 1, 0, 6), (5, 1, 2, 6)])
 @pytest.mark.parametrize("workspace,plan", [(False, None), (True, None), (True, ("blocked", 1)),
                                             (False, ("blocked", 2)), (True, ("taps", 1)),
-                                            (False, ("taps", 1))])
+                                            (False, ("taps", 1)), (False, ("winograd", 4)),
+                                            (False, ("winograd", 2))])
 def test_conv2d(k, stride, pad, hw, workspace, plan, rand):
     """Whole-batch im2col (plan None), blocked (1 and 2 images per block of a batch of 3: the last
-    block is shorter) and taps (where it applies: stride-1 "same" convolutions)."""
+    block is shorter), taps (where it applies: stride-1 "same" convolutions) and Winograd F(4x4) and
+    F(2x2) (3x3, stride 1, pad 1; 7 and 8 wide: partial and whole tiles)."""
     if plan and plan[0] == "taps" and not (stride == 1 and pad == k // 2 and k > 1):
         pytest.skip("taps: stride-1 same convolutions only")
+    if plan and plan[0] == "winograd" and (k, stride, pad) != (3, 1, 1):
+        pytest.skip("winograd: 3x3, stride 1, pad 1 only")
     x, w = rand(3, hw, hw + 1, 3), rand(k, k, 3, 3)
     ws = L.Workspace() if workspace else None
     out, cache = L.conv2d_forward(x, w, stride, pad, ws, plan)
@@ -80,7 +84,8 @@ def test_conv_algorithms_equal_whole_batch_in_float32(k, stride, pad, plan, rand
 
 
 def test_conv_plans():
-    """auto on NumPy: taps for stride-1 same convs of >= TAPS_MIN_PIXELS pixels and TAPS_MIN_MACS
+    """auto on NumPy: Winograd for 3x3/1 layers of >= 64 channels on >= 8x8 images; taps for stride-1
+    same convs of >= TAPS_MIN_PIXELS pixels and TAPS_MIN_MACS
     multiply-adds per image; blocked where the whole batch's im2col exceeds BLOCKED_ABOVE and a block
     has >= F rows (blocks hold at most BLOCK_BYTES, at least one image, and are equal); else the
     whole batch.  1x1 convs, the im2col algorithm and CuPy under auto run whole-batch im2col;
@@ -88,11 +93,16 @@ def test_conv_plans():
     x = (64, 32, 32, 16)                                             # ResNet-20's first stage
     assert L.conv_plan("auto", np, x, 3, 3, 1, 1, 4, 16) == ("taps", 1)
     assert L.conv_plan("auto", np, (8, 16, 16, 8), 3, 3, 1, 1, 4, 8) is None       # the proxy
-    assert L.conv_plan("auto", np, (64, 8, 8, 64), 3, 3, 1, 1, 4, 64) is None      # 9.4 MB: whole
+    assert L.conv_plan("auto", np, (64, 8, 8, 64), 3, 3, 1, 1, 4, 64) == ("winograd", 4)
+    assert L.conv_plan("auto", np, (64, 8, 8, 32), 3, 3, 1, 1, 4, 32) is None      # 4.7 MB: whole
+    assert L.conv_plan("auto", np, (16, 4, 4, 256), 3, 3, 1, 1, 4, 256) is None    # < 8x8: im2col
     assert L.conv_plan("auto", np, (16, 2, 2, 512), 3, 3, 1, 1, 4, 512) is None    # dW > a block
+    assert L.conv_plan("winograd", np, (16, 2, 2, 512), 3, 3, 1, 1, 4, 512) == ("winograd", 2)
+    assert L.conv_plan("winograd", np, x, 3, 3, 2, 1, 4, 32) is None              # strided: as auto
     assert L.conv_plan("auto", np, (64, 224, 224, 3), 7, 7, 2, 3, 4, 64) == ("blocked", 1)  # 470 MB
     assert L.conv_plan("taps", np, x, 3, 3, 2, 1, 4, 32) is None                   # strided: as auto
     assert L.conv_plan("taps", np, (64, 8, 8, 64), 3, 3, 1, 1, 4, 64) == ("taps", 1)
+    assert L.conv_plan("auto", np, (64, 8, 8, 64), 5, 5, 1, 2, 4, 64) == ("blocked", 2)  # 3x3 only
     assert L.conv_plan("blocked", np, x, 3, 3, 1, 1, 4, 16) == ("blocked", 1)
     assert L.conv_plan("blocked", np, (16, 2, 2, 512), 3, 3, 1, 1, 4, 512) == ("blocked", 8)  # not 14+2
     assert L.conv_plan("blocked", np, (4, 8, 8, 16), 3, 3, 1, 1, 4, 16) is None    # fits one block
@@ -274,3 +284,23 @@ def test_batchnorm_wide_rows_change_no_bit(rand):
     ref *= -(gamma * invstd)
     np.testing.assert_array_equal(dx.reshape(-1, 8), ref)
     assert L._wide(x2)[0].shape == (15, 64)                  # 120 rows: gcd(120, 1024 / 8) = 8 at a time
+
+
+@pytest.mark.parametrize("m,bound", [(4, 1e-4), (2, 1e-5)])
+def test_winograd_float32_error_against_the_float64_direct_convolution(m, bound, rand):
+    """Winograd's float32 output, dx and dw against the float64 im2col convolution, relative to the
+    largest value: F(4x4) measures ~1e-5 at ResNet sizes (conv_candidates.py: 9e-6; the direct
+    convolution 7e-7), F(2x2) ~1e-6; the bounds leave 10x room; a wrong transform is off by O(1)."""
+    x, w = rand(4, 16, 16, 64), rand(3, 3, 64, 32) / 24.0
+    y64, c64 = L.conv2d_forward(x, w, 1, 1)
+    d = rand(*y64.shape)
+    dw64 = np.empty_like(w)
+    dx64 = L.conv2d_backward(d, c64, dw64)
+    f = np.float32
+    y, cache = L.conv2d_forward(x.astype(f), w.astype(f), 1, 1, None, ("winograd", m))
+    dw = np.empty(w.shape, f)
+    dx = L.conv2d_backward(d.astype(f), cache, dw)
+    for got, ref in ((y, y64), (dx, dx64), (dw, dw64)):
+        assert got.dtype == np.float32
+        err = float(np.abs(got - ref).max() / np.abs(ref).max())
+        assert err < bound, err

@@ -1,8 +1,8 @@
 """Convolutions on ``xp`` (NumPy or CuPy), NHWC activations and HWIO weights, and their algorithms.
 
 ``x: (N, H, W, C)``, ``w: (KH, KW, C, F)``: im2col gives ``cols: (N*Ho*Wo, KH*KW*C)`` and one GEMM
-``cols @ w.reshape(-1, F)`` yields the output already in NHWC, with no transpose.  Two ways to run
-that product, or a cheaper one (``model.conv_algo``; :func:`conv_plan` picks per layer and shape):
+``cols @ w.reshape(-1, F)`` yields the output already in NHWC, with no transpose.  Four algorithms
+(``model.conv_algo``; :func:`conv_plan` picks one per layer and shape):
 
 - ``im2col``: one im2col matrix for the whole batch and one GEMM per pass (the reference, and what a
   GPU runs).  The forward caches the im2col matrix for backward's dW GEMM.
@@ -10,33 +10,40 @@ that product, or a cheaper one (``model.conv_algo``; :func:`conv_plan` picks per
   core's L2 cache here), im2col + GEMM per block, so the 9x copy is written and read back from cache
   instead of memory.  The forward caches x, not the 9x larger matrix; backward rebuilds each block's
   columns (dW sums the blocks' partial GEMMs).
-- ``taps`` (stride-1 "same" convolutions, the 3x3 convs that dominate a ResNet; the others run
-  ``blocked``): image by image, the padded image's rows are copied with the kernel's width taps only
+- ``taps`` (stride-1 "same" convolutions, the 3x3 convs that dominate a ResNet; the others as
+  ``auto``): image by image, the padded image's rows are copied with the kernel's width taps only
   (a KW x copy instead of KH x KW, from and to cache), and the product is one GEMM per kernel row on a
   row-shifted view of that matrix, summed.  dW is the same GEMMs transposed, dX the same convolution
   of dout with the flipped kernel.
-- ``auto``: on NumPy ``taps`` where it applies and an image has at least TAPS_MIN_PIXELS pixels and
-  TAPS_MIN_MACS multiply-adds (below either, its per-image calls cost more than they save: 8x8 images,
-  or the crossover proxy's 8-channel 16x16 ones); else ``blocked`` where the whole batch's im2col
+- ``winograd`` (3x3, stride 1, pad 1; the others as ``auto``): Winograd F(4x4, 3x3), or F(2x2, 3x3)
+  on images under 4x4 (:mod:`.winograd`): 4x fewer multiplications as 36 batched GEMMs, paid for with
+  transforms that are memory passes over 2.25x the input, so it wins from 64 channels up.  Its float32
+  rounding is ~10x a direct convolution's (measured in ``benchmarks/conv_candidates.py``).
+- ``auto``: on NumPy ``winograd`` for 3x3 stride-1 layers with at least WINOGRAD_MIN_CHANNELS input
+  channels on images of at least WINOGRAD_MIN_SIZE; else ``taps`` where it applies and an image has
+  at least TAPS_MIN_PIXELS pixels and TAPS_MIN_MACS multiply-adds (below either, its per-image calls
+  cost more than they save: 8x8 images, or the crossover proxy's 8-channel 16x16 ones); else ``blocked`` where the whole batch's im2col
   matrix exceeds BLOCKED_ABOVE (an ImageNet stem's is 470 MB at batch 64) and a block has at least F
   rows (so that summing dW's partials costs less than the block); else ``im2col``.  On CuPy
   ``im2col`` (a GPU has no per-core cache to fit, and big GEMMs suit it).  The measured table behind
   these thresholds: ``benchmarks/conv_candidates.py`` (docs/benchmarks.md).
 
-All give the same results to float32 rounding and pass the same float64 finite-difference checks
-(tests/test_layers.py, tests/test_resnet.py).  Measured per conv geometry by
-``benchmarks/conv_candidates.py`` and per step by ``benchmarks/bench_cpu.py`` (docs/benchmarks.md,
-which also records the candidates measured and not kept: Winograd F(2x2, 3x3) and F(4x4, 3x3)).
+All give the same results to float32 rounding (Winograd's larger) and pass the same float64
+finite-difference checks (tests/test_layers.py, tests/test_resnet.py).  Measured per conv geometry by
+``benchmarks/conv_candidates.py`` and per step by ``benchmarks/bench_cpu.py`` (docs/benchmarks.md).
 """
 from __future__ import annotations
 
 from ..backend import get_array_module
 from ..choices import CONV_ALGOS
+from . import winograd as WG
 
 BLOCK_BYTES = 1 << 20            # blocked: im2col bytes per block (~half of one core's L2 here)
 BLOCKED_ABOVE = 16 << 20         # auto: blocked only where the whole batch's im2col is larger
 TAPS_MIN_PIXELS = 256            # auto: taps from 16x16 images up (measured: conv_candidates.py)
 TAPS_MIN_MACS = 1 << 20          # ... and from 1M multiply-adds per image (bench_cpu.py's proxy)
+WINOGRAD_MIN_CHANNELS = 64       # auto: Winograd F(4x4, 3x3) from 64 input channels ...
+WINOGRAD_MIN_SIZE = 8            # ... on images of at least 8x8 (2x2 tiles)
 
 
 class Workspace:
@@ -159,6 +166,9 @@ def conv_plan(algo: str, xp, x_shape, kh: int, kw: int, stride: int, pad: int, i
     if algo == "im2col" or (algo == "auto" and xp.__name__ != "numpy") or (kh == kw == 1 and pad == 0):
         return None
     n, h, w, c = x_shape
+    if kh == kw == 3 and stride == 1 and pad == 1 and (algo == "winograd" or (
+            algo == "auto" and c >= WINOGRAD_MIN_CHANNELS and min(h, w) >= WINOGRAD_MIN_SIZE)):
+        return "winograd", 4 if min(h, w) >= 4 else 2
     if _same(kh, kw, stride, pad) and (algo == "taps" or (
             algo == "auto" and h * w >= TAPS_MIN_PIXELS and h * w * kh * kw * c * f >= TAPS_MIN_MACS)):
         return "taps", 1
@@ -187,6 +197,9 @@ def conv2d_forward(x, w, stride: int = 1, pad: int = 0, ws: Workspace | None = N
         ho, wo = xs.shape[1], xs.shape[2]
         stamp = None                     # cols is x itself or a fresh copy: never reused
     elif plan is not None:
+        if plan[0] == "winograd":        # the cache keeps the transformed input (2.25x x for m = 4)
+            y, saved = WG.forward(x, w, plan[1])
+            return y, (saved, x.shape, w, stride, pad, None, None, plan)
         block = plan[1]
         ho, wo = _out_size(h, kh, stride, pad), _out_size(wd, kw, stride, pad)
         out = xp.empty((n, ho, wo, f), dtype=xp.result_type(x.dtype, w.dtype))
@@ -227,6 +240,8 @@ def conv2d_backward(dout, cache, dw, need_dx: bool = True, ws: Workspace | None 
     xp = get_array_module(dout)
     cols, x_shape, w, stride, pad, stamp, x, plan = cache
     if plan is not None:
+        if plan[0] == "winograd":
+            return WG.backward(dout, cols, dw, need_dx)
         if plan[0] == "taps":
             _taps_dw(dout, x, w, pad, dw, ws)
             if not need_dx:
