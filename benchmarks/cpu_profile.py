@@ -22,6 +22,7 @@ from threadpoolctl import threadpool_limits
 
 from scalesgd.nn import conv as CV
 from scalesgd.nn import layers as L
+from scalesgd.nn import winograd as WG
 from scalesgd.nn import resnet as R
 from scalesgd.optim.sgd import SGD
 
@@ -103,6 +104,8 @@ class StepProfiler:
 
         self._wrap(CV._Taps, "load", lambda a, k: ((self._conv_frame() or [("outside convs",)])[0][0],
                                                   "im2col"))           # taps: the width-tap copy
+        for fn in ("forward", "backward"):       # Winograd: transforms and point GEMMs, whole
+            self._wrap(WG, fn, lambda a, k: ((self._conv_frame() or [("outside convs",)])[0][0], "Winograd"))
         self._wrap(CV, "conv2d_forward", conv_key("fwd", fwd_shapes))
         self._wrap(CV, "conv2d_backward", conv_key("bwd", bwd_shapes))
         for fn, part in CONV_INNER.items():
@@ -175,12 +178,14 @@ def profile(runner, threads: int, steps: int, warmup: int) -> dict:
     per = 1e3 / steps
     convs = []
     for g in sorted(prof.calls, key=lambda g: (g.split()[1], g)):
-        parts = {p: prof.seconds.get((g, p), 0.0) * per for p in ("GEMM", "im2col", "col2im", "conv (own Python)")}
+        parts = {p: prof.seconds.get((g, p), 0.0) * per
+                 for p in ("GEMM", "im2col", "col2im", "Winograd", "conv (own Python)")}
         gem = [(lay, s, c) for (gg, lay), (s, c) in prof.gemms.items() if gg == g]
         flops = sum(2.0 * lay[0] * lay[1] * lay[2] * c for lay, _, c in gem)
         ideal = sum(best[lay] * c for lay, _, c in gem) * per
         convs.append({"conv": g[5:], "calls_per_step": prof.calls[g] / steps,
                       "gemm_ms": parts["GEMM"], "im2col_ms": parts["im2col"], "col2im_ms": parts["col2im"],
+                      "winograd_ms": parts["Winograd"],
                       "own_python_ms": parts["conv (own Python)"],
                       "gemm_gflops": flops / steps / (parts["GEMM"] / 1e3) / 1e9 if parts["GEMM"] else None,
                       "openblas_alone_ms": ideal,
@@ -200,6 +205,7 @@ def profile(runner, threads: int, steps: int, warmup: int) -> dict:
                 "GEMM": sum(c["gemm_ms"] for c in convs),
                 "GEMM if every shape ran at its alone rate": sum(c["openblas_alone_ms"] for c in convs),
                 "im2col + col2im copies": sum(c["im2col_ms"] + c["col2im_ms"] for c in convs),
+                "Winograd (transforms and point GEMMs)": sum(c["winograd_ms"] for c in convs),
                 "conv own Python": sum(c["own_python_ms"] for c in convs),
                 **{k: v for k, v in others.items()}}}
 
@@ -208,11 +214,11 @@ def print_profile(name: str, p: dict) -> None:
     print(f"\nProfile {name}, {p['threads']} thread(s), {p['steps']} steps: {p['ms_per_step']:.1f} ms/step "
           f"profiled ({p['ms_per_step_unprofiled']:.1f} unprofiled)")
     print(f"  {'conv (pass k/stride HxW C->F)':<34} {'calls':>5} {'GEMM ms':>8} {'GF/s':>6} {'alone ms':>8} "
-          f"{'GF/s':>6} {'im2col':>7} {'col2im':>7} {'Python':>7}")
+          f"{'GF/s':>6} {'im2col':>7} {'col2im':>7} {'Winogr':>7} {'Python':>7}")
     for c in p["convs"]:
         gf = f"{c['gemm_gflops']:.0f}" if c["gemm_gflops"] else ""
         ga = f"{c['openblas_alone_gflops']:.0f}" if c["openblas_alone_gflops"] else ""
         print(f"  {c['conv']:<34} {c['calls_per_step']:5.0f} {c['gemm_ms']:8.2f} {gf:>6} "
               f"{c['openblas_alone_ms']:8.2f} {ga:>6} {c['im2col_ms']:7.2f} {c['col2im_ms']:7.2f} "
-              f"{c['own_python_ms']:7.2f}")
+              f"{c['winograd_ms']:7.2f} {c['own_python_ms']:7.2f}")
     print("  totals (ms/step): " + "; ".join(f"{k} {v:.1f}" for k, v in p["summary"].items()))

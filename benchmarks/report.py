@@ -266,6 +266,13 @@ def cpu_step(results: Path) -> str:
                    f"{_img_s(r['scalesgd_im2col'])} | {_img_s(r['torch_nchw'])} | "
                    f"{_img_s(r['torch_channels_last'])} | **{r['ratio']:.2f}** ({d['targets'][r['model']]}) | "
                    f"{r['ratio_scalesgd_im2col']:.2f} | {bt} | {f(r['foreign_cpu'])} |")
+    met = [r for r in d["results"] if r["ratio"] >= d["targets"][r["model"]]]
+    missed = [r for r in d["results"] if r not in met]
+
+    def names(rows):
+        return "; ".join(f"{CPU_NAMES[r['model']]} at {r['threads']} thread{'s' * (r['threads'] > 1)} "
+                         f"({r['ratio']:.2f} vs {d['targets'][r['model']]})" for r in rows) or "none"
+    out += ["", f"Goal met (median ratio ≥ goal): {names(met)}. Not met: {names(missed)}."]
     i = d["info"]
     out += ["", f"Run {i['date']}: {i['cpu_model']} ×{i['cpus']}, Python {i['python']}, NumPy {i['numpy']}, "
             f"BLAS {i['blas']}, torch {i['torch']}; {i['repeats']} interleaved blocks of {i['steps']} steps "
@@ -286,11 +293,12 @@ def cpu_profile(results: Path) -> str:
     for name, p in profs.items():
         out += ["", f"{CPU_NAMES[name]}, per conv geometry (k×k/stride, input H×W, channels; fwd and bwd passes):",
                 "", "| conv | calls | GEMM ms | GFLOP/s | OpenBLAS alone ms | GFLOP/s | im2col ms | col2im ms | "
-                "conv Python ms |", "|---|---|---|---|---|---|---|---|---|"]
+                "Winograd ms | conv Python ms |", "|---|---|---|---|---|---|---|---|---|---|"]
         for c in p["convs"]:
             out.append(f"| {c['conv']} | {c['calls_per_step']:.0f} | {c['gemm_ms']:.2f} | {f(c['gemm_gflops'], '.0f')} | "
                        f"{c['openblas_alone_ms']:.2f} | {f(c['openblas_alone_gflops'], '.0f')} | "
-                       f"{c['im2col_ms']:.2f} | {c['col2im_ms']:.2f} | {c['own_python_ms']:.2f} |")
+                       f"{c['im2col_ms']:.2f} | {c['col2im_ms']:.2f} | {c['winograd_ms']:.2f} | "
+                       f"{c['own_python_ms']:.2f} |")
     return "\n".join(out)
 
 
@@ -311,15 +319,23 @@ def cpu_end_to_end(results: Path) -> str:
 
 
 def conv_candidates(results: Path) -> str:
+    """Forward + backward ms of the shipped algorithms with auto's pick, then forward-only ms with the
+    two Winograd tile sizes (conv_candidates.py); bold: the fastest in its group."""
     d = json.loads((results / "conv-candidates.json").read_text())
-    names = list(d["rows"][0]["ms"])
-    out = ["| geometry (N, H×W, C→F) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    fb = list(d["rows"][0]["fwd_bwd_ms"])
+    order = ("im2col", "blocked", "taps", "winograd_f2", "winograd_f4")
+    fw = [k for k in order if any(k in r["ms"] for r in d["rows"])]
+
+    def cells(vals, names):
+        best = min(v for v in vals.values())
+        return " | ".join("—" if k not in vals else f"**{vals[k]:.2f}**" if vals[k] == best
+                          else f"{vals[k]:.2f}" for k in names)
+    out = ["| geometry (N, H×W, C→F) | " + " | ".join(f"{k} fwd+bwd" for k in fb) + " | auto picks | "
+           + " | ".join(f"{k} fwd" for k in fw) + " |", "|---|" + "---|" * (len(fb) + 1 + len(fw))]
     for r in d["rows"]:
-        best = min(r["ms"].values())
-        out.append(f"| {r['geometry']} | " + " | ".join(
-            (f"**{r['ms'][k]:.2f}**" if r["ms"][k] == best else f"{r['ms'][k]:.2f}") for k in names) + " |")
-    out.append("| max error / max output (vs float64) | " + " | ".join(
-        f"{max(r['max_rel_error'][k] for r in d['rows']):.1e}" for k in names) + " |")
+        out.append(f"| {r['geometry']} | {cells(r['fwd_bwd_ms'], fb)} | {r['auto']} | {cells(r['ms'], fw)} |")
+    out.append("| max error / max output (vs float64), forward | " + " | ".join("" for _ in fb) + " | | "
+               + " | ".join(f"{max(r['max_rel_error'].get(k, 0.0) for r in d['rows']):.1e}" for k in fw) + " |")
     return "\n".join(out)
 
 

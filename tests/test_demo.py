@@ -23,9 +23,10 @@ def test_demo_reaches_97_percent(tmp_path):
     assert s["samples"] == s["epochs"] * (1438 // 64) * 64
 
 
-METHODS_ON_4 = ["allreduce", "easgd", "asgd", "gossip"]
+METHODS_ON_4 = ["allreduce", "easgd", "asgd", "gossip", "localsgd"]
 # Half of the jobs' 12 epochs (the cosine schedule then spans 6): every method is past 98% at epoch 6
-# of a 12-epoch run already, and the four runs are most of the suite's time (about 250 CPU-s each).
+# of a 12-epoch run already (localsgd 97.8%), and these runs are most of the suite's time (about 250
+# CPU-s each).
 EPOCHS_ON_4 = 6
 
 
@@ -34,7 +35,7 @@ EPOCHS_ON_4 = 6
 @pytest.mark.parametrize("method", METHODS_ON_4)
 def test_each_method_trains_the_digits_on_4_ranks(tmp_path, method):
     """jobs/digits-METHOD.toml for EPOCHS_ON_4 epochs under mpiexec -n 4 (2 cores: oversubscribed)
-    reaches >= 95%."""
+    reaches >= 97% (localsgd's full 12-epoch job: 99.16%, the closing note of its issue)."""
     from mpirun import check, needs_mpi, run_mpi
     if needs_mpi.args[0]:
         pytest.skip("no mpiexec")
@@ -44,7 +45,7 @@ def test_each_method_trains_the_digits_on_4_ranks(tmp_path, method):
                   env={"SCALESGD_DATA": str(tmp_path / "digits")}))
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["method"] == method and s["ranks"] == 4 and s["epochs"] == EPOCHS_ON_4
-    assert s["val_top1_accuracy"] >= 0.95, s["history"]
+    assert s["val_top1_accuracy"] >= 0.97, s["history"]
 
 
 @pytest.mark.slow

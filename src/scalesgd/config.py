@@ -59,8 +59,10 @@ class ModelConfig:
     conv_algo: str = _f("auto", "convolutions on the xp path: im2col (one im2col matrix and GEMM per layer "
                         "for the whole batch), blocked (im2col + GEMM per block of images sized to the CPU's "
                         "L2 cache), taps (stride-1 3x3 convs image by image: width taps only, one GEMM "
-                        "per kernel row; others blocked), auto (taps from 16x16 images up and blocked "
-                        "elsewhere on NumPy, im2col on CuPy); see docs/benchmarks.md",
+                        "per kernel row), winograd (3x3/1 convs: Winograd F(4x4, 3x3)), auto (per layer "
+                        "on NumPy: winograd from 64 channels on 8x8+ images, taps on 16x16+ images, "
+                        "blocked for huge im2col matrices, else im2col; im2col on CuPy); see "
+                        "docs/benchmarks.md",
                         choices=CONV_ALGOS)
     precision: str = _f("fp32", "GPU math: fp32, tf32 (tensor-core float32 GEMMs/convs), bf16 "
                         "(bf16 activations, float32 master weights)", choices=PRECISIONS)

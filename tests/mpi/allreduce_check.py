@@ -47,6 +47,18 @@ def make_model():
     return m
 
 
+def started(c):
+    """A model whose rank-0 replica starts off the others' (start() must overwrite that) and the
+    method of config ``c``, attached and started: (model, method)."""
+    model = make_model()
+    if TOPO.rank == 0:
+        model.ps.params += 0.01
+    method = create(c, TOPO, Signals())
+    method.attach(model)
+    method.start(model.ps)
+    return model, method
+
+
 def train_steps(model, method, opt, steps, rank):
     for step in range(steps):
         x, y = batch(rank, step)
@@ -63,12 +75,7 @@ def replicas_identical_and_equal_to_serial(comm):
     results = {}
     for overlap in (True, False):
         c = cfg(overlap=overlap, bucket_mb=0.01)
-        model = make_model()
-        if comm.rank == 0:
-            model.ps.params += 0.01                      # start() must overwrite rank-dependent init
-        method = create(c, TOPO, Signals())
-        method.attach(model)
-        method.start(model.ps)
+        model, method = started(c)
         opt = SGD(model.ps.params, c.optim, model.ps.decay_mask())
         train_steps(model, method, opt, 4, comm.rank)
         gathered = np.empty((comm.size, model.ps.params.size)) if comm.rank == 0 else None

@@ -1,6 +1,6 @@
 """localsgd invariants, run as ``mpiexec -n P python tests/mpi/localsgd_check.py``."""
 import numpy as np
-from allreduce_check import batch, make_model
+from allreduce_check import batch, make_model, started
 from harness import run_checks
 from mpi4py import MPI
 
@@ -17,12 +17,7 @@ LR = 0.05
 
 def setup(**dist):
     c = C.build(overrides={"train": {"method": "localsgd"}, "dist": dist})
-    model = make_model()
-    if TOPO.rank == 0:
-        model.ps.params += 0.01                      # start() must overwrite rank-dependent init
-    method = create(c, TOPO, Signals())
-    method.attach(model)
-    method.start(model.ps)
+    model, method = started(c)
     return c, model, method, SGD(model.ps.params, c.optim, model.ps.decay_mask())
 
 
