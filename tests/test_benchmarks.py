@@ -113,3 +113,22 @@ def test_torch_twin_has_scalesgd_parameter_counts_and_trains():
         benchlib.timed(ours, 1)
         benchlib.timed(twin, 1)
         assert math.isfinite(ours.loss) and math.isfinite(twin.loss), (name, ours.loss, twin.loss)
+
+
+def test_glyphs_proxy_data_set_is_deterministic_with_a_separate_tune_split(tmp_path):
+    """benchmarks/glyphs.py: every image is a function of (seed, split, index); OUT/main and OUT/tune
+    hold the same train images; tune and val are different draws; all 10 classes occur; the shards
+    open as a data set."""
+    import glyphs  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    from scalesgd.data.shards import ShardSet  # noqa: PLC0415
+    a, b = glyphs.images("train", 300, 16, 0), glyphs.images("train", 300, 16, 0)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    assert set(a[1].tolist()) == set(range(10)) and a[0].shape == (300, 16, 16, 3)
+    assert not np.array_equal(glyphs.images("val", 50, 16, 0)[0], glyphs.images("tune", 50, 16, 0)[0])
+    assert not np.array_equal(a[0], glyphs.images("train", 300, 16, 1)[0])        # the seed matters
+    glyphs.build(tmp_path, train=64, val=16, tune=24, shards=2)
+    main, tune = ShardSet.open(tmp_path / "main", "train"), ShardSet.open(tmp_path / "tune", "train")
+    assert main.num_samples == tune.num_samples == 64 and main.num_classes == 10
+    assert ShardSet.open(tmp_path / "main", "val").num_samples == 16
+    assert ShardSet.open(tmp_path / "tune", "val").num_samples == 24
