@@ -271,7 +271,7 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps({"info": info, "c2c_before_ns": c2c_before,
                                          "c2c_after_ns": c2c_after, "results": results,
                                          "targets": TARGETS, "profiles": profiles,
-                                         "end_to_end": e2e, "src": str(args.src),
+                                         "end_to_end": e2e, "src": _describe(args.src),
                                          "elapsed_s": elapsed}, indent=1))
         print(f"wrote {args.json}")
     return 0
@@ -310,6 +310,15 @@ def _print_row(res, layouts, use_torch, header):
     c = "/".join("n/a" if v is None else f"{v:.0f}" for v in res["c2c_ns"])
     fl = "n/a" if res["foreign_cpu"] is None else f"{res['foreign_cpu']:.2f}"
     print(line + f"   {c:<22} {fl}", flush=True)
+
+
+def _describe(src: Path) -> str:
+    """Which source tree the end-to-end runs used, without a path of this machine: this checkout's,
+    or another tree's git commit."""
+    if src.resolve() == (Path(__file__).resolve().parents[1] / "src"):
+        return "src (this checkout)"
+    p = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return f"src of commit {p.stdout.strip()}" if p.returncode == 0 else "src of another tree"
 
 
 def _cpu_model() -> str:
