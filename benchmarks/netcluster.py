@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import os
 import re
@@ -561,6 +562,7 @@ def _flag(prefix: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm_exits)     # a `kill` stops the job and tears down too
+    faulthandler.register(signal.SIGUSR1, all_threads=True)   # `kill -USR1`: where a stuck run is
     commands = {"up": _cmd_up, "down": _cmd_down, "status": _cmd_status, "run": _cmd_run}
     try:
         return commands[a.command](a)
