@@ -562,6 +562,8 @@ def _flag(prefix: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm_exits)     # a `kill` stops the job and tears down too
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C too, even when started with
+    # SIGINT ignored (a shell's background job inherits that; Python then leaves it ignored)
     faulthandler.register(signal.SIGUSR1, all_threads=True)   # `kill -USR1`: where a stuck run is
     commands = {"up": _cmd_up, "down": _cmd_down, "status": _cmd_status, "run": _cmd_run}
     try:

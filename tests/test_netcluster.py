@@ -147,27 +147,33 @@ def test_leftovers_are_refused_and_a_failing_body_tears_down(prefix):
 def test_ctrl_c_or_sigterm_stops_the_job_and_removes_everything(tmp_path, prefix, sig, code):
     """`run --nodes 2` with rank 0 asleep outside MPI: after SIGINT (Ctrl-C) or SIGTERM to the tool,
     no rank survives, the namespaces and links are gone, and so are the /dev/shm segments the
-    ranks had mapped (killed ranks never reach MPI_Finalize, which would remove them)."""
+    ranks had mapped (killed ranks never reach MPI_Finalize, which would remove them).  The tool is
+    started with SIGINT ignored, as a shell's background job (`cmd &`) inherits it: it must still
+    stop on one (it once hung in waitpid here, when the suite ran in the background)."""
     tag = uuid.uuid4().hex
     (tmp_path / "hang.py").write_text(HANG)
-    proc = subprocess.Popen([*TOOL, "run", "--nodes", "2", "--rate", "100mbit", "--prefix", prefix,
-                             "--", sys.executable, str(tmp_path / "hang.py"), str(tmp_path)],
-                            env=dict(os.environ, NETCLUSTER_TEST_TAG=tag), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err_file = tmp_path / "tool.err"
+    with err_file.open("w") as err_out:      # a file, not a pipe: a stuck job cannot hold it open
+        proc = subprocess.Popen([*TOOL, "run", "--nodes", "2", "--rate", "100mbit", "--prefix", prefix,
+                                 "--", sys.executable, str(tmp_path / "hang.py"), str(tmp_path)],
+                                env=dict(os.environ, NETCLUSTER_TEST_TAG=tag), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err_out, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         wait_for([tmp_path / "up-0", tmp_path / "up-1"], proc)     # both ranks passed MPI_Init
         segments = set().union(*(shm.mapped_files(p) for p in tagged(tag)))
         proc.send_signal(sig)
         try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:           # seen twice in loaded full-suite runs, never alone:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGUSR1)        # the tool's stacks (faulthandler) say where it hung
             time.sleep(1)
-            proc.kill()
-            out, err = proc.communicate()
-            pytest.fail(f"the tool did not end within 60 s of signal {sig}; its stacks:\n{err[-6000:]}")
+            pytest.fail(f"the tool did not end within 60 s of signal {sig}; its stacks:\n"
+                        f"{err_file.read_text()[-6000:]}")
     finally:
         proc.kill()
+        proc.wait()
+    err = err_file.read_text()
     assert proc.returncode == code, err
     assert tagged(tag) == [], "processes of the job survived"
     if nc.mpi_flavor(nc.default_mpiexec()) == "mpich":
