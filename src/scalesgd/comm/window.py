@@ -293,7 +293,34 @@ class SampleCounter:
         self.win.free()
 
 
-class Courier:
+class CourierJobs:
+    """The job states a courier goes through, shared by the MPI one (``Courier``) and the virtual
+    cluster's (``virtual.windows.VirtualCourier``): idle -> queued -> running -> done -> idle."""
+
+    _state = "idle"
+    _result = (None, None)
+
+    @property
+    def busy(self) -> bool:
+        """A job was submitted and ``wait`` has not collected it yet."""
+        return self._state != "idle"
+
+    @property
+    def done(self) -> bool:
+        """The job submitted last has finished (``wait`` will not block)."""
+        return self._state in ("done", "idle")
+
+    def _collect(self, exposed: float):
+        """Hands the finished job's value back (or raises its exception) and goes idle; ``exposed``:
+        the seconds the caller was blocked waiting for it."""
+        (value, error), self._result, self._state = self._result, (None, None), "idle"
+        self.exposed_seconds += exposed
+        if error is not None:
+            raise error
+        return value
+
+
+class Courier(CourierJobs):
     """A communication thread that runs one job at a time (``submit``) while the caller computes;
     ``wait`` returns the job's value (or raises its exception) once it is done.
 
@@ -312,20 +339,9 @@ class Courier:
         self.busy_seconds = self.exposed_seconds = 0.0
         self.jobs = 0
         self._cv = threading.Condition()
-        self._state, self._job, self._result = "idle", None, (None, None)
-        self._closed = False
+        self._job, self._closed = None, False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
-
-    @property
-    def busy(self) -> bool:
-        """A job was submitted and ``wait`` has not collected it yet."""
-        return self._state != "idle"
-
-    @property
-    def done(self) -> bool:
-        """The job submitted last has finished (``wait`` will not block)."""
-        return self._state in ("done", "idle")
 
     def submit(self, fn, *args) -> None:
         """Starts ``fn(*args)`` on the thread; the previous job must have been collected."""
@@ -342,11 +358,7 @@ class Courier:
                 self._cv.wait()
             if self._state == "idle":
                 return None
-            (value, error), self._result, self._state = self._result, (None, None), "idle"
-        self.exposed_seconds += time.perf_counter() - t
-        if error is not None:
-            raise error
-        return value
+            return self._collect(time.perf_counter() - t)
 
     def close(self) -> None:
         """Collects the job in flight (raising its error), then ends the thread.  Idempotent."""

@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..comm.window import CourierJobs
+
 if TYPE_CHECKING:
     from .transport import InProcessTransport
 
 
-class VirtualCourier:
+class VirtualCourier(CourierJobs):
     """``comm.window.Courier`` for a virtual rank: one job at a time, run by a helper participant
     with its own clock (from the time it was submitted), so the job's communication overlaps the
     rank's next compute in simulated time; ``wait`` blocks the rank until the job's end.  While
@@ -22,17 +24,9 @@ class VirtualCourier:
         self.net, self.world = net, net.world
         self.busy_seconds = self.exposed_seconds = 0.0
         self.jobs = 0
-        self._state, self._job, self._result, self._closed = "idle", None, (None, None), False
+        self._job, self._closed = None, False
         self._submitted = self._finished = 0.0
         self.id = self.world.add(self._run, f"vcourier-{net.wr}")
-
-    @property
-    def busy(self) -> bool:
-        return self._state != "idle"
-
-    @property
-    def done(self) -> bool:
-        return self._state in ("done", "idle")
 
     def submit(self, fn, *args) -> None:
         assert self._state == "idle" and not self._closed, "one job at a time, on an open courier"
@@ -44,11 +38,7 @@ class VirtualCourier:
                        "waiting for the communication thread")
         if self._state == "idle":
             return None
-        (value, error), self._result, self._state = self._result, (None, None), "idle"
-        self.exposed_seconds += self.net.clock() - t
-        if error is not None:
-            raise error
-        return value
+        return self._collect(self.net.clock() - t)
 
     def close(self) -> None:
         try:
