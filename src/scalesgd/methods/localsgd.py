@@ -25,6 +25,7 @@ the average (until the slowest worker has finished its period), ``comm`` the all
 """
 from __future__ import annotations
 
+from ..backend import get_array_module
 from .base import Method
 
 
@@ -42,8 +43,9 @@ class LocalSGD(Method):
     def start(self, ps) -> None:
         super().start(ps)                # identical replicas: x_sync = every replica's parameters
         if self.slowmo:
-            self.x_sync, self.u, self.tmp = ps.params.copy(), ps.params.copy(), ps.params.copy()
-            self.u[...] = 0
+            xp = get_array_module(ps.params)
+            self.x_sync = ps.params.copy()
+            self.u, self.tmp = xp.zeros_like(ps.params), xp.empty_like(ps.params)
 
     def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
         if (step + 1) % self.tau == 0 and self.roles.size > 1:

@@ -22,9 +22,10 @@
 - ``auto``: on NumPy ``winograd`` for 3x3 stride-1 layers with at least WINOGRAD_MIN_CHANNELS input
   channels on images of at least WINOGRAD_MIN_SIZE; else ``taps`` where it applies and an image has
   at least TAPS_MIN_PIXELS pixels and TAPS_MIN_MACS multiply-adds (below either, its per-image calls
-  cost more than they save: 8x8 images, or the crossover proxy's 8-channel 16x16 ones); else ``blocked`` where the whole batch's im2col
-  matrix exceeds BLOCKED_ABOVE (an ImageNet stem's is 470 MB at batch 64) and a block has at least F
-  rows (so that summing dW's partials costs less than the block); else ``im2col``.  On CuPy
+  cost more than they save: 8x8 images, or the crossover proxy's 8-channel 16x16 ones); else
+  ``blocked`` where the whole batch's im2col matrix exceeds BLOCKED_ABOVE (an ImageNet stem's is
+  470 MB at batch 64) and a block has at least F rows (so that summing dW's partials costs less than
+  the block); else ``im2col``.  On CuPy
   ``im2col`` (a GPU has no per-core cache to fit, and big GEMMs suit it).  The measured table behind
   these thresholds: ``benchmarks/conv_candidates.py`` (docs/benchmarks.md).
 
@@ -160,7 +161,8 @@ def _same(kh: int, kw: int, stride: int, pad: int) -> bool:
 def conv_plan(algo: str, xp, x_shape, kh: int, kw: int, stride: int, pad: int, itemsize: int,
               f: int = 1):
     """How a layer runs under ``algo`` (``model.conv_algo``): None (the whole batch at once, im2col),
-    ``("blocked", images per block)`` or ``("taps", 1)``; ``f``: output channels."""
+    ``("blocked", images per block)``, ``("taps", 1)`` or ``("winograd", tile size m)``; ``f``: the
+    output channels (auto's multiply-add and dW-size rules use it)."""
     if algo not in CONV_ALGOS:
         raise ValueError(f"conv algorithm {algo!r}: choose from {', '.join(CONV_ALGOS)}")
     if algo == "im2col" or (algo == "auto" and xp.__name__ != "numpy") or (kh == kw == 1 and pad == 0):
@@ -289,19 +291,16 @@ class _Accumulate:
 def _blocked_backward(dout, x, w, stride, pad, block, dw, need_dx, ws):
     """Backward of a blocked forward: per block, im2col of x again -> dW partial, then dx."""
     xp = get_array_module(dout)
-    kh, kw, c, f = w.shape
+    kh, kw, _, f = w.shape
     n = x.shape[0]
     acc = _Accumulate(xp, dw.reshape(-1, f), ws)
     for i in range(0, n, block):
         acc(im2col(x[i:i + block], kh, kw, stride, pad, ws).T, dout[i:i + block].reshape(-1, f))
     if not need_dx:
         return None
+    if _dx_by_adjoint(x.shape, w.shape, stride, pad):     # the blocked forward of the adjoint conv
+        return conv2d_forward(dout, _adjoint_weight(xp, w), 1, pad, ws, ("blocked", block))[0]
     dx = xp.empty(x.shape, dtype=dout.dtype)
-    if _dx_by_adjoint(x.shape, w.shape, stride, pad):
-        w_adj = _adjoint_weight(xp, w).reshape(-1, c)
-        for i in range(0, n, block):
-            gemm(im2col(dout[i:i + block], kh, kw, 1, pad, ws), w_adj, out=dx[i:i + block].reshape(-1, c))
-        return dx
     wt = w.reshape(-1, f).T
     for i in range(0, n, block):
         d2 = dout[i:i + block].reshape(-1, f)
