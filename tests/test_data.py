@@ -300,3 +300,24 @@ def test_imports_have_no_side_effects():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": SRC},
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+def test_a_loaded_split_reads_the_same_bytes_from_memory(tmp_path):
+    """``ShardSet.load`` (data.cache_mb): every sample's bytes and label as the HDF5 read gives them;
+    ``open_splits`` loads a split only when its files fit the cache; a shard that cannot be read
+    while loading is named."""
+    from scalesgd.train.loop import open_splits
+    root = make_dataset(tmp_path / "d", n=24, n_val=6, num_classes=3)
+    disk, mem = ShardSet.open(root, "train"), ShardSet.open(root, "train").load()
+    assert mem.loaded and not disk.loaded
+    for g in range(disk.num_samples):
+        a, b = disk.read(g), mem.read(g)
+        assert a[1] == b[1] and np.array_equal(a[0], b[0]) and not b[0].flags.writeable
+    assert all(s.loaded for s in open_splits(root, 1))
+    assert not any(s.loaded for s in open_splits(root, 0))
+    disk.close()
+    with h5py.File(root / "train-00001-of-00002.h5", "r+") as f:    # readable header, no images
+        del f["images"]
+    broken = ShardSet(root, "train", *_raw_parts(root))
+    with pytest.raises(ShardError, match=r"train-00001-of-00002\.h5: cannot read its images"):
+        broken.load()

@@ -292,3 +292,34 @@ def test_a_batch_the_data_cannot_fill_is_refused_before_anything_is_written(data
                 tmp_path)
     assert p.returncode == 1 and "8 x 64 workers exceeds the 96 training samples" in p.stderr, p.stderr
     assert not v.exists()
+
+
+@pytest.mark.mpi
+def test_a_stand_in_profile_times_the_job_as_its_workload(data, tmp_path):
+    """``stands_for``: each step costs the named workload's step (batch / images_per_second, MACs
+    scaled from the reference) and every byte sent costs that model's parameters over the job's:
+    the same run under a plain profile with the same step sends exactly 1/scale as many bytes."""
+    from scalesgd.virtual.profile import model_params
+    common = dict(link_gbps=10, latency_us=0, reference={"model": "resnet18", "image_size": 224})
+    profiles = {"standin": dict(name="standin", images_per_second=1000, **common,
+                                stands_for={"model": "resnet18", "image_size": 224, "batch_size": 32}),
+                "plain": dict(name="plain", step_seconds=0.032, link_gbps=10, latency_us=0)}
+    got = {}
+    for name, prof in profiles.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(prof))
+        d = tmp_path / name
+        ok(virtual(["--method", "gossip", "--gossip", "pull", "--workers", "2", "--data", str(data), *TINY,
+                    "--profile", str(tmp_path / f"{name}.json"), "--threads", "1", "--run-dir", str(d)],
+                   tmp_path))
+        s = json.loads((d / "summary.json").read_text())
+        steps = [json.loads(x) for x in (d / "metrics" / "rank-1.jsonl").read_text().splitlines()
+                 if '"kind": "step"' in x]
+        got[name] = (sum(s["virtual"]["node_bytes_sent"]), steps[-1]["compute_seconds"] / steps[-1]["step"],
+                     s["num_params"])
+    assert got["standin"][1] == pytest.approx(0.032) and got["plain"][1] == pytest.approx(0.032)
+    scale = model_params("resnet18") / got["plain"][2]
+    assert got["standin"][0] == pytest.approx(scale * got["plain"][0], rel=1e-3), (got, scale)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(dict(profiles["standin"], stands_for={"model": "resnet18"})))
+    p = virtual(["--workers", "2", "--data", str(data), *TINY, "--profile", str(bad)], tmp_path)
+    assert p.returncode != 0 and "stands_for is" in p.stderr

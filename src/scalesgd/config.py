@@ -93,6 +93,8 @@ class DataConfig:
     std: tuple[float, float, float] = _f((58.395, 57.12, 57.375), "per-channel std (0-255 units)",
                                          lo=0, lo_open=True)
     data_threads: int = _f(0, "DALI CPU threads per rank (0 = cores / ranks on the node)", lo=0)
+    cache_mb: int = _f(256, "a split whose shard files total at most this many MiB is read into memory "
+                       "once per process, instead of one HDF5 read per sample (0 = never)", lo=0)
     lighting: float = _f(0.0, "AlexNet PCA lighting noise std in training (0 = off; the papers used 0.1)",
                          lo=0)
     ten_crop: bool = _f(False, "validation: average the softmax over 4 corner + centre crops and their flips")

@@ -73,10 +73,21 @@ def samples_per_epoch(train_samples: int, batch_size: int, workers: int) -> int:
     return train_steps(train_samples, batch_size, workers) * batch_size * workers
 
 
+def open_splits(data_root: Path, cache_mb: int) -> tuple[ShardSet, ShardSet]:
+    """The train and val ShardSets of ``data_root``, each read into memory when its files total at
+    most ``cache_mb`` MiB (``data.cache_mb``)."""
+    sets = ShardSet.open(data_root, "train"), ShardSet.open(data_root, "val")
+    for s in sets:
+        if cache_mb and s.disk_bytes <= cache_mb * 2**20:
+            s.load()
+    return sets
+
+
 def build(cfg: Config, topo, backend, method, control: Control, data_root: Path,
-          data_threads: int) -> Setup:
-    """Opens the shards, builds the model (identical init from the seed), optimizer and loaders."""
-    train_shards, val_shards = ShardSet.open(data_root, "train"), ShardSet.open(data_root, "val")
+          data_threads: int, splits: tuple[ShardSet, ShardSet] | None = None) -> Setup:
+    """Opens the shards (or uses ``splits``, as ``open_splits`` returns: the virtual cluster's
+    ranks share one copy), builds the model (identical init from the seed), optimizer and loaders."""
+    train_shards, val_shards = splits or open_splits(data_root, cfg.data.cache_mb)
     m, d = cfg.model, cfg.data
     kernels.set_impl(m.kernels)                    # fused CUDA kernels or their references (GPU)
     if getattr(backend, "is_gpu", False):          # GPU only: precision and conv path (logged once)

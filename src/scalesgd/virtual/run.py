@@ -33,6 +33,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--replay", metavar="RUN_DIR", help="replay the event order a real MPI run "
                    "recorded in RUN_DIR/trace (its config is used; flags may not change it), then "
                    "compare its events and final checkpoint with the run's")
+    g.add_argument("--threads", type=int, help="BLAS threads of the process (default: every core "
+                   "it may use; 1 when several virtual runs share a machine: OpenBLAS threads "
+                   "spin between calls, and two runs of 2 threads on 2 cores run ~8x slower)")
     g.add_argument("--list-profiles", action="store_true", help="list the shipped profiles and exit")
 
 
@@ -43,7 +46,8 @@ def ranks_for(cfg: C.Config, workers: int) -> int:
     return workers + cls.servers_for(cfg)
 
 
-def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = None) -> dict:
+def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = None,
+        threads: int | None = None) -> dict:
     """Trains ``workers`` virtual workers; returns rank 0's summary (also in RUN_DIR/summary.json)."""
     from ..comm.topology import Topology  # noqa: PLC0415
     from ..data.demo import build_digits, default_data_dir  # noqa: PLC0415
@@ -73,15 +77,15 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
         raise ConfigError(f"--run-dir {run_dir} already holds a run (its config.json): continue it "
                           f"with --resume {run_dir}, or choose another run directory")
     backend = backend_mod.select("cpu", 0)
-    backend_mod.set_blas_threads(backend_mod.blas_threads_for(1))
+    backend_mod.set_blas_threads(threads or backend_mod.blas_threads_for(1))
     ns = size - workers
     replay = Replay(replay_dir, size, ns) if replay_dir is not None else None
     world = World(size)
     cluster = Cluster(world, prof, replay)
     from ..data.pipeline import train_steps  # noqa: PLC0415
-    from ..data.shards import ShardSet  # noqa: PLC0415
     from ..errors import DataError  # noqa: PLC0415
-    train_set = ShardSet.open(data_root, "train")            # checked before anything is written
+    splits = loop.open_splits(data_root, cfg.data.cache_mb)  # checked before anything is written;
+    train_set = splits[0]                                    # one copy for every virtual rank
     if train_steps(train_set.num_samples, cfg.data.batch_size, workers) < 1:
         raise DataError(f"data.batch_size: {cfg.data.batch_size} x {workers} workers exceeds the "
                         f"{train_set.num_samples} training samples in {data_root} (a smaller "
@@ -93,6 +97,7 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
                    replay_of=str(replay_dir) if replay else None, time="simulated seconds")
     write_json_atomic(run_dir / "virtual.json", virtual)
     cluster.compute = P.Compute(prof, cfg, train_set.num_classes, cfg.train.seed)
+    cluster.net.scale = P.byte_scale(prof, cfg, train_set.num_classes)
     group = tuple(range(size))
     setups, summaries = [None] * size, [None] * size
 
@@ -103,7 +108,7 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
                             None, None, net)
             control = Control(net, size)
             method = create(cfg, topo, control.signals)
-            s = loop.build(cfg, topo, backend, method, control, data_root, 1)
+            s = loop.build(cfg, topo, backend, method, control, data_root, 1, splits)
             if resume is not None:
                 loop.check_fits(s, resume)
             elif cfg.train.init_from:
@@ -182,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         if workers < 1:
             raise ConfigError(f"--workers {workers}: need at least 1")
         prof = P.load(getattr(args, "profile", None) or "a100-100gbit")
-        run(cfg, workers, prof, replay_dir)
+        threads = getattr(args, "threads", None)
+        if threads is not None and threads < 1:
+            raise ConfigError(f"--threads {threads}: need at least 1")
+        run(cfg, workers, prof, replay_dir, threads)
     except Stopped:
         print(f"scalesgd: stopped; checkpoint written; continue with --resume "
               f"{cfg.train.run_dir or 'RUN_DIR'}", file=sys.stderr)

@@ -55,6 +55,7 @@ class Net:
         self.intra_bps = profile.intra_gbps * 1e9 / 8
         self.lat = profile.latency_us * 1e-6
         self.bytes_sent = [0] * nodes
+        self.scale = 1.0        # bytes on the wire per byte sent (a profile's stands_for: its model's)
 
     def node(self, r: int) -> int:
         return r // self.rpn
@@ -62,6 +63,7 @@ class Net:
     def send(self, src: int, dst: int, nbytes: int, t: float) -> float:
         """Arrival time at ``dst`` of ``nbytes`` sent by ``src`` at ``t`` (NICs updated)."""
         a, b = self.node(src), self.node(dst)
+        nbytes = nbytes * self.scale
         if a == b:
             return t + nbytes / self.intra_bps + self.lat * 0.1
         tx = nbytes / self.bps
@@ -69,12 +71,13 @@ class Net:
         self.out_free[a] = start + tx
         into = max(start, self.in_free[b])
         self.in_free[b] = into + tx
-        self.bytes_sent[a] += nbytes
+        self.bytes_sent[a] += int(nbytes)
         return into + tx + self.lat
 
     def collective_seconds(self, nbytes: int, group) -> float:
         """Ring all-reduce of ``nbytes`` over the nodes of ``group`` (within a node: its rate)."""
         nodes = len({self.node(r) for r in group})
+        nbytes = nbytes * self.scale
         if len(group) == 1:
             return 0.0
         if nodes == 1:
@@ -85,7 +88,11 @@ class Net:
     def apply_seconds(self, nbytes: int) -> float:
         """Arithmetic over a flat buffer on the device (a server's update, a gossip mix): three
         passes at the profile's memory rate."""
-        return 3 * nbytes / (self.p.mem_gbps * 1e9)
+        return 3 * nbytes * self.scale / (self.p.mem_gbps * 1e9)
+
+    def wire_seconds(self, nbytes: int) -> float:
+        """Seconds of ``nbytes`` at the link rate (no NIC queueing: collectives' own terms)."""
+        return nbytes * self.scale / self.bps
 
 
 class Cluster:
@@ -195,7 +202,7 @@ class InProcessTransport:
 
     def broadcast(self, arr, root: int = 0) -> None:
         mine = np.array(arr, copy=True) if self.rank == root else None
-        got = self._collective(mine, lambda v: v[root], self._small() + arr.nbytes / self.c.net.bps,
+        got = self._collective(mine, lambda v: v[root], self._small() + self.c.net.wire_seconds(arr.nbytes),
                                f"in a broadcast from rank {root}")
         if self.rank != root:
             arr[...] = got
@@ -243,7 +250,7 @@ class InProcessTransport:
         def combine(vals):
             for r, (arrs, txt, _) in enumerate(vals):
                 vals[root][2](r, arrs, txt)
-        self._collective((arrays, text, sink), combine, nbytes * self.size / self.c.net.bps,
+        self._collective((arrays, text, sink), combine, self.c.net.wire_seconds(nbytes * self.size),
                          "in the checkpoint funnel")
 
     # endpoints and windows --------------------------------------------------
