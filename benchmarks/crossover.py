@@ -47,7 +47,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "crossover"
 WORKERS = (4, 8, 16, 32, 64, 128)
 SEEDS = (0, 1, 2)
 TUNE_SEED = 100
-TARGET_ERROR = 0.30
+TARGET_ERROR = 0.40          # one worker reaches it in ~2 of the 4 epochs (30%: in 3)
 EPOCHS = 4
 TUNE_EPOCHS = 2
 TIMING_TRAIN = 25_600
@@ -137,9 +137,15 @@ def chosen(method: str, workers: int) -> str | None:
     return min(recs, key=tune_score)["config"]
 
 
+def samples_to(curve: list[dict], target: float = TARGET_ERROR) -> int | None:
+    """Training samples (all workers) at the first validation at or below ``target``."""
+    hit = next((c for c in curve if c["error"] <= target), None)
+    return None if hit is None else int(hit["samples"])
+
+
 def tune_score(rec: dict) -> tuple:
     """Lower is better: reached the target (in fewer samples), else the lower final error."""
-    s = rec["samples_to_target"]
+    s = samples_to(rec["curve"])
     return (0, s, rec["final_error"]) if s is not None else (1, rec["final_error"], 0)
 
 

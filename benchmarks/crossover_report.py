@@ -25,11 +25,6 @@ BOOT = 2000
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-def samples_to(curve: list[dict], target: float) -> int | None:
-    hit = next((c for c in curve if c["error"] <= target), None)
-    return None if hit is None else int(hit["samples"])
-
-
 def interval(xs: list[float]) -> dict:
     """Mean and a 95% t-interval over seeds (a single value: no interval)."""
     a = np.asarray(xs, float)
@@ -56,7 +51,7 @@ def analyse(target: float = X.TARGET_ERROR) -> dict:
                machine_hours={k: sum(r["real_seconds"] for r in recs) / 3600 for k, recs in
                               (("tune", tune), ("sweep", sweep), ("timing", timing), ("single", single))})
     spe = 51_200 // 8 * 8
-    out["single"] = dict(seeds=len(single), epochs_to_target=_epochs([samples_to(r["curve"], target)
+    out["single"] = dict(seeds=len(single), epochs_to_target=_epochs([X.samples_to(r["curve"], target)
                                                                       for r in single], spe),
                          final_error=interval([r["final_error"] for r in single]),
                          curve=_mean_curve(single))
@@ -67,7 +62,7 @@ def analyse(target: float = X.TARGET_ERROR) -> dict:
             runs = [r for r in sweep if r["method"] == m and r["workers"] == p]
             if not runs:
                 continue
-            s2t = [samples_to(r["curve"], target) for r in runs]
+            s2t = [X.samples_to(r["curve"], target) for r in runs]
             reached = [s for s in s2t if s is not None]
             row = dict(method=m, workers=p, config=runs[0]["config"], seeds=[r["seed"] for r in runs],
                        reached=len(reached), samples_to_target=s2t,
@@ -123,7 +118,7 @@ def _tuning(tune: list[dict], target: float) -> dict:
     for r in tune:
         key = f"{r['method']}/p{r['workers']}"
         out.setdefault(key, {"configs": {}})["configs"][r["config"]] = dict(
-            samples_to_target=samples_to(r["curve"], target), final_error=r["final_error"])
+            samples_to_target=X.samples_to(r["curve"], target), final_error=r["final_error"])
     for key, d in out.items():
         m, p = key.split("/p")
         d["chosen"] = X.chosen(m, int(p))
