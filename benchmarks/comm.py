@@ -68,7 +68,8 @@ def server_ops(comm, buf) -> dict:
 
         def serve(kind):
             for _ in range(comm.size - 1):
-                src = port.recv_push(reply)
+                src = port.recv_push_header()
+                port.recv_push_payload(src, reply)
                 if kind == "easgd":                      # reply with the old center, then update it
                     port.send_reply(src, center)
                     np.subtract(reply, center, out=reply)
@@ -83,7 +84,8 @@ def server_ops(comm, buf) -> dict:
 
     def exchange():
         port.post_reply(reply)
-        port.push(hdr, buf)
+        port.send_push(hdr, buf)
+        port.finish_push()
         port.wait_reply()
     return {"easgd exchange (all workers once)": exchange, "asgd push+fetch (all workers once)": exchange}
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from scalesgd import config as C
 from scalesgd.comm import topology
-from scalesgd.methods import mixing
+from scalesgd.methods import graphs, mixing
 from scalesgd.methods import create
 from scalesgd.train.control import Signals
 
@@ -56,7 +56,7 @@ def one_repeat(topo, variant: str, rounds: int, n: int, repeat: int,
     d0, mean0 = mixing.consensus_distance(xs), xs.mean(axis=0)
     dist = [1.0]
     for _ in range(rounds):
-        m.exchange()
+        m.after_update(0, ps, 0)             # one exchange (tau 1); counts no samples
         comm.Barrier()                       # every exchange of this round has completed
         if variant == "push":
             m.quiesce(ps)                    # fold what arrived: nothing left in flight
@@ -76,7 +76,7 @@ def one_repeat(topo, variant: str, rounds: int, n: int, repeat: int,
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", choices=["pull", "push"], default="pull")
-    ap.add_argument("--graph", choices=list(mixing.GRAPHS), default="uniform")
+    ap.add_argument("--graph", choices=list(graphs.GRAPHS), default="uniform")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--floats", type=int, default=100_000)

@@ -52,7 +52,7 @@ def test_the_method_registry_is_keyed_by_the_vocabulary():
     from scalesgd import methods
     assert tuple(methods.METHODS) == choices.METHODS
     assert all(cls.name == name for name, cls in methods.METHODS.items())
-    serving = tuple(name for name, cls in methods.METHODS.items() if cls.num_servers)
+    serving = tuple(name for name, cls in methods.METHODS.items() if cls.uses_server)
     assert serving == choices.SERVER_METHODS
 
 

@@ -172,6 +172,7 @@ def test_server_shards_divide_the_service_and_raise_saturation():
     ts4 = cost.server_service_seconds(W.param_bytes, NET, shards=4)
     assert ts4 == pytest.approx(2 * (NET.alpha + W.param_bytes / 4 / NET.bandwidth)
                                 + 3 * W.param_bytes / 4 / NET.mem)
+    assert ts4 < ts1                                     # a quarter of the bytes per shard
     assert cost.worker_link_surplus(W.param_bytes, NET, 1) == 0.0
     one = cost.step_seconds("easgd", 40, W, NET)
     four = cost.step_seconds("easgd", 40, W, NET, shards=4)

@@ -10,11 +10,11 @@ import subprocess
 import sys
 
 import pytest
-
 from mpirun import ROOT, check, run_mpi, uses_mpi
 from synth import make_dataset
 
 from scalesgd import doctor as D
+from scalesgd.doctor.gpu import _ranges
 
 FAST = ["--allreduce-mb", "2", "--busy-seconds", "0.3"]
 GPU_ROWS = ("cupy / cuda", "rank -> gpu", "nccl", "cuda-aware mpi", "cudnn frontend", "gpu fast paths",
@@ -188,7 +188,7 @@ def test_pure_parts_and_usage_errors():
     assert D.slurm_tasks_on_node("4(x2),3", 3) is None and D.slurm_tasks_on_node("x", 0) is None
     assert D.rma_targets([0, 0, 2, 2]) == {"same node": 1, "other node": 2}
     assert D.rma_targets([0, 1]) == {"other node": 1} and D.rma_targets([0]) == {}
-    assert D._ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert D.bus_gbs(25_000_000, 2, 0.025) == pytest.approx(1.0)        # 2(p-1)/p = 1 for p = 2
     assert "MPIR_CVAR_ASYNC_PROGRESS=1" in D.progress_fix("MPICH Version: 5.0.2")
     assert "I_MPI_ASYNC_PROGRESS=1" in D.progress_fix("Intel(R) MPI Library 2021.10")

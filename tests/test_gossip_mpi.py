@@ -10,6 +10,9 @@ from synth import make_dataset
 pytestmark = [pytest.mark.mpi, needs_mpi]
 
 
+GOSSIP_CHECKS = 7             # the checks tests/mpi/gossip_check.py runs (at 2 ranks as at 4)
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_gossip_invariants(ranks):
     """No RMA call waits for a busy target; no torn read (read directly or by a courier thread);
@@ -19,7 +22,7 @@ def test_gossip_invariants(ranks):
     average; an overlapped pull mixes the copy read one exchange earlier, in the background, and
     reads the pending peer again after a resume."""
     out = check(run_mpi(ranks, ["tests/mpi/gossip_check.py"], timeout=90))
-    assert out.count(": ok") == 7, out
+    assert out.count(": ok") == GOSSIP_CHECKS, out
     print(out)                                            # the measured numbers, with pytest -s
 
 
@@ -41,7 +44,8 @@ def test_cli_run_ends_and_writes_summary(tmp_path, tiny_data, variant, extra, bo
     s = json.loads((run_dir / "summary.json").read_text())
     assert (s["method"], s["ranks"], s["workers"]) == ("gossip", 3, 3)
     assert [h["global_samples"] for h in s["history"]] == boundaries
-    assert all(h["consensus_distance"] >= 0 for h in s["history"])
+    # three replicas trained on different data never coincide, and the distance is a number
+    assert all(0 < h["consensus_distance"] < float("inf") for h in s["history"]), s["history"]
     last_known = []
     for rank in range(3):
         lines = (run_dir / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()

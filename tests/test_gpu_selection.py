@@ -90,10 +90,13 @@ def test_overlap_not_honoured_is_said(caplog):
     assert caplog.text == "", "NumPy buffers: no line, as before"
 
 
+DEVICE_CHECKS = 5             # the checks tests/mpi/device_check.py runs
+
+
 @uses_mpi
 def test_transports_on_two_ranks():
     out = check(run_mpi(2, ["tests/mpi/device_check.py"], timeout=120))
-    assert out.count(": ok") == 5, out
+    assert out.count(": ok") == DEVICE_CHECKS, out
 
 
 @uses_mpi

@@ -6,10 +6,13 @@ from mpirun import check, needs_mpi, run_mpi
 pytestmark = [pytest.mark.mpi, needs_mpi]
 
 
+ALLREDUCE_CHECKS = 3          # the checks tests/mpi/allreduce_check.py runs
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_allreduce_invariants(ranks):
     out = check(run_mpi(ranks, ["tests/mpi/allreduce_check.py"], timeout=180))
-    assert out.count(": ok") == 3, out
+    assert out.count(": ok") == ALLREDUCE_CHECKS, out
 
 
 LOCALSGD_CHECKS = 4           # the checks tests/mpi/localsgd_check.py runs

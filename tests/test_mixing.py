@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from scalesgd.methods import graphs as G
 from scalesgd.methods import mixing
 
 
@@ -114,15 +115,15 @@ def test_deterministic_graphs_cycle_through_their_peers(p):
     ring: rank + 1.  Both restart from their checkpointed state."""
     m = max(1, (p - 1).bit_length())
     for rank in range(p):
-        g = mixing.ExponentialGraph(0, rank, p)
+        g = G.ExponentialGraph(0, rank, p)
         got = [g.peer() for _ in range(2 * m)]
         assert got == [(rank + 2 ** (k % m)) % p for k in range(2 * m)]
         if p > 1:
             assert rank not in got
-        again = mixing.ExponentialGraph(0, rank, p)
+        again = G.ExponentialGraph(0, rank, p)
         again.load_state(g.state())
         assert again.peer() == g.peer()
-        r = mixing.RingGraph(0, rank, p)
+        r = G.RingGraph(0, rank, p)
         assert {r.peer() for _ in range(3)} == {(rank + 1) % p}
 
 
@@ -134,7 +135,7 @@ def test_exponential_pull_averages_exactly_in_log2_p_rounds(p):
     x0 = [rng.standard_normal(11) for _ in range(p)]
     for name in ("exponential", "uniform"):
         xs = [x.copy() for x in x0]
-        graphs = [mixing.GRAPHS[name](0, i, p, include_self=False) for i in range(p)]
+        graphs = [G.GRAPHS[name](0, i, p, include_self=False) for i in range(p)]
         for _ in range(int(np.log2(p))):
             peers = [g.peer() for g in graphs]
             old = [x.copy() for x in xs]
@@ -154,7 +155,7 @@ def test_push_sum_conserves_mass_on_every_graph(name):
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal(n) for _ in range(p)]
     ws, mass0 = [1.0] * p, sum(xs)
-    graphs = [mixing.GRAPHS[name](0, i, p) for i in range(p)]
+    graphs = [G.GRAPHS[name](0, i, p) for i in range(p)]
     msg = np.empty(n + 1)
     for _ in range(200):
         inbox = [np.zeros(n + 1) for _ in range(p)]

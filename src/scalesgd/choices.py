@@ -7,7 +7,7 @@ nothing: ``config`` is read before MPI starts and must not pull in mpi4py, DALI 
 """
 
 # train.method: the registry in methods/__init__.py maps each name to its class (a test checks
-# that the two agree, and that SERVER_METHODS are exactly the classes with ``num_servers > 0``).
+# that the two agree, and that SERVER_METHODS are exactly the classes with ``uses_server``).
 METHODS = ("single", "allreduce", "easgd", "asgd", "gossip", "localsgd")
 SERVER_METHODS = ("easgd", "asgd")      # rank 0 is a parameter server: workers = ranks - 1
 GOSSIP_VARIANTS = ("pull", "push")      # dist.gossip

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import json
 import logging
 import sys
 import time
@@ -311,7 +309,7 @@ def _launched_world():
 
 
 def main(argv: list[str] | None = None) -> int:
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["doctor"]:   # `scalesgd doctor`: doctor.py
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["doctor"]:   # `scalesgd doctor`: doctor/
         from .doctor import main as doctor
         return doctor((sys.argv[1:] if argv is None else argv)[1:])
     _install_stop_handlers()

@@ -345,7 +345,8 @@ def shards_taking_pushes_in_opposite_orders_finish(comm):
     if comm.rank in workers:
         port, got = WorkerPort(comm, shards, bounds), np.zeros(n)
         port.post_reply(got)
-        port.push(header(PushHeader.SIZE), np.full(n, float(comm.rank)))
+        port.send_push(header(PushHeader.SIZE), np.full(n, float(comm.rank)))
+        port.finish_push()
         port.wait_reply()
         assert np.array_equal(got, np.full(n, -float(comm.rank))), got
     elif comm.rank in shards:

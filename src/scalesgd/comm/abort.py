@@ -1,6 +1,7 @@
 """Fail fast and together: one rank's error ends the whole job with a message naming the cause."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -37,10 +38,28 @@ def fail(topo, message: str, code: int = 1, shared: bool = False) -> None:
         if topo.rank == 0:
             print(f"scalesgd: error: {message}", file=sys.stderr, flush=True)
         sys.exit(code)
+    _end(topo, message, code, "scalesgd")
+    sys.exit(code)
+
+
+def fail_from_thread(topo, message: str, code: int = 1, who: str = "scalesgd") -> None:
+    """``fail`` for a helper thread (a watchdog, a deadline), where ``sys.exit`` would end only the
+    thread: prints, aborts every rank, and ends this process whatever its main thread is doing."""
+    _end(topo, message, code, who, from_thread=True)
+    os._exit(code)                # MPICH's MPI_Abort may return in a thread once it told the launcher
+
+
+def _end(topo, message: str, code: int, who: str, from_thread: bool = False) -> None:
+    """Print with the rank, give the launcher a moment to forward the line (hydra drops a dying
+    rank's unforwarded output), free this rank's /dev/shm segments, then MPI_Abort every rank."""
+    several = topo is not None and topo.size > 1
     where = f" (rank {topo.rank}/{topo.size})" if several else ""
-    print(f"scalesgd: error{where}: {message}", file=sys.stderr, flush=True)
+    print(f"{who}: error{where}: {message}", file=sys.stderr, flush=True)
     if several:
         time.sleep(DRAIN_S)
         unlink_mapped_segments()      # MPI_Abort skips MPI_Finalize, which would free /dev/shm
+        if from_thread:               # MPI_Abort from a second thread needs MPI_THREAD_MULTIPLE; else
+            from mpi4py import MPI    # noqa: PLC0415 - the launcher sees this process's exit instead
+            if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+                return
         topo.comm.Abort(code)
-    sys.exit(code)

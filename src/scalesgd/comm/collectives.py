@@ -197,7 +197,7 @@ class BucketedAllreduce:
         self.stage.to_device()
 
     def _reset(self):
-        self.pending = [len(names) for _, _, names in self.buckets]
+        self.grads_left = [len(names) for _, _, names in self.buckets]
         self.requests: list = []
 
     def start(self, i: int) -> None:
@@ -212,8 +212,8 @@ class BucketedAllreduce:
             return
         for n in names:
             i = self.bucket_of[n]
-            self.pending[i] -= 1
-            if self.pending[i] == 0:
+            self.grads_left[i] -= 1
+            if self.grads_left[i] == 0:
                 self.start(i)
         if self.requests:
             MPI.Request.Testall(self.requests)   # lets MPI progress the started buckets

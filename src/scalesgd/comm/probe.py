@@ -147,11 +147,6 @@ def bcast_int(topo: topology.Topology, value: int, root: int = 0) -> int:
     return int(buf[0])
 
 
-def abort(topo: topology.Topology, code: int) -> None:
-    """Ends every rank of the job (from any thread: mpi4py initialises MPI_THREAD_MULTIPLE)."""
-    topo.comm.Abort(code)
-
-
 def mpi4py_version() -> str:
     import mpi4py  # noqa: PLC0415 - already imported with MPI
     return mpi4py.__version__

@@ -1,12 +1,14 @@
 """The parameter-server wire protocol: message tags, fixed header layouts, and the two endpoints.
 
-One exchange between worker ``i`` and the server (rank 0) is four point-to-point messages::
+One exchange between worker ``i`` and the server (``--servers K`` shards: ranks 0..K-1, each
+holding a contiguous slice of the parameters) is four point-to-point messages per shard::
 
-    worker i                                   server (rank 0)
-    Irecv(REPLY_HEADER), Irecv(REPLY_PAYLOAD)  # reply buffers posted first
-    Ssend(PUSH_HEADER)   ----------------->    Recv(PUSH_HEADER, ANY_SOURCE) -> source i
-    Send(PUSH_PAYLOAD)   ----------------->    Recv(PUSH_PAYLOAD, source i)
-                         <-----------------    Send(REPLY_HEADER, i); Send(REPLY_PAYLOAD, i)
+    worker i (to every shard s at once)             server shard s
+    Irecv(REPLY_HEADER), Irecv(REPLY_PAYLOAD)       # reply buffers posted first
+    Issend(PUSH_HEADER) to each shard  -------->    Recv(PUSH_HEADER, ANY_SOURCE) -> source i
+    Waitsome: as shard s takes the header,
+      Isend(its PUSH_PAYLOAD slice)    -------->    Recv(PUSH_PAYLOAD, source i)
+                                       <--------    Send(REPLY_HEADER, i); Send(REPLY_PAYLOAD, i)
     Waitall(replies)
 
 Headers are small int64 arrays (layouts below); payloads are the whole flat parameter-sized buffer
@@ -161,10 +163,6 @@ class WorkerPort:
             self._headers.append(self.comm.Irecv(row, source=srv, tag=Tag.REPLY_HEADER))
             self._payloads.append(self.comm.Irecv(part, source=srv, tag=Tag.REPLY_PAYLOAD))
 
-    def push(self, hdr: np.ndarray, payload: np.ndarray) -> None:
-        self.send_push(hdr, payload)
-        self.finish_push()
-
     def send_push(self, hdr: np.ndarray, payload: np.ndarray) -> None:
         """Synchronous header sends (``Issend`` to every shard); each shard's payload slice is sent
         (``Isend``) as soon as THAT shard has received the header.  Returns once every shard has
@@ -202,7 +200,7 @@ class WorkerPort:
         return self.reply
 
     @property
-    def pending(self) -> bool:
+    def awaiting_reply(self) -> bool:
         return bool(self._payloads)
 
 
@@ -222,13 +220,6 @@ class ServerPort:
         self.push_hdr = header(PushHeader.SIZE)
         self.reply = header(ReplyHeader.SIZE)
         self.status = MPI.Status()
-
-    def recv_push(self, payload: np.ndarray) -> int:
-        """Blocks for the next push from any worker; fills ``self.push_hdr`` and ``payload``;
-        returns the sender's rank.  A payload of the wrong size is a protocol error."""
-        src = self.recv_push_header()
-        self.recv_push_payload(src, payload)
-        return src
 
     def recv_push_header(self) -> int:
         """Blocks for the next push's header from any worker (into ``self.push_hdr``); its sender."""

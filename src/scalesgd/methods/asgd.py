@@ -1,6 +1,7 @@
 """``asgd``: Downpour-style asynchronous SGD as in GPU A-SGD (Paine et al. 2013).
 
-Rank 0 holds the master weights w; workers 1..p-1 train.  Each worker runs ``n_sync`` local steps
+The server ranks (``--servers K``: the first K ranks, each a contiguous slice) hold the master
+weights w; the other ranks train.  Each worker runs ``n_sync`` local steps
 (unchanged optimizer, momentum local) from its last fetched copy x_f, then pushes its accumulated
 update  d_i = x_i - x_f  (the sum of its local updates) and fetches fresh weights in the same
 exchange.  The server applies each push as it arrives and replies with the result::

@@ -8,7 +8,7 @@ a server (``roles``: ``comm.topology.Roles``, computed once).  The loop calls on
     opt.step(ps.params, ps.grads, lr)
     gs = method.after_update(step, ps, n, lr)   # e.g. elastic / gossip averaging; -> global samples
 
-and on a server ``method.serve(ps, check)`` instead.  Progress is counted in **global samples** (all
+and on a server ``method.serve(ps, phases)`` instead.  Progress is counted in **global samples** (all
 workers together), so epochs, the learning-rate schedule and stopping mean the same for every
 method.  Everything else — the stop/checkpoint signals, phases (evaluation, checkpoints), the loop —
 is the control plane (``train/``); a method only carries the ``signals`` it is handed on its
@@ -26,7 +26,7 @@ class Method:
     """Synchronous base: every rank is a worker, global samples advance in lockstep."""
 
     name = "base"
-    num_servers = 0              # server methods: 1 (ranks 0..dist.servers-1 hold the center/master)
+    uses_server = False          # server methods: ranks 0..dist.servers-1 hold the center/master
     min_ranks = 1
 
     @classmethod
@@ -37,7 +37,7 @@ class Method:
     @classmethod
     def servers_for(cls, cfg) -> int:
         """Server ranks this method takes with ``cfg`` (``dist.servers`` for the server methods)."""
-        return cfg.dist.servers if cls.num_servers else 0
+        return cfg.dist.servers if cls.uses_server else 0
 
     @classmethod
     def check_ranks(cls, size: int, cfg) -> None:

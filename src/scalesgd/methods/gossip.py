@@ -1,7 +1,7 @@
 """``gossip``: decentralised asynchronous SGD (Jin et al. 2016), no server, no global barrier.
 
 Every ``tau`` local steps (``dist.tau``) rank i takes the next peer j of its gossip graph
-(``dist.gossip_graph``, ``mixing.GRAPHS``: ``uniform`` over all ranks, itself included unless
+(``dist.gossip_graph``, ``graphs.GRAPHS``: ``uniform`` over all ranks, itself included unless
 ``--no-gossip-self``, seeded by ``train.seed`` and the rank, as the authors; ``exponential``,
 rank + 2^k with k cycling; ``ring``, rank + 1) and exchanges with it by one of two strategies:
 
@@ -21,9 +21,12 @@ once per exchange, with the signals max-merged beside it); between exchanges ``a
 returns the last total it fetched.  Evaluation averages the replicas exactly (the de-biased x_i for
 push) and reports the consensus distance.  Momentum stays local.
 
-Overlap (``dist.gossip_overlap``, overlapped SGP): the exchange's communication is started after
-the local step and completed before the next mix, by a communication thread (``comm.window.Courier``),
-so it runs under the next step's compute.  Exchange e: collect what e-1 started (its counter
+Every exchange is the strategy's ``begin`` (the communication: pull reads the peer, push sends
+half) then its ``finish`` (the effect: pull mixes the copy and publishes, push drains and folds),
+plus the counter update; an *exchanger* decides when the communication runs.  ``Blocking`` runs it
+at once, on this thread.  ``Overlapped`` (``dist.gossip_overlap``, overlapped SGP) hands it to a
+communication thread (``comm.window.Courier``) after the local step and completes it before the
+next mix, so it runs under the next step's compute.  Exchange e: collect what e-1 started (its counter
 update: the global count, one exchange old; pull: x_j's copy, one exchange older), pull: mix it in
 and publish; push: drain and fold; then start e's part on the courier (pull: read e's peer; push:
 send half to e's peer) followed by the counter update.  A push or a counter update may still be on
@@ -48,15 +51,16 @@ import numpy as np
 from ..comm import collectives
 from ..comm.window import POLL_SECONDS
 from ..io.trace import digest
-from . import mixing
+from . import graphs, mixing
 from .base import Method, MethodError
 
 
 class Gossip(Method, metaclass=abc.ABCMeta):
-    """What pull and push share: the graph, the schedule, the counter, evaluation, checkpoints, the
-    courier of an overlapped exchange.  A strategy fills in ``open_windows``, ``mix`` (blocking),
-    ``finish`` / ``begin`` (overlapped) and (optionally) ``quiesce`` and the hooks
-    ``strategy_state`` / ``load_strategy_state`` / ``strategy_stats``."""
+    """What pull and push share: the graph, the schedule, the counter, evaluation, checkpoints.  A
+    strategy fills in ``open_windows``, ``begin`` (the communication), ``land`` (its result, once
+    complete), ``finish`` (its effect), optionally ``quiesce``, and its share of the checkpoint
+    (``strategy_state`` / ``load_strategy_state``) and of the stats (``strategy_stats``).  The
+    exchanger (``Blocking`` / ``Overlapped``) decides when the communication runs."""
 
     name = "gossip"
 
@@ -68,14 +72,13 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         super().__init__(cfg, roles, comm, signals)
         d = cfg.dist
         self.gamma, self.tau = d.gossip_gamma, d.tau
-        self.graph = mixing.GRAPHS[d.gossip_graph](cfg.train.seed, roles.rank, roles.size,
+        self.graph = graphs.GRAPHS[d.gossip_graph](cfg.train.seed, roles.rank, roles.size,
                                                    d.gossip_self)
-        self.counter = self.stage = self.courier = None
+        self.counter = self.stage = None
+        self.exchanger: Exchanger = Blocking(self)
         self.windows: list = []
         self.exchanges = 0
         self.last_peer = -1
-        self.pending = None               # overlap: the peer of the exchange in flight (None: none)
-        self.landed = None                # overlap: the collected value of a pull's read, to mix
         self._unreported = 0              # samples consumed since the last Fetch_and_op
         if d.gossip_overlap and comm.thread_level() != "multiple":
             raise MethodError(f"dist.gossip_overlap needs MPI thread level 'multiple' (its exchange "
@@ -90,16 +93,15 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self.stage = collectives.HostStage(ps.params)
         self.counter = self.comm.sample_counter(root=0)
         self.windows = [self.counter, *self.open_windows(ps.params.size, ps.params.dtype)]
-        if self.cfg.dist.gossip_overlap:         # idle, it keeps this rank's MPI progressing
-            self.courier = self.comm.courier()
+        if self.cfg.dist.gossip_overlap:         # idle, its courier keeps this rank's MPI progressing
+            self.exchanger = Overlapped(self, self.comm.courier())
         self.comm.barrier()                # every rank has published before anyone reads
 
     def close(self) -> None:
-        """Collective: collects the exchange in flight, then frees the windows (``Win.Free``
+        """Collective: completes the exchange in flight, then frees the windows (``Win.Free``
         flushes what a courier's push left in flight)."""
-        if self.courier is not None:
-            self.courier.close()          # its calls complete: a rank waiting here still polls MPI
-            self.courier = None
+        self.exchanger.close()            # its calls complete: a rank waiting here still polls MPI
+        self.exchanger = Blocking(self)
         for w in self.windows:
             w.free()
         self.windows, self.counter = [], None
@@ -109,94 +111,45 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self._unreported += samples
         if (step + 1) % self.tau:
             return self.global_samples
-        waited = self.waited()
+        waited = self.exchanger.waited()
         with self.timed("comm"):
-            self.exchange()
-            if self.courier is None:             # (overlapped: submitted with the exchange)
-                self.global_samples, sig = self.counter.add(self._unreported, self.signals.raised)
-                self.trace.record("count", x=self.exchanges - 1, old=self.global_samples -
-                                  self._unreported, add=self._unreported)
-                self.signals.merge(sig)
-        waited = self.waited() - waited          # blocked, not moving data: comm -> wait
+            j = self.graph.peer()
+            x = self.stage.to_host()
+            self.exchanger.exchange(x, j if j != self.roles.rank else None, self._unreported)
+            self.stage.to_device()
+            self.exchanges += 1
+            self.last_peer = j
+        waited = self.exchanger.waited() - waited     # blocked, not moving data: comm -> wait
         self.timers["comm"] -= waited
         self.timers["wait"] += waited
         self._unreported = 0
         return self.global_samples
 
-    def waited(self) -> float:
-        """Seconds this thread's window calls were blocked on other ranks so far
-        (``comm/window.py``): the counter updates and the pull reads' failed tries (the peer was
-        publishing); none with overlap, where the courier makes every call."""
-        return 0.0 if self.courier is not None else sum(w.waited for w in self.windows)
-
-    def exchange(self) -> None:
-        """One gossip exchange on the current parameters (the host copy, for device arrays);
-        overlapped: completes the one started last time, then starts this one on the courier."""
-        j = self.graph.peer()
-        peer = j if j != self.roles.rank else None
-        x = self.stage.to_host()
-        if self.courier is None:
-            self.mix(x, peer)
-        else:
-            self.collect()
-            self.finish(x)
-            self.start_background(self.begin(x, peer), self._unreported)
-            self.pending = peer
-        self.stage.to_device()
-        self.exchanges += 1
-        self.last_peer = j
-
-    def start_background(self, job, samples: int) -> None:
-        """Overlap: the courier runs ``job`` (the strategy's read or push; None: nothing to move),
-        then adds ``samples`` to the global counter with this rank's signals."""
-        self.courier.submit(self._background, job, samples, self.signals.raised.copy())
-
-    def _background(self, job, samples: int, raised) -> tuple:
-        got = None if job is None else job()
-        return got, self.counter.add(samples, raised, POLL_SECONDS), samples
-
-    def collect(self) -> None:
-        """Overlap: completes the exchange in flight, if any: its counter update is applied now (a
-        count never ahead of the counter's, so phases stay safe), a read is kept for ``finish``."""
-        if self.courier is None or not self.courier.busy:
-            return
-        got, (total, sig), samples = self.courier.wait()
+    def counted(self, total: int, sig, samples: int, x: int) -> None:
+        """The counter update of exchange ``x`` returned ``total`` (after adding ``samples``) and the
+        signals ``sig``: the count never goes back (an overlapped update lands one exchange late)."""
         if samples:                              # (a resumed read in flight adds nothing)
-            self.trace.record("count", x=self.exchanges - 1, old=total - samples, add=samples)
+            self.trace.record("count", x=x, old=total - samples, add=samples)
         self.global_samples = max(self.global_samples, total)
         self.signals.merge(sig)
-        if got is not None:
-            self.landed = got
-            if self.trace.active:           # (pull: the read, recorded when it has landed)
-                self.trace.record("read", x=self.exchanges - 1, peer=self.pending, version=got[0],
-                                  d=digest(self.peer_buf))
 
     def quiesce(self, ps) -> None:
-        """Collective, inside a phase (nobody starts an exchange).  Overlap: the exchange in flight
-        is collected and every window flushed (a push or counter update the courier returned from
-        may still be on its way), then a barrier: afterwards every rank's has landed, so a
-        checkpoint reads the counter and the inboxes whole."""
-        if self.courier is not None:
-            self.collect()
-            for w in self.windows:
-                w.win.flush_all()
-            self.comm.barrier()
+        """Collective, inside a phase (nobody starts an exchange): afterwards every rank's exchange
+        has landed (``Exchanger.quiesce``), so a checkpoint reads the counter and the inboxes whole."""
+        self.exchanger.quiesce()
 
     def stats(self) -> dict:
-        extra = {} if self.courier is None else {
-            "gossip_background_seconds": self.courier.busy_seconds,
-            "gossip_exposed_seconds": self.courier.exposed_seconds}
-        return {"gossip_exchanges": self.exchanges, "gossip_peer": self.last_peer, **extra,
-                **self.strategy_stats()}
+        return {"gossip_exchanges": self.exchanges, "gossip_peer": self.last_peer,
+                **self.exchanger.stats(), **self.strategy_stats()}
 
     # ------------------------------------------------------------------ checkpoints
     def state(self, ps) -> tuple[dict, dict]:
         arrays, scalars = super().state(ps)
         scalars.update(exchanges=self.exchanges, last_peer=self.last_peer,
-                       unreported=self._unreported, graph=self.graph.state(),
-                       pending=-1 if self.pending is None else self.pending, **self.strategy_state())
-        if self.courier is not None:                # cumulative, as the timers
-            scalars["courier_seconds"] = [self.courier.busy_seconds, self.courier.exposed_seconds]
+                       unreported=self._unreported, graph=self.graph.state(), **self.exchanger.state())
+        s_arrays, s_scalars = self.strategy_state()
+        arrays.update(s_arrays)
+        scalars.update(s_scalars)
         if self.roles.rank == self.counter.root:    # the counter's true value (quiescent: exact)
             scalars["counter_total"] = self.counter.add(0)[0]
         return arrays, scalars
@@ -208,20 +161,9 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self.graph.load_state(scalars["graph"] if "graph" in scalars else scalars["rng"])
         if self.roles.rank == self.counter.root:
             self.counter.set(int(scalars["counter_total"]))
-        self.load_strategy_state(scalars)
+        self.load_strategy_state(arrays, scalars)
         self.comm.barrier()                          # restored everywhere before anyone reads
-        if self.courier is not None:
-            self.resume_background(arrays, scalars)
-
-    def resume_background(self, arrays: dict, scalars: dict) -> None:
-        """Overlap, after the restore: the courier's seconds so far, and the read that was in
-        flight started again (every rank has published its restored parameters by now)."""
-        if "courier_seconds" in scalars:
-            self.courier.busy_seconds, self.courier.exposed_seconds = scalars["courier_seconds"]
-        pending = int(scalars.get("pending", -1))    # (older checkpoints: nothing in flight)
-        if pending >= 0:
-            self.pending = pending
-            self.start_background(self.begin(None, pending), 0)
+        self.exchanger.load_state(scalars)
 
     # ------------------------------------------------------------------ evaluation
     def load_eval_model(self, ps) -> dict:
@@ -242,26 +184,146 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         """Collective: allocates the strategy's windows for n-element vectors; returns them."""
 
     @abc.abstractmethod
-    def mix(self, x, peer: int | None) -> None:
-        """One exchange on host vector ``x`` (in place) with ``peer`` (None: this rank drew itself)."""
+    def begin(self, x, peer: int | None, poll: float | None):
+        """The communication of an exchange with ``peer`` from host vector ``x``, as a job to run
+        (by this thread or a courier, which passes its ``poll``), or None: nothing to move (this
+        rank drew itself).  ``x`` is None when a resumed run starts again the exchange that was in
+        flight."""
+
+    def land(self, got, x: int, peer: int | None) -> None:
+        """The job of exchange ``x`` with ``peer`` completed with ``got`` (its return value)."""
 
     @abc.abstractmethod
     def finish(self, x) -> None:
-        """Overlap: the collected exchange's effect on host vector ``x`` (in place)."""
-
-    @abc.abstractmethod
-    def begin(self, x, peer: int | None):
-        """Overlap: the courier's job for an exchange with ``peer`` from ``x`` (None: nothing to
-        move).  ``x`` is None when a resumed run starts again the exchange that was in flight."""
+        """The effect of the exchange that landed last on host vector ``x`` (in place)."""
 
     def strategy_stats(self) -> dict:
         return {}
 
-    def strategy_state(self) -> dict:
+    def strategy_state(self) -> tuple[dict, dict]:
+        """This strategy's (arrays, scalars) for a checkpoint."""
+        return {}, {}
+
+    def load_strategy_state(self, arrays: dict, scalars: dict) -> None:
+        pass
+
+
+class Exchanger(abc.ABC):
+    """When a gossip exchange's communication runs (``begin``'s job), relative to its effect
+    (``finish``) and the counter update; what the exchange leaves in flight, in checkpoints."""
+
+    def __init__(self, g: Gossip):
+        self.g = g
+
+    @abc.abstractmethod
+    def exchange(self, x, peer: int | None, samples: int) -> None:
+        """One exchange on host vector ``x`` (in place) with ``peer`` (None: this rank drew itself),
+        reporting ``samples`` to the global counter."""
+
+    def waited(self) -> float:
+        """Seconds this thread's window calls were blocked on other ranks so far."""
+        return 0.0
+
+    def quiesce(self) -> None:
+        """Collective, inside a phase: every update this rank started has landed at its target."""
+
+    def stats(self) -> dict:
         return {}
 
-    def load_strategy_state(self, scalars: dict) -> None:
+    def state(self) -> dict:
+        return {"pending": -1}
+
+    def load_state(self, scalars: dict) -> None:
+        """After the restore (every rank has published its restored parameters)."""
+
+    def close(self) -> None:
         pass
+
+
+class Blocking(Exchanger):
+    """The communication runs at once, on this thread (the authors' gossip): begin, land, finish,
+    then the counter update, in that order."""
+
+    def exchange(self, x, peer, samples) -> None:
+        g = self.g
+        job = g.begin(x, peer, None)
+        if job is not None:
+            g.land(job(), g.exchanges, peer)
+        g.finish(x)
+        total, sig = g.counter.add(samples, g.signals.raised)
+        g.counted(total, sig, samples, g.exchanges)
+
+    def waited(self) -> float:
+        """The counter updates and the pull reads' failed tries (the peer was publishing)."""
+        return sum(w.waited for w in self.g.windows)
+
+
+class Overlapped(Exchanger):
+    """The communication runs on a courier thread, under the next step: exchange e collects what
+    e-1 started (its counter update: the global count, one exchange old; pull: the peer's copy,
+    one exchange older), finishes it, then starts e's job and counter update on the courier."""
+
+    def __init__(self, g: Gossip, courier):
+        super().__init__(g)
+        self.courier = courier
+        self.in_flight_peer = None        # the peer of the exchange in flight (None: none)
+
+    def exchange(self, x, peer, samples) -> None:
+        self.collect()
+        self.g.finish(x)
+        self.start(self.g.begin(x, peer, POLL_SECONDS), samples)
+        self.in_flight_peer = peer
+
+    def start(self, job, samples: int) -> None:
+        """The courier runs ``job`` (None: nothing to move), then adds ``samples`` to the global
+        counter with this rank's signals."""
+        self.courier.submit(self._background, job, samples, self.g.signals.raised.copy())
+
+    def _background(self, job, samples: int, raised) -> tuple:
+        got = None if job is None else job()
+        return got, self.g.counter.add(samples, raised, POLL_SECONDS), samples
+
+    def collect(self) -> None:
+        """Completes the exchange in flight, if any: its counter update is applied now (a count
+        never ahead of the counter's, so phases stay safe), its result handed to the strategy."""
+        if not self.courier.busy:
+            return
+        got, (total, sig), samples = self.courier.wait()
+        g = self.g
+        g.counted(total, sig, samples, g.exchanges - 1)
+        if got is not None:
+            g.land(got, g.exchanges - 1, self.in_flight_peer)
+        self.in_flight_peer = None         # nothing of this rank's is in flight any more
+
+    def quiesce(self) -> None:
+        """The exchange in flight is collected and every window flushed (a push or counter update
+        the courier returned from may still be on its way), then a barrier."""
+        self.collect()
+        for w in self.g.windows:
+            w.win.flush_all()
+        self.g.comm.barrier()
+
+    def stats(self) -> dict:
+        return {"gossip_background_seconds": self.courier.busy_seconds,
+                "gossip_exposed_seconds": self.courier.exposed_seconds}
+
+    def state(self) -> dict:
+        """The courier's seconds (cumulative, as the timers) and the peer of an exchange in flight
+        (none after ``quiesce``; a checkpoint written without it would have its read started
+        again on resume)."""
+        return {"pending": -1 if self.in_flight_peer is None else self.in_flight_peer,
+                "courier_seconds": [self.courier.busy_seconds, self.courier.exposed_seconds]}
+
+    def load_state(self, scalars: dict) -> None:
+        if "courier_seconds" in scalars:
+            self.courier.busy_seconds, self.courier.exposed_seconds = scalars["courier_seconds"]
+        peer = int(scalars.get("pending", -1))       # (older checkpoints: nothing in flight)
+        if peer >= 0:
+            self.in_flight_peer = peer
+            self.start(self.g.begin(None, peer, POLL_SECONDS), 0)
+
+    def close(self) -> None:
+        self.courier.close()
 
 
 class PullGossip(Gossip):
@@ -273,60 +335,49 @@ class PullGossip(Gossip):
         self.peer_buf = np.empty(n, dtype)
         self.retries = 0
         self.last_version = 0
+        self.landed = None                # (version, retries) of a read not mixed yet
         self.pub.publish(self.stage.to_host())
         return [self.pub]
 
-    def mix(self, x, peer) -> None:
-        if peer is not None:
-            self.last_version, r = self.pub.read(peer, self.peer_buf)
-            if self.trace.active:
-                self.trace.record("read", x=self.exchanges, peer=peer, version=self.last_version,
-                                  d=digest(self.peer_buf))
-            self.retries += r
-            mixing.pull_mix(x, self.peer_buf, self.gamma)
-        self.pub.publish(x)
+    def begin(self, x, peer, poll):
+        """Reads ``peer``'s copy into ``peer_buf`` (the job's until ``finish``)."""
+        return None if peer is None else functools.partial(self.pub.read, peer, self.peer_buf, poll)
+
+    def land(self, got, x, peer) -> None:
+        self.landed = got
+        if self.trace.active:               # (recorded when it has landed)
+            self.trace.record("read", x=x, peer=peer, version=got[0], d=digest(self.peer_buf))
 
     def finish(self, x) -> None:
-        """Mixes in the copy read since the last exchange (one exchange older), publishes x."""
+        """Mixes in the copy that landed (overlapped: one exchange older), publishes x."""
         if self.landed is not None:
             (self.last_version, r), self.landed = self.landed, None
             self.retries += r
             mixing.pull_mix(x, self.peer_buf, self.gamma)
         self.pub.publish(x)
 
-    def begin(self, x, peer):
-        """Reads ``peer``'s copy into ``peer_buf`` (the courier's until ``finish``)."""
-        return None if peer is None else functools.partial(self.pub.read, peer, self.peer_buf,
-                                                           POLL_SECONDS)
-
-    def state(self, ps) -> tuple[dict, dict]:
-        """Overlap: a read that ``quiesce`` collected is saved with its copy, so the resumed run
-        mixes what the uninterrupted one would (reading the peer again would get its restored
-        parameters, not the copy it had published)."""
-        arrays, scalars = super().state(ps)
-        if self.landed is not None:
-            arrays["gossip_peer_copy"] = self.peer_buf.copy()
-            scalars["landed"], scalars["pending"] = [int(v) for v in self.landed], -1
-        return arrays, scalars
-
-    def resume_background(self, arrays: dict, scalars: dict) -> None:
-        super().resume_background(arrays, scalars)
-        if "landed" in scalars:
-            self.peer_buf[...] = arrays["gossip_peer_copy"]
-            self.landed = tuple(scalars["landed"])
-
     def strategy_stats(self) -> dict:
         return {"gossip_torn_retries": self.retries}
 
-    def strategy_state(self) -> dict:
-        return {"retries": self.retries, "published": self.pub.published}
+    def strategy_state(self) -> tuple[dict, dict]:
+        """A read that ``quiesce`` collected (overlapped) is saved with its copy, so the resumed
+        run mixes what the uninterrupted one would (reading the peer again would get its restored
+        parameters, not the copy it had published)."""
+        arrays, scalars = {}, {"retries": self.retries, "published": self.pub.published}
+        if self.landed is not None:
+            arrays["gossip_peer_copy"] = self.peer_buf.copy()
+            scalars["landed"] = [int(v) for v in self.landed]
+        return arrays, scalars
 
-    def load_strategy_state(self, scalars: dict) -> None:
+    def load_strategy_state(self, arrays: dict, scalars: dict) -> None:
         """Peers read the restored parameters, under the version number of the last publication
         before the checkpoint (so versions continue across a resume, as the trace records them)."""
         self.retries = int(scalars["retries"])
         self.pub.published = max(0, int(scalars.get("published", 1)) - 1)
         self.pub.publish(self.stage.to_host())
+        if "landed" in scalars:
+            self.peer_buf[...] = arrays["gossip_peer_copy"]
+            self.landed = tuple(scalars["landed"])
 
 
 class PushGossip(Gossip):
@@ -346,15 +397,17 @@ class PushGossip(Gossip):
         self.drains = 0
         return [self.inbox]
 
-    def mix(self, x, peer) -> None:
-        if peer is not None:
-            sent, self.weight = mixing.push_split(self.weight, x.dtype)
-            self.inbox.push(peer, mixing.push_message(x, sent, self.msg))
-            self.trace.record("push", x=self.exchanges, peer=peer)
-        self.fold_inbox(x)
+    def begin(self, x, peer, poll):
+        """Sends half of (w_i x_i, w_i) to ``peer`` (x_i is unchanged by the split)."""
+        if peer is None or x is None:
+            return None
+        sent, self.weight = mixing.push_split(self.weight, x.dtype)
+        self.trace.record("push", x=self.exchanges, peer=peer)
+        return functools.partial(self.inbox.push, peer, mixing.push_message(x, sent, self.msg), poll)
 
-    def fold_inbox(self, x) -> None:
-        """Drains this rank's inbox and folds it into (w_i x_i, w_i), in place on ``x``."""
+    def finish(self, x) -> None:
+        """Drains this rank's inbox and folds it into (w_i x_i, w_i), in place on ``x`` (a push
+        started earlier has left: ``msg`` is free again)."""
         self.inbox.drain(self.recv)
         self.weight = mixing.push_fold(x, self.weight, self.recv)
         if self.trace.active:
@@ -363,36 +416,22 @@ class PushGossip(Gossip):
                                                           for s in np.flatnonzero(counts)])
         self.drains += 1
 
-    def finish(self, x) -> None:
-        """The push started last time has left (``msg`` is free again); folds the inbox."""
-        self.fold_inbox(x)
-
-    def begin(self, x, peer):
-        """Sends half of (w_i x_i, w_i) to ``peer`` (x_i is unchanged by the split)."""
-        if peer is None or x is None:
-            return None
-        sent, self.weight = mixing.push_split(self.weight, x.dtype)
-        self.trace.record("push", x=self.exchanges, peer=peer)
-        return functools.partial(self.inbox.push, peer, mixing.push_message(x, sent, self.msg),
-                                 POLL_SECONDS)
-
     def quiesce(self, ps) -> None:
         """Collective, inside a phase: nobody starts a push, and every push has completed at its
-        target (blocking: flushed when it returned; overlap: ``Gossip.quiesce``), so draining the
-        inbox now folds every message in flight into (w_i x_i, w_i): nothing is lost or counted
-        twice."""
+        target (blocking: flushed when it returned; overlapped: ``Overlapped.quiesce``), so
+        draining the inbox now folds every message in flight into (w_i x_i, w_i): nothing is lost
+        or counted twice."""
         super().quiesce(ps)
-        self.pending = None                # nothing of this rank's is in flight any more
         x = self.stage.to_host()
-        self.fold_inbox(x)
+        self.finish(x)
         self.stage.to_device()
 
     def strategy_stats(self) -> dict:
         return {"pushsum_weight": self.weight}
 
-    def strategy_state(self) -> dict:
-        return {"weight": self.weight, "drains": self.drains}
+    def strategy_state(self) -> tuple[dict, dict]:
+        return {}, {"weight": self.weight, "drains": self.drains}
 
-    def load_strategy_state(self, scalars: dict) -> None:
+    def load_strategy_state(self, arrays: dict, scalars: dict) -> None:
         self.weight = float(scalars["weight"])
         self.drains = int(scalars.get("drains", 0))

@@ -49,7 +49,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
     shard ``self.mine`` is its slice of ``ps.params`` (a view) and ``self.rx`` receives pushed
     slices; the hooks work on those."""
 
-    num_servers = 1
+    uses_server = True
     min_ranks = 2
     kind = None                        # protocol.Kind of the pushes
 
@@ -86,7 +86,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         self.start_role(ps)
 
     def close(self) -> None:
-        if not self.roles.is_server and self.port.pending:
+        if not self.roles.is_server and self.port.awaiting_reply:
             raise RuntimeError(f"{self.name}: worker closed with a reply still pending")
 
     # ------------------------------------------------------------------ worker

@@ -1,6 +1,6 @@
 """ONE flat buffer per kind of state, with named reshaped views into it.
 
-``ParamSet`` owns four contiguous 1-D arrays of the same dtype:
+``ParamSet`` owns three contiguous 1-D arrays of the same dtype:
 
 - ``params``  every trainable tensor, in model order (stem first, classifier last);
 - ``grads``   the same layout, written in place by backward;

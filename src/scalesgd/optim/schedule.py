@@ -1,6 +1,7 @@
 """Learning-rate schedules as pure functions of training progress (epochs, a float).
 
-``lr_at(cfg, epoch)`` depends on nothing else, so every rank, a resumed run and a plot agree on it.
+``lr_at(cfg, epoch, update_batch)`` depends on nothing else, so every rank, a resumed run and a plot
+agree on it.
 """
 from __future__ import annotations
 
@@ -20,18 +21,22 @@ class ScheduleConfig:
     warmup_start_factor: float = 0.1
     epochs: float = 90.0                   # horizon of the cosine schedule (the CLI: 0 = train.epochs)
     final_lr_factor: float = 0.0           # cosine ends at final_lr_factor * peak
-    linear_scaling: bool = False           # peak = lr * global_batch / reference_batch (Goyal et al.)
+    linear_scaling: bool = False           # peak = lr * update_batch / reference_batch (Goyal et al.)
     reference_batch: int = 256
 
 
-def peak_lr(cfg: ScheduleConfig, global_batch: int) -> float:
-    """The base rate, scaled linearly with the global batch when ``linear_scaling`` is on."""
-    return cfg.lr * global_batch / cfg.reference_batch if cfg.linear_scaling else cfg.lr
+def peak_lr(cfg: ScheduleConfig, update_batch: int) -> float:
+    """The base rate, scaled linearly with ``update_batch`` when ``linear_scaling`` is on.
+
+    ``update_batch`` is the batch one update is computed from (``Method.lr_batch``): the global
+    batch for all-reduce, one worker's batch for the methods whose workers step on their own."""
+    return cfg.lr * update_batch / cfg.reference_batch if cfg.linear_scaling else cfg.lr
 
 
-def lr_at(cfg: ScheduleConfig, epoch: float, global_batch: int) -> float:
-    """Learning rate after ``epoch`` epochs of training (fractional: step / steps_per_epoch)."""
-    peak = peak_lr(cfg, global_batch)
+def lr_at(cfg: ScheduleConfig, epoch: float, update_batch: int) -> float:
+    """Learning rate after ``epoch`` epochs of training (fractional: step / steps_per_epoch);
+    ``update_batch`` as for ``peak_lr``."""
+    peak = peak_lr(cfg, update_batch)
     if cfg.warmup_epochs > 0 and epoch < cfg.warmup_epochs:
         t = epoch / cfg.warmup_epochs
         return peak * (cfg.warmup_start_factor + (1.0 - cfg.warmup_start_factor) * t)

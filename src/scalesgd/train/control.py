@@ -51,7 +51,7 @@ class Control:
         self.phase_done = -1
         self.ckpt_done = 0
 
-    def pending(self, sig) -> bool:
+    def unhandled(self, sig) -> bool:
         """Whether signals ``sig`` (int64[2]) hold a stop or a checkpoint no phase handled yet."""
         return bool(sig[Signals.STOP]) or int(sig[Signals.CKPT]) > self.ckpt_done
 

@@ -62,7 +62,7 @@ class Phases:
         """Whether count ``gs`` and signals ``sig`` call for a phase (after the clock's tick)."""
         if self.tick is not None:
             self.tick()
-        return self.reached(gs) > self.c.phase_done or self.c.pending(sig)
+        return self.reached(gs) > self.c.phase_done or self.c.unhandled(sig)
 
     def enter(self, gs: int) -> bool:
         """Collective: the phase for count ``gs``; True when training is over."""

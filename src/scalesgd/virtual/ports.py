@@ -75,7 +75,7 @@ class VirtualWorkerPort:
         return self.reply
 
     @property
-    def pending(self) -> bool:
+    def awaiting_reply(self) -> bool:
         return self.reply_to is not None
 
 
