@@ -85,10 +85,27 @@ METHODS: dict[str, tuple[list[str], list[tuple[str, object]]]] = {
 }
 SINGLE = "single"            # the one-worker reference (p = 1, no tuning: the base rate)
 
+# The papers' other claims, re-tested on the same task (fixed settings, stated here and in the JSON):
+# name -> (workers, epochs, {config: flags})
+EXTRAS: dict[str, tuple[int, int, dict[str, list[str]]]] = {
+    # P3: A-SGD's n_sync with 4 clients, long enough that n_sync 100 makes >= 50 exchanges per client
+    # (1,600 steps per epoch each: 16 exchanges per epoch at n_sync 100, 64 in 4 epochs)
+    "asgd-nsync": (4, 4, {f"n{n}": ["--method", "asgd", "--n-sync", str(n), *_lr(BASE_LR)]
+                          for n in (1, 10, 100)}),
+    # the staleness bound at S >= p - 1 (a bound below p - 1 rejects pushes by construction)
+    "asgd-bound": (8, 4, {f"S{b}": ["--method", "asgd", "--max-staleness", str(b), *_lr(4 * BASE_LR / 8)]
+                          for b in (-1, 7, 14)}),
+    # the default gossip graph: overlapped pull on the uniform vs the exponential graph
+    "pull-ov-graph": (8, 4, {g: ["--method", "gossip", "--gossip", "pull", "--gossip-overlap",
+                                 "--gossip-graph", g, *_lr(BASE_LR)] for g in ("uniform", "exponential")}),
+    "pull-ov-graph-32": (32, 4, {g: ["--method", "gossip", "--gossip", "pull", "--gossip-overlap",
+                                     "--gossip-graph", g, *_lr(BASE_LR)] for g in ("uniform", "exponential")}),
+}
+
 
 @dataclass(frozen=True)
 class Run:
-    kind: str                # tune | sweep | timing | single
+    kind: str                # tune | sweep | timing | single | extra
     method: str
     workers: int
     config: str              # grid entry name
@@ -97,7 +114,7 @@ class Run:
 
     @property
     def key(self) -> str:
-        prof = "" if self.kind in ("tune", "sweep", "single") else f"-{self.profile}"
+        prof = f"-{self.profile}" if self.kind == "timing" else ""
         return f"{self.kind}/{self.method}-p{self.workers}-{self.config}-s{self.seed}{prof}"
 
     @property
@@ -106,6 +123,8 @@ class Run:
 
     @property
     def epochs(self) -> int:
+        if self.kind == "extra":
+            return EXTRAS[self.method][1]
         return {"tune": TUNE_EPOCHS, "timing": 1}.get(self.kind, EPOCHS)
 
     @property
@@ -117,6 +136,8 @@ class Run:
     def flags(self) -> list[str]:
         if self.method == SINGLE:
             return ["--method", "allreduce", *_lr(BASE_LR)]
+        if self.kind == "extra":
+            return list(EXTRAS[self.method][2][self.config])
         fixed, grid = METHODS[self.method]
         return [*fixed, *dict(grid)[self.config](self.workers)]
 
@@ -137,10 +158,20 @@ def chosen(method: str, workers: int) -> str | None:
     return min(recs, key=tune_score)["config"]
 
 
-def samples_to(curve: list[dict], target: float = TARGET_ERROR) -> int | None:
-    """Training samples (all workers) at the first validation at or below ``target``."""
-    hit = next((c for c in curve if c["error"] <= target), None)
-    return None if hit is None else int(hit["samples"])
+def samples_to(curve: list[dict], target: float = TARGET_ERROR) -> float | None:
+    """Training samples (all workers) at which the validation error first reaches ``target``:
+    linear between the last validation above it and the first at or below it (validations are
+    half an epoch apart: without it every estimate would be a multiple of half an epoch).  The
+    first validation already at or below: its own sample count."""
+    prev = None
+    for c in curve:
+        if c["error"] <= target:
+            if prev is None or prev["error"] <= c["error"]:
+                return float(c["samples"])
+            f = (prev["error"] - target) / (prev["error"] - c["error"])
+            return float(prev["samples"] + f * (c["samples"] - prev["samples"]))
+        prev = c
+    return None
 
 
 def tune_score(rec: dict) -> tuple:
@@ -153,6 +184,7 @@ def plan() -> list[Run]:
     """Every run of the study in the order a piece takes them (small p first; a sweep or timing
     run once its tuning is done)."""
     out = [Run("single", SINGLE, 1, "base", s, STATS_PROFILE) for s in SEEDS]
+    out += [Run("timing", SINGLE, 1, "base", 0, prof) for prof in PROFILES]
     for p in WORKERS:
         for m, (_, grid) in METHODS.items():
             out += [Run("tune", m, p, name, TUNE_SEED, STATS_PROFILE) for name, _ in grid]
@@ -160,6 +192,9 @@ def plan() -> list[Run]:
             cfg = chosen(m, p) or "?"
             out += [Run("sweep", m, p, cfg, s, STATS_PROFILE) for s in SEEDS]
             out += [Run("timing", m, p, cfg, 0, prof) for prof in PROFILES]
+        if p == 8:                 # the papers' scale: their other claims next
+            for name, (w, _, configs) in EXTRAS.items():
+                out += [Run("extra", name, w, c, s, STATS_PROFILE) for c in configs for s in SEEDS]
     return out
 
 
@@ -181,7 +216,7 @@ def execute(run: Run, dirs: dict[str, Path], scratch: Path) -> dict:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    data = dirs["tune" if run.kind == "tune" else "timing" if run.kind == "timing" else "main"]
+    data = dirs[{"tune": "tune", "timing": "timing"}.get(run.kind, "main")]
     argv = [sys.executable, "-m", "scalesgd.virtual", "--config", str(JOB), "--data", str(data),
             *run.flags(), "--seed", str(run.seed), "--workers", str(run.workers),
             "--epochs", str(run.epochs), "--profile", run.profile, "--threads", "1",

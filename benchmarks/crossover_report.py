@@ -86,7 +86,32 @@ def analyse(target: float = X.TARGET_ERROR) -> dict:
     out["noise_scale"] = _noise_scale(methods)
     out["winners"] = {prof: _winners(methods, prof) for prof in X.PROFILES}
     out["crossovers"] = {prof: _crossover(methods, prof) for prof in X.PROFILES}
-    out["missing"] = [r.key for r in X.plan() if not r.record.exists()]
+    out["extras"] = _extras(records("extra"), target)
+    plan = X.plan()
+    out["missing"] = [r.key for r in plan if not r.record.exists()]
+    out.update(planned_runs=len(plan), planned_hours=sum(r.cost for r in plan) / 3600,
+               finished_runs=len(plan) - len(out["missing"]),
+               machine_hours_total=sum(out["machine_hours"].values()))
+    return out
+
+
+def _extras(recs: list[dict], target: float) -> dict:
+    """The papers' other claims (``crossover.EXTRAS``): per test and setting, over the seeds."""
+    out = {}
+    for name, (workers, epochs, configs) in X.EXTRAS.items():
+        rows = {}
+        for c, flags in configs.items():
+            runs = [r for r in recs if r["method"] == name and r["config"] == c]
+            if not runs:
+                continue
+            s2t = [X.samples_to(r["curve"], target) for r in runs]
+            last = [r["curve"][-1] for r in runs if r["curve"]]
+            rows[c] = dict(flags=flags, seeds=[r["seed"] for r in runs],
+                           epochs_to_target=_epochs(s2t, runs[0]["samples_per_epoch"]),
+                           final_error=interval([r["final_error"] for r in runs]), stats=_stats(runs),
+                           exchanges_per_worker=float(np.mean([c_["server_version"] / workers for c_ in last]))
+                           if last and all("server_version" in c_ for c_ in last) else None)
+        out[name] = dict(workers=workers, epochs=epochs, configs=rows)
     return out
 
 
@@ -161,7 +186,9 @@ def _noise_scale(methods: dict) -> dict:
 
 def _winners(methods: dict, prof: str) -> list[dict]:
     """Per p: methods by mean time to target (all seeds reached); the first 'wins' when its 95%
-    interval lies below the second's, else it ties with every method whose interval overlaps."""
+    interval lies below the second's, else it ties with every method whose interval overlaps;
+    'incomplete' while some method has not run at that p; ``never``: methods that ran but not every
+    seed reached the target (they lose to any method whose seeds all did)."""
     out = []
     for p in X.WORKERS:
         rows = [r for r in methods.values() if r["workers"] == p and prof in r["time_to_target"]
@@ -174,9 +201,11 @@ def _winners(methods: dict, prof: str) -> list[dict]:
         ties = [r["method"] for r in rows[1:]
                 if (r["time_to_target"][prof]["lo"] if r["time_to_target"][prof]["lo"] is not None
                     else r["time_to_target"][prof]["mean"]) <= hi]
-        out.append(dict(workers=p, fastest=rows[0]["method"], verdict="tie" if ties else "win",
-                        ties=ties, seconds=best["mean"],
-                        order=[r["method"] for r in rows]))
+        ran = {r["method"] for r in methods.values() if r["workers"] == p and prof in r["time_to_target"]}
+        verdict = "incomplete" if len(ran) < len(X.METHODS) else "tie" if ties else "win"
+        out.append(dict(workers=p, fastest=rows[0]["method"], verdict=verdict, ties=ties,
+                        seconds=best["mean"], order=[r["method"] for r in rows],
+                        never=sorted(ran - {r["method"] for r in rows})))
     return out
 
 

@@ -73,7 +73,7 @@ def ranks_for(method: str, workers: int, flags=()) -> int:
 # 100 Gb/s InfiniBand at 80% efficiency (10 GB/s) is 4.68 ms, against 30.2 ms of A100 compute per
 # step (batch 64)  ->  r = 0.155.  scalesgd.costmodel holds those constants.
 def papers_ratio() -> float:
-    from scalesgd.costmodel.__main__ import PARAMS, RESNET18_GMAC, RESNET50_GMAC  # noqa: PLC0415
+    from scalesgd.costmodel.workloads import PARAMS, RESNET18_GMAC, RESNET50_GMAC  # noqa: PLC0415
     step = 64 / 938.0 * RESNET18_GMAC / RESNET50_GMAC          # s: the model's stated A100 step
     return PARAMS["resnet18"] * 4 / (100e9 / 8 * 0.8) / step
 
@@ -261,7 +261,7 @@ def measures(res: Result, target: float | None = None) -> dict:
         time_to_target=first_reach(err, t, target),
         epochs_to_target=first_reach(err, res.val_epoch, target),
         train_seconds=float(s["train_seconds"]), images_per_second=float(s["images_per_second"]),
-        step_seconds=worker_step_seconds(res), time_split=s.get("time_split_rank0", {}),
+        step_seconds=worker_step_seconds(res), time_split=time_split(res.data),   # workers, not a server
         **exchange_costs(res))
 
 

@@ -4,11 +4,18 @@ number typed by hand).
     python benchmarks/report.py [EXPERIMENT ...] [--results benchmarks/results] [--model-json F]
     python benchmarks/report.py --update docs/results.md     # rewrite its generated blocks
     python benchmarks/report.py --update docs/benchmarks.md  # the CPU step tables (cpu*.json)
+
+Prose numbers come from the JSON too: ``<!-- v:FILE:PATH[:SPEC] -->TEXT<!-- /v -->`` is rewritten
+with the value at PATH (keys joined by dots, list indices as numbers; a key holding dots or
+slashes in brackets: ``runs.[allreduce/p16].final_error.mean``) of ``results/FILE``, formatted
+with SPEC (a format spec, optionally followed by ``*SCALE``: ``.1f*100`` shows a fraction in
+percent; default ``.3g``).  The markers render as nothing, so the reader sees TEXT only.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -356,7 +363,6 @@ def update(doc: Path, results: Path) -> list[str]:
     """Rewrites every block ``<!-- begin:NAME -->`` .. ``<!-- end:NAME -->`` of ``doc`` with the
     table of ``results/NAME.json`` (NAME = an experiment, or ``model`` for model.json); returns the
     names updated."""
-    import re  # noqa: PLC0415
     text, done = doc.read_text(), []
 
     def repl(m):
@@ -373,8 +379,41 @@ def update(doc: Path, results: Path) -> list[str]:
         fn = model if base == "model" else NET_TABLES.get(base, TABLES[base]) if data.get("net") else TABLES[base]
         return f"<!-- begin:{name} -->\n{fn(data)}\n<!-- end:{name} -->"
     new = re.sub(r"<!-- begin:([\w-]+) -->.*?<!-- end:\1 -->", repl, text, flags=re.S)
+    cache: dict = {}
+
+    def value(m):
+        name, path, spec = m.group(1), m.group(2), m.group(3) or ".3g"
+        if name not in cache:
+            cache[name] = json.loads((results / name).read_text())
+        v = lookup(cache[name], path)
+        spec, _, scale = spec.partition("*")
+        scale = scale or "1"
+        done.append(f"{name}:{path}")
+        shown = "—" if v is None else format(v * float(scale), spec) if isinstance(v, (int, float)) \
+            and not isinstance(v, bool) else str(v)
+        return f"<!-- v:{name}:{path}{':' + m.group(3) if m.group(3) else ''} -->{shown}<!-- /v -->"
+    new = VALUE.sub(value, new)
     doc.write_text(new)
     return done
+
+
+VALUE = re.compile(r"<!-- v:([\w.-]+\.json):((?:\[[^\]]+\]|[\w-])+(?:\.(?:\[[^\]]+\]|[\w-]+))*)"
+                                 r"(?::([^ ]+))? -->.*?<!-- /v -->", re.S)
+
+
+def lookup(doc, path: str):
+    """The value at ``path`` (dotted keys, ``[key with dots or slashes]``, list indices) of ``doc``;
+    a missing key is an error naming it."""
+    cur = doc
+    for part in re.findall(r"\[([^\]]+)\]|([^.\[\]]+)", path):
+        key = part[0] or part[1]
+        if isinstance(cur, list):
+            cur = cur[int(key)]
+        elif isinstance(cur, dict) and key in cur:
+            cur = cur[key]
+        else:
+            raise KeyError(f"{path}: no {key!r} (have {', '.join(map(str, cur)) if isinstance(cur, dict) else cur})")
+    return cur
 
 
 def main() -> int:

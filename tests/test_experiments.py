@@ -202,3 +202,25 @@ def test_extensions_quick_on_emulated_nodes(tmp_path):
     for row in rows.values():
         assert row["server_service_ms"] > 0 and 0 < row["server_utilization"] <= 1
         assert row["served"] > 0 and row["net"]["rate_bits"] == 300 * 10**6
+
+
+def test_prose_values_come_from_the_json(tmp_path):
+    """``<!-- v:FILE:PATH:SPEC -->`` markers: rewritten from the JSON (so prose cannot disagree with
+    it: the committed docs are checked by test_docs_tables_match_the_committed_results), scaled and
+    formatted; a path that is not in the JSON is an error naming it."""
+    import report  # noqa: PLC0415
+    res = tmp_path / "results"
+    res.mkdir()
+    (res / "x.json").write_text(json.dumps({"a": {"b": 1.857}, "runs": {"allreduce/p16": {"err": 0.3051}},
+                                            "l": [3, 4], "n": None}))
+    doc = tmp_path / "d.md"
+    doc.write_text("speed-up <!-- v:x.json:a.b:.2f -->1.93<!-- /v -->x, error "
+                   "<!-- v:x.json:runs.[allreduce/p16].err:.1f*100 -->99<!-- /v -->%, "
+                   "<!-- v:x.json:l.1 -->?<!-- /v --> and <!-- v:x.json:n -->?<!-- /v -->\n")
+    report.update(doc, res)
+    assert doc.read_text() == ("speed-up <!-- v:x.json:a.b:.2f -->1.86<!-- /v -->x, error "
+                               "<!-- v:x.json:runs.[allreduce/p16].err:.1f*100 -->30.5<!-- /v -->%, "
+                               "<!-- v:x.json:l.1 -->4<!-- /v --> and <!-- v:x.json:n -->—<!-- /v -->\n")
+    doc.write_text("<!-- v:x.json:a.c -->1<!-- /v -->")
+    with pytest.raises(KeyError, match="a.c: no 'c'"):
+        report.update(doc, res)
