@@ -26,8 +26,7 @@ NUMPY = Backend(np, "numpy", None)
 
 @pytest.fixture(autouse=True)
 def fresh():
-    """Each test starts with an empty report and every fused kernel on."""
-    F.reset("auto")
+    """Each test starts with every fused kernel on."""
     K.set_impl("fused")
     yield
     K.set_impl("fused")
@@ -53,7 +52,8 @@ def fakes(disabled, calls=None):
 def test_auto_turns_each_failure_off_with_one_line(caplog):
     disabled = []
     with caplog.at_level(logging.INFO, logger="scalesgd"):
-        out = F.validate(fakes(disabled), "auto")
+        report = F.Report("auto")
+        out = F.validate(fakes(disabled), "auto", report=report)
     assert disabled == ["wrong", "raising", "nan", "misshapen"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 4
@@ -64,7 +64,7 @@ def test_auto_turns_each_failure_off_with_one_line(caplog):
         assert words in line and f"using the reference of {name} instead" in line, line
         assert out[name]["status"] == "fell back" and words in out[name]["error"]
     assert out["right"]["status"] == "used" and out["right"]["rel_error"] < 1e-15
-    rep = F.report()
+    rep = report.to_dict()
     assert rep["mode"] == "auto" and rep["seconds"] > 0 and set(rep["components"]) == set(out)
     assert rep["components"]["wrong"]["fallback"] == "the reference of wrong"
     assert rep == json.loads(json.dumps(rep, allow_nan=False))        # summary.json-ready
@@ -96,10 +96,11 @@ def test_strict_fails_the_run_with_one_line_and_turns_nothing_off():
 
 def test_off_runs_nothing_and_uses_only_references():
     disabled, calls = [], []
-    out = F.validate(fakes(disabled, calls), "off")
+    report = F.Report("off")
+    out = F.validate(fakes(disabled, calls), "off", report=report)
     assert calls == [] and len(disabled) == 5
     assert all(v == {"status": "off", "fallback": f"the reference of {k}"} for k, v in out.items())
-    assert F.report()["seconds"] == 0.0
+    assert report.to_dict() == {"mode": "off", "seconds": 0.0, "components": out}
     with pytest.raises(ValueError, match="model.fast_paths"):
         F.validate([], "fast")
 
@@ -113,7 +114,7 @@ def test_a_numpy_run_has_nothing_to_check_and_spends_no_time():
     topo = types.SimpleNamespace(size=4, comm=None, is_root=True)
     s = types.SimpleNamespace(cfg=C.build(None, {"train": {"device": "cpu"}}), topo=topo, model=model,
                               backend=NUMPY, train_data=None, val_data=None, method=None)
-    assert F.check(s) == {"mode": "auto", "seconds": 0.0, "components": {}}
+    assert F.check(s).to_dict() == {"mode": "auto", "seconds": 0.0, "components": {}}
 
 
 # ----------------------------------------------------------------------------- the real builders
@@ -213,7 +214,7 @@ def test_a_gpu_runs_registry_and_check(caplog):
     s = types.SimpleNamespace(cfg=cfg, topo=types.SimpleNamespace(size=1, comm=None, is_root=True),
                               model=model, backend=gpu, train_data=None, val_data=None, method=None)
     with caplog.at_level(logging.INFO, logger="scalesgd"):
-        rep = F.check(s)
+        rep = F.check(s).to_dict()
     assert len(rep["components"]) == 8 + 6 + 3 and rep["seconds"] > 0
     assert all(v["status"] == "used" for v in rep["components"].values())
     assert any(r.getMessage().startswith("fast paths: 17 checked against their references in ")

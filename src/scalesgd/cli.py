@@ -218,32 +218,34 @@ def _resume_checkpoint(cfg: C.Config, topo) -> Path | None:
     return Path(bcast_text(topo.comm, str(path) if path else None))
 
 
-_STOPPABLE = []                  # the run's Signals a stop is handed to, once they exist
+class StopRelay:
+    """Hands a stop signal to the run's ``Signals`` once they exist.  Installed first thing, so a
+    signal during start-up (e.g. Slurm's early warning arriving during MPI initialisation) is
+    remembered instead of killing the rank."""
+
+    def __init__(self):
+        self.signals = None              # the run's Signals, once attached
+
+    def install(self) -> "StopRelay":
+        from .comm import watchdog
+        watchdog.install(self.fire)
+        return self
+
+    def fire(self) -> None:
+        """SIGTERM / SIGUSR1 on any rank: checkpoint at the next phase, then exit 75 everywhere (or
+        exit 1 after ``train.stop_timeout`` if the job is stuck: ``comm/watchdog.py``).  May run on
+        the watchdog's signal thread: it only sets flags."""
+        if self.signals is not None:
+            self.signals.request_stop()
+
+    def attach(self, signals) -> None:
+        from .comm import watchdog
+        self.signals = signals
+        if watchdog.stop_requested():    # the signal came during start-up
+            signals.request_stop()
 
 
-def _on_stop_signal() -> None:
-    """SIGTERM / SIGUSR1 on any rank: checkpoint at the next phase, then exit 75 everywhere (or exit 1
-    after ``train.stop_timeout`` if the job is stuck: ``comm/watchdog.py``).  May run on the
-    watchdog's signal thread: it only sets flags."""
-    for signals in _STOPPABLE:
-        signals.request_stop()
-
-
-def _install_stop_handlers() -> None:
-    """Installed first thing, so a signal during start-up (e.g. Slurm's early warning arriving during
-    MPI initialisation) is remembered instead of killing the rank."""
-    from .comm import watchdog
-    watchdog.install(_on_stop_signal)
-
-
-def _attach_stop(signals) -> None:
-    from .comm import watchdog
-    _STOPPABLE[:] = [signals]
-    if watchdog.stop_requested():        # the signal came during start-up
-        signals.request_stop()
-
-
-def run(cfg: C.Config, topo) -> dict:
+def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
     from . import fastpaths, methods
     from .io.files import write_json_atomic
     from .train import loop
@@ -265,7 +267,7 @@ def run(cfg: C.Config, topo) -> dict:
         elif cfg.train.init_from:
             loop.warm_start(setup, Path(cfg.train.init_from))
     method.attach(setup.model)                  # collective (allreduce: the transport's selection)
-    fastpaths.check(setup)                      # collective: GPU fast paths vs their references
+    setup.fast_paths = fastpaths.check(setup)   # collective: GPU fast paths vs their references
     run_dir = _run_dir(cfg, topo)
     with together(topo):
         if topo.is_root:
@@ -278,7 +280,8 @@ def run(cfg: C.Config, topo) -> dict:
             except OSError as exc:          # read-only, a file in the way, disk full: the user's path
                 raise RunDirError(f"--run-dir {run_dir}: cannot write the run directory "
                                   f"({exc.strerror or exc})") from None
-    _attach_stop(control.signals)
+    if stop is not None:
+        stop.attach(control.signals)
     if topo.is_root:
         logging.info("run directory %s; model %s, %s parameters; device %s; %d BLAS thread(s)",
                      run_dir, cfg.model.model, f"{setup.model.num_params:,}", backend.name, threads)
@@ -312,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else argv)[:1] == ["doctor"]:   # `scalesgd doctor`: doctor/
         from .doctor import main as doctor
         return doctor((sys.argv[1:] if argv is None else argv)[1:])
-    _install_stop_handlers()
+    stop = StopRelay().install()
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="scalesgd: %(message)s", stream=sys.stderr)
     topo = None
@@ -328,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         topo = topology.init()
         if not topo.is_root:
             logging.getLogger().setLevel(logging.WARNING)
-        run(cfg, topo)
+        run(cfg, topo, stop)
     except _stopped() as exc:
         from .comm import watchdog
         watchdog.disarm()

@@ -65,20 +65,20 @@ class Component:
 
 
 # ----------------------------------------------------------------------------- the outcome
-_report: dict = {"mode": None, "seconds": 0.0, "components": {}}
+class Report:
+    """One run's outcome, for summary.json (owned by the run's set-up, ``Setup.fast_paths``):
+    the mode, the seconds the checks took, and per component its status (``used``, ``fell back``,
+    ``off``), error, fallback, relative error and seconds."""
 
+    def __init__(self, mode: str | None = None):
+        if mode is not None and mode not in FAST_PATH_MODES:
+            raise ValueError(f"model.fast_paths: expected one of {', '.join(FAST_PATH_MODES)}, "
+                             f"got {mode!r}")
+        self.mode, self.seconds, self.components = mode, 0.0, {}
 
-def reset(mode: str) -> None:
-    """Starts this process's report afresh for a run in ``mode`` (nothing checked yet)."""
-    if mode not in FAST_PATH_MODES:
-        raise ValueError(f"model.fast_paths: expected one of {', '.join(FAST_PATH_MODES)}, got {mode!r}")
-    _report.update(mode=mode, seconds=0.0, components={})
-
-
-def report() -> dict:
-    """The outcome so far, for summary.json: mode, seconds the checks took, and per component
-    its status (``used``, ``fell back``, ``off``), error, fallback, relative error and seconds."""
-    return json.loads(json.dumps(_report))
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps({"mode": self.mode, "seconds": self.seconds,
+                                      "components": self.components}))
 
 
 # ----------------------------------------------------------------------------- comparing
@@ -142,7 +142,7 @@ def _why(exc: BaseException) -> str:
 
 
 # ----------------------------------------------------------------------------- the check
-def validate(components, mode: str, agree=None, speak: bool = True) -> dict:
+def validate(components, mode: str, agree=None, speak: bool = True, report: Report | None = None) -> dict:
     """Checks ``components`` as ``mode`` says; records and returns each outcome ({name: dict}).
 
     ``agree(failed) -> failed``: this rank's {name: (error, fallback)} -> every rank's, merged in
@@ -151,8 +151,9 @@ def validate(components, mode: str, agree=None, speak: bool = True) -> dict:
     ``strict`` mode a failure anywhere raises BackendError on every rank, after the agreement."""
     if mode not in FAST_PATH_MODES:
         raise ValueError(f"model.fast_paths: expected one of {', '.join(FAST_PATH_MODES)}, got {mode!r}")
+    report = report if report is not None else Report(mode)
     if mode == "off":
-        return _turn_off(components, speak)
+        return _turn_off(components, speak, report)
     t0, measured, failed = time.perf_counter(), {}, {}
     for c in components:
         t = time.perf_counter()
@@ -173,12 +174,12 @@ def validate(components, mode: str, agree=None, speak: bool = True) -> dict:
             out[c.name].update(status="fell back", error=failed[c.name][0], fallback=c.fallback)
     _say(failed, components, time.perf_counter() - t0, speak)
     if components:                   # nothing to check (NumPy): no time is spent, none reported
-        _report["seconds"] = round(_report["seconds"] + time.perf_counter() - t0, 6)
-    _report["components"].update(out)
+        report.seconds = round(report.seconds + time.perf_counter() - t0, 6)
+    report.components.update(out)
     return out
 
 
-def _turn_off(components, speak: bool) -> dict:
+def _turn_off(components, speak: bool, report: Report) -> dict:
     """``off``: every component disabled unchecked (only the references run)."""
     out = {}
     for c in components:
@@ -187,7 +188,7 @@ def _turn_off(components, speak: bool) -> dict:
     if components and speak:
         log.info("fast paths off (model.fast_paths = off): %d not checked, their references run",
                  len(components))
-    _report["components"].update(out)
+    report.components.update(out)
     return out
 
 
@@ -229,19 +230,19 @@ def agree_over(comm):
 
 
 # ----------------------------------------------------------------------------- the run's components
-def check(s) -> dict:
+def check(s) -> Report:
     """Collective, once per run, after ``method.attach`` and before anything is written: checks
     the fast paths of set-up ``s`` (``train/loop.py: Setup``) as ``model.fast_paths`` says and
-    returns :func:`report`.  NumPy: no component, nothing runs.  Several ranks agree unless
+    returns the run's ``Report``.  NumPy: no component, nothing runs.  Several ranks agree unless
     ``train.device = cpu`` (then none is on a GPU): a rank left on NumPy by ``device = auto``
     still takes part, so a job mixing GPU and CPU ranks cannot hang here."""
     cfg, topo = s.cfg, s.topo
-    reset(cfg.model.fast_paths)
+    report = Report(cfg.model.fast_paths)
     comps = components(s.model, s.backend, cfg, (s.train_data, s.val_data), s.method)
     agree = agree_over(topo.comm) if topo.size > 1 and cfg.train.device != "cpu" else None
     if comps or agree is not None:
-        validate(comps, cfg.model.fast_paths, agree, speak=topo.is_root)
-    return report()
+        validate(comps, cfg.model.fast_paths, agree, speak=topo.is_root, report=report)
+    return report
 
 
 def components(model, backend, cfg, loaders=(), method=None) -> list[Component]:

@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +57,7 @@ class Setup:
     val_data: Loader | None
     data_root: Path
     train_samples: int             # size of the training split
+    fast_paths: fastpaths.Report = field(default_factory=fastpaths.Report)   # set by fastpaths.check
 
     @property
     def roles(self):
@@ -339,7 +340,7 @@ class Run:
             images_per_second=g / max(st.train_seconds, 1e-9),
             train_seconds=st.train_seconds, eval_seconds=st.eval_seconds, wall_seconds=wall,
             allocations=st.allocations,
-            fast_paths=fastpaths.report(),
+            fast_paths=s.fast_paths.to_dict(),
             time_split_rank0=dict(data=st.data_seconds,   # (a server computes nothing: its timers)
                                   compute=0.0 if s.roles.is_server else
                                   st.compute_seconds - sum(timers.values()),
