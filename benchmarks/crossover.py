@@ -200,8 +200,7 @@ def plan() -> list[Run]:
 
 def data_dirs(data: Path) -> dict[str, Path]:
     """The glyph data sets (built once): main (train + val), tune (train + tune), timing."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import glyphs  # noqa: PLC0415
+    import glyphs  # noqa: PLC0415  (a sibling: benchmarks/ is sys.path[0])
     if not (data / "full" / "main" / "manifest.json").exists():
         glyphs.build(data / "full", 51_200, 5_000, 5_000)
     if not (data / "timing" / "main" / "manifest.json").exists():
