@@ -83,13 +83,21 @@ def check_nccl(ctx: Ctx, name: str) -> Check:
         return _no_gpu(name)
     from ..comm import device
     nccl = device.nccl_module()
-    versions = ctx.gather(_nccl_version(nccl.get_version()) if nccl else "")
-    missing = [r for r, v in enumerate(versions) if not v]
+    return _on_every_rank(
+        name, ctx.gather(_nccl_version(nccl.get_version()) if nccl else ""),
+        "no NCCL bindings in CuPy on ranks {}: the allreduce method falls back to CUDA-aware MPI or "
+        "host copies", "install NCCL where CuPy finds it: python -m cupyx.tools.install_library "
+        "--library nccl --cuda 12.x", "NCCL {} on every rank (allreduce_transport auto uses it)")
+
+
+def _on_every_rank(name: str, found: list[str], missing_msg: str, fix: str, ok_msg: str) -> Check:
+    """A library every rank should have: ``found`` is each rank's version ('' where missing);
+    a warning naming the ranks without it (``missing_msg`` formats them), else ok with the first
+    rank's version (``ok_msg`` formats it)."""
+    missing = [r for r, v in enumerate(found) if not v]
     if missing:
-        return Check(name, WARN, f"no NCCL bindings in CuPy on ranks {_ranges(missing)}: the allreduce "
-                     "method falls back to CUDA-aware MPI or host copies", "install NCCL where CuPy "
-                     "finds it: python -m cupyx.tools.install_library --library nccl --cuda 12.x")
-    return Check(name, OK, f"NCCL {versions[0]} on every rank (allreduce_transport auto uses it)")
+        return Check(name, WARN, missing_msg.format(_ranges(missing)), fix)
+    return Check(name, OK, ok_msg.format(found[0]))
 
 
 def _nccl_version(v: int) -> str:
@@ -124,12 +132,10 @@ def check_cudnn_frontend(ctx: Ctx, name: str) -> Check:
     cudnn = probe_cudnn()
     found = ctx.gather(f"{getattr(cudnn, '__version__', '?')} (cuDNN {cudnn.backend_version()})"
                        if cudnn else "")
-    missing = [r for r, v in enumerate(found) if not v]
-    if missing:
-        return Check(name, WARN, f"'import cudnn' fails on ranks {_ranges(missing)}: conv_impl auto "
-                     "uses im2col + GEMM there (slower)", "pip install nvidia-cudnn-frontend (with a cuDNN 9 "
-                     "runtime, e.g. nvidia-cudnn-cu12)")
-    return Check(name, OK, f"cuDNN Frontend {found[0]} on every rank (conv_impl auto uses it)")
+    return _on_every_rank(
+        name, found, "'import cudnn' fails on ranks {}: conv_impl auto uses im2col + GEMM there "
+        "(slower)", "pip install nvidia-cudnn-frontend (with a cuDNN 9 runtime, e.g. nvidia-cudnn-cu12)",
+        "cuDNN Frontend {} on every rank (conv_impl auto uses it)")
 
 
 def check_fast_paths(ctx: Ctx, name: str) -> Check:
