@@ -163,8 +163,10 @@ def _noise_scale(methods: dict) -> dict:
                 cands.append([s / (8 * p) for s in r["samples_to_target"]])
         if cands:
             pts.append((8 * p, min(cands, key=np.mean)))
-    if len(pts) < 2:
-        return dict(points=len(pts), b_noise=None, s_min=None)
+    data = [dict(batch=b, steps=float(np.mean(s)), seeds=len(s)) for b, s in pts]
+    if len(pts) < 3:
+        return dict(points=len(pts), b_noise=None, s_min=None, data=data,
+                    note="the fit needs all-reduce at 3 or more p")
 
     def fit(sample):
         inv = np.array([1.0 / b for b, _ in sample])
@@ -172,6 +174,9 @@ def _noise_scale(methods: dict) -> dict:
         slope, icpt = np.polyfit(inv, steps, 1)
         return (slope / icpt if icpt > 0 else float("nan")), icpt
     b_noise, s_min = fit(pts)
+    if not (s_min > 0 and math.isfinite(b_noise)):
+        return dict(points=len(pts), b_noise=None, s_min=float(s_min), data=data,
+                    note="no fit: steps to target fall faster than 1/B allows (S_min <= 0)")
     rng = np.random.default_rng(0)
     boots = []
     for _ in range(BOOT):
@@ -180,8 +185,7 @@ def _noise_scale(methods: dict) -> dict:
     boots = np.array([b for b in boots if np.isfinite(b)])
     return dict(points=len(pts), b_noise=float(b_noise), s_min=float(s_min),
                 b_noise_lo=float(np.percentile(boots, 2.5)) if boots.size else None,
-                b_noise_hi=float(np.percentile(boots, 97.5)) if boots.size else None,
-                data=[dict(batch=b, steps=float(np.mean(s)), seeds=len(s)) for b, s in pts])
+                b_noise_hi=float(np.percentile(boots, 97.5)) if boots.size else None, data=data)
 
 
 def _winners(methods: dict, prof: str) -> list[dict]:
@@ -294,7 +298,7 @@ def figure(res: dict, path: Path) -> None:
 
 def report() -> int:
     res = analyse()
-    (X.RESULTS.parent / "crossover.json").write_text(json.dumps(res, indent=1) + "\n")
+    (X.RESULTS.parent / "crossover.json").write_text(json.dumps(res, indent=1, allow_nan=False) + "\n")
     figure(res, X.ROOT / "docs" / "figures" / "crossover.png")
     for prof, ws in res["winners"].items():
         print(prof)
