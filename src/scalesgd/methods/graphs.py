@@ -4,6 +4,8 @@ Pure: no communication, no arrays; a graph's state goes into the checkpoint.
 """
 from __future__ import annotations
 
+import abc
+
 from .mixing import choose_peer, peer_rng
 
 
@@ -29,14 +31,15 @@ class UniformGraph:
         self.rng.bit_generator.state = state
 
 
-class _Scheduled:
+class _Scheduled(abc.ABC):
     """A deterministic graph: exchange k's peer is ``rank + offset(k)``; the state is k."""
 
     def __init__(self, seed: int, rank: int, size: int, include_self: bool = True):
         self.rank, self.size, self.k = rank, size, 0
 
+    @abc.abstractmethod
     def offset(self, k: int) -> int:
-        raise NotImplementedError
+        """How far ahead of this rank exchange ``k``'s peer is."""
 
     def peer(self) -> int:
         j = (self.rank + self.offset(self.k)) % self.size
