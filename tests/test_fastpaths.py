@@ -24,14 +24,6 @@ from scalesgd.train.step import train_step
 NUMPY = Backend(np, "numpy", None)
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    """Each test starts with every fused kernel on."""
-    K.set_impl("fused")
-    yield
-    K.set_impl("fused")
-
-
 def fake(name, run, disabled, tol=1e-6):
     """A component on NumPy: ``run`` against the reference x**2 of a fixed x; ``disable`` records."""
     x = np.linspace(-1, 2, 17)
@@ -122,18 +114,18 @@ def test_a_broken_fused_kernel_is_detected_and_its_twin_runs():
     def add_without_relu(h, s):
         h += s
         return h
-    comps = F.kernel_components(np, ("float32",), "float32", fast={"add_relu": add_without_relu})
+    kernels = K.Kernels()
+    comps = F.kernel_components(kernels, np, ("float32",), "float32", fast={"add_relu": add_without_relu})
     assert [c.name for c in comps] == ["kernel bn_apply (float32)", "kernel add_relu (float32)",
                                        "kernel sgd_update (float32)"]
     out = F.validate(comps, "auto")
     assert out["kernel add_relu (float32)"]["status"] == "fell back"
     assert "h: relative error" in out["kernel add_relu (float32)"]["error"]
     assert out["kernel bn_apply (float32)"]["status"] == "used"
-    assert K.disabled() == {"add_relu"}
-    K.set_impl("fused")                          # a new run starts with every kernel on
-    assert K.disabled() == frozenset()
-    K.set_impl("reference")
-    assert F.kernel_components(np) == []         # model.kernels = reference: nothing fused to check
+    assert kernels.disabled == {"add_relu"}
+    assert K.Kernels().disabled == frozenset()   # a new run starts with every kernel on
+    # model.kernels = reference: nothing fused to check
+    assert F.kernel_components(K.Kernels("reference"), np) == []
 
 
 class TwinEngine:
@@ -169,17 +161,24 @@ class TwinEngine:
 
 def test_model_layers_match_the_shapes_a_forward_sees():
     model = ResNet("resnet18", 10, 0.125, seed=0)
-    seen = []
+    seen, seen_bn = [], []
 
     class Recorder(TwinEngine):
         def conv_forward(self, mod, x, train):
             seen.append((x.shape, mod.w.shape, mod.stride, mod.pad))
             return super().conv_forward(mod, x, train)
+
+        def bn_forward(self, mod, x, train):
+            seen_bn.append((x.shape, mod.relu))
+            return super().bn_forward(mod, x, train)
     model.set_engine(Recorder())
-    model.forward(np.zeros((2, 40, 40, 3), np.float32), False)
+    logits, _ = model.forward(np.zeros((2, 40, 40, 3), np.float32), False)
     convs, bns = F.model_layers(model, 2, 40)
     assert list(convs) == list(dict.fromkeys(seen)) and sum(map(len, convs.values())) == len(seen) == 20
-    assert sum(map(len, bns.values())) == 20 and ((2, 10, 10, 8), True) in bns    # after the max-pool
+    assert list(bns) == list(dict.fromkeys(seen_bn)) and sum(map(len, bns.values())) == len(seen_bn) == 20
+    assert ((2, 10, 10, 8), True) in bns                                           # after the max-pool
+    head, head_in = model.layer_inputs(2, 40)[-1]
+    assert head is model.net.mods[-1] and head_in[3] == head.cin and logits.shape == (2, 10)
 
 
 def test_a_wrong_conv_engine_falls_back_per_geometry_and_the_model_still_trains():

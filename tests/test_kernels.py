@@ -66,7 +66,7 @@ def test_sgd_update_matches_optimizer(rng, dt, mu, nesterov, wd, masked):
 
 
 def test_selection_and_launch_config():
-    assert not K.use_fast(np.ones(3))
+    assert not K.use_fast(np.ones(3)) and not K.Kernels().use_fast(np.ones(3), kernel="add_relu")
     assert K.launch_config(1) == ((1,), (256,)) and K.launch_config(0)[0] == (1,)
     assert K.launch_config(10**9)[0][0] == 65535 * 8
     assert K.dtype_name(np.float32) == "float32" and K.dtype_name("bfloat16") == "bfloat16"
@@ -75,26 +75,33 @@ def test_selection_and_launch_config():
     assert "cupy" not in sys.modules            # importing kernels did not import CuPy
 
 
-def test_kernels_choice_comes_from_the_config_not_the_environment(monkeypatch):
-    """model.kernels reaches nn/kernels.py through set_impl (called once at start-up); the old
-    SCALESGD_KERNELS variable is not read, at import or after."""
+def test_kernels_choice_belongs_to_the_run_not_the_process_or_the_environment(monkeypatch):
+    """model.kernels reaches the model and the optimizer as one Kernels object built by the run's
+    set-up; two runs in one process do not see each other's choice or disabled kernels, and the old
+    SCALESGD_KERNELS variable is not read."""
     from scalesgd import config as C
+    from scalesgd.nn.resnet import ResNet
     monkeypatch.setenv("SCALESGD_KERNELS", "reference")
-    import importlib
-    fresh = importlib.reload(K)
-    assert fresh.current_impl() == "fused"
+    monkeypatch.setattr(K, "get_array_module", lambda *a: types.SimpleNamespace())   # "CuPy" arrays
+    assert K.Kernels().impl == "fused" and K.Kernels().use_fast(np.ones(3), kernel="add_relu")
     assert C.build(None, {"model": {"kernels": "reference"}}).model.kernels == "reference"
     assert C.build(None, {}).model.kernels == "fused"
     with pytest.raises(C.ConfigError, match="kernels"):
         C.build(None, {"model": {"kernels": "fast"}})
-    try:
-        K.set_impl("reference")
-        assert K.current_impl() == "reference" and not K.use_fast(np.ones(3))
-        with pytest.raises(ValueError, match="model.kernels"):
-            K.set_impl("fast")
-        assert K.current_impl() == "reference"
-    finally:
-        K.set_impl("fused")
+    with pytest.raises(ValueError, match="model.kernels"):
+        K.Kernels("fast")
+    with pytest.raises(ValueError, match="no kernel"):
+        K.Kernels().disable("relu")
+    one, other = K.Kernels(), K.Kernels("reference")
+    one.disable("add_relu")
+    assert not one.use_fast(np.ones(3), kernel="add_relu") and one.use_fast(np.ones(3), kernel="bn_apply")
+    assert not other.use_fast(np.ones(3), kernel="bn_apply")
+    assert K.Kernels().disabled == frozenset() and one.disabled == {"add_relu"}
+    model = ResNet("resnet8", 10, 0.25, kernels=one)
+    opt = SGD(model.ps.params, SGDConfig(), model.ps.decay_mask(), model.kernels)
+    blocks = [m for m in model.net.mods if hasattr(m, "main")]
+    assert opt.kernels is one and len(blocks) == 3 and all(b.kernels is one for b in blocks)
+    assert ResNet("resnet8", 10, 0.25).kernels.disabled == frozenset()
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: CUDA sources not compiled")

@@ -258,38 +258,23 @@ def components(model, backend, cfg, loaders=(), method=None) -> list[Component]:
         out += cudnn_components(model, engine, cfg.data.image_size)
         if engine.precision == "bf16":              # activations are bf16 (float32 if cuDNN is off)
             acts = ("bfloat16", "float32")
-    out += kernel_components(backend.xp, acts, cfg.model.dtype)
+    out += kernel_components(model.kernels, backend.xp, acts, cfg.model.dtype)
     out += decode_components(loaders)
-    return out + transport_components(method, model)
+    return out + transport_components(method)
 
 
 def model_layers(model, n: int, hw: int) -> tuple[dict, dict]:
-    """The distinct cuDNN work of ``model`` on a batch x: (n, hw, hw, 3), in forward order:
-    {(x_shape, w_shape HWIO, stride, pad): [Conv]} and {(x_shape, relu): [BatchNorm]}."""
+    """The distinct cuDNN work of ``model`` on a batch x: (n, hw, hw, 3), in forward order
+    (from ``ResNet.layer_inputs``): {(x_shape, w_shape HWIO, stride, pad): [Conv]} and
+    {(x_shape, relu): [BatchNorm]}."""
     from .nn import resnet as R  # noqa: PLC0415
-    from .nn.cudnn_conv import out_hw  # noqa: PLC0415
     convs: dict = {}
     bns: dict = {}
-
-    def walk(mod, shape):            # -> the module's output shape
-        if isinstance(mod, R.Sequence):
-            for m in mod.mods:
-                shape = walk(m, shape)
-            return shape
-        if isinstance(mod, R.ResidualBlock):
-            out = walk(mod.main, shape)
-            if mod.shortcut is not None:
-                walk(mod.shortcut, shape)
-            return out
+    for mod, shape in model.layer_inputs(n, hw):
         if isinstance(mod, R.Conv):
             convs.setdefault((shape, (mod.k, mod.k, mod.cin, mod.cout), mod.stride, mod.pad), []).append(mod)
-            return (shape[0], *out_hw(shape[1], shape[2], mod.k, mod.k, mod.stride, mod.pad), mod.cout)
-        if isinstance(mod, R.BatchNorm):
+        elif isinstance(mod, R.BatchNorm):
             bns.setdefault((shape, mod.relu), []).append(mod)
-        elif isinstance(mod, R.MaxPool):           # 3x3, stride 2, pad 1 (resnet.MaxPool)
-            return (shape[0], *out_hw(shape[1], shape[2], 3, 3, 2, 1), shape[3])
-        return shape
-    walk(model.net, (n, hw, hw, 3))
     return convs, bns
 
 
@@ -327,12 +312,13 @@ def _layer_component(name, fast, ref, precision, mods, model, outputs) -> Compon
                      disable, outputs)
 
 
-def kernel_components(xp, acts=("float32",), par: str = "float32", fast=None) -> list[Component]:
-    """One component per fused kernel and activation dtype (the SGD update: ``par``), each against
-    its ``_ref`` twin; none with ``model.kernels = reference``.  ``fast``: {kernel: function}
-    replacing the public kernel (a test's deliberately broken one)."""
+def kernel_components(kernels, xp, acts=("float32",), par: str = "float32", fast=None) -> list[Component]:
+    """One component per fused kernel of the run's ``kernels`` (``nn.kernels.Kernels``) and
+    activation dtype (the SGD update: ``par``), each against its ``_ref`` twin; none with
+    ``model.kernels = reference``.  Falling back turns the kernel off in ``kernels``.  ``fast``:
+    {kernel: function} replacing the public kernel (a test's deliberately broken one)."""
     from .nn import kernels as K  # noqa: PLC0415
-    if K.current_impl() != "fused":
+    if kernels.impl != "fused":
         return []
     out = []
     outputs = {"bn_apply": ("y",), "add_relu": ("h",), "sgd_update": ("params", "momentum")}
@@ -342,7 +328,7 @@ def kernel_components(xp, acts=("float32",), par: str = "float32", fast=None) ->
             case = (lambda name=name, act=act: K.check_case(name, xp, act, par, fast=(fast or {}).get(name)))
             out.append(Component(f"kernel {name} ({act})", lambda case=case: case()[0](),
                                  lambda case=case: case()[1](), KERNEL_TOL[act],
-                                 f"its reference twin {name}_ref", lambda name=name: K.disable(name),
+                                 f"its reference twin {name}_ref", lambda name=name: kernels.disable(name),
                                  outputs[name]))
     return out
 
@@ -401,19 +387,19 @@ def decode_crops(jpegs, device: str, device_id=None) -> list[np.ndarray]:
     return [np.array(out.at(i)) for i in range(len(jpegs))]
 
 
-def transport_components(method, model, size: int = 10_007) -> list[Component]:
+def transport_components(method, size: int = 10_007) -> list[Component]:
     """The device all-reduce ``method`` chose (its ``reducer``: nccl or cuda_aware_mpi) against
     host-staged MPI: a fresh reducer of each class sums the same per-rank values over 3 buckets of
     a small buffer (a collective).  None for the host transport (the reference; NumPy gradients
-    always have it) or a method without a gradient all-reducer.  Falling back puts a host reducer
-    over the gradients in its place."""
+    always have it) or a method without a gradient all-reducer.  Falling back is the method's own
+    (``use_host_transport``: a host reducer over the gradients in the device one's place)."""
     red = getattr(method, "reducer", None)
     if red is None or red.transport == "host":
         return []
     from .backend import get_array_module  # noqa: PLC0415
     from .comm.collectives import BucketedAllreduce  # noqa: PLC0415
     from .nn.params import Layout, TensorSpec  # noqa: PLC0415
-    comm, xp, dtype = method.comm, get_array_module(red.flat), red.flat.dtype
+    comm, xp, dtype = red.comm, get_array_module(red.flat), red.flat.dtype
     lay = Layout([TensorSpec(f"t{i}", (size // 4 + i,)) for i in range(4)])
     values = np.random.default_rng([comm.Get_rank(), 5]).standard_normal(lay.size).astype(dtype)
 
@@ -426,12 +412,4 @@ def transport_components(method, model, size: int = 10_007) -> list[Component]:
         return flat
     return [Component(f"allreduce {red.transport}", lambda: reduce(type(red)),
                       lambda: reduce(BucketedAllreduce), TRANSPORT_TOL, "the host transport (MPI on "
-                      "pinned host copies)", lambda: _host_transport(method, model), ("sum",))]
-
-
-def _host_transport(method, model) -> None:
-    """``method`` sums its gradients through the host transport from now on."""
-    from .comm import device  # noqa: PLC0415
-    d = method.cfg.dist
-    method.reducer = device.make_allreducer("host", method.comm, model.ps.grads, model.ps.layout,
-                                            int(d.bucket_mb * 1e6), d.overlap)
+                      "pinned host copies)", method.use_host_transport, ("sum",))]

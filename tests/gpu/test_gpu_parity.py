@@ -31,14 +31,6 @@ def xp(request):
     return make_path(request.param).xp
 
 
-@pytest.fixture(autouse=True)
-def fused_kernels():
-    """Every case runs the fused kernels on CuPy (the default), whatever ran before."""
-    K.set_impl("fused")
-    yield
-    K.set_impl("fused")
-
-
 def rand(seed, *shape):
     return np.random.default_rng([seed, *shape]).standard_normal(shape)
 

@@ -13,6 +13,7 @@ from mpi4py import MPI
 from scalesgd import fastpaths as F
 from scalesgd.comm import collectives, device
 from scalesgd.errors import BackendError
+from scalesgd.methods.allreduce import AllReduce
 from scalesgd.nn.resnet import ResNet
 
 
@@ -76,19 +77,23 @@ class Broken(collectives.BucketedAllreduce):
 
 
 def method_with(comm, transport_cls):
+    """A real ``allreduce`` method whose reducer is ``transport_cls`` over a ResNet's gradients."""
     model = ResNet("resnet20", 10, 0.25, seed=0)
-    dist = types.SimpleNamespace(bucket_mb=0.01, overlap=True)
-    red = transport_cls(comm, model.ps.grads, model.ps.layout, 10_000, True)
-    return types.SimpleNamespace(reducer=red, comm=comm, cfg=types.SimpleNamespace(dist=dist)), model
+    cfg = types.SimpleNamespace(dist=types.SimpleNamespace(bucket_mb=0.01, overlap=True))
+    method = AllReduce(cfg, types.SimpleNamespace(size=comm.size), comm, None)
+    method.reducer = transport_cls(comm, model.ps.grads, model.ps.layout, 10_000, True)
+    return method, model
 
 
 def a_broken_transport_falls_back_to_host(comm):
     method, model = method_with(comm, Broken)
-    (comp,) = F.transport_components(method, model)
+    comp_buckets = method.reducer.buckets
+    (comp,) = F.transport_components(method)
     out = F.validate([comp], "auto", F.agree_over(comm), speak=comm.rank == 0)
     assert out["allreduce broken"]["status"] == "fell back", out
     red = method.reducer
     assert type(red) is collectives.BucketedAllreduce and red.flat is model.ps.grads and red.overlap
+    assert red.buckets == comp_buckets                    # the same buckets as the device reducer had
     model.ps.grads[...] = comm.rank + 1.0                 # the new reducer sums the real gradients
     red.finish()
     assert np.all(model.ps.grads == comm.size * (comm.size + 1) / 2)
@@ -96,13 +101,13 @@ def a_broken_transport_falls_back_to_host(comm):
 
 def a_sound_transport_is_used(comm):
     method, model = method_with(comm, device.CudaAwareAllreduce)
-    comps = F.transport_components(method, model)
+    comps = F.transport_components(method)
     out = F.validate(comps, "auto", F.agree_over(comm))
     assert out["allreduce cuda_aware_mpi"]["status"] == "used", out
     assert out["allreduce cuda_aware_mpi"]["rel_error"] < 1e-6
     assert type(method.reducer) is device.CudaAwareAllreduce
     host, _ = method_with(comm, collectives.BucketedAllreduce)
-    assert F.transport_components(host, model) == []      # host is the reference: nothing to check
+    assert F.transport_components(host) == []      # host is the reference: nothing to check
 
 
 def a_numpy_run_only_agrees(comm):

@@ -174,7 +174,7 @@ class BucketedAllreduce:
     can_overlap = True
 
     def __init__(self, comm, flat, layout, bucket_bytes: int, overlap: bool = True):
-        self.comm, self.flat = comm, flat
+        self.comm, self.flat, self.layout, self.bucket_bytes = comm, flat, layout, bucket_bytes
         self.overlap = overlap and self.can_overlap
         nbytes = flat.size * flat.dtype.itemsize
         self.buckets = make_buckets(layout, bucket_bytes if bucket_bytes > 0 else nbytes,
@@ -182,6 +182,11 @@ class BucketedAllreduce:
         self.bucket_of = {n: i for i, (_, _, names) in enumerate(self.buckets) for n in names}
         self.buf = self._mpi_buffer()            # (n,) what MPI reads and writes
         self._reset()
+
+    def on_host(self) -> "BucketedAllreduce":
+        """The host transport over the same gradients, buckets and overlap as this reducer: what a
+        device transport falls back to when the start-up check fails it (fastpaths.py)."""
+        return BucketedAllreduce(self.comm, self.flat, self.layout, self.bucket_bytes, self.overlap)
 
     def _mpi_buffer(self):
         self.stage = HostStage(self.flat)

@@ -161,7 +161,7 @@ def kernel_checks() -> dict:
     from .. import fastpaths
     from ..backend import _try_cupy
     cupy, _ = _try_cupy()
-    outcome = fastpaths.validate(fastpaths.kernel_components(cupy), "auto", speak=False)
+    outcome = fastpaths.validate(fastpaths.kernel_components(Kernels(), cupy), "auto", speak=False)
     return {k: {"status": o["status"], "error": o.get("error", "")} for k, o in outcome.items()}
 
 

@@ -39,6 +39,12 @@ class AllReduce(Method):
         if self.reducer.overlap and self.roles.size > 1:
             model.set_grad_hook(self._ready)
 
+    def use_host_transport(self) -> None:
+        """Sums the gradients through the host transport from now on (MPI on pinned host copies):
+        the fallback when the start-up check (fastpaths.py) fails the device transport.  The
+        buckets and the overlap stay as they were, so the grad hook set by ``attach`` still fits."""
+        self.reducer = self.reducer.on_host()
+
     def _ready(self, names) -> None:
         """From backward: starting a bucket's all-reduce (and MPI progress) moves bytes: comm."""
         with self.timed("comm"):

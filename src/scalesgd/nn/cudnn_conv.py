@@ -215,11 +215,14 @@ class CudnnEngine:
     """Runs conv and BN of a ResNet through cached cuDNN graphs on CuPy arrays (no staging copies).
 
     Attach with :func:`attach`; ``Conv``/``BatchNorm`` modules then call ``conv_forward`` etc.
-    Inference-mode BN uses the fused ``kernels.bn_apply`` with the running statistics.
+    Inference-mode BN uses the run's ``kernels.bn_apply`` (``kernels``: the model's
+    :class:`kernels.Kernels`; a fresh ``fused`` one when None) with the running statistics.
     """
 
-    def __init__(self, cudnn, xp, precision: str = "fp32"):
+    def __init__(self, cudnn, xp, precision: str = "fp32", kernels=None):
+        from .kernels import Kernels  # noqa: PLC0415
         self.cudnn, self.xp, self.precision = cudnn, xp, precision
+        self.kernels = kernels if kernels is not None else Kernels()
         self.handle = cudnn.create_handle()
         self.cache = GraphCache()
         self.io_dtype = _io_dtype(xp, precision)
@@ -266,11 +269,10 @@ class CudnnEngine:
         return dx
 
     def bn_forward(self, mod, x, train: bool, momentum: float = 0.1, eps: float = 1e-5):
-        from . import kernels  # noqa: PLC0415
         xp = self.xp
         if not train:
             scale = mod.gamma / xp.sqrt(mod.rvar + eps)
-            return kernels.bn_apply(x, scale, mod.beta - mod.rmean * scale, mod.relu), None
+            return self.kernels.bn_apply(x, scale, mod.beta - mod.rmean * scale, mod.relu), None
         built = self.cache.get(("bn_fwd", x.shape, self.precision),
                                lambda: build_bn(self.cudnn, self.handle, "fwd", x.shape, self.precision))
         c = x.shape[-1]
@@ -324,7 +326,7 @@ def attach(model, conv_impl: str, precision: str, backend, dtype: str = "float32
     log.info("convolutions: %s (%s); precision %s", impl, why, precision)
     if impl != "cudnn":
         return None
-    engine = CudnnEngine(probe_cudnn(), backend.xp, precision)
+    engine = CudnnEngine(probe_cudnn(), backend.xp, precision, model.kernels)
     model.set_engine(engine)
     return engine
 

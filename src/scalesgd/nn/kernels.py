@@ -1,18 +1,19 @@
 """Fused element-wise CuPy kernels, each with an xp reference twin (docs/architecture.md).
 
-Every public function here takes xp arrays and picks its implementation from them:
+Every public kernel function here takes xp arrays and picks its implementation from them:
 
-- NumPy arrays (or CuPy arrays after ``set_impl("reference")``): the reference twin, plain xp code
+- NumPy arrays: the reference twin, plain xp code
   with the exact semantics of the unfused layers in :mod:`layers` / :class:`optim.sgd.SGD` (tests
   check the twins against them);
 - CuPy arrays: one ``RawKernel`` launch from the CUDA C source :data:`KERNELS_CU`, compiled once per
   (activation dtype, parameter dtype) by NVRTC.  CuPy is never imported here: the module comes from
   the arrays (``backend.get_array_module``), so importing this file works without CuPy.
 
-Which of the two CuPy arrays get is the config key ``model.kernels`` (``fused`` | ``reference``),
-handed to :func:`set_impl` once at start-up, before the model runs; nothing is read from the
-environment.  The start-up self-check (fastpaths.py) runs each kernel on small inputs
-(:func:`check_case`) and turns one that fails off (:func:`disable`): its twin runs instead.
+Which of the two CuPy arrays get in a run is its :class:`Kernels` object, built from the config key
+``model.kernels`` (``fused`` | ``reference``) by the run's set-up and passed to the model and the
+optimizer; nothing is read from the environment and nothing is kept per process.  The start-up
+self-check (fastpaths.py) runs each kernel on small inputs (:func:`check_case`) and turns one that
+fails off (:meth:`Kernels.disable`): its twin runs instead.
 
 Kernels (one pass over memory each, where the unfused code makes 2-4):
 
@@ -111,45 +112,54 @@ def launch_config(n: int, block: int = _BLOCK) -> tuple[tuple[int], tuple[int]]:
     return (max(1, min(-(-n // block), _MAX_GRID)),), (block,)
 
 
-# model.kernels for CuPy arrays; "fused" until set_impl() says otherwise (one value per process:
-# the model and the optimizer of a run share it)
-_impl = "fused"
-# fused kernels the start-up check (fastpaths.py) turned off: their twins run instead; emptied by
-# set_impl, so each run starts with every kernel on
-_disabled: set = set()
+def use_fast(*arrays) -> bool:
+    """True for CuPy arrays: the module-level kernels below then launch the fused CUDA kernel."""
+    return get_array_module(*arrays) is not np
 
 
-def set_impl(impl: str) -> None:
-    """``model.kernels``: ``fused`` (CuPy arrays run the CUDA kernels) or ``reference`` (the xp twins
-    for every array, to compare against the fused kernels); called once at start-up."""
-    if impl not in KERNEL_IMPLS:
-        raise ValueError(f"model.kernels: expected one of {', '.join(KERNEL_IMPLS)}, got {impl!r}")
-    global _impl
-    _impl = impl
-    _disabled.clear()
+class Kernels:
+    """One run's choice of kernels (``model.kernels``), owned by its set-up and handed to the model,
+    the optimizer and the cuDNN engine that call them (``ResNet(kernels=...)``, ``SGD(kernels=...)``):
 
+    - ``impl``: ``fused`` (CuPy arrays run the CUDA kernels) or ``reference`` (the xp twins for
+      every array, to compare against the fused kernels);
+    - :meth:`disable`: the start-up check (fastpaths.py) turns a fused kernel that failed off for
+      this run; its ``_ref`` twin runs instead.
 
-def disable(name: str) -> None:
-    """Turns the fused kernel ``name`` off for this process (its ``_ref`` twin runs instead)."""
-    if name not in KERNEL_NAMES:
-        raise ValueError(f"kernels: no kernel {name!r} (known: {', '.join(KERNEL_NAMES)})")
-    _disabled.add(name)
+    A new ``Kernels`` starts with every kernel on; nothing is shared between runs of one process."""
 
+    def __init__(self, impl: str = "fused"):
+        if impl not in KERNEL_IMPLS:
+            raise ValueError(f"model.kernels: expected one of {', '.join(KERNEL_IMPLS)}, got {impl!r}")
+        self.impl = impl
+        self._disabled: set = set()
 
-def disabled() -> frozenset:
-    """The fused kernels turned off by :func:`disable` since the last :func:`set_impl`."""
-    return frozenset(_disabled)
+    def disable(self, name: str) -> None:
+        """Turns the fused kernel ``name`` off for this run (its ``_ref`` twin runs instead)."""
+        if name not in KERNEL_NAMES:
+            raise ValueError(f"kernels: no kernel {name!r} (known: {', '.join(KERNEL_NAMES)})")
+        self._disabled.add(name)
 
+    @property
+    def disabled(self) -> frozenset:
+        """The fused kernels turned off by :meth:`disable`."""
+        return frozenset(self._disabled)
 
-def current_impl() -> str:
-    """The kernels in use for CuPy arrays: ``fused`` or ``reference`` (see :func:`set_impl`)."""
-    return _impl
+    def use_fast(self, *arrays, kernel: str | None = None) -> bool:
+        """True when the fused CUDA kernel should run: CuPy arrays, ``impl = fused`` and (when
+        named) ``kernel`` not turned off by :meth:`disable`."""
+        return self.impl == "fused" and kernel not in self._disabled and use_fast(*arrays)
 
+    def bn_apply(self, x, scale, shift, relu: bool, out=None):
+        fast = self.use_fast(x, kernel="bn_apply")
+        return (bn_apply if fast else bn_apply_ref)(x, scale, shift, relu, out)
 
-def use_fast(*arrays, kernel: str | None = None) -> bool:
-    """True when the fused CUDA kernel should run: CuPy arrays, ``model.kernels = fused`` and (when
-    named) ``kernel`` not turned off by :func:`disable`."""
-    return _impl == "fused" and kernel not in _disabled and get_array_module(*arrays) is not np
+    def add_relu(self, h, s):
+        return (add_relu if self.use_fast(h, s, kernel="add_relu") else add_relu_ref)(h, s)
+
+    def sgd_update(self, p, g, buf, mask, lr: float, mu: float, wd: float, nesterov: bool):
+        fast = self.use_fast(p, g, kernel="sgd_update")
+        return (sgd_update if fast else sgd_update_ref)(p, g, buf, mask, lr, mu, wd, nesterov)
 
 
 _MODULES: dict = {}
@@ -187,7 +197,7 @@ def bn_apply_ref(x, scale, shift, relu: bool, out=None):
 
 def bn_apply(x, scale, shift, relu: bool, out=None):
     """Fused BN apply (+ ReLU): ``scale = gamma*invstd``, ``shift = beta - mean*scale``, shape (C,)."""
-    if not use_fast(x, kernel="bn_apply"):
+    if not use_fast(x):
         return bn_apply_ref(x, scale, shift, relu, out)
     xp = get_array_module(x)
     out = xp.empty_like(x) if out is None else out
@@ -209,7 +219,7 @@ def add_relu_ref(h, s):
 
 def add_relu(h, s):
     """Fused residual join: h <- relu(h + s) in place (h contiguous, same shape and dtype as s)."""
-    if not use_fast(h, s, kernel="add_relu"):
+    if not use_fast(h, s):
         return add_relu_ref(h, s)
     xp = get_array_module(h)
     act = dtype_name(h.dtype)
@@ -232,7 +242,7 @@ def sgd_update_ref(p, g, buf, mask, lr, mu, wd, nesterov: bool):
 
 def sgd_update(p, g, buf, mask, lr: float, mu: float, wd: float, nesterov: bool):
     """The whole optimizer step over the flat buffers in ONE kernel (CuPy) or the reference."""
-    if not use_fast(p, g, kernel="sgd_update"):
+    if not use_fast(p, g):
         return sgd_update_ref(p, g, buf, mask, lr, mu, wd, nesterov)
     xp = get_array_module(p)
     par = dtype_name(p.dtype)

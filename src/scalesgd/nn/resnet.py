@@ -70,6 +70,11 @@ class Conv(ParamModule):
     def bind(self, ps: ParamSet):
         self.w, self.dw = ps.p[f"{self.name}.weight"], ps.g[f"{self.name}.weight"]
 
+    def trace(self, shape, visit):
+        visit(self, shape)
+        return (shape[0], _out(shape[1], self.k, self.stride, self.pad),
+                _out(shape[2], self.k, self.stride, self.pad), self.cout)
+
     def forward(self, x, train):
         if self.engine is not None:
             return self.engine.conv_forward(self, x, train)
@@ -109,6 +114,10 @@ class BatchNorm(ParamModule):
         self.dgamma, self.dbeta = ps.g[f"{n}.weight"], ps.g[f"{n}.bias"]
         self.rmean, self.rvar = ps.b[f"{n}.running_mean"], ps.b[f"{n}.running_var"]
 
+    def trace(self, shape, visit):
+        visit(self, shape)
+        return shape
+
     def forward(self, x, train):
         if self.engine is not None:
             return self.engine.bn_forward(self, x, train)
@@ -139,6 +148,12 @@ class Sequence:
     def children(self):
         return self.mods
 
+    def trace(self, shape, visit):
+        """The output shape for an input of ``shape``; ``visit(leaf, its input shape)`` on the way."""
+        for m in self.mods:
+            shape = m.trace(shape, visit)
+        return shape
+
     def forward(self, x, train):
         caches = []
         for m in self.mods:
@@ -155,7 +170,9 @@ class Sequence:
 class ResidualBlock:
     """out = relu(main(x) + shortcut(x)); main is conv-bn-relu-conv-bn (basic) or the 3-conv bottleneck."""
 
-    def __init__(self, name: str, cin: int, width: int, stride: int, kind: str, zero_gamma: bool):
+    def __init__(self, name: str, cin: int, width: int, stride: int, kind: str, zero_gamma: bool,
+                 kernels: K.Kernels):
+        self.kernels = kernels
         exp = 4 if kind == "bottleneck" else 1
         cout = width * exp
         if kind == "basic":
@@ -179,13 +196,19 @@ class ResidualBlock:
     def children(self):
         return [self.main] + ([self.shortcut] if self.shortcut else [])
 
+    def trace(self, shape, visit):
+        out = self.main.trace(shape, visit)
+        if self.shortcut is not None:
+            self.shortcut.trace(shape, visit)
+        return out
+
     def forward(self, x, train):
         h, main_c = self.main.forward(x, train)       # h is a fresh array: safe to add into
         if self.shortcut is not None:
             s, sc_c = self.shortcut.forward(x, train)
         else:
             s, sc_c = x, None
-        out = K.add_relu(h, s)                         # h <- relu(h + s): one fused pass on GPU
+        out = self.kernels.add_relu(h, s)              # h <- relu(h + s): one fused pass on GPU
         return out, (main_c, sc_c, out)
 
     def backward(self, dout, cache):
@@ -210,6 +233,10 @@ class Head(ParamModule):
         self.w, self.b = ps.p["fc.weight"], ps.p["fc.bias"]
         self.dw, self.db = ps.g["fc.weight"], ps.g["fc.bias"]
 
+    def trace(self, shape, visit):
+        visit(self, shape)
+        return (shape[0], self.k)
+
     def forward(self, x, train):
         pooled, x_shape = L.avgpool_forward(x)
         logits, lc = L.linear_forward(pooled, self.w, self.b)
@@ -223,11 +250,22 @@ class Head(ParamModule):
 
 
 class MaxPool:
+    """3x3 max-pool, stride 2, pad 1 (the ImageNet stem)."""
+
+    def trace(self, shape, visit):
+        visit(self, shape)
+        return (shape[0], _out(shape[1], 3, 2, 1), _out(shape[2], 3, 2, 1), shape[3])
+
     def forward(self, x, train):
         return L.maxpool_forward(x, 3, 2, 1)
 
     def backward(self, dout, cache):
         return L.maxpool_backward(dout, cache)
+
+
+def _out(n: int, k: int, stride: int, pad: int) -> int:
+    """Output size of a k-wide window with ``stride`` and ``pad`` over ``n``."""
+    return (n + 2 * pad - k) // stride + 1
 
 
 def _leaves(mod):
@@ -244,17 +282,20 @@ class ResNet:
     ``seed``: the parameters and BN buffers are initialised from it at construction, exactly as
     ``ps.initialize(seed)`` does (calling that again with the same seed changes nothing).  ``None``
     leaves every weight at zero, for a caller that loads or initialises them itself (it then costs
-    nothing: ResNet-50's init takes ~0.5 s)."""
+    nothing: ResNet-50's init takes ~0.5 s).  ``kernels``: the run's :class:`kernels.Kernels`
+    (``model.kernels``; a fresh ``fused`` one when None), also what the optimizer and the cuDNN
+    engine of the run use (``ResNet.kernels``)."""
 
     def __init__(self, name: str, num_classes: int = 1000, width: float = 1.0,
                  zero_init_residual: bool = False, xp=None, dtype="float32", seed: int | None = 0,
-                 conv_algo: str = "auto"):
+                 conv_algo: str = "auto", kernels: K.Kernels | None = None):
         if name not in ARCHS:
             raise ValueError(f"unknown model {name!r}; choose from {', '.join(ARCHS)}")
         if xp is None:
             import numpy as xp  # noqa: PLC0415
         arch = ARCHS[name]
         self.name, self.num_classes, self.width = name, num_classes, width
+        self.kernels = kernels if kernels is not None else K.Kernels()
         widths = [max(1, round(w * width)) for w in arch.widths]
         stem_w = widths[0]
         if arch.stem == "imagenet":
@@ -266,7 +307,8 @@ class ResNet:
         for si, (nblocks, w) in enumerate(zip(arch.stages, widths)):
             for bi in range(nblocks):
                 stride = 2 if (bi == 0 and si > 0) else 1
-                blk = ResidualBlock(f"layer{si + 1}.{bi}", cin, w, stride, arch.block, zero_init_residual)
+                blk = ResidualBlock(f"layer{si + 1}.{bi}", cin, w, stride, arch.block, zero_init_residual,
+                                    self.kernels)
                 blocks.append(blk)
                 cin = blk.cout
         self.net = Sequence(*stem, *blocks, Head(cin, num_classes))
@@ -318,6 +360,14 @@ class ResNet:
         for m in _leaves(self.net):
             if isinstance(m, ParamModule):
                 m.grad_hook = fn
+
+    def layer_inputs(self, n: int, hw: int) -> list[tuple[object, tuple]]:
+        """(leaf module, the shape of its input) for a batch x: (n, hw, hw, 3), in forward order
+        (a block's main branch, then its shortcut): the geometry of every layer without running
+        one, e.g. for the start-up check's cuDNN graphs (fastpaths.py)."""
+        out: list = []
+        self.net.trace((n, hw, hw, 3), lambda mod, shape: out.append((mod, shape)))
+        return out
 
     def forward(self, x, train: bool):
         """x: (N, H, W, 3) -> logits (N, num_classes), cache for backward."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..backend import get_array_module
-from ..nn import kernels
+from ..nn.kernels import Kernels
 
 
 CHUNK = 1 << 16                  # elements per chunk of the NumPy update
@@ -36,9 +36,10 @@ class SGD:
 
     ``decay_mask`` (flat 0/1, the params layout: ``ParamSet.decay_mask()``) says which entries are
     decayed; it is required when ``weight_decay > 0`` and not ``decay_bn_and_bias``, since the flat
-    buffer alone cannot tell BN gamma/beta and biases from weights."""
+    buffer alone cannot tell BN gamma/beta and biases from weights.  ``kernels``: the run's
+    :class:`nn.kernels.Kernels` (the model's; a fresh ``fused`` one when None) for CuPy arrays."""
 
-    def __init__(self, params, cfg: SGDConfig, decay_mask=None):
+    def __init__(self, params, cfg: SGDConfig, decay_mask=None, kernels: Kernels | None = None):
         xp = get_array_module(params)
         if cfg.weight_decay and not cfg.decay_bn_and_bias:
             if decay_mask is None:
@@ -48,6 +49,7 @@ class SGD:
             if decay_mask.shape != params.shape:
                 raise ValueError(f"SGD: decay_mask has shape {decay_mask.shape}, params {params.shape}")
         self.cfg = cfg
+        self.kernels = kernels if kernels is not None else Kernels()
         self.momentum = xp.zeros_like(params)
         self._scratch = xp.empty_like(params)
         self.decay_mask = None if cfg.decay_bn_and_bias else decay_mask
@@ -55,8 +57,8 @@ class SGD:
     def step(self, params, grads, lr: float) -> None:
         """Updates ``params`` in place from ``grads`` (both flat, same layout)."""
         c, buf, d = self.cfg, self.momentum, self._scratch
-        if kernels.use_fast(params, grads):       # CuPy: the whole update in ONE fused kernel
-            kernels.sgd_update(params, grads, buf, self.decay_mask if c.weight_decay else None,
+        if self.kernels.use_fast(params, grads, kernel="sgd_update"):   # CuPy: ONE fused kernel
+            self.kernels.sgd_update(params, grads, buf, self.decay_mask if c.weight_decay else None,
                                lr, c.momentum, c.weight_decay, c.nesterov)
             return
         xp = get_array_module(params)

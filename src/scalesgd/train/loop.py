@@ -30,7 +30,7 @@ from ..io.progress import TrainLog
 from ..io.trace import TraceWriter
 from ..io.summary import time_to_targets
 from ..methods import evaluated
-from ..nn import kernels
+from ..nn.kernels import Kernels
 from ..nn.resnet import ResNet
 from ..optim.schedule import lr_at
 from ..optim.sgd import SGD
@@ -90,16 +90,15 @@ def build(cfg: Config, topo, backend, method, control: Control, data_root: Path,
     ranks share one copy), builds the model (identical init from the seed), optimizer and loaders."""
     train_shards, val_shards = splits or open_splits(data_root, cfg.data.cache_mb)
     m, d = cfg.model, cfg.data
-    kernels.set_impl(m.kernels)                    # fused CUDA kernels or their references (GPU)
     if getattr(backend, "is_gpu", False):          # GPU only: precision and conv path (logged once)
         from .. import backend as backend_mod  # noqa: PLC0415
         from ..nn import cudnn_conv  # noqa: PLC0415
         backend_mod.set_precision(m.precision)
     model = ResNet(m.model, train_shards.num_classes, m.width, m.zero_init_residual, backend.xp, m.dtype,
-                   seed=cfg.train.seed, conv_algo=m.conv_algo)
+                   seed=cfg.train.seed, conv_algo=m.conv_algo, kernels=Kernels(m.kernels))
     if getattr(backend, "is_gpu", False):
         cudnn_conv.attach(model, m.conv_impl, m.precision, backend, m.dtype)
-    opt = SGD(model.ps.params, cfg.optim, model.ps.decay_mask())
+    opt = SGD(model.ps.params, cfg.optim, model.ps.decay_mask(), model.kernels)
     roles, n = method.roles, train_shards.num_samples
     steps = train_steps(n, d.batch_size, roles.num_workers)
     if steps < 1:
