@@ -196,7 +196,7 @@ def end_to_end(src: Path, epochs: int) -> dict:
     return out
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--models", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
@@ -214,15 +214,11 @@ def main(argv=None) -> int:
     ap.add_argument("--src", type=Path, default=Path(__file__).resolve().parents[1] / "src",
                     help="source tree the end-to-end runs import scalesgd from")
     ap.add_argument("--only-end-to-end", action="store_true", help="skip the step benchmark")
-    args = ap.parse_args(argv)
-    if args.only_end_to_end:
-        args.models, args.no_profile, args.end_to_end = [], True, True
+    return ap
 
-    use_torch = torch is not None and not args.no_torch
-    layouts = ["nchw"] + ([] if args.no_channels_last else ["channels_last"])
-    probe = Probe(args.c2c)
-    t_start = time.perf_counter()
 
+def _header(args, use_torch: bool) -> dict:
+    """Prints what the numbers were measured on and returns it (the JSON's ``info``)."""
     info = {"date": datetime.date.today().isoformat(), "python": platform.python_version(),
             "numpy": np.__version__, "blas": blas_info(), "cpus": os.cpu_count(),
             "cpu_model": _cpu_model(), "torch": torch.__version__ if use_torch else None,
@@ -239,6 +235,18 @@ def main(argv=None) -> int:
     la = os.getloadavg()
     if la[0] > 0.5:
         print(f"WARNING: load average {la[0]:.2f} before start: other processes compete for the CPUs")
+    return info
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.only_end_to_end:
+        args.models, args.no_profile, args.end_to_end = [], True, True
+    use_torch = torch is not None and not args.no_torch
+    layouts = ["nchw"] + ([] if args.no_channels_last else ["channels_last"])
+    probe = Probe(args.c2c)
+    t_start = time.perf_counter()
+    info = _header(args, use_torch)
     c2c_before = probe.run()
     print(f"placement probe before: {fmt_probe(c2c_before)}")
     print(f"timing: {args.warmup} warm-up steps per runner, then {args.repeats} interleaved blocks of "

@@ -9,7 +9,8 @@ Two ranks on two emulated nodes (``benchmarks/netcluster.py``; root needed), eac
 ``--cpus-per-node`` CPUs (default 1), or, with ``--local``, one plain ``mpiexec`` on this node (MPICH:
 shared memory).  Windows as gossip uses them (``comm/window.py``): ``Win.Allocate``, one
 ``Lock_all(MODE_NOCHECK)`` epoch, every call followed by ``Flush``.  Rank 1 is the target, rank 0
-the origin.  For each operation -- ``Get`` and ``Accumulate(SUM)`` of BYTES (default: ResNet-20's
+the origin; the probe is the project's one (``scalesgd.comm.probe.RmaProbe``, which ``scalesgd
+doctor`` uses too).  For each operation -- ``Get`` and ``Accumulate(SUM)`` of BYTES (default: ResNet-20's
 272,474 float32 parameters), ``Fetch_and_op(SUM)`` of one int64 (gossip's sample counter) -- the
 origin times the call plus ``Flush``:
 
@@ -48,25 +49,10 @@ import time
 from pathlib import Path
 
 BUSY_SECONDS, ORIGIN_DELAY = 1.0, 0.1
-OPS = ("get", "accumulate", "fetch_and_op")
+OPS = ("get", "accumulate", "fetch_and_op")        # result keys, in probe.RMA_OPS order
 
 
 # ---- rank side ---------------------------------------------------------------------------------
-
-def busy(seconds: float, a, b, kind: str = "numpy") -> int:
-    """Work outside MPI for ``seconds``: GEMMs of 256 x 256 float32 (NumPy releases the GIL in
-    them) or, ``kind="python"``, a pure-Python loop that holds the GIL.  Returns iterations."""
-    import numpy as np
-    n, end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        if kind == "numpy":
-            np.dot(a, b, out=a)
-            a *= 1e-3
-        else:
-            sum(i * i for i in range(2000))
-        n += 1
-    return n
-
 
 def workload(a, b) -> float:
     """The fixed compute whose time async progress may inflate: 300 GEMMs + element-wise passes."""
@@ -91,71 +77,22 @@ def start_poller(comm, period_ms: float) -> threading.Event:
     return stop
 
 
-class Probe:
-    """The three windows and the origin's buffers; one ``Lock_all(MODE_NOCHECK)`` epoch each."""
-
-    def __init__(self, comm, nbytes: int):
-        import numpy as np
-        from mpi4py import MPI
-        self.comm, self.MPI = comm, MPI
-        self.n = nbytes // 4
-        self.vec = MPI.Win.Allocate(self.n * 4, 4, comm=comm)       # Get reads it
-        self.inbox = MPI.Win.Allocate(self.n * 4, 4, comm=comm)     # Accumulate adds into it
-        self.counter = MPI.Win.Allocate(8, 8, comm=comm)            # Fetch_and_op on it
-        for w in (self.vec, self.inbox, self.counter):
-            w.Lock_all(MPI.MODE_NOCHECK)
-        self.buf = np.ones(self.n, np.float32)
-        self.one, self.old = np.ones(1, np.int64), np.zeros(1, np.int64)
-        comm.Barrier()
-
-    def op(self, name: str, target: int) -> float:
-        """Seconds for one call + Flush."""
-        MPI, t = self.MPI, time.perf_counter()
-        if name == "get":
-            self.vec.Get(self.buf, target)
-            self.vec.Flush(target)
-        elif name == "accumulate":
-            self.inbox.Accumulate(self.buf, target, op=MPI.SUM)
-            self.inbox.Flush(target)
-        else:
-            self.counter.Fetch_and_op(self.one, self.old, target, 0, op=MPI.SUM)
-            self.counter.Flush(target)
-        return time.perf_counter() - t
-
-    def free(self) -> None:
-        for w in (self.vec, self.inbox, self.counter):
-            w.Unlock_all()
-            w.Free()
-
-
-def one_round(probe: Probe, name: str, target_busy: bool, a, b, kind: str) -> float | None:
-    """One measurement; the origin returns seconds, the target None."""
-    comm = probe.comm
-    comm.Barrier()
-    if comm.Get_rank() == 1:
-        if target_busy:
-            busy(BUSY_SECONDS, a, b, kind)
-        comm.Barrier()
-        return None
-    time.sleep(ORIGIN_DELAY)
-    dt = probe.op(name, 1)
-    comm.Barrier()
-    return dt
-
-
 def rank_main(nbytes: int, repeats: int, poll_ms: float, kind: str) -> None:
     import numpy as np
     from mpi4py import MPI
+
+    from scalesgd.comm.probe import RMA_OPS, RmaProbe, busy
     comm = MPI.COMM_WORLD
     stop = start_poller(comm, poll_ms) if poll_ms > 0 else None
     rng = np.random.default_rng(comm.Get_rank())
     a, b = rng.random((256, 256), np.float32), rng.random((256, 256), np.float32)
-    probe = Probe(comm, nbytes)
+    probe = RmaProbe(comm, nbytes)              # the project's one probe (scalesgd doctor's too)
     res = {f"{op}_{state}": [] for op in OPS for state in ("idle", "busy")}
     for _ in range(repeats):
-        for op in OPS:
+        for op, name in zip(OPS, RMA_OPS):
             for state in ("idle", "busy"):
-                dt = one_round(probe, op, state == "busy", a, b, kind)
+                dt = probe.round(name, 0, 1, BUSY_SECONDS if state == "busy" else 0.0,
+                                 lambda secs: busy(secs, kind), head_start=ORIGIN_DELAY)
                 if dt is not None:
                     res[f"{op}_{state}"].append(dt)
     compute, other_cpu = [], []

@@ -1,6 +1,7 @@
 """Each vocabulary of the config (methods, augmentations, precisions, ...) is one tuple in
 ``scalesgd.choices``: the config's choices and the implementing modules' checks are that tuple."""
 import dataclasses
+import itertools
 import os
 import subprocess
 import sys
@@ -34,7 +35,6 @@ def test_config_and_the_implementing_modules_share_one_tuple():
         assert key_choices(section, name) is vocab, name
         assert held is None or held is vocab, name
     assert cudnn_conv.PRECISIONS is choices.PRECISIONS
-    assert config.SERVER_METHODS is choices.SERVER_METHODS
     assert set(choices.SERVER_METHODS) <= set(choices.METHODS)
 
 
@@ -52,7 +52,8 @@ def test_the_method_registry_is_keyed_by_the_vocabulary():
     from scalesgd import methods
     assert tuple(methods.METHODS) == choices.METHODS
     assert all(cls.name == name for name, cls in methods.METHODS.items())
-    serving = tuple(name for name, cls in methods.METHODS.items() if cls.uses_server)
+    from scalesgd.methods.server import ServerMethod
+    serving = tuple(name for name, cls in methods.METHODS.items() if issubclass(cls, ServerMethod))
     assert serving == choices.SERVER_METHODS
 
 
@@ -73,4 +74,12 @@ def test_rank_counts_a_method_needs_count_its_server_shards():
     with pytest.raises(MethodError, match=r"needs at least 3 ranks \(2 server shards and a worker\), got 2"):
         REGISTRY["easgd"].check_ranks(2, cfg)
     assert REGISTRY["easgd"].servers_for(cfg) == 2 and REGISTRY["gossip"].servers_for(cfg) == 0
-    assert config.workers_of("asgd", 5, servers=2) == 3
+    assert config.workers_of("asgd", 5, servers=2) == 3 and config.workers_of is choices.workers_of
+    # the one source of the worker count, and its inverse, for every method and shard count
+    for name, servers, ranks in itertools.product(choices.METHODS, (1, 2, 3), range(4, 9)):
+        w = choices.workers_of(name, ranks, servers)
+        assert w == (1 if name == "single" else ranks - (servers if name in choices.SERVER_METHODS else 0))
+        if name != "single":
+            assert choices.ranks_for(name, w, servers) == ranks
+            cfg = config.build(overrides={"train": {"method": name}, "dist": {"servers": servers}})
+            assert REGISTRY[name].select(cfg).servers_for(cfg) == ranks - w

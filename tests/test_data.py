@@ -306,7 +306,7 @@ def test_a_loaded_split_reads_the_same_bytes_from_memory(tmp_path):
     """``ShardSet.load`` (data.cache_mb): every sample's bytes and label as the HDF5 read gives them;
     ``open_splits`` loads a split only when its files fit the cache; a shard that cannot be read
     while loading is named."""
-    from scalesgd.train.loop import open_splits
+    from scalesgd.train.assemble import open_splits
     root = make_dataset(tmp_path / "d", n=24, n_val=6, num_classes=3)
     disk, mem = ShardSet.open(root, "train"), ShardSet.open(root, "train").load()
     assert mem.loaded and not disk.loaded

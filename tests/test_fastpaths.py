@@ -104,9 +104,8 @@ def test_a_numpy_run_has_nothing_to_check_and_spends_no_time():
     assert F.components(model, NUMPY, cfg, (), None) == []
     # several ranks with train.device = cpu: not even an agreement (comm=None would fail if used)
     topo = types.SimpleNamespace(size=4, comm=None, is_root=True)
-    s = types.SimpleNamespace(cfg=C.build(None, {"train": {"device": "cpu"}}), topo=topo, model=model,
-                              backend=NUMPY, train_data=None, val_data=None, method=None)
-    assert F.check(s).to_dict() == {"mode": "auto", "seconds": 0.0, "components": {}}
+    cfg = C.build(None, {"train": {"device": "cpu"}})
+    assert F.check(cfg, topo, model, NUMPY).to_dict() == {"mode": "auto", "seconds": 0.0, "components": {}}
 
 
 # ----------------------------------------------------------------------------- the real builders
@@ -210,10 +209,9 @@ def test_a_gpu_runs_registry_and_check(caplog):
     model.set_engine(TwinEngine())
     cfg = C.build(None, {"data": {"image_size": 16, "scale": [16.0, 20.0]}})
     gpu = types.SimpleNamespace(is_gpu=True, xp=np)
-    s = types.SimpleNamespace(cfg=cfg, topo=types.SimpleNamespace(size=1, comm=None, is_root=True),
-                              model=model, backend=gpu, train_data=None, val_data=None, method=None)
+    topo = types.SimpleNamespace(size=1, comm=None, is_root=True)
     with caplog.at_level(logging.INFO, logger="scalesgd"):
-        rep = F.check(s).to_dict()
+        rep = F.check(cfg, topo, model, gpu, (None, None), None).to_dict()
     assert len(rep["components"]) == 8 + 6 + 3 and rep["seconds"] > 0
     assert all(v["status"] == "used" for v in rep["components"].values())
     assert any(r.getMessage().startswith("fast paths: 17 checked against their references in ")

@@ -7,9 +7,9 @@ nothing: ``config`` is read before MPI starts and must not pull in mpi4py, DALI 
 """
 
 # train.method: the registry in methods/__init__.py maps each name to its class (a test checks
-# that the two agree, and that SERVER_METHODS are exactly the classes with ``uses_server``).
+# that the two agree, and that SERVER_METHODS are exactly the classes derived from ServerMethod).
 METHODS = ("single", "allreduce", "easgd", "asgd", "gossip", "localsgd")
-SERVER_METHODS = ("easgd", "asgd")      # rank 0 is a parameter server: workers = ranks - 1
+SERVER_METHODS = ("easgd", "asgd")      # ranks 0..dist.servers-1 are parameter-server shards
 GOSSIP_VARIANTS = ("pull", "push")      # dist.gossip
 GOSSIP_GRAPHS = ("uniform", "exponential", "ring")   # dist.gossip_graph (methods/mixing.py)
 
@@ -22,3 +22,24 @@ PROGRESS_MODES = ("auto", "bar", "lines", "off")   # train.progress (io/progress
 KERNEL_IMPLS = ("fused", "reference")              # model.kernels (nn/kernels.py)
 FAST_PATH_MODES = ("auto", "strict", "off")        # model.fast_paths (fastpaths.py)
 ALLREDUCE_TRANSPORTS = ("auto", "host", "cuda_aware_mpi", "nccl")   # dist.allreduce_transport (comm/device.py)
+
+
+# ----------------------------------------------------------------------------- ranks and workers
+# The one source of the worker count: the config's rank-count defaults (config.fit_to_world), the
+# method's roles (methods.base.Method.servers_for), the virtual cluster and the benchmarks use these.
+def servers_of(method: str, servers: int = 1) -> int:
+    """Ranks ``method`` gives to parameter-server shards with ``dist.servers = servers``."""
+    return servers if method in SERVER_METHODS else 0
+
+
+def workers_of(method: str, ranks: int, servers: int = 1) -> int:
+    """Ranks that train: all but the server shards; at least 1, and 1 for ``single`` (which
+    refuses more ranks when the method is created)."""
+    if method == "single":
+        return 1
+    return max(1, ranks - servers_of(method, servers))
+
+
+def ranks_for(method: str, workers: int, servers: int = 1) -> int:
+    """Ranks a job of ``workers`` training ranks of ``method`` needs (the inverse of workers_of)."""
+    return workers + servers_of(method, servers)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import backend as backend_mod
 from . import config as C
-from .errors import ResumeError, RunDirError, UserError
+from .errors import CheckpointError, ResumeError, RunDirError, UserError
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
 
@@ -58,9 +58,6 @@ def make_parser() -> argparse.ArgumentParser:
     return ap
 
 
-# Keys a resumed run must keep: they define the model, the data order and the method's state.
-RESUME_IDENTITY = {"model": None, "data": ("data", "image_size", "batch_size"),
-                   "train": ("method", "seed"), "dist": ("gossip", "gossip_graph", "servers")}
 EXIT_STOPPED = 75            # stopped on SIGTERM/SIGUSR1 after writing a checkpoint (EX_TEMPFAIL)
 
 
@@ -77,40 +74,8 @@ def resolve_config(args: argparse.Namespace) -> C.Config:
     cfg = C.build(file_values, overrides)
     if not cfg.train.resume:
         return cfg
-    run_dir = resume_run_dir(Path(cfg.train.resume))
-    saved = C.load_json_config(run_dir / "config.json")
-    base = {sec: {**saved.get(sec, {}), **file_values.get(sec, {})} for sec in C.SECTIONS}
-    cfg = C.build(base, {**overrides, "train": {**overrides.get("train", {}), "run_dir": str(run_dir),
-                                                  "resume": cfg.train.resume}})
-    check_resume_identity(C.build(saved), cfg, run_dir)
-    return cfg
-
-
-def resume_run_dir(path: Path) -> Path:
-    """RUN_DIR given directly, or the RUN_DIR of RUN_DIR/checkpoints/ckpt-*.h5.  Anything else is
-    a ConfigError naming the path as the user gave it (not a directory derived from it)."""
-    if path.is_dir():
-        run_dir = path
-    elif path.is_file():            # RUN_DIR/checkpoints/ckpt-*.h5 (absolute when given as ckpt.h5)
-        run_dir = (path if len(path.parts) >= 2 else path.absolute()).parent.parent
-    else:
-        raise C.ConfigError(f"--resume {path}: no such run directory or checkpoint file")
-    if not (run_dir / "config.json").is_file():
-        raise C.ConfigError(f"--resume {path}: not a run directory (no config.json in it)"
-                            if run_dir == path else f"--resume {path}: no config.json in {run_dir} "
-                            f"(a checkpoint file must lie in RUN_DIR/checkpoints/)")
-    return run_dir
-
-
-def check_resume_identity(saved: C.Config, new: C.Config, run_dir: Path) -> None:
-    diffs = []
-    for sec, keys in RESUME_IDENTITY.items():
-        a, b = getattr(saved, sec), getattr(new, sec)
-        for k in keys or [f.name for f, _ in C.fields_of(sec)]:
-            if getattr(a, k) != getattr(b, k):
-                diffs.append(f"{sec}.{k} was {getattr(a, k)!r}, now {getattr(b, k)!r}")
-    if diffs:
-        raise C.ConfigError(f"cannot resume {run_dir}: " + "; ".join(diffs))
+    from .train import resuming
+    return resuming.resumed_config(cfg, file_values, overrides)
 
 
 def _stopped():
@@ -195,22 +160,17 @@ def _run_dir(cfg: C.Config, topo) -> Path:
 
 
 def _resume_checkpoint(cfg: C.Config, topo) -> Path | None:
-    """The checkpoint to resume (rank 0 verifies it and tells the others); None for a new run."""
+    """The checkpoint to resume (rank 0 finds and verifies it, ``resuming.find_checkpoint``, and
+    tells the others); None for a new run."""
     if not cfg.train.resume:
         return None
     from .comm.collectives import bcast_text
-    from .io import checkpoint as ckpt
+    from .train import resuming
     path, err = None, ""
     if topo.is_root:
         try:
-            p = Path(cfg.train.resume)
-            path = ckpt.latest_good(ckpt.checkpoint_dir(p)) if p.is_dir() else p
-            meta = ckpt.verify(path)
-            if (meta["ranks"], meta["method"]) != (topo.size, cfg.train.method):
-                raise ckpt.CheckpointError(
-                    f"{path}: written by {meta['ranks']} ranks of '{meta['method']}', this job has "
-                    f"{topo.size} ranks of '{cfg.train.method}' (resume with the same rank count)")
-        except ckpt.CheckpointError as exc:
+            path = resuming.find_checkpoint(cfg.train.resume, topo.size, cfg.train.method)
+        except CheckpointError as exc:
             err = str(exc)
     err = bcast_text(topo.comm, err)
     if err:
@@ -246,28 +206,21 @@ class StopRelay:
 
 
 def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
-    from . import fastpaths, methods
     from .io.files import write_json_atomic
     from .train import loop
-    from .train.control import Control
+    from .train.assemble import assemble
     cfg = C.fit_to_world(cfg, topo.size)         # rank-count defaults of unset keys (rank 0 logs)
-    control = Control(topo.transport, topo.size)
-    method = methods.create(cfg, topo, control.signals)   # refuses a wrong rank count first
     with together(topo):
+        from .methods import check_ranks
+        check_ranks(cfg, topo.size)              # a wrong rank count is refused before anything
         backend = backend_mod.select(cfg.train.device, topo.local_rank)
         threads = backend_mod.blas_threads_for(topo.local_size)
         backend_mod.set_blas_threads(threads)
     resume = _resume_checkpoint(cfg, topo)
     data_root = _data_root(cfg, topo)
-    with together(topo):                        # everything is validated before anything is written
-        setup = loop.build(cfg, topo, backend, method, control, data_root,
-                           cfg.data.data_threads or threads)
-        if resume is not None:
-            loop.check_fits(setup, resume)
-        elif cfg.train.init_from:
-            loop.warm_start(setup, Path(cfg.train.init_from))
-    method.attach(setup.model)                  # collective (allreduce: the transport's selection)
-    setup.fast_paths = fastpaths.check(setup)   # collective: GPU fast paths vs their references
+    setup = assemble(cfg, topo, backend, data_root, cfg.data.data_threads or threads, resume,
+                     settle=lambda: together(topo))
+    control = setup.control
     run_dir = _run_dir(cfg, topo)
     with together(topo):
         if topo.is_root:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .choices import (AUGMENTS, CONV_ALGOS, CONV_IMPLS, DEVICES, GOSSIP_GRAPHS, GOSSIP_VARIANTS, METHODS,
-                      PRECISIONS, PROGRESS_MODES, SERVER_METHODS)
+                      PRECISIONS, PROGRESS_MODES, workers_of)
 from .choices import ALLREDUCE_TRANSPORTS, FAST_PATH_MODES, KERNEL_IMPLS
 from .errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError
 from .nn.resnet import ARCHS
@@ -302,14 +302,6 @@ def _derive_scale(cfg: Config) -> Config:
         return cfg
     lo, hi = RRC_SCALE if d.augment == "rrc" else (d.image_size * r for r in MULTISCALE_RATIO)
     return dataclasses.replace(cfg, data=dataclasses.replace(d, scale=(float(lo), float(hi))))
-
-
-def workers_of(method: str, ranks: int, servers: int = 1) -> int:
-    """Ranks that train (the parameter-server methods give ranks 0..servers-1 to the server
-    shards); at least 1, and 1 for ``single`` (which refuses more ranks later)."""
-    if method == "single":
-        return 1
-    return max(1, ranks - (servers if method in SERVER_METHODS else 0))
 
 
 def fit_to_world(cfg: Config, ranks: int) -> Config:

@@ -230,15 +230,14 @@ def agree_over(comm):
 
 
 # ----------------------------------------------------------------------------- the run's components
-def check(s) -> Report:
+def check(cfg, topo, model, backend, loaders=(), method=None) -> Report:
     """Collective, once per run, after ``method.attach`` and before anything is written: checks
-    the fast paths of set-up ``s`` (``train/loop.py: Setup``) as ``model.fast_paths`` says and
-    returns the run's ``Report``.  NumPy: no component, nothing runs.  Several ranks agree unless
-    ``train.device = cpu`` (then none is on a GPU): a rank left on NumPy by ``device = auto``
-    still takes part, so a job mixing GPU and CPU ranks cannot hang here."""
-    cfg, topo = s.cfg, s.topo
+    the fast paths of this rank's ``model``, ``loaders`` and ``method`` on ``backend`` as
+    ``model.fast_paths`` says and returns the run's ``Report``.  NumPy: no component, nothing runs.
+    Several ranks agree unless ``train.device = cpu`` (then none is on a GPU): a rank left on NumPy
+    by ``device = auto`` still takes part, so a job mixing GPU and CPU ranks cannot hang here."""
     report = Report(cfg.model.fast_paths)
-    comps = components(s.model, s.backend, cfg, (s.train_data, s.val_data), s.method)
+    comps = components(model, backend, cfg, loaders, method)
     agree = agree_over(topo.comm) if topo.size > 1 and cfg.train.device != "cpu" else None
     if comps or agree is not None:
         validate(comps, cfg.model.fast_paths, agree, speak=topo.is_root, report=report)

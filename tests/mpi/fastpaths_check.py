@@ -79,7 +79,7 @@ class Broken(collectives.BucketedAllreduce):
 def method_with(comm, transport_cls):
     """A real ``allreduce`` method whose reducer is ``transport_cls`` over a ResNet's gradients."""
     model = ResNet("resnet20", 10, 0.25, seed=0)
-    cfg = types.SimpleNamespace(dist=types.SimpleNamespace(bucket_mb=0.01, overlap=True))
+    cfg = types.SimpleNamespace(dist=types.SimpleNamespace(bucket_mb=0.01, overlap=True, servers=1))
     method = AllReduce(cfg, types.SimpleNamespace(size=comm.size), comm, None)
     method.reducer = transport_cls(comm, model.ps.grads, model.ps.layout, 10_000, True)
     return method, model
@@ -116,10 +116,8 @@ def a_numpy_run_only_agrees(comm):
     import scalesgd.config as C
     LOG.lines.clear()
     topo = types.SimpleNamespace(size=comm.size, comm=comm, is_root=comm.rank == 0)
-    s = types.SimpleNamespace(cfg=C.build(None, {}), topo=topo, model=ResNet("resnet20", 10, 0.25),
-                              backend=types.SimpleNamespace(is_gpu=False), train_data=None,
-                              val_data=None, method=None)
-    assert F.check(s).to_dict() == {"mode": "auto", "seconds": 0.0, "components": {}}
+    rep = F.check(C.build(None, {}), topo, ResNet("resnet20", 10, 0.25), types.SimpleNamespace(is_gpu=False))
+    assert rep.to_dict() == {"mode": "auto", "seconds": 0.0, "components": {}}
     assert LOG.lines == []
 
 

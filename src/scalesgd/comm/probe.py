@@ -5,10 +5,11 @@ a broken launch, and measure what the methods rely on.
   every rank a singleton (or mixes two MPI libraries) gives ``Start.problem`` instead of an exception,
   and the world is still returned whenever MPI_Init could run, so the other checks go on.
 - ``allreduce_seconds``: timed in-place SUM all-reduces of one float32 buffer, checked for the sum.
-- ``rma_latencies``: ``Get``, ``Accumulate`` and ``Fetch_and_op`` through ``window.Window`` (the
-  access pattern gossip uses: ``Win.Allocate``, one ``Lock_all(MODE_NOCHECK)``, ``Flush``) against a
-  target that is computing outside MPI; a latency close to the target's compute time means the
-  origin waited for the target to enter MPI.
+- ``RmaProbe`` / ``rma_latencies``: ``Get``, ``Accumulate`` and ``Fetch_and_op`` through
+  ``window.Window`` (the access pattern gossip uses: ``Win.Allocate``, one ``Lock_all(MODE_NOCHECK)``,
+  ``Flush``) against a target that is computing outside MPI (``busy``); a latency close to the
+  target's compute time means the origin waited for the target to enter MPI.  The one such probe:
+  ``scalesgd doctor``, ``benchmarks/rma_progress.py`` and the tests use it.
 
 Everything travels as buffers; nothing here prints.  Importing this module does not import
 ``mpi4py.MPI`` (that would initialise MPI before ``topology.check_library`` could refuse a launch
@@ -113,31 +114,76 @@ def allreduce_seconds(comm, nbytes: int, repeats: int) -> tuple[list[float], boo
     return times, bool(right[0])
 
 
-def rma_latencies(comm, origin: int, target: int, busy_s: float, compute) -> dict[str, float]:
-    """Collective on ``comm``: for each op of ``RMA_OPS`` in its own round, ``target`` runs
-    ``compute(busy_s)`` (no MPI calls) while ``origin``, after a head start of a fifth of it, times
-    one op on the target's window.  Returns {op: seconds} on ``origin``, {} elsewhere."""
-    from .window import Window      # imports mpi4py.MPI: only once MPI is up
-    win, out = Window(comm, 64), {}
-    one, got = np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    rank = comm.Get_rank()
-    for op in RMA_OPS:
-        comm.Barrier()
-        if rank == target:
-            compute(busy_s)
-        elif rank == origin:
-            time.sleep(busy_s / 5)                 # the target is surely computing by now
-            t0 = time.perf_counter()
-            if op == "Get":
-                win.get(got, target)
-            elif op == "Accumulate":
-                win.accumulate(one, target)
-            else:
-                win.fetch_and_op(one, got, target)
-            out[op] = time.perf_counter() - t0
-        comm.Barrier()
-    win.free()
-    return out
+def busy(seconds: float, kind: str = "numpy") -> int:
+    """Work outside MPI for ``seconds``, as a training step does: small GEMMs (NumPy releases the
+    GIL in them) or, ``kind="python"``, a pure-Python loop that holds the GIL.  Returns iterations."""
+    a = np.full((64, 64), 1.0 / 64, dtype=np.float32)
+    b = np.empty_like(a)
+    n, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        if kind == "numpy":
+            np.dot(a, a, out=b)
+        else:
+            sum(i * i for i in range(2000))
+        n += 1
+    return n
+
+
+class RmaProbe:
+    """Collective to create on ``comm``: the three one-sided access patterns gossip relies on, each
+    on its own ``window.Window`` (``Win.Allocate``, one ``Lock_all(MODE_NOCHECK)``, ``Flush`` per
+    call): ``Get`` of ``nbytes`` from a published vector, ``Accumulate`` of ``nbytes`` into an
+    inbox, ``Fetch_and_op`` on an int64 counter.  The one probe of whether an origin waits for a
+    busy target, used by ``scalesgd doctor``, ``benchmarks/rma_progress.py`` and the tests."""
+
+    def __init__(self, comm, nbytes: int = 64):
+        from .window import Window      # imports mpi4py.MPI: only once MPI is up
+        self.comm, self.rank = comm, comm.Get_rank()
+        self.wins = {"Get": Window(comm, nbytes), "Accumulate": Window(comm, nbytes),
+                     "Fetch_and_op": Window(comm, 8)}
+        self.buf = np.ones(nbytes // 4, np.float32)
+        self.one, self.old = np.ones(1, np.int64), np.zeros(1, np.int64)
+
+    def op(self, name: str, target: int) -> float:
+        """Seconds for one ``name`` (of ``RMA_OPS``) on ``target``'s window, completed (Flush)."""
+        win, t0 = self.wins[name], time.perf_counter()
+        if name == "Get":
+            win.get(self.buf, target)
+        elif name == "Accumulate":
+            win.accumulate(self.buf, target)
+        else:
+            win.fetch_and_op(self.one, self.old, target)
+        return time.perf_counter() - t0
+
+    def round(self, name: str, origin: int, target: int, busy_s: float, compute=busy,
+              head_start: float | None = None) -> float | None:
+        """Collective: ``target`` runs ``compute(busy_s)`` (no MPI calls; nothing when ``busy_s`` is
+        0) while ``origin``, after ``head_start`` (default a fifth of ``busy_s``: the target is
+        surely computing by then), times one ``name`` on it.  Seconds on ``origin``, else None."""
+        self.comm.Barrier()
+        out = None
+        if self.rank == target:
+            if busy_s > 0:
+                compute(busy_s)
+        elif self.rank == origin:
+            time.sleep(busy_s / 5 if head_start is None else head_start)
+            out = self.op(name, target)
+        self.comm.Barrier()
+        return out
+
+    def free(self) -> None:
+        for w in self.wins.values():
+            w.free()
+
+
+def rma_latencies(comm, origin: int, target: int, busy_s: float, compute=busy) -> dict[str, float]:
+    """Collective on ``comm``: for each op of ``RMA_OPS`` in its own round (``RmaProbe.round``),
+    ``target`` computes for ``busy_s`` outside MPI while ``origin`` times one op on its window.
+    Returns {op: seconds} on ``origin``, {} elsewhere."""
+    probe = RmaProbe(comm)
+    out = {op: probe.round(op, origin, target, busy_s, compute) for op in RMA_OPS}
+    probe.free()
+    return {op: t for op, t in out.items() if t is not None}
 
 
 def bcast_int(topo: topology.Topology, value: int, root: int = 0) -> int:

@@ -41,7 +41,7 @@ from .validation import validate, validate_net, validate_stragglers
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m scalesgd.costmodel", description=__doc__.split("\n")[0])
     ap.add_argument("--calibration", type=Path, default=ROOT / "benchmarks" / "results" / "calibration-cpu.json")
     ap.add_argument("--measured", type=Path, default=ROOT / "benchmarks" / "results" / "methods.json")
@@ -68,14 +68,12 @@ def main(argv=None) -> int:
     ap.add_argument("--sim-steps", type=int, default=200)
     ap.add_argument("--figure", type=Path, default=ROOT / "docs" / "figures" / "model.png")
     ap.add_argument("--json", type=Path, default=None)
-    a = ap.parse_args(argv)
-    out: dict = {}
-    try:
-        cal = cal_mod.load(a.calibration)
-    except cal_mod.CalibrationError as exc:
-        print(f"scalesgd.costmodel: {exc}", file=sys.stderr)
-        return 2
-    # --- this machine
+    return ap
+
+
+def _this_machine(a, cal, out: dict) -> None:
+    """The calibration's link fit, then the validation of the step-time model on this machine's
+    one-node runs (experiment 2) and stragglers (experiment 3)."""
     p0 = cal_mod.ranks_measured(cal)[0]
     alpha, bw, misfit = cal_mod.fit_link(cal_mod.table(cal, "get", p0))
     print(f"calibration ({a.calibration.name}, {cal.get('machine', '?')}): one-rank step "
@@ -104,6 +102,10 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"{r['method']:>12} {r['delay_ms']:>5} {r['measured']:>9.2f} {r['simulated']:>9.2f}")
         out["straggler_validation"] = rows
+
+
+def _emulated_nodes(a, cal, out: dict) -> None:
+    """Validation of the link model on the emulated-cluster sweeps (``--net-measured``)."""
     net_rows = []
     nbytes = cal["compute"]["resnet20_b16"]["num_params"] * 4          # the sweeps' ResNet-20
     mix_mem = 3 * nbytes / cal_mod.at({float(k): v for k, v in cal["compute"]["mix"].items()}, nbytes)
@@ -122,7 +124,10 @@ def main(argv=None) -> int:
         print(f"|error|: median {100 * np.median(errs):.0f}%, max {100 * errs.max():.0f}% over {len(errs)} runs")
         out["net_validation"] = dict(rows=net_rows, efficiency=a.net_efficiency,
                                      median_abs_error=float(np.median(errs)), max_abs_error=float(errs.max()))
-    # --- the cluster
+
+
+def _cluster(a, out: dict) -> dict:
+    """The projection to a GPU cluster and its answers, per workload: {workload: {method: rows}}."""
     net = cost.Net(alpha=a.latency_us * 1e-6, bandwidth=a.bandwidth_gbps / 8 * 1e9 * a.link_efficiency,
                    mem=a.mem_gbps * 1e9)
     out["cluster"] = dict(bandwidth_gbps=a.bandwidth_gbps, link_efficiency=a.link_efficiency,
@@ -163,6 +168,20 @@ def main(argv=None) -> int:
               + ")")
         out["projection"][w.name] = rows_by_m
         out["answers"][w.name] = ans
+    return projections
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    out: dict = {}
+    try:
+        cal = cal_mod.load(a.calibration)
+    except cal_mod.CalibrationError as exc:
+        print(f"scalesgd.costmodel: {exc}", file=sys.stderr)
+        return 2
+    _this_machine(a, cal, out)
+    _emulated_nodes(a, cal, out)
+    projections = _cluster(a, out)
     draw(a.figure, projections, a.workers)
     print(f"\nwrote {a.figure}")
     if a.json:

@@ -160,6 +160,7 @@ def kernel_checks() -> dict:
     RUN ON A GPU."""
     from .. import fastpaths
     from ..backend import _try_cupy
+    from ..nn.kernels import Kernels
     cupy, _ = _try_cupy()
     outcome = fastpaths.validate(fastpaths.kernel_components(Kernels(), cupy), "auto", speak=False)
     return {k: {"status": o["status"], "error": o.get("error", "")} for k, o in outcome.items()}

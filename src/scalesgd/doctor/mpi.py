@@ -195,15 +195,6 @@ def _no_mpi(name: str) -> Check:
 
 
 # ----------------------------------------------------------------------------- one-sided progress
-def busy(seconds: float) -> None:
-    """Computes for ``seconds`` without entering MPI (small GEMMs), as a training step does."""
-    a = np.full((64, 64), 1.0 / 64, dtype=np.float32)
-    b = np.empty_like(a)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        np.dot(a, a, out=b)
-
-
 def rma_targets(nodes: list[int]) -> dict[str, int]:
     """The ranks rank 0 reads from: the first other rank on its node and the first rank on another
     node, where they exist ({'same node': r, 'other node': r'})."""
@@ -231,7 +222,7 @@ def check_one_sided_progress(ctx: Ctx, name: str) -> Check:
                      "run under mpiexec -n 2 or more (on 2 nodes to see the network's behaviour)")
     from ..comm import probe
     busy_s, targets = ctx.args.busy_seconds, rma_targets(ctx.nodes.tolist())
-    lat = {where: probe.rma_latencies(ctx.topo.comm, 0, t, busy_s, busy) for where, t in targets.items()}
+    lat = {where: probe.rma_latencies(ctx.topo.comm, 0, t, busy_s) for where, t in targets.items()}
     waited = [f"{op} ({where})" for where, ops in lat.items() for op, s in ops.items()
               if s > RMA_WAITED * busy_s]
     parts = "; ".join(f"{where} (rank {targets[where]}): " + ", ".join(

@@ -18,14 +18,24 @@ from .single import Single
 METHODS = {cls.name: cls for cls in (Single, AllReduce, EASGD, ASGD, Gossip, LocalSGD)}   # keys == choices.METHODS
 
 
+def method_class(cfg) -> type:
+    """The class that runs ``cfg.train.method`` with ``cfg`` (a family picks one strategy)."""
+    name = cfg.train.method
+    if name not in METHODS:
+        raise MethodError(f"method '{name}' is not available in this build")
+    return METHODS[name].select(cfg)
+
+
+def check_ranks(cfg, size: int) -> None:
+    """Raises MethodError when ``cfg``'s method cannot run on ``size`` ranks (no communication)."""
+    method_class(cfg).check_ranks(size, cfg)
+
+
 def create(cfg, topo, signals) -> Method:
     """The method object for ``cfg.train.method`` on ``topo`` (a ``comm.topology.Topology``),
     carrying ``signals``; raises MethodError when it cannot run here (on every rank alike, before
     any collective)."""
-    name = cfg.train.method
-    if name not in METHODS:
-        raise MethodError(f"method '{name}' is not available in this build")
-    cls = METHODS[name].select(cfg)
+    cls = method_class(cfg)
     cls.check_ranks(topo.size, cfg)
     return cls(cfg, topo.roles(cls.servers_for(cfg)), topo.transport, signals)
 
@@ -42,4 +52,4 @@ def evaluated(method: Method, ps):
         ps.buffers[...] = saved_b
 
 
-__all__ = ["METHODS", "Method", "MethodError", "create", "evaluated"]
+__all__ = ["METHODS", "Method", "MethodError", "check_ranks", "create", "evaluated", "method_class"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 
+from ..choices import servers_of
 from ..errors import MethodError, PhaseError  # noqa: F401 - re-exported
 from ..io.trace import NO_TRACE
 
@@ -26,7 +27,6 @@ class Method:
     """Synchronous base: every rank is a worker, global samples advance in lockstep."""
 
     name = "base"
-    uses_server = False          # server methods: ranks 0..dist.servers-1 hold the center/master
     min_ranks = 1
 
     @classmethod
@@ -37,7 +37,7 @@ class Method:
     @classmethod
     def servers_for(cls, cfg) -> int:
         """Server ranks this method takes with ``cfg`` (``dist.servers`` for the server methods)."""
-        return cfg.dist.servers if cls.uses_server else 0
+        return servers_of(cls.name, cfg.dist.servers)
 
     @classmethod
     def check_ranks(cls, size: int, cfg) -> None:

@@ -49,7 +49,6 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
     shard ``self.mine`` is its slice of ``ps.params`` (a view) and ``self.rx`` receives pushed
     slices; the hooks work on those."""
 
-    uses_server = True
     min_ranks = 2
     kind = None                        # protocol.Kind of the pushes
 

@@ -9,8 +9,11 @@ import numpy as np
 class BadSamples:
     """Undecodable or corrupt images the loaders skipped and replaced (``data/pipeline.py``)."""
 
-    def __init__(self, s):
-        self.s = s                 # the run's Setup: topology and loaders
+    def __init__(self, comm, rank: int, train, val, train_samples: int):
+        """``comm``: the run's transport; ``train``/``val``: this rank's loaders (None on a server
+        rank); ``train_samples``: the size of the training split."""
+        self.comm, self.rank = comm, rank
+        self.train, self.val, self.train_samples = train, val, train_samples
         self.owned = 0             # distinct bad samples this rank warned about
 
     def report(self) -> int:
@@ -22,8 +25,8 @@ class BadSamples:
         (``Loader.merge_checks``): a sample is decoded strictly by one rank, not by each (unless
         two meet it between the same evaluations), and one found bad is skipped everywhere
         without a second warning."""
-        s, rank, comm = self.s, self.s.topo.rank, self.s.topo.transport
-        new = {sid: (where, why) for ld in (s.train_data, s.val_data) if ld is not None
+        rank, comm = self.rank, self.comm
+        new = {sid: (where, why) for ld in (self.train, self.val) if ld is not None
                for sid, where, why in ld.take_new_bad()}
         ids, src = comm.allgather_int64(np.fromiter(new, np.int64, len(new)))
         uniq, first = np.unique(ids, return_index=True)     # rank order: first = lowest finder
@@ -33,8 +36,8 @@ class BadSamples:
                              f"({why}; replaced by the next good one)\n")
             sys.stderr.flush()
             self.owned += 1
-        train = s.train_data
-        checks = train.checks if train is not None else np.zeros(s.train_samples, np.uint8)
+        train = self.train
+        checks = train.checks if train is not None else np.zeros(self.train_samples, np.uint8)
         checks = comm.allreduce_max_host(checks)
         if train is not None:
             train.merge_checks(checks)

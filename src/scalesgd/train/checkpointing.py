@@ -1,4 +1,4 @@
-"""What a run writes into a checkpoint and how it comes back: resume, warm start, the layout check.
+"""What a run writes into a checkpoint (reading it back, and every resume check: ``resuming.py``).
 
 The file format (one HDF5 file, every rank's arrays and JSON state, digests) is ``io/checkpoint.py``;
 this module decides the content.  Per rank: ``params``, ``momentum``, ``buffers`` and the method's
@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from ..backend import to_numpy
-from ..errors import CheckpointError
 from ..io import checkpoint as ckpt
 
 
@@ -87,45 +86,3 @@ def save(s, run_dir: Path, loop: LoopState, history: list, boundary_done: int, e
         if writer:
             writer.abort()
         raise
-
-
-def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
-    """After ``method.start``: this rank's params, momentum, BN statistics and method state from
-    checkpoint ``path`` (digests checked).  Returns (rank 0's metadata, the loop's counters, the
-    rest of this rank's JSON state)."""
-    m, ps, xp = s.method, s.model.ps, s.backend.xp
-    meta, arrays, state = ckpt.read_rank(path, s.topo.rank)
-    ps.params[...] = xp.asarray(arrays.pop("params"))
-    s.opt.momentum[...] = xp.asarray(arrays.pop("momentum"))
-    ps.buffers[...] = xp.asarray(arrays.pop("buffers"))
-    m.load_state(ps, arrays, state.pop("method"))
-    if "trace_lines" in state:                       # the events after the checkpoint never happened
-        m.trace.truncate(int(state.pop("trace_lines")))
-    return meta, LoopState.from_dict(state.pop("loop")), state
-
-
-def warm_start(s, path: Path) -> None:
-    """Every rank takes the weights and BN statistics of ``path``'s rank 0 (the replica, or the
-    server's center/master), before ``method.start``; the optimizer state stays fresh.  ``path``
-    is a checkpoint file or a run directory (its newest good checkpoint)."""
-    if path.is_dir():                                 # a run directory: its newest good checkpoint
-        path = ckpt.latest_good(ckpt.checkpoint_dir(path))
-    meta, arrays, _ = ckpt.read_rank(path, 0)
-    _check_layout(s, path, meta)
-    ps = s.model.ps
-    ps.params[...] = s.backend.xp.asarray(arrays["params"])
-    ps.buffers[...] = s.backend.xp.asarray(arrays["buffers"])
-
-
-def check_fits(s, path: Path) -> None:
-    """Refuses a checkpoint written for another model (before anything is written or changed)."""
-    _check_layout(s, path, ckpt.read_meta(path))
-
-
-def _check_layout(s, path: Path, meta: dict) -> None:
-    if meta.get("layout") != layout_signature(s.model.ps):
-        n = meta.get("num_params")
-        raise CheckpointError(
-            f"{path}: its model ({meta.get('model')}, {n:,} parameters) is not this run's "
-            f"({s.cfg.model.model}, {s.model.num_params:,} parameters)" if isinstance(n, int) else
-            f"{path}: written for another model than this run's ({s.cfg.model.model})")

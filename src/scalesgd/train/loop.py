@@ -9,122 +9,30 @@ training time that throughput and time-to-accuracy are computed from, as in Jin 
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .. import fastpaths
 from ..comm import watchdog
-from ..config import Config, parse_straggler
-from ..data.pipeline import Loader, train_steps
-from ..data.shards import ShardSet
-from ..errors import DataError, Diverged, RunDirError
+from ..config import parse_straggler
+from ..data.pipeline import Loader
+from ..errors import Diverged, RunDirError
 from ..io.files import write_json_atomic
 from ..io.metrics import MetricsWriter
 from ..io.progress import TrainLog
 from ..io.trace import TraceWriter
 from ..io.summary import time_to_targets
 from ..methods import evaluated
-from ..nn.kernels import Kernels
-from ..nn.resnet import ResNet
 from ..optim.schedule import lr_at
-from ..optim.sgd import SGD
-from . import checkpointing
+from . import checkpointing, resuming
+from .assemble import Setup
 from .bad_samples import BadSamples
-from .checkpointing import LoopState, check_fits, warm_start  # noqa: F401 - used by cli
-from .control import Control
+from .checkpointing import LoopState
 from .phases import Phases, Stopped, eval_boundaries  # noqa: F401 - Stopped: re-exported
 from .step import eval_step, train_step
-
-
-@dataclass
-class Setup:
-    """Everything a run needs, built (and validated) before anything is written to disk."""
-
-    cfg: Config
-    topo: object
-    backend: object
-    method: object                 # the exchange strategy (methods/)
-    control: Control               # signals and phase counters
-    model: ResNet
-    opt: SGD
-    train_data: Loader | None      # None on a server rank
-    val_data: Loader | None
-    data_root: Path
-    train_samples: int             # size of the training split
-    fast_paths: fastpaths.Report = field(default_factory=fastpaths.Report)   # set by fastpaths.check
-
-    @property
-    def roles(self):
-        return self.method.roles
-
-    @property
-    def samples_per_epoch(self) -> int:
-        """Global samples per epoch: whole global batches of the training split."""
-        return samples_per_epoch(self.train_samples, self.cfg.data.batch_size, self.roles.num_workers)
-
-
-def samples_per_epoch(train_samples: int, batch_size: int, workers: int) -> int:
-    """Global samples per epoch: ``data.pipeline.train_steps`` global batches; 0 if none fits."""
-    return train_steps(train_samples, batch_size, workers) * batch_size * workers
-
-
-def open_splits(data_root: Path, cache_mb: int) -> tuple[ShardSet, ShardSet]:
-    """The train and val ShardSets of ``data_root``, each read into memory when its files total at
-    most ``cache_mb`` MiB (``data.cache_mb``)."""
-    sets = ShardSet.open(data_root, "train"), ShardSet.open(data_root, "val")
-    for s in sets:
-        if cache_mb and s.disk_bytes <= cache_mb * 2**20:
-            s.load()
-    return sets
-
-
-def build(cfg: Config, topo, backend, method, control: Control, data_root: Path,
-          data_threads: int, splits: tuple[ShardSet, ShardSet] | None = None) -> Setup:
-    """Opens the shards (or uses ``splits``, as ``open_splits`` returns: the virtual cluster's
-    ranks share one copy), builds the model (identical init from the seed), optimizer and loaders."""
-    train_shards, val_shards = splits or open_splits(data_root, cfg.data.cache_mb)
-    m, d = cfg.model, cfg.data
-    if getattr(backend, "is_gpu", False):          # GPU only: precision and conv path (logged once)
-        from .. import backend as backend_mod  # noqa: PLC0415
-        from ..nn import cudnn_conv  # noqa: PLC0415
-        backend_mod.set_precision(m.precision)
-    model = ResNet(m.model, train_shards.num_classes, m.width, m.zero_init_residual, backend.xp, m.dtype,
-                   seed=cfg.train.seed, conv_algo=m.conv_algo, kernels=Kernels(m.kernels))
-    if getattr(backend, "is_gpu", False):
-        cudnn_conv.attach(model, m.conv_impl, m.precision, backend, m.dtype)
-    opt = SGD(model.ps.params, cfg.optim, model.ps.decay_mask(), model.kernels)
-    roles, n = method.roles, train_shards.num_samples
-    steps = train_steps(n, d.batch_size, roles.num_workers)
-    if steps < 1:
-        raise DataError(f"data.batch_size: {d.batch_size} x {roles.num_workers} workers exceeds the "
-                        f"{n} training samples in {data_root}")
-    if steps < 10 and topo.is_root:            # warned once; an explicit batch is kept as set
-        logging.warning("warning: an epoch is only %d step(s) (%d training samples / global batch %d "
-                        "= %d workers x data.batch_size %d): too few updates to train well; a smaller "
-                        "--batch-size gives more", steps, n, d.batch_size * roles.num_workers,
-                        roles.num_workers, d.batch_size)
-    train = val = None
-    if not roles.is_server:
-        common = dict(batch_size=d.batch_size, image_size=d.image_size, mean=d.mean, std=d.std,
-                      num_threads=data_threads, device_id=backend.device_id, dtype=_input_dtype(cfg),
-                      val_resize=d.val_resize or None, rank=roles.worker_index,
-                      world=roles.num_workers, seed=cfg.train.seed)
-        train = Loader(train_shards, train=True, augment=d.augment, scale=d.scale, flip=d.flip,
-                       lighting=d.lighting, **common)
-        val = Loader(val_shards, train=False, augment="center", flip=False, ten_crop=d.ten_crop, **common)
-    return Setup(cfg, topo, backend, method, control, model, opt, train, val, data_root, n)
-
-
-def _input_dtype(cfg: Config) -> str:
-    """data.output_dtype, or the model's dtype when it is 'model' (float32 unless float16)."""
-    want = cfg.data.output_dtype
-    return want if want != "model" else ("float16" if cfg.model.dtype == "float16" else "float32")
 
 
 class Straggler:
@@ -181,7 +89,7 @@ class Run:
         self.progress = TrainLog(s.roles.worker_index == 0, s.topo.is_root, s.cfg.train.log_every,
                                  s.cfg.train.epochs, s.cfg.train.progress)
         self.history: list[dict] = []
-        self.bad = BadSamples(s)
+        self.bad = BadSamples(s.topo.transport, s.topo.rank, s.train_data, s.val_data, s.train_samples)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, boundary: int) -> None:
@@ -246,7 +154,7 @@ class Run:
     def restore(self, path: Path) -> None:
         """After ``method.start``: this rank's state from checkpoint ``path`` (digests checked)."""
         s = self.s
-        meta, self.st, rest = checkpointing.restore(s, path)
+        meta, self.st, rest = resuming.restore(s, path)
         self.train_offset, self.wall_offset = self.st.train_seconds, self.st.wall_seconds
         self.st.allocations += 1
         self.straggle.rng.bit_generator.state = rest["straggler"]

@@ -1,14 +1,15 @@
 """``python -m scalesgd.virtual``: train p virtual workers in one process, write a real run directory.
 
-Each virtual rank runs the program's own set-up and loop (``train.loop.build`` / ``train``, the
-method from ``methods.create``, the control plane) against an ``InProcessTransport``; only the
-clock is simulated.  Timelines: ``model`` (the default: a hardware ``--profile``) and ``replay``
+Each virtual rank runs the program's own composition root and loop (``train.assemble.assemble``,
+``train.loop.train``: the method from ``methods.create``, the control plane) against an
+``InProcessTransport``; only the clock is simulated.  Timelines: ``model`` (the default: a hardware ``--profile``) and ``replay``
 (``--replay RUN_DIR``: the order a real MPI run recorded; afterwards its events and final
 checkpoint are compared with the run's).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 from .. import backend as backend_mod
+from .. import choices
 from .. import config as C
 from ..errors import ConfigError, UserError
 from . import profile as P
@@ -41,85 +43,106 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def ranks_for(cfg: C.Config, workers: int) -> int:
     """Ranks of a virtual run of ``workers`` workers: the server methods add their shards."""
-    from ..methods import METHODS  # noqa: PLC0415
-    cls = METHODS[cfg.train.method].select(cfg)
-    return workers + cls.servers_for(cfg)
+    return choices.ranks_for(cfg.train.method, workers, cfg.dist.servers)
 
 
 def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = None,
         threads: int | None = None) -> dict:
     """Trains ``workers`` virtual workers; returns rank 0's summary (also in RUN_DIR/summary.json)."""
-    from ..comm.topology import Topology  # noqa: PLC0415
-    from ..data.demo import build_digits, default_data_dir  # noqa: PLC0415
-    from ..io import checkpoint as ckpt  # noqa: PLC0415
     from ..io.files import write_json_atomic  # noqa: PLC0415
-    from ..methods import create  # noqa: PLC0415
-    from ..train import loop  # noqa: PLC0415
-    from ..train.control import Control  # noqa: PLC0415
     from .replay import Replay, first_difference  # noqa: PLC0415
-    from .transport import Cluster, InProcessTransport  # noqa: PLC0415
+    from .transport import Cluster  # noqa: PLC0415
     from .world import World  # noqa: PLC0415
 
     size = ranks_for(cfg, workers)
     cfg = C.fit_to_world(cfg, size)
-    data_root = Path(cfg.data.data) if cfg.data.data else build_digits(default_data_dir())
-    run_dir = Path(cfg.train.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-virtual-"
-                   f"{cfg.train.method}-{workers}")
-    resume = None
-    if cfg.train.resume:
-        given = Path(cfg.train.resume)
-        resume = given if given.is_file() else ckpt.latest_good(ckpt.checkpoint_dir(run_dir))
-        meta = ckpt.verify(resume)
-        if (meta["ranks"], meta["method"]) != (size, cfg.train.method):
-            raise ConfigError(f"{resume}: written by {meta['ranks']} ranks of '{meta['method']}', "
-                              f"this virtual run has {size} of '{cfg.train.method}'")
-    elif (run_dir / "config.json").exists():
-        raise ConfigError(f"--run-dir {run_dir} already holds a run (its config.json): continue it "
-                          f"with --resume {run_dir}, or choose another run directory")
+    run_dir, resume, data_root, splits = _prepare(cfg, workers, size)
     backend = backend_mod.select("cpu", 0)
     backend_mod.set_blas_threads(threads or backend_mod.blas_threads_for(1))
-    ns = size - workers
-    replay = Replay(replay_dir, size, ns) if replay_dir is not None else None
+    replay = Replay(replay_dir, size, size - workers) if replay_dir is not None else None
     world = World(size)
     cluster = Cluster(world, prof, replay)
-    from ..data.pipeline import train_steps  # noqa: PLC0415
-    from ..errors import DataError  # noqa: PLC0415
-    splits = loop.open_splits(data_root, cfg.data.cache_mb)  # checked before anything is written;
-    train_set = splits[0]                                    # one copy for every virtual rank
-    if train_steps(train_set.num_samples, cfg.data.batch_size, workers) < 1:
-        raise DataError(f"data.batch_size: {cfg.data.batch_size} x {workers} workers exceeds the "
-                        f"{train_set.num_samples} training samples in {data_root} (a smaller "
-                        "--batch-size or fewer --workers)")
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", cfg.to_dict())
     virtual = dict(workers=workers, ranks=size, profile=prof.to_dict(),
                    timeline="replay" if replay else "model",
                    replay_of=str(replay_dir) if replay else None, time="simulated seconds")
     write_json_atomic(run_dir / "virtual.json", virtual)
-    cluster.compute = P.Compute(prof, cfg, train_set.num_classes, cfg.train.seed)
-    cluster.net.scale = P.byte_scale(prof, cfg, train_set.num_classes)
-    group = tuple(range(size))
+    cluster.compute = P.Compute(prof, cfg, splits[0].num_classes, cfg.train.seed)
+    cluster.net.scale = P.byte_scale(prof, cfg, splits[0].num_classes)
     setups, summaries = [None] * size, [None] * size
+    rank_main = _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, setups, summaries)
+    t0 = time.perf_counter()
+    with _stop_on_sigint(setups):
+        world.run([rank_main(r) for r in range(size)])
+    real = time.perf_counter() - t0
+    summary = summaries[0]
+    summary["virtual"] = dict(virtual, real_seconds=real, switches=world.switches,
+                              simulated_seconds=max(world.clock), node_bytes_sent=cluster.net.bytes_sent,
+                              worker_steps=sum(n.steps for n in _transports(setups)))
+    if replay is not None:
+        summary["virtual"]["replay_first_difference"] = first_difference(replay_dir, run_dir, size)
+    write_json_atomic(run_dir / "summary.json", summary)
+    print(f"done: {workers} virtual workers, validation top-1 {100 * summary['val_top1_accuracy']:.2f}% "
+          f"after {summary['train_seconds']:.4g} simulated s ({real:.1f} s real); results in "
+          f"{run_dir}/summary.json", flush=True)
+    return summary
 
-    def body(r: int):
+
+def _prepare(cfg: C.Config, workers: int, size: int):
+    """(run directory, the checkpoint to resume or None, data root, the shared splits), all checked
+    before anything is written: a resumed checkpoint must come from this many ranks of this method,
+    a new run may not reuse a run directory, the training split must fill one global batch."""
+    from ..data.demo import build_digits, default_data_dir  # noqa: PLC0415
+    from ..data.pipeline import train_steps  # noqa: PLC0415
+    from ..errors import DataError  # noqa: PLC0415
+    from ..train import resuming  # noqa: PLC0415
+    from ..train.assemble import open_splits  # noqa: PLC0415
+    data_root = Path(cfg.data.data) if cfg.data.data else build_digits(default_data_dir())
+    run_dir = Path(cfg.train.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-virtual-"
+                   f"{cfg.train.method}-{workers}")
+    resume = None
+    if cfg.train.resume:
+        given = Path(cfg.train.resume)
+        resume = resuming.find_checkpoint(str(given) if given.is_file() else str(run_dir), size,
+                                          cfg.train.method, "this virtual run")
+    elif (run_dir / "config.json").exists():
+        raise ConfigError(f"--run-dir {run_dir} already holds a run (its config.json): continue it "
+                          f"with --resume {run_dir}, or choose another run directory")
+    splits = open_splits(data_root, cfg.data.cache_mb)      # one copy for every virtual rank
+    n = splits[0].num_samples
+    if train_steps(n, cfg.data.batch_size, workers) < 1:
+        raise DataError(f"data.batch_size: {cfg.data.batch_size} x {workers} workers exceeds the "
+                        f"{n} training samples in {data_root} (a smaller --batch-size or fewer --workers)")
+    return run_dir, resume, data_root, splits
+
+
+def _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, setups, summaries):
+    """``rank_main(r)``: the body of virtual rank ``r``: the composition root on an in-process
+    transport, then the training loop; its Setup and summary land in ``setups[r]``/``summaries[r]``."""
+    from ..comm.topology import Topology  # noqa: PLC0415
+    from ..train import loop  # noqa: PLC0415
+    from ..train.assemble import assemble  # noqa: PLC0415
+    from .transport import InProcessTransport  # noqa: PLC0415
+    size = len(setups)
+
+    def rank_main(r: int):
         def main():
-            net = InProcessTransport(cluster, group, r)
+            net = InProcessTransport(cluster, tuple(range(size)), r)
             topo = Topology(r, size, r % prof.ranks_per_node, min(size, prof.ranks_per_node),
                             None, None, net)
-            control = Control(net, size)
-            method = create(cfg, topo, control.signals)
-            s = loop.build(cfg, topo, backend, method, control, data_root, 1, splits)
-            if resume is not None:
-                loop.check_fits(s, resume)
-            elif cfg.train.init_from:
-                loop.warm_start(s, Path(cfg.train.init_from))
-            if r > 0 and setups[0] is not None:
-                s.model.share_workspaces(setups[0].model)     # one replica computes at a time
+            s = assemble(cfg, topo, backend, data_root, 1, resume, splits=splits,
+                         share_with=setups[0] if r > 0 else None, check_fast_paths=False)
             setups[r] = s
-            method.attach(s.model)
             summaries[r] = loop.train(s, run_dir, resume)
         return main
+    return rank_main
 
+
+@contextlib.contextmanager
+def _stop_on_sigint(setups):
+    """Ctrl-C asks every virtual rank to checkpoint at its next phase and stop (a second one
+    interrupts at once)."""
     def on_sigint(signum, frame):
         for s in setups:
             if s is not None:
@@ -129,24 +152,10 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     old = signal.signal(signal.SIGINT, on_sigint)
-    t0 = time.perf_counter()
     try:
-        world.run([body(r) for r in range(size)])
+        yield
     finally:
         signal.signal(signal.SIGINT, old)
-    real = time.perf_counter() - t0
-    summary = summaries[0]
-    summary["virtual"] = dict(virtual, real_seconds=real, switches=world.switches,
-                              simulated_seconds=max(world.clock), node_bytes_sent=cluster.net.bytes_sent,
-                              worker_steps=sum(n.steps for n in _transports(setups)))
-    if replay is not None:
-        diff = first_difference(replay_dir, run_dir, size)
-        summary["virtual"]["replay_first_difference"] = diff
-    write_json_atomic(run_dir / "summary.json", summary)
-    print(f"done: {workers} virtual workers, validation top-1 {100 * summary['val_top1_accuracy']:.2f}% "
-          f"after {summary['train_seconds']:.4g} simulated s ({real:.1f} s real); results in "
-          f"{run_dir}/summary.json", flush=True)
-    return summary
 
 
 def _transports(setups):

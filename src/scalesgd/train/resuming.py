@@ -1,0 +1,116 @@
+"""Everything about continuing a run, in one place: which run and checkpoint ``--resume`` means,
+what may change (the config keys that define a run may not), whether a checkpoint fits this job
+(rank count, method, model layout) and restoring it; also ``--init-from`` (warm start), which reads
+the same files.
+
+Called by the composition root (``train/assemble.py``) for MPI runs and virtual ones alike, and by
+the command line (``cli.resolve_config``) for the config a resumed run continues with.  Writing a
+checkpoint is ``checkpointing.py``; the file format ``io/checkpoint.py``.  What is resumable bitwise
+is in docs/checkpoints.md.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import config as C
+from ..errors import CheckpointError
+from ..io import checkpoint as ckpt
+from .checkpointing import LoopState, layout_signature
+
+# Keys a resumed run must keep: they define the model, the data order and the method's state.
+RESUME_IDENTITY = {"model": None, "data": ("data", "image_size", "batch_size"),
+                   "train": ("method", "seed"), "dist": ("gossip", "gossip_graph", "servers")}
+
+
+def resumed_config(cfg: C.Config, file_values: dict, overrides: dict) -> C.Config:
+    """The config a resumed run continues with (``cfg.train.resume`` set): its saved config.json
+    replaces the defaults, then the job file and the flags apply; keys that define the run
+    (``RESUME_IDENTITY``) may not change (the error names them)."""
+    run_dir = resume_run_dir(Path(cfg.train.resume))
+    saved = C.load_json_config(run_dir / "config.json")
+    base = {sec: {**saved.get(sec, {}), **file_values.get(sec, {})} for sec in C.SECTIONS}
+    cfg = C.build(base, {**overrides, "train": {**overrides.get("train", {}), "run_dir": str(run_dir),
+                                                  "resume": cfg.train.resume}})
+    check_identity(C.build(saved), cfg, run_dir)
+    return cfg
+
+
+def resume_run_dir(path: Path) -> Path:
+    """RUN_DIR given directly, or the RUN_DIR of RUN_DIR/checkpoints/ckpt-*.h5.  Anything else is
+    a ConfigError naming the path as the user gave it (not a directory derived from it)."""
+    if path.is_dir():
+        run_dir = path
+    elif path.is_file():            # RUN_DIR/checkpoints/ckpt-*.h5 (absolute when given as ckpt.h5)
+        run_dir = (path if len(path.parts) >= 2 else path.absolute()).parent.parent
+    else:
+        raise C.ConfigError(f"--resume {path}: no such run directory or checkpoint file")
+    if not (run_dir / "config.json").is_file():
+        raise C.ConfigError(f"--resume {path}: not a run directory (no config.json in it)"
+                            if run_dir == path else f"--resume {path}: no config.json in {run_dir} "
+                            f"(a checkpoint file must lie in RUN_DIR/checkpoints/)")
+    return run_dir
+
+
+def check_identity(saved: C.Config, new: C.Config, run_dir: Path) -> None:
+    diffs = []
+    for sec, keys in RESUME_IDENTITY.items():
+        a, b = getattr(saved, sec), getattr(new, sec)
+        for k in keys or [f.name for f, _ in C.fields_of(sec)]:
+            if getattr(a, k) != getattr(b, k):
+                diffs.append(f"{sec}.{k} was {getattr(a, k)!r}, now {getattr(b, k)!r}")
+    if diffs:
+        raise C.ConfigError(f"cannot resume {run_dir}: " + "; ".join(diffs))
+
+
+def find_checkpoint(resume: str, ranks: int, method: str, job: str = "this job") -> Path:
+    """The checkpoint ``--resume`` names (a file, or a run directory's newest good one), verified
+    (digests) and written by ``ranks`` ranks of ``method``; else CheckpointError naming it."""
+    given = Path(resume)
+    path = ckpt.latest_good(ckpt.checkpoint_dir(given)) if given.is_dir() else given
+    meta = ckpt.verify(path)
+    if (meta["ranks"], meta["method"]) != (ranks, method):
+        raise CheckpointError(f"{path}: written by {meta['ranks']} ranks of '{meta['method']}', {job} "
+                              f"has {ranks} ranks of '{method}' (resume with the same rank count)")
+    return path
+
+
+def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
+    """After ``method.start``: this rank's params, momentum, BN statistics and method state from
+    checkpoint ``path`` (digests checked).  Returns (rank 0's metadata, the loop's counters, the
+    rest of this rank's JSON state)."""
+    m, ps, xp = s.method, s.model.ps, s.backend.xp
+    meta, arrays, state = ckpt.read_rank(path, s.topo.rank)
+    ps.params[...] = xp.asarray(arrays.pop("params"))
+    s.opt.momentum[...] = xp.asarray(arrays.pop("momentum"))
+    ps.buffers[...] = xp.asarray(arrays.pop("buffers"))
+    m.load_state(ps, arrays, state.pop("method"))
+    if "trace_lines" in state:                       # the events after the checkpoint never happened
+        m.trace.truncate(int(state.pop("trace_lines")))
+    return meta, LoopState.from_dict(state.pop("loop")), state
+
+
+def warm_start(s, path: Path) -> None:
+    """Every rank takes the weights and BN statistics of ``path``'s rank 0 (the replica, or the
+    server's center/master), before ``method.start``; the optimizer state stays fresh.  ``path``
+    is a checkpoint file or a run directory (its newest good checkpoint)."""
+    if path.is_dir():                                 # a run directory: its newest good checkpoint
+        path = ckpt.latest_good(ckpt.checkpoint_dir(path))
+    meta, arrays, _ = ckpt.read_rank(path, 0)
+    _check_layout(s, path, meta)
+    ps = s.model.ps
+    ps.params[...] = s.backend.xp.asarray(arrays["params"])
+    ps.buffers[...] = s.backend.xp.asarray(arrays["buffers"])
+
+
+def check_fits(s, path: Path) -> None:
+    """Refuses a checkpoint written for another model (before anything is written or changed)."""
+    _check_layout(s, path, ckpt.read_meta(path))
+
+
+def _check_layout(s, path: Path, meta: dict) -> None:
+    if meta.get("layout") != layout_signature(s.model.ps):
+        n = meta.get("num_params")
+        raise CheckpointError(
+            f"{path}: its model ({meta.get('model')}, {n:,} parameters) is not this run's "
+            f"({s.cfg.model.model}, {s.model.num_params:,} parameters)" if isinstance(n, int) else
+            f"{path}: written for another model than this run's ({s.cfg.model.model})")
