@@ -3,10 +3,11 @@ what may change (the config keys that define a run may not), whether a checkpoin
 (rank count, method, model layout) and restoring it; also ``--init-from`` (warm start), which reads
 the same files.
 
-Called by the composition root (``train/assemble.py``) for MPI runs and virtual ones alike, and by
-the command line (``cli.resolve_config``) for the config a resumed run continues with.  Writing a
+Called by the composition root (``train/assemble.py``: the checks and the warm start, for MPI runs
+and virtual ones alike), the loop (``restore``) and the command line (``cli.resolve_config``: the
+config a resumed run continues with).  Writing a
 checkpoint is ``checkpointing.py``; the file format ``io/checkpoint.py``.  What is resumable bitwise
-is in docs/checkpoints.md.
+is in docs/cli.md ("Checkpoints, resume, warm start, preemption").
 """
 from __future__ import annotations
 
