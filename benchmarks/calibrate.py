@@ -133,7 +133,7 @@ def data_seconds(batch: int = 16) -> float:
 def end_to_end_step(batch: int = 16) -> dict:
     """Seconds per step of a real one-rank run (data loading, step, logging: everything the
     experiment runs do per step), from a 1-epoch ``single`` run on the digits."""
-    from experiments import JOB  # noqa: PLC0415
+    from sweeps.runner import JOB  # noqa: PLC0415
 
     from scalesgd.io.runs import load_run  # noqa: PLC0415
     run_dir = Path(f"/tmp/scalesgd-calibrate-single-{os.getpid()}")

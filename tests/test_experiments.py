@@ -1,4 +1,5 @@
-"""benchmarks/experiments.py: its measures on synthetic records, and real quick sweeps."""
+"""benchmarks/experiments.py and its sweeps (benchmarks/sweeps/): the measures on synthetic records,
+and real quick sweeps."""
 import json
 import subprocess
 import sys
@@ -10,7 +11,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import experiments as X  # noqa: E402
+from sweeps.figures import pm  # noqa: E402
+from sweeps.runner import Net, Result, Runner, papers_ratio, ranks_for  # noqa: E402
+from sweeps.stats import (  # noqa: E402
+    first_reach, mean_curve, mean_spread, measures, merged_training_error, minibatches_to_train_error,
+    time_to_train_error)
 
 from scalesgd.io.runs import RunData  # noqa: E402
 
@@ -20,43 +25,43 @@ def fake_result(val_errors, times, steps=None, method="gossip-pull"):
            for i, (e, t) in enumerate(zip(val_errors, times))]
     data = RunData(Path("/nonexistent"), method, 2, steps or {}, val)
     summary = dict(train_seconds=times[-1], images_per_second=100.0)
-    return X.Result("r", method, 2, data, summary)
+    return Result("r", method, 2, data, summary)
 
 
 def test_first_reach_and_measures():
-    assert X.first_reach([0.5, 0.2, 0.09, 0.05], [1, 2, 3, 4], 0.1) == 3.0
-    assert X.first_reach([0.5, 0.2], [1, 2], 0.1) is None
+    assert first_reach([0.5, 0.2, 0.09, 0.05], [1, 2, 3, 4], 0.1) == 3.0
+    assert first_reach([0.5, 0.2], [1, 2], 0.1) is None
     steps = {0: [dict(train_seconds=t, top1_error=0.5) for t in (1.0, 2.0, 3.0, 5.0)]}
-    m = X.measures(fake_result([0.5, 0.08, 0.09], [10.0, 20.0, 30.0], steps))
+    m = measures(fake_result([0.5, 0.08, 0.09], [10.0, 20.0, 30.0], steps))
     assert m["final_error"] == pytest.approx(0.09) and m["best_error"] == pytest.approx(0.08)
     assert m["time_to_target"] == 20.0 and m["epochs_to_target"] == 0.5
     assert m["step_seconds"] == pytest.approx(4.0 / 3)
 
 
 def test_mean_spread_counts_runs_that_never_reached():
-    agg = X.mean_spread([1.0, None, 3.0])
+    agg = mean_spread([1.0, None, 3.0])
     assert agg == dict(mean=2.0, min=1.0, max=3.0, n=2, missing=1)
-    assert X.mean_spread([None])["mean"] is None
-    assert X.pm(agg) == "2 [1, 3] (1 never)"
+    assert mean_spread([None])["mean"] is None
+    assert pm(agg) == "2 [1, 3] (1 never)"
 
 
 def test_merged_training_error_orders_workers_by_time_and_smooths():
     steps = {1: [dict(train_seconds=t, top1_error=1.0) for t in (1, 3, 5, 7)],
              2: [dict(train_seconds=t, top1_error=0.0) for t in (2, 4, 6, 8)]}
     res = fake_result([0.5], [8.0], steps, "asgd")
-    t, idx, e = X.merged_training_error(res, window=2)
+    t, idx, e = merged_training_error(res, window=2)
     assert t.tolist() == [1, 2, 3, 4, 5, 6, 7, 8] and idx.tolist() == list(range(1, 9))
     assert e.tolist() == [1.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
-    assert X.time_to_train_error(res, 0.5, window=2) == 3.0
-    assert X.time_to_train_error(res, 0.1, window=2) is None
-    assert X.minibatches_to_train_error(res, 0.5, window=2) == 3
-    assert X.minibatches_to_train_error(res, 0.1, window=2) is None
+    assert time_to_train_error(res, 0.5, window=2) == 3.0
+    assert time_to_train_error(res, 0.1, window=2) is None
+    assert minibatches_to_train_error(res, 0.5, window=2) == 3
+    assert minibatches_to_train_error(res, 0.1, window=2) is None
 
 
 def test_mean_curve_averages_seeds_at_each_evaluation():
     a = fake_result([0.4, 0.2], [1.0, 2.0])
     b = fake_result([0.2, 0.1, 0.05], [3.0, 4.0, 5.0])
-    t, e, lo, hi = X.mean_curve([a, b])
+    t, e, lo, hi = mean_curve([a, b])
     assert t.tolist() == [2.0, 3.0] and e.tolist() == pytest.approx([0.3, 0.15])
     assert lo.tolist() == pytest.approx([0.2, 0.1]) and hi.tolist() == pytest.approx([0.4, 0.2])
 
@@ -141,7 +146,7 @@ def test_report_update_rewrites_only_marked_blocks(tmp_path):
 
 def test_runner_refuses_one_name_for_two_settings(tmp_path):
     """Two settings sharing a run directory would silently replace each other's runs."""
-    r = X.Runner(tmp_path, quick=False)
+    r = Runner(tmp_path, quick=False)
     r.keys["allreduce-w2-s0"] = json.dumps({"ranks": 2, "argv": ["something", "else"]})
     with pytest.raises(SystemExit, match="two different settings"):
         r.run("allreduce-w2-s0", "allreduce", 2, ["--seed", "0"])
@@ -158,17 +163,17 @@ def test_texture_cells_never_share_a_pixel_between_train_and_val():
 
 
 def test_ranks_count_every_server_shard():
-    assert X.ranks_for("easgd", 4) == 5 and X.ranks_for("easgd", 4, ["--servers", "3"]) == 7
-    assert X.ranks_for("gossip-pull", 4, ["--servers", "3"]) == 4
+    assert ranks_for("easgd", 4) == 5 and ranks_for("easgd", 4, ["--servers", "3"]) == 7
+    assert ranks_for("gossip-pull", 4, ["--servers", "3"]) == 4
 
 
 def test_papers_link_rate_keeps_the_ratio_of_transfer_to_step_time():
     """r = ResNet-18's 46.8 MB over 10 GB/s (100 Gb/s at 80%) / the model's 30.2 ms A100 step; the
     emulated link at p workers moves ResNet-20's 1.09 MB in r x (shared-memory step at p)."""
-    r = X.papers_ratio()
+    r = papers_ratio()
     assert r == pytest.approx(11_689_512 * 4 / 10e9 / (64 / 938 * 1.81 / 4.09))
     assert 0.15 < r < 0.16
-    net = X.Net.__new__(X.Net)               # the rate arithmetic only (no cluster, no root)
+    net = Net.__new__(Net)                   # the rate arithmetic only (no cluster, no root)
     net.fixed, net.ratio, net.factor, net.spec = None, r, 1.0, "papers"
     net.step = {2: 0.104, 8: 0.441}
     rate = net.rate_for(2)
