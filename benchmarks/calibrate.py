@@ -149,14 +149,10 @@ def end_to_end_step(batch: int = 16) -> dict:
 
 
 # ----------------------------------------------------------------------------- MPI side
-def worker(json_out: Path) -> None:
+def _timer(comm):
+    """``timed(fn, reps)``: the median over ``reps`` of the slowest rank's seconds for ``fn()``
+    (every repeat starts at a barrier)."""
     from mpi4py import MPI  # noqa: PLC0415
-
-    from scalesgd.comm.window import PublishedVector  # noqa: PLC0415
-    comm = MPI.COMM_WORLD
-    p, rank = comm.size, comm.rank
-    rng = np.random.default_rng(rank)
-    res = {"allreduce": {}, "get": {}, "server": {}}
 
     def timed(fn, reps=REPEATS):
         ts = []
@@ -168,10 +164,15 @@ def worker(json_out: Path) -> None:
         worst = np.empty(reps)
         comm.Allreduce(np.array(ts), worst, op=MPI.MAX)      # the slowest rank's time per repeat
         return float(np.median(worst))
+    return timed
 
-    for n in SIZES:
-        a, b = np.ones(n, np.float32), np.empty(n, np.float32)
-        res["allreduce"][str(n * 4)] = timed(lambda: comm.Allreduce(a, b, op=MPI.SUM))
+
+def _one_sided(comm, rng, timed) -> dict:
+    """Seconds per gossip exchange by bytes: ``get`` (a pull of a published vector from a random
+    peer) and ``accumulate`` (push-sum: Accumulate(SUM) into a random peer's inbox)."""
+    from scalesgd.comm.window import Inbox, PublishedVector  # noqa: PLC0415
+    p, rank = comm.size, comm.rank
+    res = {"get": {}, "accumulate": {}}
     for n in SIZES:
         pub = PublishedVector(comm, n, np.float32)
         pub.publish(np.full(n, rank, np.float32))
@@ -185,10 +186,7 @@ def worker(json_out: Path) -> None:
         res["get"][str(n * 4)] = timed(pulls, 5) / 8
         comm.Barrier()
         pub.free()
-
-    from scalesgd.comm.window import Inbox  # noqa: PLC0415
-    res["accumulate"] = {}
-    for n in SIZES[3:]:                            # push-sum: Accumulate(SUM) into a random peer
+    for n in SIZES[3:]:
         box = Inbox(comm, n, np.float32)
         msg = np.ones(n, np.float32)
         comm.Barrier()
@@ -200,7 +198,14 @@ def worker(json_out: Path) -> None:
         res["accumulate"][str(n * 4)] = timed(pushes, 5) / 8
         comm.Barrier()
         box.free()
+    return res
 
+
+def _server(comm) -> dict:
+    """Seconds per exchange a rank-0 server serves (header, push, reply) by bytes, every other rank
+    a worker exchanging as fast as it can."""
+    from mpi4py import MPI  # noqa: PLC0415
+    p, rank, res = comm.size, comm.rank, {}
     for n in (SIZES[4], SIZES[5], SIZES[6]):       # 256 KB, 1 MB, 4 MB... the server's exchange
         x, rx = np.zeros(n, np.float32), np.empty(n, np.float32)
         hdr = np.zeros(6, np.int64)
@@ -222,9 +227,24 @@ def worker(json_out: Path) -> None:
                 comm.Send([d, MPI.FLOAT], dest=0, tag=2)
                 comm.Recv([rx, MPI.FLOAT], source=0, tag=3)
         el = comm.allreduce(time.perf_counter() - t, op=MPI.MAX)
-        res["server"][str(n * 4)] = el / (exchanges * (p - 1))     # seconds per exchange served
-    if rank == 0:
-        json_out.write_text(json.dumps(dict(ranks=p, **res)))
+        res[str(n * 4)] = el / (exchanges * (p - 1))     # seconds per exchange served
+    return res
+
+
+def worker(json_out: Path) -> None:
+    """One rank of a calibration launch: the all-reduce, one-sided and server tables at this rank
+    count; rank 0 writes them to ``json_out``."""
+    from mpi4py import MPI  # noqa: PLC0415
+    comm = MPI.COMM_WORLD
+    timed = _timer(comm)
+    res = {"allreduce": {}}
+    for n in SIZES:
+        a, b = np.ones(n, np.float32), np.empty(n, np.float32)
+        res["allreduce"][str(n * 4)] = timed(lambda: comm.Allreduce(a, b, op=MPI.SUM))
+    res.update(_one_sided(comm, np.random.default_rng(comm.rank), timed))
+    res["server"] = _server(comm)
+    if comm.rank == 0:
+        json_out.write_text(json.dumps(dict(ranks=comm.size, **res)))
 
 
 def main() -> int:
