@@ -346,7 +346,56 @@ def conv_candidates(results: Path) -> str:
     return "\n".join(out)
 
 
-VIEWS = {"cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
+def crossover_summary(results: Path) -> str:
+    """The crossover study's answer (crossover.json): per profile, which method is fastest to the
+    target at each p (a "win" only when its interval does not overlap the next one's; else "tie",
+    with the methods it ties; "incomplete" while runs are missing), then per method the p where
+    it is fastest or tied, and where all-reduce overtakes the asynchronous methods."""
+    p = results / "crossover.json"
+    if not p.exists():
+        return "(no crossover.json yet: python benchmarks/crossover.py report)"
+    d = json.loads(p.read_text())
+    runs, profiles = d["runs"], list(d["winners"])
+    rows = ["| p | " + " | ".join(f"{prof}: fastest, s to target [95% interval]" for prof in profiles) + " |",
+            "|---|" + "---|" * len(profiles)]
+    by_p = {prof: {w["workers"]: w for w in d["winners"][prof]} for prof in profiles}
+    for workers in d["workers"]:
+        cells = []
+        for prof in profiles:
+            w = by_p[prof].get(workers)
+            if w is None:
+                cells.append("not run yet")
+                continue
+            t = runs[f"{w['fastest']}/p{workers}"]["time_to_target"][prof]
+            ties = f"; ties {', '.join(w['ties'])}" if w["ties"] and w["verdict"] != "win" else ""
+            cells.append(f"{w['fastest']} ({w['verdict']}) {f(t['mean'], '.0f')} "
+                         f"[{f(t['lo'], '.0f')}–{f(t['hi'], '.0f')}]{ties}")
+        rows.append(f"| {workers} | " + " | ".join(cells) + " |")
+    rows += ["", "| method | " + " | ".join(f"{prof}: p where fastest or tied" for prof in profiles) + " |",
+             "|---|" + "---|" * len(profiles)]
+    methods = sorted({r["method"] for r in runs.values()})
+    for m in methods:
+        cells = []
+        for prof in profiles:
+            ps = [f"{w['workers']}{'' if w['verdict'] == 'win' else ' (' + w['verdict'] + ')'}"
+                  for w in d["winners"][prof] if m == w["fastest"] or m in w["ties"]]
+            cells.append(", ".join(ps) or "—")
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    rows.append("")
+    if d.get("missing"):
+        rows.append(f"Provisional: {len(d['missing'])} of {d['planned_runs']} runs are still to do; a p with "
+                    "missing runs is \"incomplete\", and the crossovers below use the p measured so far.\n")
+    for prof, c in d["crossovers"].items():
+        if c and c.get("workers") is not None:
+            rows.append(f"* {prof}: the fastest method changes ({c['direction']}) at p ≈ {c['workers']:.1f} "
+                        f"[{c['lo']:.1f}–{c['hi']:.1f}] (found in {100 * c['bootstrap_found']:.0f}% of "
+                        "bootstrap resamples of the seeds)")
+        else:
+            rows.append(f"* {prof}: no crossover between the p measured so far")
+    return "\n".join(rows)
+
+
+VIEWS = {"crossover-summary": crossover_summary, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
          "conv-candidates": conv_candidates}      # blocks drawn from several files or parts of one
 
 

@@ -114,7 +114,7 @@ def test_sync_and_easgd_quick_real_runs(tmp_path):
 
 
 @pytest.mark.parametrize("doc,blocks", [
-    ("results.md", {"methods", "sync", "consensus", "model"}),
+    ("results.md", {"methods", "sync", "consensus", "model", "crossover-summary"}),
     ("benchmarks.md", {"cpu-step", "cpu-e2e", "cpu-profile", "conv-candidates"})])
 def test_docs_tables_match_the_committed_results(doc, blocks, tmp_path):
     """docs/results.md's and docs/benchmarks.md's generated blocks are what benchmarks/report.py makes
