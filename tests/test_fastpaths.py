@@ -6,6 +6,7 @@ import json
 import logging
 import types
 
+import cuda_host
 import numpy as np
 import pytest
 
@@ -125,6 +126,17 @@ def test_a_broken_fused_kernel_is_detected_and_its_twin_runs():
     assert K.Kernels().disabled == frozenset()   # a new run starts with every kernel on
     # model.kernels = reference: nothing fused to check
     assert F.kernel_components(K.Kernels("reference"), np) == []
+
+
+@pytest.mark.skipif(cuda_host.available() is not None, reason=str(cuda_host.available()))
+def test_the_self_check_passes_the_real_cuda_kernels_built_for_the_host():
+    """The start-up check's kernel components, run on the CUDA source itself (tests/cuda_host.py),
+    at the tolerances a run uses: every kernel is kept."""
+    kernels = K.Kernels()
+    comps = F.kernel_components(kernels, np, ("float32", "float64"), "float32", fast=cuda_host.FAST)
+    out = F.validate(comps, "strict")
+    assert len(out) == 5 and all(v["status"] == "used" for v in out.values()), out
+    assert kernels.disabled == frozenset()
 
 
 class TwinEngine:

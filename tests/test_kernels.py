@@ -8,6 +8,7 @@ import types
 import numpy as np
 import pytest
 
+import cuda_host
 from scalesgd.nn import cudnn_conv as CC
 from scalesgd.nn import kernels as K
 from scalesgd.nn import layers as L
@@ -119,6 +120,49 @@ def test_cuda_sources_compile_sm90(tmp_path, act, par):
         assert f".entry {name}(" in text, name
 
 
+# ----------------------------------------------------------------------------- the CUDA source on the host
+# tests/cuda_host.py builds nn/kernels.py's own CUDA C for the CPU, so the kernels' arithmetic is
+# checked against the _ref twins in every run (the GPU itself: tests/gpu/test_gpu_parity.py).
+HOST_CASES = [("bn_apply", "float32", "float32"), ("add_relu", "float32", "float32"),
+              ("sgd_update", "float32", "float32"), ("bn_apply", "float64", "float64"),
+              ("add_relu", "float64", "float64"), ("sgd_update", "float64", "float64"),
+              ("bn_apply", "bfloat16", "float32"), ("add_relu", "bfloat16", "float32")]
+HOST_TOL = {"float32": 1e-6, "float64": 1e-13, "bfloat16": 1e-2}
+
+
+@pytest.mark.skipif(cuda_host.available() is not None, reason=str(cuda_host.available()))
+@pytest.mark.parametrize("name,act,par", HOST_CASES)
+def test_the_cuda_kernels_built_for_the_host_match_their_twins(name, act, par):
+    if act == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="bf16 inputs need ml_dtypes")
+    fast, ref = K.check_case(name, np, act, par, fast=cuda_host.FAST[name])
+    for got, want in zip(fast(), ref(), strict=True):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        assert np.isfinite(got).all()
+        assert np.linalg.norm(got - want) <= HOST_TOL[act] * np.linalg.norm(want), name
+
+
+@pytest.mark.skipif(cuda_host.available() is not None, reason=str(cuda_host.available()))
+@pytest.mark.parametrize("dt", DTYPES)
+def test_the_fused_kernels_propagate_nan_as_their_twins_do(dt):
+    """A NaN (or inf) entering a residual join or a BN must leave it, as the twins let it: a
+    diverging run is then caught by the divergence check at once, not hidden as zeros (issue 25,
+    finding 4: add_relu's ``v > 0 ? v : 0`` turned NaN into 0)."""
+    bad = np.array([np.nan, -np.nan, np.inf, -np.inf, -1.0, 2.0, 0.0, np.nan], dt)
+    other = np.array([1.0, -3.0, 1.0, 5.0, 0.5, -1.0, np.nan, 0.0], dt)
+    h = bad.copy()
+    want = K.add_relu_ref(bad.copy(), other)
+    got = cuda_host.add_relu(h, other)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+    x = bad.reshape(2, 1, 1, 4)
+    scale, shift = np.ones(4, dt), np.zeros(4, dt)
+    for relu in (True, False):
+        want = K.bn_apply_ref(x.copy(), scale, shift, relu)
+        got = cuda_host.bn_apply(np.ascontiguousarray(x), scale, shift, relu)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+
+
 # ----------------------------------------------------------------------------- cudnn_conv, no device
 def test_descriptors_match_numpy_strides():
     x = np.empty((2, 5, 7, 3), np.float32)
@@ -217,3 +261,56 @@ def test_build_conv_call_sequence(op):
         assert b.tensors["DW"].kw["dim"] == [32, 16, 3, 3] and b.tensors["DW"].kw["data_type"] == "F"
     if op != "wgrad":
         assert b.tensors["W"].kw["stride"] == CC.filter_desc((3, 3, 16, 32), "krsc")[1]
+
+
+# ----------------------------------------------------------------------------- CudnnEngine on the host
+def reference_conv(x, w_hwio, stride: int, pad: int):
+    """Direct convolution, NHWC input, HWIO filter (independent of nn/conv.py)."""
+    r, s = w_hwio.shape[:2]
+    padded = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    win = np.lib.stride_tricks.sliding_window_view(padded, (r, s), axis=(1, 2))[:, ::stride, ::stride]
+    return np.einsum("nhwcrs,rsck->nhwk", win, w_hwio, optimize=True).astype(x.dtype)
+
+
+class HostGraphs(CC.CudnnEngine):
+    """The real ``CudnnEngine`` (its KRSC weight shadow, its packs) on NumPy, with only the cuDNN
+    graph execution replaced by the direct convolution above: fprop of X with the W the engine
+    hands the graph."""
+
+    def __init__(self):
+        super().__init__(types.SimpleNamespace(create_handle=lambda: None), np, "fp32")
+
+    def _conv(self, op, x_shape, w_shape, stride, pad):
+        return op, stride, pad
+
+    def _run(self, built, pack):
+        op, stride, pad = built
+        assert op == "fprop", op
+        pack["Y"][...] = reference_conv(pack["X"], pack["W"].transpose(1, 2, 3, 0), stride, pad)
+
+
+def test_an_evaluation_forward_on_the_engine_uses_the_live_weights():
+    """Issue 25, finding 1: the engine rebuilt its KRSC copy of a conv's weights only in training
+    forwards, so an evaluation right after an update ("update then forward") or after loading
+    another model into the buffers (the EASGD center, a gossip average, a resumed model: "load then
+    evaluate") ran the convolutions with the weights of the last training forward."""
+    from scalesgd.nn.resnet import Conv, ResNet, _leaves
+    rng = np.random.default_rng(3)
+    model, plain = ResNet("resnet8", 10, 0.25, seed=0), ResNet("resnet8", 10, 0.25, seed=0)
+    engine = HostGraphs()
+    convs = [m for m in _leaves(model.net) if isinstance(m, Conv)]
+    for m in convs:
+        m.engine = engine
+    x = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    np.testing.assert_allclose(model.forward(x, False)[0], plain.forward(x, False)[0], rtol=1e-4, atol=1e-5)
+    model.forward(x, True)                       # a training forward: the shadow is built
+    plain.forward(x, True)                       # (the same BN running statistics)
+    step = (0.05 * rng.standard_normal(model.ps.params.shape)).astype(np.float32)
+    for ps in (model.ps, plain.ps):              # "update then forward"
+        ps.params += step
+    np.testing.assert_allclose(model.forward(x, False)[0], plain.forward(x, False)[0], rtol=1e-4, atol=1e-5)
+    other = ResNet("resnet8", 10, 0.25, seed=7)  # "load then evaluate"
+    model.ps.params[...] = other.ps.params
+    model.ps.buffers[...] = other.ps.buffers
+    np.testing.assert_allclose(model.forward(x, False)[0], other.forward(x, False)[0], rtol=1e-4, atol=1e-5)
+    assert len(convs) == 9

@@ -242,8 +242,10 @@ class CudnnEngine:
 
     def conv_forward(self, mod, x, train: bool):
         xp, w = self.xp, mod.w
-        if train or getattr(mod, "_krsc", None) is None:       # the KRSC shadow, once per step
-            mod._krsc = xp.ascontiguousarray(w.transpose(3, 0, 1, 2)).astype(self.io_dtype, copy=False)
+        # the KRSC shadow of the LIVE weights, in every forward: an evaluation may follow an update
+        # or a model loaded into the buffers (EASGD center, gossip average, resume), and a copy kept
+        # from the last training forward would be stale (one transpose per conv: ~param bytes)
+        mod._krsc = xp.ascontiguousarray(w.transpose(3, 0, 1, 2)).astype(self.io_dtype, copy=False)
         x = xp.ascontiguousarray(x, dtype=self.io_dtype)
         n, h, wd, _ = x.shape
         ho, wo = out_hw(h, wd, w.shape[0], w.shape[1], mod.stride, mod.pad)

@@ -68,7 +68,7 @@ extern "C" __global__ void bn_apply(const T* __restrict__ x, const A* __restrict
 extern "C" __global__ void add_relu(T* __restrict__ h, const T* __restrict__ s, long long n) {
     GRID_STRIDE(i, n) {
         A v = (A)ld(h[i]) + (A)ld(s[i]);
-        st(&h[i], v > (A)0 ? v : (A)0);
+        st(&h[i], v < (A)0 ? (A)0 : v);          /* NaN stays NaN, as xp.maximum keeps it */
     }
 }
 
