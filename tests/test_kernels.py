@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import cuda_host
+import cudnn_stub
 from scalesgd.nn import cudnn_conv as CC
 from scalesgd.nn import kernels as K
 from scalesgd.nn import layers as L
@@ -201,66 +202,70 @@ def test_types_keys_and_choice():
     assert cache.get(k1, lambda: "g") == cache.get(k1, lambda: "other") == "g" and cache.builds == 1
 
 
-class _FakeTensor:
-    def __init__(self, **kw):
-        self.kw = kw
-
-    def set_output(self, v):
-        self.kw["output"] = v
-        return self
-
-    def __getattr__(self, name):          # set_dim / set_stride / set_data_type
-        if not name.startswith("set_"):
-            raise AttributeError(name)
-        return lambda v: (self.kw.__setitem__(name[4:], v), self)[1]
-
-
-class _FakeGraph:
-    def __init__(self, **kw):
-        self.kw, self.calls = kw, []
-
-    def tensor(self, **kw):
-        return _FakeTensor(**kw)
-
-    def _op(self, opname, **kw):
-        self.calls.append((opname, kw))
-        return _FakeTensor(op=opname)
-
-    def __getattr__(self, name):
-        if name in ("conv_fprop", "conv_dgrad", "conv_wgrad"):
-            return lambda **kw: self._op(name, **kw)
-        if name in ("validate", "build_operation_graph", "create_execution_plans", "check_support",
-                    "build_plans"):
-            return lambda *a: self.calls.append((name, a))
-        raise AttributeError(name)
-
-    def get_workspace_size(self):
-        return 1024
-
-
-def _fake_cudnn():
-    dt = types.SimpleNamespace(FLOAT="F", BFLOAT16="BF")
-    return types.SimpleNamespace(pygraph=_FakeGraph, data_type=dt,
-                                 heur_mode=types.SimpleNamespace(A="A", FALLBACK="FB"))
-
-
 @pytest.mark.parametrize("op", ["fprop", "dgrad", "wgrad"])
 def test_build_conv_call_sequence(op):
-    b = CC.build_conv(_fake_cudnn(), None, op, (2, 9, 9, 16), (3, 3, 16, 32), 2, 1, "bf16")
+    """Against the stand-in with the bindings' real signatures (tests/cudnn_stub.py)."""
+    b = CC.build_conv(cudnn_stub.module(), None, op, (2, 9, 9, 16), (3, 3, 16, 32), 2, 1, "bf16")
     names = [c[0] for c in b.graph.calls]
     assert names == [f"conv_{op}", "validate", "build_operation_graph", "create_execution_plans",
                      "check_support", "build_plans"]
     kw = b.graph.calls[0][1]
     assert kw["padding"] == [1, 1] and kw["stride"] == [2, 2] and kw["dilation"] == [1, 1]
-    assert b.graph.kw["io_data_type"] == "BF" and b.workspace == 1024
+    assert b.graph.io_data_type == "BFLOAT16" and b.workspace == 0
     out = {"fprop": "Y", "dgrad": "DX", "wgrad": "DW"}[op]
-    assert b.tensors[out].kw["output"] is True
+    assert b.tensors[out].is_output
     if op == "dgrad":
-        assert b.tensors["DX"].kw["dim"] == [2, 16, 9, 9]
+        assert b.tensors["DX"].dim == [2, 16, 9, 9]
     if op == "wgrad":
-        assert b.tensors["DW"].kw["dim"] == [32, 16, 3, 3] and b.tensors["DW"].kw["data_type"] == "F"
+        assert b.tensors["DW"].dim == [32, 16, 3, 3] and b.tensors["DW"].data_type == "FLOAT"
     if op != "wgrad":
-        assert b.tensors["W"].kw["stride"] == CC.filter_desc((3, 3, 16, 32), "krsc")[1]
+        assert b.tensors["W"].stride == CC.filter_desc((3, 3, 16, 32), "krsc")[1]
+
+
+@pytest.mark.parametrize("op", ["fwd", "bwd"])
+def test_build_bn_uses_the_bindings_real_signature(op):
+    """Issue 25, finding 6: ``pygraph.batchnorm`` has no ``norm_forward_phase`` parameter in any
+    cudnn-frontend 1.x (v1.0.0 to v1.22, python/pygraph/norm.cpp), so every training BN graph
+    raised TypeError and fell back (bf16: the whole model to float32 im2col)."""
+    b = CC.build_bn(cudnn_stub.module(), None, op, (2, 5, 5, 8), "fp32")
+    assert b.graph.calls[0][0] == ("batchnorm" if op == "fwd" else "batchnorm_backward")
+    outs = ("Y", "mean", "invstd", "rmean_out", "rvar_out") if op == "fwd" else ("DX", "DS", "DB")
+    assert all(b.tensors[t].is_output for t in outs)
+
+
+@pytest.mark.parametrize("precision,strict_fp32", [("fp32", True), ("tf32", False), ("bf16", False)])
+def test_fp32_convolutions_exclude_tensor_core_plans(precision, strict_fp32):
+    """Issue 25, finding 3: ``precision = fp32`` built the same graphs as tf32, so cuDNN could run
+    float32 convolutions on TF32 tensor cores (10-bit mantissa).  fp32 now deselects the plans with
+    the TENSOR_CORE numerical note (the filter applies to the plans create_execution_plans made, so
+    it comes between that and check_support), as PyTorch does for float convolutions without TF32;
+    tf32 and bf16 keep them."""
+    for op in ("fprop", "dgrad", "wgrad"):
+        b = CC.build_conv(cudnn_stub.module(), None, op, (2, 8, 8, 4), (3, 3, 4, 8), 1, 1, precision)
+        names = [c[0] for c in b.graph.calls]
+        if strict_fp32:
+            i = names.index("deselect_numeric_notes")
+            assert names[i - 1] == "create_execution_plans" and names[i + 1] == "check_support"
+            assert b.graph.calls[i][1]["notes"] == ["TENSOR_CORE"]
+        else:
+            assert "deselect_numeric_notes" not in names
+
+
+def test_the_engine_on_the_stand_in_trains_as_the_xp_layers():
+    """The real CudnnEngine (weight shadow, packs, BN running statistics, ReLU, evaluation path) on
+    NumPy through the stand-in: one training step and an evaluation give what the xp layers give."""
+    from scalesgd.nn.resnet import ResNet
+    from scalesgd.train.step import train_step
+    model, plain = ResNet("resnet8", 10, 0.25, seed=0), ResNet("resnet8", 10, 0.25, seed=0)
+    model.set_engine(CC.CudnnEngine(cudnn_stub.module(), cudnn_stub.HostXP(), "fp32", model.kernels))
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((4, 8, 8, 3)).astype(np.float32), np.arange(4)
+    train_step(model, x, y)
+    train_step(plain, x, y)
+    np.testing.assert_allclose(model.ps.grads, plain.ps.grads, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(model.ps.buffers, plain.ps.buffers, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.forward(x, False)[0], plain.forward(x, False)[0], rtol=1e-4, atol=1e-5)
+    assert cudnn_stub.handles["created"] == 1 and cudnn_stub.handles["streams"] > 0
 
 
 # ----------------------------------------------------------------------------- CudnnEngine on the host

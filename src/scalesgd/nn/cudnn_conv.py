@@ -129,10 +129,12 @@ class Built:
 
 
 # ----------------------------------------------------------------------------- graph building
-def _finish(cudnn, g, tensors: dict) -> Built:
+def _finish(cudnn, g, tensors: dict, no_tensor_cores: bool = False) -> Built:
     g.validate()
     g.build_operation_graph()
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    if no_tensor_cores:          # filters the plans just made (Graph::deselect_numeric_notes)
+        g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
     g.check_support()
     g.build_plans()
     return Built(g, tensors, int(g.get_workspace_size()))
@@ -157,24 +159,27 @@ def build_conv(cudnn, handle, op: str, x_shape, w_shape, stride: int, pad: int, 
     xd, wd, yd = nhwc_desc(x_shape), filter_desc(w_shape, layout), nhwc_desc((n, ho, wo, k))
     conv = dict(padding=[pad, pad], stride=[stride, stride], dilation=[1, 1],
                 compute_data_type=dt.FLOAT)
+    # precision fp32: no TF32 -- float convolutions on tensor cores run TF32 (10-bit mantissa), so
+    # those plans are excluded, as PyTorch does when TF32 is off; tf32 and bf16 keep them
+    strict = precision == "fp32"
     if op == "fprop":
         X = g.tensor(name="X", dim=xd[0], stride=xd[1], data_type=io)
         W = g.tensor(name="W", dim=wd[0], stride=wd[1], data_type=io)
         Y = g.conv_fprop(image=X, weight=W, name="fprop", **conv)
         Y.set_output(True).set_data_type(io)
-        return _finish(cudnn, g, {"X": X, "W": W, "Y": Y})
+        return _finish(cudnn, g, {"X": X, "W": W, "Y": Y}, strict)
     if op == "dgrad":
         DY = g.tensor(name="DY", dim=yd[0], stride=yd[1], data_type=io)
         W = g.tensor(name="W", dim=wd[0], stride=wd[1], data_type=io)
         DX = g.conv_dgrad(loss=DY, filter=W, name="dgrad", **conv)
         DX.set_output(True).set_dim(xd[0]).set_stride(xd[1]).set_data_type(io)
-        return _finish(cudnn, g, {"DY": DY, "W": W, "DX": DX})
+        return _finish(cudnn, g, {"DY": DY, "W": W, "DX": DX}, strict)
     if op == "wgrad":
         X = g.tensor(name="X", dim=xd[0], stride=xd[1], data_type=io)
         DY = g.tensor(name="DY", dim=yd[0], stride=yd[1], data_type=io)
         DW = g.conv_wgrad(image=X, loss=DY, name="wgrad", **conv)
         DW.set_output(True).set_dim(wd[0]).set_stride(wd[1]).set_data_type(dt.FLOAT)
-        return _finish(cudnn, g, {"X": X, "DY": DY, "DW": DW})
+        return _finish(cudnn, g, {"X": X, "DY": DY, "DW": DW}, strict)
     raise ValueError(f"conv op: expected fprop, dgrad or wgrad, got {op!r}")
 
 
@@ -192,9 +197,11 @@ def build_bn(cudnn, handle, op: str, x_shape, precision: str) -> Built:
                        data_type=dt.FLOAT)
         mom = g.tensor(name="mom", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], is_pass_by_value=True,
                        data_type=dt.FLOAT)
+        # pygraph.batchnorm is the training forward; it takes no phase argument (cudnn-frontend
+        # v1.0.0 to v1.22, python/pygraph/norm.cpp: input, scale, bias, in_running_mean,
+        # in_running_var, epsilon, momentum, peer_stats, compute_data_type, name)
         Y, mean, invstd, rm, rv = g.batchnorm(
-            name="bn", norm_forward_phase=cudnn.norm_forward_phase.TRAINING, input=X,
-            scale=vec["scale"], bias=vec["bias"], in_running_mean=vec["rmean"],
+            name="bn", input=X, scale=vec["scale"], bias=vec["bias"], in_running_mean=vec["rmean"],
             in_running_var=vec["rvar"], epsilon=eps, momentum=mom)
         Y.set_output(True).set_data_type(io)
         for t in (mean, invstd, rm, rv):

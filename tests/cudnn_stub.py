@@ -1,0 +1,223 @@
+"""A CPU stand-in for the cuDNN Frontend Python API (the ``cudnn`` module), for the calls
+``nn/cudnn_conv.py`` makes, with the **real signatures**: every method takes exactly the parameter
+names and defaults of the pybind11 bindings of cudnn-frontend 1.x (``python/pygraph/pygraph.cpp``,
+``python/pygraph/norm.cpp``, ``python/properties.cpp`` and the ``tensor`` wrapper of
+``python/cudnn/__init__.py``; the names have not changed from v1.0.0 to v1.22), so a wrong keyword
+raises ``TypeError`` here as it does there.  No ``**kw`` swallows an argument.
+
+The graph records the calls in order (``calls``), and ``execute`` computes the graph's one operation
+with NumPy references (direct convolution; batch norm with biased variance for the normalisation
+and unbiased for the running variance, as cuDNN does), writing into the arrays of the variant pack,
+so the real ``CudnnEngine`` runs on NumPy arrays end to end.  Plan-level behaviour (heuristics,
+support, numerical notes) is recorded, not modelled: ``deselect_numeric_notes`` only says that it
+was called, and when (it filters the plans that ``create_execution_plans`` made).
+"""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+NOT_SET = "NOT_SET"
+data_type = types.SimpleNamespace(NOT_SET=NOT_SET, FLOAT="FLOAT", HALF="HALF", BFLOAT16="BFLOAT16",
+                                  DOUBLE="DOUBLE", INT32="INT32", INT64="INT64")
+heur_mode = types.SimpleNamespace(A="A", B="B", FALLBACK="FALLBACK")
+numerical_note = types.SimpleNamespace(TENSOR_CORE="TENSOR_CORE", DOWN_CONVERT_INPUTS="DOWN_CONVERT_INPUTS",
+                                       REDUCED_PRECISION_REDUCTION="REDUCED_PRECISION_REDUCTION",
+                                       FFT="FFT", NONDETERMINISTIC="NONDETERMINISTIC",
+                                       WINOGRAD="WINOGRAD", STRICT_NAN_PROP="STRICT_NAN_PROP")
+convolution_mode = types.SimpleNamespace(CROSS_CORRELATION="CROSS_CORRELATION", CONVOLUTION="CONVOLUTION")
+tensor_reordering = types.SimpleNamespace(NONE="NONE")
+handles = {"created": 0, "streams": 0}
+
+
+def create_handle():
+    handles["created"] += 1
+    return handles["created"]
+
+
+def set_stream(handle, stream):
+    handles["streams"] += 1
+
+
+class Tensor:
+    def __init__(self, dim=None, stride=None, data_type=NOT_SET, is_pass_by_value=False, name=""):
+        self.dim, self.stride, self.data_type = dim, stride, data_type
+        self.is_pass_by_value, self.name, self.is_output = is_pass_by_value, name, False
+
+    def set_output(self, is_output):
+        self.is_output = bool(is_output)
+        return self
+
+    def set_data_type(self, data_type=NOT_SET):
+        self.data_type = data_type
+        return self
+
+    def set_dim(self, value):
+        self.dim = list(value)
+        return self
+
+    def set_stride(self, value):
+        self.stride = list(value)
+        return self
+
+    def set_name(self, value):
+        self.name = value
+        return self
+
+
+class pygraph:  # noqa: N801 - the module's own name
+    def __init__(self, name="test_graph", io_data_type=NOT_SET, intermediate_data_type=NOT_SET,
+                 compute_data_type=NOT_SET, handle=None, sm_count=None, sm_version=None,
+                 kernel_cache=None, device_property=None, is_dynamic_shape_enabled=False,
+                 is_override_shape_enabled=False):
+        self.io_data_type, self.compute_data_type = io_data_type, compute_data_type
+        self.calls: list = []
+        self.op = None
+
+    # ---- tensors and operations (names and defaults of the bindings)
+    def tensor(self, dim, stride, data_type=NOT_SET, is_virtual=False, is_pass_by_value=False,
+               ragged_offset=None, reordering_type=tensor_reordering.NONE, name="", uid=-1):
+        return Tensor(list(dim), list(stride), data_type, is_pass_by_value, name)
+
+    def _record(self, kind, args, outs):
+        assert self.op is None, "the stand-in computes graphs of one operation"
+        self.op = (kind, args, outs)
+        self.calls.append((kind, dict(args)))
+        return outs[0] if len(outs) == 1 else outs
+
+    def conv_fprop(self, image, weight, padding=(), stride=(), dilation=(),
+                   convolution_mode=convolution_mode.CROSS_CORRELATION, compute_data_type=NOT_SET,
+                   name=""):
+        return self._record("conv_fprop", dict(image=image, weight=weight, padding=list(padding),
+                                               stride=list(stride), dilation=list(dilation),
+                                               compute_data_type=compute_data_type), [Tensor()])
+
+    def conv_dgrad(self, loss, filter, padding=(), stride=(), dilation=(),  # noqa: A002 - binding name
+                   convolution_mode=convolution_mode.CROSS_CORRELATION, compute_data_type=NOT_SET,
+                   name=""):
+        return self._record("conv_dgrad", dict(loss=loss, filter=filter, padding=list(padding),
+                                               stride=list(stride), dilation=list(dilation),
+                                               compute_data_type=compute_data_type), [Tensor()])
+
+    def conv_wgrad(self, image, loss, padding=(), stride=(), dilation=(),
+                   convolution_mode=convolution_mode.CROSS_CORRELATION, compute_data_type=NOT_SET,
+                   name=""):
+        return self._record("conv_wgrad", dict(image=image, loss=loss, padding=list(padding),
+                                               stride=list(stride), dilation=list(dilation),
+                                               compute_data_type=compute_data_type), [Tensor()])
+
+    def batchnorm(self, input, scale, bias, in_running_mean, in_running_var, epsilon, momentum,  # noqa: A002
+                  peer_stats=(), compute_data_type=NOT_SET, name=""):
+        return self._record("batchnorm", dict(input=input, scale=scale, bias=bias, rmean=in_running_mean,
+                                              rvar=in_running_var, epsilon=epsilon, momentum=momentum),
+                            [Tensor() for _ in range(5)])
+
+    def batchnorm_backward(self, grad, input, scale, mean, inv_variance, peer_stats=(),  # noqa: A002
+                           compute_data_type=NOT_SET, name=""):
+        return self._record("batchnorm_backward", dict(grad=grad, input=input, scale=scale, mean=mean,
+                                                       inv_variance=inv_variance), [Tensor() for _ in range(3)])
+
+    # ---- the build sequence
+    def validate(self):
+        self.calls.append(("validate", {}))
+
+    def build_operation_graph(self):
+        self.calls.append(("build_operation_graph", {}))
+
+    def create_execution_plans(self, modes):
+        self.calls.append(("create_execution_plans", {"modes": list(modes)}))
+
+    def deselect_numeric_notes(self, notes):
+        self.calls.append(("deselect_numeric_notes", {"notes": list(notes)}))
+
+    def check_support(self):
+        self.calls.append(("check_support", {}))
+
+    def build_plans(self, policy=None):
+        self.calls.append(("build_plans", {}))
+
+    def get_workspace_size(self):
+        return 0
+
+    # ---- execution: the one operation, by NumPy references
+    def execute(self, variant_pack, workspace, handle=None):
+        kind, args, outs = self.op
+        pack = {id(t): np.asarray(a) for t, a in variant_pack.items()}
+        get = lambda t: pack[id(t)]                                    # noqa: E731
+        if kind.startswith("conv_"):
+            (ph, pw), (sh, sw) = args["padding"], args["stride"]
+            assert ph == pw and sh == sw and args["dilation"] == [1, 1]
+            _conv(kind, args, outs[0], get, ph, sh)
+        elif kind == "batchnorm":
+            x = get(args["input"]).astype(np.float64)
+            eps, mom = float(get(args["epsilon"]).ravel()[0]), float(get(args["momentum"]).ravel()[0])
+            axes = tuple(range(x.ndim - 1))
+            mean, var = x.mean(axis=axes), x.var(axis=axes)
+            n = x.size // x.shape[-1]
+            invstd = 1.0 / np.sqrt(var + eps)
+            y, m, iv, rm, rv = (get(t) for t in outs)
+            y[...] = (x - mean) * invstd * get(args["scale"]) + get(args["bias"])
+            rmean, rvar = get(args["rmean"]).copy(), get(args["rvar"]).copy()
+            m[...], iv[...] = mean, invstd
+            rm[...] = (1 - mom) * rmean + mom * mean
+            rv[...] = (1 - mom) * rvar + mom * var * n / max(n - 1, 1)
+        elif kind == "batchnorm_backward":
+            x, dy = get(args["input"]).astype(np.float64), get(args["grad"]).astype(np.float64)
+            mean, invstd = get(args["mean"]), get(args["inv_variance"])
+            axes = tuple(range(x.ndim - 1))
+            xhat = (x - mean) * invstd
+            dbeta, dgamma = dy.sum(axis=axes), (dy * xhat).sum(axis=axes)
+            n = x.size // x.shape[-1]
+            dx, ds, db = (get(t) for t in outs)
+            dx[...] = get(args["scale"]) * invstd / n * (n * dy - dbeta - xhat * dgamma)
+            ds[...], db[...] = dgamma, dbeta
+        else:
+            raise AssertionError(kind)
+
+
+def _conv(kind, args, out, get, pad, stride):
+    """NHWC activations, KRSC filters (what the engine hands the graph); float64 arithmetic."""
+    if kind == "conv_fprop":
+        x, w = get(args["image"]).astype(np.float64), get(args["weight"]).astype(np.float64)
+        k, r, s, _ = w.shape
+        xp_ = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+        win = np.lib.stride_tricks.sliding_window_view(xp_, (r, s), axis=(1, 2))[:, ::stride, ::stride]
+        get(out)[...] = np.einsum("nhwcrs,krsc->nhwk", win, w, optimize=True)
+        return
+    if kind == "conv_dgrad":
+        dy, w = get(args["loss"]).astype(np.float64), get(args["filter"]).astype(np.float64)
+        dx = get(out)
+        n, h, wd, c = dx.shape
+        k, r, s, _ = w.shape
+        acc = np.zeros((n, h + 2 * pad + stride, wd + 2 * pad + stride, c))
+        ho, wo = dy.shape[1:3]
+        for i in range(r):
+            for j in range(s):
+                acc[:, i:i + stride * ho:stride, j:j + stride * wo:stride, :] += dy @ w[:, i, j, :]
+        dx[...] = acc[:, pad:pad + h, pad:pad + wd, :]
+        return
+    x, dy = get(args["image"]).astype(np.float64), get(args["loss"]).astype(np.float64)
+    dw = get(out)                                             # (K, R, S, C)
+    _, r, s, _ = dw.shape
+    xp_ = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    win = np.lib.stride_tricks.sliding_window_view(xp_, (r, s), axis=(1, 2))[:, ::stride, ::stride]
+    win = win[:, :dy.shape[1], :dy.shape[2]]
+    dw[...] = np.einsum("nhwcrs,nhwk->krsc", win, dy, optimize=True)
+
+
+class HostXP:
+    """NumPy with the ``cuda.get_current_stream().ptr`` that ``CudnnEngine._run`` reads."""
+
+    cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0))
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+def module():
+    """A fresh stand-in ``cudnn`` module (its handle counters reset)."""
+    handles.update(created=0, streams=0)
+    return types.SimpleNamespace(pygraph=pygraph, data_type=data_type, heur_mode=heur_mode,
+                                 numerical_note=numerical_note, convolution_mode=convolution_mode,
+                                 create_handle=create_handle, set_stream=set_stream)
