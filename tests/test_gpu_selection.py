@@ -155,3 +155,23 @@ def test_gpu_check_dry_run(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "parity sgd_update(nesterov)" in r.stdout and "| 2 | im2col |" in r.stdout
     assert (tmp_path / "gpu_check.json").exists() and (tmp_path / "gpu_check.md").exists()
+
+
+def test_host_stage_to_device_leaves_the_host_buffer_free(monkeypatch):
+    """Issue 25, finding 2: CuPy's ``set()`` from pinned memory only enqueues the copy, which reads
+    the host buffer when the stream runs it; the EASGD server received the next push into that same
+    buffer right after ``to_device()``, so the center could take the next worker's values.  On the
+    device double (tests/device_double.py) the host buffer is overwritten as MPI would, right after
+    ``to_device()`` returns: the device must hold what was staged."""
+    import device_double
+    cp = device_double.install(monkeypatch)
+    dev = cp.ndarray(np.zeros(6, np.float32))
+    st = collectives.HostStage(dev)
+    assert st.host is not dev
+    st.host[...] = np.arange(6)
+    st.to_device()
+    st.host[...] = -9.0                          # the next receive lands in the staging buffer
+    cp.cuda.get_current_stream().synchronize()
+    np.testing.assert_array_equal(dev.data, np.arange(6))
+    dev.data[...] = 7.0                          # and the other way: to_host is synchronous
+    assert np.all(st.to_host() == 7.0)

@@ -8,6 +8,7 @@ the gradient all-reduce and the base of the device transports (CUDA-aware MPI, N
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 import numpy as np
@@ -36,11 +37,22 @@ def _pinned_like(arr) -> np.ndarray:
     return host
 
 
+def sync_stream(arr) -> None:
+    """Waits for the current CuPy stream before MPI reads or writes ``arr`` (no-op for NumPy, and
+    for any array while CuPy is not loaded: a CuPy array cannot exist then)."""
+    cupy = None if isinstance(arr, np.ndarray) else sys.modules.get("cupy")
+    if cupy is not None:
+        cupy.cuda.get_current_stream().synchronize()
+
+
 class HostStage:
     """A host array MPI can use for ``arr``: ``arr`` itself on NumPy, a (pinned) host copy for CuPy
     arrays.  ``to_host()`` copies device -> host (synchronous, so the stream is done with the data
-    before MPI touches it), ``to_device()`` host -> device.  The device path has not been run on a GPU.
-    """
+    before MPI touches it), ``to_device()`` host -> device and waits for it: CuPy's ``set()`` from
+    pinned memory is only enqueued on the stream and reads the host buffer when it runs, so without
+    the wait the next MPI receive into the same buffer (the EASGD server's next push) could change
+    what the device gets.  The device path has not been run on a GPU (tests/device_double.py checks
+    the contract on the CPU)."""
 
     def __init__(self, arr):
         self.arr = arr
@@ -54,6 +66,7 @@ class HostStage:
     def to_device(self):
         if self.host is not self.arr:
             self.arr.set(self.host)
+            sync_stream(self.arr)                # the host buffer may be written again at once
 
 
 def bcast(comm, arr, root: int = 0) -> None:

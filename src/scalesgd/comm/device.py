@@ -37,7 +37,7 @@ from mpi4py import MPI
 
 from ..choices import ALLREDUCE_TRANSPORTS
 from ..errors import MethodError
-from .collectives import BucketedAllreduce
+from .collectives import BucketedAllreduce, sync_stream  # noqa: F401 - sync_stream: used here and re-exported
 
 log = logging.getLogger("scalesgd")
 
@@ -79,13 +79,6 @@ def nccl_module():
     except Exception:
         return None
     return nccl if getattr(nccl, "available", True) else None
-
-
-def sync_stream(arr) -> None:
-    """Waits for the current CuPy stream before MPI reads or writes ``arr`` (no-op for NumPy)."""
-    if not isinstance(arr, np.ndarray):
-        import cupy  # noqa: PLC0415 - only reached with CuPy arrays
-        cupy.cuda.get_current_stream().synchronize()
 
 
 def transfer_works(comm) -> bool:
