@@ -69,7 +69,7 @@ def test_factory_table_and_one_rank():
     assert set(device.ALLREDUCERS) == {"host", "cuda_aware_mpi", "nccl"}
     assert [device.ALLREDUCERS[n].transport for n in ("host", "cuda_aware_mpi", "nccl")] == \
         ["host", "cuda_aware_mpi", "nccl"]
-    assert not device.NcclAllreduce.can_overlap and device.CudaAwareAllreduce.can_overlap
+    assert not device.NcclAllreduce.can_overlap and not device.CudaAwareAllreduce.can_overlap
     lay = Layout([TensorSpec("a", (3,)), TensorSpec("b", (4,))])
     flat = np.arange(7.0)
     d = types.SimpleNamespace(allreduce_transport="nccl", bucket_mb=0.0, overlap=True)
@@ -175,3 +175,37 @@ def test_host_stage_to_device_leaves_the_host_buffer_free(monkeypatch):
     np.testing.assert_array_equal(dev.data, np.arange(6))
     dev.data[...] = 7.0                          # and the other way: to_host is synchronous
     assert np.all(st.to_host() == 7.0)
+
+
+class NoNonBlocking:
+    """COMM_SELF whose non-blocking collectives fail, as Open MPI's do on device memory (a crash
+    there; an exception here); counts the blocking all-reduces."""
+
+    def __init__(self):
+        self.comm, self.blocking = MPI.COMM_SELF, 0
+
+    def Iallreduce(self, *args, **kw):
+        raise RuntimeError("non-blocking collective on device memory")
+
+    def Allreduce(self, *args, **kw):
+        self.blocking += 1
+        return self.comm.Allreduce(*args, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+
+def test_cuda_aware_transport_uses_only_the_blocking_collective_its_probe_tested():
+    """Issue 25, finding 5: the probe (``transfer_works``) tests a blocking Allreduce of a device
+    array, but the transport started an Iallreduce per bucket during backward."""
+    from scalesgd.nn.params import Layout, TensorSpec
+    lay = Layout([TensorSpec(f"t{i}", (100 + i,)) for i in range(5)])
+    flat = np.arange(lay.size, dtype=np.float32)
+    comm = NoNonBlocking()
+    red = device.CudaAwareAllreduce(comm, flat, lay, 200 * 4, overlap=True)
+    assert not red.overlap and len(red.buckets) > 1
+    for spec in reversed(lay.specs):
+        red.ready([spec.name])
+    red.finish()
+    assert comm.blocking == len(red.buckets)
+    np.testing.assert_array_equal(flat, np.arange(lay.size, dtype=np.float32))   # one rank: the sum

@@ -149,9 +149,14 @@ def _cuda_aware_or_host(comm, requested, probes, transfer_ok) -> tuple[str, str]
 
 # ----------------------------------------------------------------------------- the device all-reducers
 class CudaAwareAllreduce(BucketedAllreduce):
-    """MPI reads and writes the device buffer itself; each bucket's stream work is synced first."""
+    """MPI reads and writes the device buffer itself; the stream is synced first.  Blocking
+    ``Allreduce`` per bucket in ``finish()``, never ``Iallreduce``: the transport uses exactly what
+    ``transfer_works`` tested, and Open MPI supports device buffers in blocking collectives only (its
+    non-blocking ones reduce on the host and can crash, which no fallback survives).  So it does not
+    overlap backward; the factory says so when ``dist.overlap`` asks for it."""
 
     transport = "cuda_aware_mpi"
+    can_overlap = False
 
     def _mpi_buffer(self):
         return self.flat
@@ -222,4 +227,4 @@ def log_choice(name: str, why: str, on_device: bool, overlap: bool, red) -> None
     if overlap and not red.overlap:
         log.warning("warning: dist.overlap is not honoured by the %s transport: the gradients are "
                     "summed after backward, not during it (--no-overlap silences this; "
-                    "--allreduce-transport cuda_aware_mpi or host overlaps)", name)
+                    "--allreduce-transport host overlaps)", name)
