@@ -409,6 +409,7 @@ def transport_components(method, size: int = 10_007) -> list[Component]:
         for spec in reversed(lay.specs):        # as backward reports them (no-op without overlap)
             r.ready([spec.name])
         r.finish()
+        r.close()                               # the check's own reducer (an NCCL communicator)
         return flat
     return [Component(f"allreduce {red.transport}", lambda: reduce(type(red)),
                       lambda: reduce(BucketedAllreduce), TRANSPORT_TOL, "the host transport (MPI on "

@@ -121,9 +121,11 @@ def device_buffers_staged_per_bucket_with_overlap(comm):
 
 
 class FakeNccl:
-    """Stands in for cupy.cuda.nccl (not runnable here): records the communicator's unique id."""
+    """Stands in for cupy.cuda.nccl (not runnable here): records the communicator's unique id and
+    counts communicators created against destroyed (``live``)."""
 
     NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM = 7, 8, 0
+    live = 0
 
     @staticmethod
     def get_unique_id():
@@ -132,6 +134,64 @@ class FakeNccl:
     class NcclCommunicator:
         def __init__(self, size, uid, rank):
             self.args = (size, uid, rank)
+            FakeNccl.live += 1
+
+        def destroy(self):
+            FakeNccl.live -= 1
+
+
+class FailingIdNccl(FakeNccl):
+    @staticmethod
+    def get_unique_id():
+        raise RuntimeError("ncclGetUniqueId failed: unhandled system error")
+
+
+def nccl_lifecycle_every_communicator_is_destroyed(comm):
+    """Issue 25, finding 7: the start-up check's own reducer and the one the fallback replaces
+    were never destroyed; now every NCCL communicator made is destroyed once."""
+    from scalesgd.methods.allreduce import AllReduce
+    FakeNccl.live = 0
+    flat = StandIn(np.zeros(layout().size, np.float32))
+    red = device.NcclAllreduce(comm, flat, layout(), 4000, overlap=True, nccl=FakeNccl)
+    assert FakeNccl.live == 1
+    method = AllReduce(types.SimpleNamespace(dist=dist(servers=1)), types.SimpleNamespace(size=comm.size),
+                       comm, None)
+    method.reducer = red
+    method.use_host_transport()                   # the start-up check failed it
+    assert FakeNccl.live == 0 and type(method.reducer).transport == "host"
+    method.close()
+    red.close()                                   # a second close is a no-op
+    assert FakeNccl.live == 0
+
+
+def nccl_id_failure_on_rank0_ends_every_rank(comm):
+    """Issue 25, finding 7: when rank 0 cannot make the NCCL id, the others used to wait in Bcast
+    for an id that never came while rank 0 went on; now every rank raises the same error."""
+    from scalesgd.errors import BackendError
+    flat = StandIn(np.zeros(layout().size, np.float32))
+    try:
+        device.NcclAllreduce(comm, flat, layout(), 4000, overlap=True, nccl=FailingIdNccl)
+    except BackendError as exc:
+        assert "rank 0 could not create the communicator id" in str(exc) and "unhandled system" in str(exc)
+    else:
+        raise AssertionError("no error")
+    comm.Barrier()                                # every rank got here: nobody waits in a Bcast
+
+
+def nccl_is_not_chosen_when_ranks_share_a_gpu(comm):
+    """Issue 25, finding 7: more ranks than GPUs put two ranks on one device, which NCCL refuses at
+    attach; auto now takes another transport, and nccl by name is an error on every rank."""
+    same = Probes(True, None, 0)                 # every rank of this node on device 0
+    name, why = device.resolve(comm, "auto", True, same, lambda: False)
+    assert name == "host", (name, why)
+    try:
+        device.resolve(comm, "nccl", True, same, lambda: False)
+    except MethodError as exc:
+        assert "same GPU" in str(exc)
+    else:
+        raise AssertionError("no error")
+    own = Probes(True, None, comm.rank)          # one device per rank
+    assert device.resolve(comm, "auto", True, own, lambda: False)[0] == "nccl"
 
 
 def nccl_reducer_gets_rank0_id_and_does_not_overlap(comm):
@@ -147,4 +207,5 @@ if __name__ == "__main__":
     assert MPI.COMM_WORLD.size >= 2
     run_checks(choice_is_the_same_on_every_rank, named_transport_some_rank_cannot_use_fails_everywhere,
                numpy_buffers_use_host_directly, device_buffers_staged_per_bucket_with_overlap,
-               nccl_reducer_gets_rank0_id_and_does_not_overlap)
+               nccl_reducer_gets_rank0_id_and_does_not_overlap, nccl_lifecycle_every_communicator_is_destroyed,
+               nccl_id_failure_on_rank0_ends_every_rank, nccl_is_not_chosen_when_ranks_share_a_gpu)

@@ -201,6 +201,9 @@ class BucketedAllreduce:
         device transport falls back to when the start-up check fails it (fastpaths.py)."""
         return BucketedAllreduce(self.comm, self.flat, self.layout, self.bucket_bytes, self.overlap)
 
+    def close(self) -> None:
+        """Frees what the transport holds (the NCCL communicator); nothing for MPI."""
+
     def _mpi_buffer(self):
         self.stage = HostStage(self.flat)
         return self.stage.host                   # flat itself on NumPy

@@ -9,12 +9,12 @@ backward) starts each bucket whose tensors are all final, ``finish()`` completes
 - ``host`` (``collectives.BucketedAllreduce``): MPI on host memory, NumPy buffers directly, device
   buffers through a pinned host copy (each bucket copied down as it starts); overlaps backward;
 - ``cuda_aware_mpi`` (``CudaAwareAllreduce``): MPI on the device buffer itself, after a stream sync;
-  overlaps backward;
+  blocking all-reduces after backward (what its probe tests), so no overlap;
 - ``nccl`` (``NcclAllreduce``): one NCCL all-reduce of the whole buffer on the current stream after
   backward; does not overlap.
 
 ``auto`` (the default) picks, for device (CuPy) buffers: ``nccl`` when CuPy has NCCL bindings on every
-rank; else ``cuda_aware_mpi`` when every rank's MPI library says it is CUDA-aware
+rank and no two ranks of a node use the same GPU (NCCL refuses that); else ``cuda_aware_mpi`` when every rank's MPI library says it is CUDA-aware
 (``MPIX_Query_cuda_support``, looked up in the loaded libmpi) AND a small device all-reduce gives the
 right sum; else ``host``.  Without the query answering yes no device pointer is handed to MPI (a
 non-CUDA-aware MPI may crash) unless ``cuda_aware_mpi`` is asked for by name.  NumPy buffers always
@@ -36,8 +36,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..choices import ALLREDUCE_TRANSPORTS
-from ..errors import MethodError
-from .collectives import BucketedAllreduce, sync_stream  # noqa: F401 - sync_stream: used here and re-exported
+from ..errors import BackendError, MethodError
+from .collectives import BucketedAllreduce, bcast_text, sync_stream  # noqa: F401 - sync_stream: re-exported
 
 log = logging.getLogger("scalesgd")
 
@@ -45,14 +45,35 @@ log = logging.getLogger("scalesgd")
 # ----------------------------------------------------------------------------- what a rank can do
 @dataclass(frozen=True)
 class Probes:
-    """What this rank found: NCCL importable, MPI CUDA support (None = the query is unavailable)."""
+    """What this rank found: NCCL importable, MPI CUDA support (None = the query is unavailable),
+    the CUDA device it uses (None: unknown)."""
 
     nccl: bool
     mpi_cuda_query: bool | None
+    device: int | None = None
 
     @classmethod
     def of_this_rank(cls) -> "Probes":
-        return cls(nccl_module() is not None, mpi_cuda_query())
+        return cls(nccl_module() is not None, mpi_cuda_query(), current_device())
+
+
+def current_device() -> int | None:
+    """The CUDA device this rank's CuPy arrays live on, None without CuPy."""
+    try:
+        import cupy  # noqa: PLC0415 - GPU machines only
+        return int(cupy.cuda.Device().id)
+    except Exception:
+        return None
+
+
+def devices_shared(comm, device: int | None) -> bool:
+    """Collective: True on every rank when two ranks of some node use the same device (node =
+    ``Split_type(COMM_TYPE_SHARED)``; an unknown device counts as distinct)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ids = np.empty(node.Get_size(), np.int64)
+    node.Allgather(np.array([-1 - node.Get_rank() if device is None else device], np.int64), ids)
+    node.Free()
+    return not every_rank(comm, len(set(ids.tolist())) == ids.size)
 
 
 def mpi_cuda_query() -> bool | None:
@@ -123,11 +144,16 @@ def resolve(comm, requested: str, on_device: bool, probes: Probes | None = None,
         return "host", "asked for by name (dist.allreduce_transport = host)"
     probes = probes if probes is not None else Probes.of_this_rank()
     nccl = every_rank(comm, probes.nccl)
-    if requested == "nccl" or (requested == "auto" and nccl):
+    shared = devices_shared(comm, probes.device)
+    if requested == "nccl" or (requested == "auto" and nccl and not shared):
         if not nccl:
             raise MethodError("dist.allreduce_transport = nccl: CuPy has no NCCL bindings on at least "
                               "one rank; use auto, cuda_aware_mpi or host")
-        return "nccl", "CuPy NCCL bindings on every rank"
+        if shared:
+            raise MethodError("dist.allreduce_transport = nccl: two ranks of a node use the same GPU "
+                              "(more ranks than GPUs), which NCCL refuses; one rank per GPU, or use "
+                              "auto, cuda_aware_mpi or host")
+        return "nccl", "CuPy NCCL bindings on every rank, one GPU per rank"
     return _cuda_aware_or_host(comm, requested, probes, transfer_ok)
 
 
@@ -179,11 +205,29 @@ class NcclAllreduce(BucketedAllreduce):
     def __init__(self, comm, flat, layout, bucket_bytes: int, overlap: bool = True, nccl=None):
         super().__init__(comm, flat, layout, bucket_bytes, overlap)
         self.nccl = nccl or nccl_module()
-        uid = self.nccl.get_unique_id() if comm.Get_rank() == 0 else None
-        buf = np.array(uid if uid is not None else [0] * 128, dtype=np.int64)
+        self.nccl_comm = None
+        uid, why = None, ""
+        if comm.Get_rank() == 0:
+            try:
+                uid = tuple(int(v) for v in self.nccl.get_unique_id())
+            except Exception as exc:  # noqa: BLE001 - told to every rank below, then raised
+                why = f"{type(exc).__name__}: {exc}"
+        why = bcast_text(comm, why)             # rank 0's failure ends every rank, with its reason
+        if why:
+            raise BackendError(f"nccl: rank 0 could not create the communicator id ({why}); "
+                               "use --allreduce-transport host")
+        n = np.array([len(uid) if uid is not None else 0], np.int64)
+        comm.Bcast(n, root=0)
+        buf = np.array(uid if uid is not None else [0] * int(n[0]), dtype=np.int64)
         comm.Bcast(buf, root=0)
         self.nccl_comm = self.nccl.NcclCommunicator(comm.Get_size(), tuple(int(v) for v in buf),
                                                     comm.Get_rank())
+
+    def close(self) -> None:
+        """Destroys the NCCL communicator (once)."""
+        if self.nccl_comm is not None:
+            self.nccl_comm.destroy()
+            self.nccl_comm = None
 
     def _mpi_buffer(self):
         return self.flat

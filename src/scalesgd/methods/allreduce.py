@@ -43,7 +43,8 @@ class AllReduce(Method):
         """Sums the gradients through the host transport from now on (MPI on pinned host copies):
         the fallback when the start-up check (fastpaths.py) fails the device transport.  The
         buckets and the overlap stay as they were, so the grad hook set by ``attach`` still fits."""
-        self.reducer = self.reducer.on_host()
+        old, self.reducer = self.reducer, self.reducer.on_host()
+        old.close()                              # e.g. its NCCL communicator
 
     def _ready(self, names) -> None:
         """From backward: starting a bucket's all-reduce (and MPI progress) moves bytes: comm."""
@@ -57,6 +58,10 @@ class AllReduce(Method):
             self.comm.barrier()            # every rank has finished backward: the rest is transfer
         with self.timed("comm"):
             self.reducer.finish()
+
+    def close(self) -> None:
+        if self.reducer is not None:
+            self.reducer.close()
 
     def load_eval_model(self, ps) -> dict:
         """The replicas are identical; average the per-replica BN statistics."""

@@ -296,6 +296,9 @@ class VirtualAllreducer:
     def ready(self, names) -> None:
         pass
 
+    def close(self) -> None:
+        """Nothing to free (the MPI transports' interface)."""
+
     def finish(self) -> None:
         n = self.net
         seconds = n.c.net.collective_seconds(self.flat.nbytes, n.group)
