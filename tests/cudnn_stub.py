@@ -143,6 +143,9 @@ class pygraph:  # noqa: N801 - the module's own name
     # ---- execution: the one operation, by NumPy references
     def execute(self, variant_pack, workspace, handle=None):
         kind, args, outs = self.op
+        for t, a in variant_pack.items():        # the Frontend declares 16-byte aligned tensors
+            if np.asarray(a).ctypes.data % 16 and not t.is_pass_by_value:
+                raise RuntimeError(f"cudnn stand-in: tensor {t.name!r} is not 16-byte aligned")
         pack = {id(t): np.asarray(a) for t, a in variant_pack.items()}
         get = lambda t: pack[id(t)]                                    # noqa: E731
         if kind.startswith("conv_"):

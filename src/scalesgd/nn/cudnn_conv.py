@@ -240,7 +240,14 @@ class CudnnEngine:
         if self._ws.size < built.workspace:
             self._ws = self.xp.empty(built.workspace, dtype=self.xp.uint8)
         self.cudnn.set_stream(handle=self.handle, stream=self.xp.cuda.get_current_stream().ptr)
-        built.graph.execute({built.tensors[k]: v for k, v in pack.items()}, self._ws)
+        # the Frontend declares 16-byte aligned operands; BN's per-channel vectors are views into
+        # the flat buffers at 4-byte offsets whenever a width is not a multiple of 4 (--width 0.3:
+        # 5, 10, 19 channels): those run on aligned copies, copied back afterwards
+        moved = {k: v for k, v in pack.items() if _address(v) % ALIGN}
+        run = {**pack, **{k: self.xp.array(v, copy=True) for k, v in moved.items()}}
+        built.graph.execute({built.tensors[k]: v for k, v in run.items()}, self._ws)
+        for k, v in moved.items():
+            v[...] = run[k]
 
     def _conv(self, op, x_shape, w_shape, stride, pad):
         key = graph_key(op, x_shape, w_shape, stride, pad, self.precision)
@@ -307,6 +314,15 @@ class CudnnEngine:
                           "scale": mod.gamma, "mean": mean, "invstd": invstd, "DX": dx,
                           "DS": mod.dgamma, "DB": mod.dbeta})
         return dx
+
+
+ALIGN = 16                    # bytes: the alignment cuDNN Frontend tensors declare
+
+
+def _address(a) -> int:
+    """Device (CuPy: ``data.ptr``) or host (NumPy: ``ctypes.data``) address of an array's first element."""
+    ptr = getattr(a.data, "ptr", None)
+    return int(ptr) if ptr is not None else int(a.ctypes.data)
 
 
 def _io_dtype(xp, precision: str):
