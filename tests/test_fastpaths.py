@@ -122,7 +122,7 @@ def test_a_broken_fused_kernel_is_detected_and_its_twin_runs():
     assert out["kernel add_relu (float32)"]["status"] == "fell back"
     assert "h: relative error" in out["kernel add_relu (float32)"]["error"]
     assert out["kernel bn_apply (float32)"]["status"] == "used"
-    assert kernels.disabled == {"add_relu"}
+    assert kernels.disabled == {("add_relu", "float32")}
     assert K.Kernels().disabled == frozenset()   # a new run starts with every kernel on
     # model.kernels = reference: nothing fused to check
     assert F.kernel_components(K.Kernels("reference"), np) == []
@@ -137,6 +137,26 @@ def test_the_self_check_passes_the_real_cuda_kernels_built_for_the_host():
     out = F.validate(comps, "strict")
     assert len(out) == 5 and all(v["status"] == "used" for v in out.values()), out
     assert kernels.disabled == frozenset()
+
+
+def test_a_kernel_failing_in_one_dtype_stays_on_in_the_others(monkeypatch):
+    """Issue 25, finding 9: ``disable`` worked per kernel name, so a kernel failing its bf16 check
+    also turned off its float32 twin that passed.  Here add_relu is broken for float64 only."""
+    def add_relu(h, s):
+        h += s
+        if h.dtype == np.float64:
+            return h                              # no ReLU: wrong
+        return np.maximum(h, 0, out=h)
+    kernels = K.Kernels()
+    comps = F.kernel_components(kernels, np, ("float32", "float64"), "float32", fast={"add_relu": add_relu})
+    out = F.validate(comps, "auto")
+    assert out["kernel add_relu (float64)"]["status"] == "fell back"
+    assert out["kernel add_relu (float32)"]["status"] == "used"
+    assert kernels.disabled == {("add_relu", "float64")}
+    monkeypatch.setattr(K, "get_array_module", lambda *a: None)   # as CuPy arrays would
+    assert kernels.use_fast(np.ones(3, np.float32), kernel="add_relu")
+    assert not kernels.use_fast(np.ones(3, np.float64), kernel="add_relu")
+    assert kernels.use_fast(np.ones(3, np.float64), kernel="bn_apply")
 
 
 class TwinEngine:

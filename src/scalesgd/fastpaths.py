@@ -328,7 +328,7 @@ def kernel_components(kernels, xp, acts=("float32",), par: str = "float32", fast
             case = (lambda name=name, act=act: K.check_case(name, xp, act, par, fast=(fast or {}).get(name)))
             out.append(Component(f"kernel {name} ({act})", lambda case=case: case()[0](),
                                  lambda case=case: case()[1](), KERNEL_TOL[act],
-                                 f"its reference twin {name}_ref", lambda name=name: kernels.disable(name),
+                                 f"its reference twin {name}_ref", lambda name=name, act=act: kernels.disable(name, act),
                                  outputs[name]))
     return out
 

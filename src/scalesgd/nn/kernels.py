@@ -124,7 +124,8 @@ class Kernels:
     - ``impl``: ``fused`` (CuPy arrays run the CUDA kernels) or ``reference`` (the xp twins for
       every array, to compare against the fused kernels);
     - :meth:`disable`: the start-up check (fastpaths.py) turns a fused kernel that failed off for
-      this run; its ``_ref`` twin runs instead.
+      this run, in the activation dtype it failed in (or every dtype); its ``_ref`` twin runs
+      instead, and the same kernel in another dtype that passed stays on.
 
     A new ``Kernels`` starts with every kernel on; nothing is shared between runs of one process."""
 
@@ -134,21 +135,25 @@ class Kernels:
         self.impl = impl
         self._disabled: set = set()
 
-    def disable(self, name: str) -> None:
-        """Turns the fused kernel ``name`` off for this run (its ``_ref`` twin runs instead)."""
+    def disable(self, name: str, dtype: str | None = None) -> None:
+        """Turns the fused kernel ``name`` off for this run (its ``_ref`` twin runs instead): for
+        arrays of ``dtype`` (a :func:`dtype_name`; the kernel's first array) or, None, for all."""
         if name not in KERNEL_NAMES:
             raise ValueError(f"kernels: no kernel {name!r} (known: {', '.join(KERNEL_NAMES)})")
-        self._disabled.add(name)
+        self._disabled.add(name if dtype is None else (name, dtype_name(dtype)))
 
     @property
     def disabled(self) -> frozenset:
-        """The fused kernels turned off by :meth:`disable`."""
+        """The fused kernels turned off by :meth:`disable`: names (every dtype) and (name, dtype)."""
         return frozenset(self._disabled)
 
     def use_fast(self, *arrays, kernel: str | None = None) -> bool:
         """True when the fused CUDA kernel should run: CuPy arrays, ``impl = fused`` and (when
-        named) ``kernel`` not turned off by :meth:`disable`."""
-        return self.impl == "fused" and kernel not in self._disabled and use_fast(*arrays)
+        named) ``kernel`` not turned off by :meth:`disable` for the first array's dtype."""
+        if self.impl != "fused" or not use_fast(*arrays):
+            return False
+        return kernel is None or (kernel not in self._disabled
+                                  and (kernel, dtype_name(arrays[0].dtype)) not in self._disabled)
 
     def bn_apply(self, x, scale, shift, relu: bool, out=None):
         fast = self.use_fast(x, kernel="bn_apply")
