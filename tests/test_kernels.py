@@ -271,32 +271,6 @@ def test_the_engine_on_the_stand_in_trains_as_the_xp_layers(width):
     assert cudnn_stub.handles["created"] == 1 and cudnn_stub.handles["streams"] > 0
 
 
-# ----------------------------------------------------------------------------- CudnnEngine on the host
-def reference_conv(x, w_hwio, stride: int, pad: int):
-    """Direct convolution, NHWC input, HWIO filter (independent of nn/conv.py)."""
-    r, s = w_hwio.shape[:2]
-    padded = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
-    win = np.lib.stride_tricks.sliding_window_view(padded, (r, s), axis=(1, 2))[:, ::stride, ::stride]
-    return np.einsum("nhwcrs,rsck->nhwk", win, w_hwio, optimize=True).astype(x.dtype)
-
-
-class HostGraphs(CC.CudnnEngine):
-    """The real ``CudnnEngine`` (its KRSC weight shadow, its packs) on NumPy, with only the cuDNN
-    graph execution replaced by the direct convolution above: fprop of X with the W the engine
-    hands the graph."""
-
-    def __init__(self):
-        super().__init__(types.SimpleNamespace(create_handle=lambda: None), np, "fp32")
-
-    def _conv(self, op, x_shape, w_shape, stride, pad):
-        return op, stride, pad
-
-    def _run(self, built, pack):
-        op, stride, pad = built
-        assert op == "fprop", op
-        pack["Y"][...] = reference_conv(pack["X"], pack["W"].transpose(1, 2, 3, 0), stride, pad)
-
-
 def test_an_evaluation_forward_on_the_engine_uses_the_live_weights():
     """Issue 25, finding 1: the engine rebuilt its KRSC copy of a conv's weights only in training
     forwards, so an evaluation right after an update ("update then forward") or after loading
@@ -305,10 +279,8 @@ def test_an_evaluation_forward_on_the_engine_uses_the_live_weights():
     from scalesgd.nn.resnet import Conv, ResNet, _leaves
     rng = np.random.default_rng(3)
     model, plain = ResNet("resnet8", 10, 0.25, seed=0), ResNet("resnet8", 10, 0.25, seed=0)
-    engine = HostGraphs()
+    model.set_engine(CC.CudnnEngine(cudnn_stub.module(), cudnn_stub.HostXP(), "fp32", model.kernels))
     convs = [m for m in _leaves(model.net) if isinstance(m, Conv)]
-    for m in convs:
-        m.engine = engine
     x = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
     np.testing.assert_allclose(model.forward(x, False)[0], plain.forward(x, False)[0], rtol=1e-4, atol=1e-5)
     model.forward(x, True)                       # a training forward: the shadow is built
