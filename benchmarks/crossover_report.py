@@ -49,7 +49,8 @@ def analyse(target: float = X.TARGET_ERROR) -> dict:
                workers=list(X.WORKERS), stats_profile=X.STATS_PROFILE, profiles=list(X.PROFILES),
                grids={m: [name for name, _ in g] for m, (_, g) in X.METHODS.items()},
                machine_hours={k: sum(r["real_seconds"] for r in recs) / 3600 for k, recs in
-                              (("tune", tune), ("sweep", sweep), ("timing", timing), ("single", single))})
+                              (("tune", tune), ("sweep", sweep), ("timing", timing), ("single", single),
+                               ("extra", records("extra")))})
     spe = 51_200 // 8 * 8
     out["single"] = dict(seeds=len(single), epochs_to_target=_epochs([X.samples_to(r["curve"], target)
                                                                       for r in single], spe),
