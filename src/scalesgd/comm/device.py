@@ -144,7 +144,8 @@ def resolve(comm, requested: str, on_device: bool, probes: Probes | None = None,
         return "host", "asked for by name (dist.allreduce_transport = host)"
     probes = probes if probes is not None else Probes.of_this_rank()
     nccl = every_rank(comm, probes.nccl)
-    shared = devices_shared(comm, probes.device)
+    # (collective only where NCCL is in question: nccl and requested agree on every rank)
+    shared = devices_shared(comm, probes.device) if nccl and requested in ("nccl", "auto") else False
     if requested == "nccl" or (requested == "auto" and nccl and not shared):
         if not nccl:
             raise MethodError("dist.allreduce_transport = nccl: CuPy has no NCCL bindings on at least "

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..backend import get_array_module
-from ..nn.kernels import Kernels
+from ..nn.kernels import Kernels, sgd_update
 
 
 CHUNK = 1 << 16                  # elements per chunk of the NumPy update
@@ -58,7 +58,7 @@ class SGD:
         """Updates ``params`` in place from ``grads`` (both flat, same layout)."""
         c, buf, d = self.cfg, self.momentum, self._scratch
         if self.kernels.use_fast(params, grads, kernel="sgd_update"):   # CuPy: ONE fused kernel
-            self.kernels.sgd_update(params, grads, buf, self.decay_mask if c.weight_decay else None,
+            sgd_update(params, grads, buf, self.decay_mask if c.weight_decay else None,
                                lr, c.momentum, c.weight_decay, c.nesterov)
             return
         xp = get_array_module(params)
