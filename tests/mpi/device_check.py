@@ -1,8 +1,10 @@
-"""The all-reduce transports' choice and host staging across ranks, run as
-``mpiexec -n 2 python tests/mpi/device_check.py`` (no GPU: probes are injected per rank, and a
-device buffer is stood in for by ``StandIn``, which has CuPy's ``get(out=)``/``set()``)."""
+"""The all-reduce transports' choice, host staging and device timing across ranks, run as
+``mpiexec -n 2 python tests/mpi/device_check.py`` (no GPU: probes are injected per rank, and device
+arrays, streams and events are tests/device_double.py's, installed as ``cupy``)."""
+import time
 import types
 
+import device_double as dd
 import numpy as np
 from harness import run_checks
 from mpi4py import MPI
@@ -10,32 +12,9 @@ from mpi4py import MPI
 from scalesgd.comm import device
 from scalesgd.comm.collectives import BucketedAllreduce
 from scalesgd.comm.device import Probes
+from scalesgd.comm.transport import MPITransport
 from scalesgd.errors import MethodError
 from scalesgd.nn.params import Layout, TensorSpec
-
-
-class StandIn:
-    """A non-NumPy flat buffer with the part of cupy.ndarray the host transport uses: slicing,
-    ``get(out=)`` (device -> host) and ``set(host)`` (host -> device).  ``copies_down`` counts the
-    elements copied down, so a test sees each bucket go down once."""
-
-    def __init__(self, a, counter=None):
-        self.a, self.counter = a, counter if counter is not None else [0]
-
-    size = property(lambda self: self.a.size)
-    dtype = property(lambda self: self.a.dtype)
-    shape = property(lambda self: self.a.shape)
-
-    def __getitem__(self, key):
-        return StandIn(self.a[key], self.counter)
-
-    def get(self, out):
-        out[...] = self.a
-        self.counter[0] += self.a.size
-        return out
-
-    def set(self, host):
-        self.a[...] = host
 
 
 def layout():
@@ -102,22 +81,28 @@ def numpy_buffers_use_host_directly(comm):
 
 
 def device_buffers_staged_per_bucket_with_overlap(comm):
-    """A device buffer on the host transport: each bucket is copied down once as it starts (during
-    backward: overlap is honoured, not silently dropped), the sum copied up in finish()."""
+    """A device buffer on the host transport (issue 25, finding 10): with overlap each bucket is
+    copied down on a side stream as it becomes final and its sum starts once the copy has landed,
+    with no host wait during backward (a wait per bucket stalled the kernel launches); only
+    ``finish()`` waits.  A device that lags (copies not landed by the next ``ready``) delays the
+    starts to ``finish()``, in bucket order on every rank.  The sum lands in the device buffer."""
     lay = layout()
-    for overlap in (True, False):
-        counter = [0]
-        flat = StandIn(np.full(lay.size, float(comm.rank + 1)), counter)
+    for overlap, keeps_up in ((True, True), (True, False), (False, True)):
+        dd.reset()
+        dd.STATE.gpu_keeps_up = keeps_up
+        flat = dd.ndarray(np.full(lay.size, float(comm.rank + 1)))
         red = device.make_allreducer("host", comm, flat, lay, 4000, overlap)
-        assert red.buf is not flat.a and red.overlap is overlap
+        assert red.buf is not flat.data and red.overlap is overlap and len(red.buckets) > 2
         for spec in reversed(lay.specs):
             red.ready([spec.name])
+        assert dd.STATE.waits == 0, f"{dd.STATE.waits} host waits during backward"
         started = len(red.requests)
-        assert started == (len(red.buckets) if overlap else 0) and counter[0] == (lay.size if overlap else 0)
-        assert np.all(flat.a == comm.rank + 1), "flat is written only in finish()"
+        want = (len(red.buckets) if keeps_up else 0) if overlap else 0
+        assert started == want, (overlap, keeps_up, started)
+        assert np.all(flat.data == comm.rank + 1), "flat is written only in finish()"
         red.finish()
-        assert counter[0] == lay.size, "every element copied down exactly once"
-        assert np.all(flat.a == comm.size * (comm.size + 1) / 2), overlap
+        assert dd.STATE.waits >= 1 and len(red.requests) == 0
+        assert np.all(flat.data == comm.size * (comm.size + 1) / 2), (overlap, keeps_up)
 
 
 class FakeNccl:
@@ -140,6 +125,49 @@ class FakeNccl:
             FakeNccl.live -= 1
 
 
+class SlowNccl(FakeNccl):
+    """A NCCL whose all-reduce, like the real one, is only queued on the stream: it sums the
+    registered device array over MPI and takes ``SECONDS`` when the device runs it."""
+
+    SECONDS = 0.05
+    arrays: dict = {}
+
+    class NcclCommunicator(FakeNccl.NcclCommunicator):
+        def allReduce(self, send, recv, count, dtype, op, stream):
+            a = SlowNccl.arrays[recv]
+
+            def run():
+                time.sleep(SlowNccl.SECONDS)
+                MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+            dd.enqueue(run)
+
+
+def nccl_time_is_measured_on_the_device(comm):
+    """Issue 25, finding 10: NCCL's ``finish()`` only enqueues the sum, so ``comm`` read ~0 and the
+    sum's time landed in the next step's compute.  Now CUDA events around it measure it, and
+    ``settle`` adds it to ``comm`` once the stream has run (never waiting for it itself)."""
+    from scalesgd.methods.allreduce import AllReduce
+    dd.reset()
+    dd.STATE.gpu_keeps_up = False                 # the device runs only when the host waits for it
+    flat = dd.ndarray(np.full(layout().size, float(comm.rank + 1), np.float32))
+    SlowNccl.arrays = {flat.data.ptr: flat.data}
+    method = AllReduce(types.SimpleNamespace(dist=dist(servers=1)), types.SimpleNamespace(size=comm.size),
+                       MPITransport(comm), None)
+    method.reducer = device.NcclAllreduce(comm, flat, layout(), 4000, overlap=True, nccl=SlowNccl)
+    for step in range(3):
+        t = time.perf_counter()
+        method.after_backward(step, None)
+        assert time.perf_counter() - t < SlowNccl.SECONDS, "finish() waited for the sum"
+        method.settle()                           # before the stream ran: nothing finished yet
+        assert method.timers["comm"] < SlowNccl.SECONDS * step + 0.02, method.timers
+        dd.cuda.get_current_stream().synchronize()  # the next step's float(loss)
+        method.settle()
+        assert method.timers["comm"] >= SlowNccl.SECONDS * (step + 1), method.timers
+    want = float(comm.size * (comm.size + 1) / 2) * comm.size ** 2
+    assert np.all(flat.data == want), flat.data[:3]
+    method.close()
+
+
 class FailingIdNccl(FakeNccl):
     @staticmethod
     def get_unique_id():
@@ -151,7 +179,7 @@ def nccl_lifecycle_every_communicator_is_destroyed(comm):
     were never destroyed; now every NCCL communicator made is destroyed once."""
     from scalesgd.methods.allreduce import AllReduce
     FakeNccl.live = 0
-    flat = StandIn(np.zeros(layout().size, np.float32))
+    flat = dd.ndarray(np.zeros(layout().size, np.float32))
     red = device.NcclAllreduce(comm, flat, layout(), 4000, overlap=True, nccl=FakeNccl)
     assert FakeNccl.live == 1
     method = AllReduce(types.SimpleNamespace(dist=dist(servers=1)), types.SimpleNamespace(size=comm.size),
@@ -168,7 +196,7 @@ def nccl_id_failure_on_rank0_ends_every_rank(comm):
     """Issue 25, finding 7: when rank 0 cannot make the NCCL id, the others used to wait in Bcast
     for an id that never came while rank 0 went on; now every rank raises the same error."""
     from scalesgd.errors import BackendError
-    flat = StandIn(np.zeros(layout().size, np.float32))
+    flat = dd.ndarray(np.zeros(layout().size, np.float32))
     try:
         device.NcclAllreduce(comm, flat, layout(), 4000, overlap=True, nccl=FailingIdNccl)
     except BackendError as exc:
@@ -195,7 +223,7 @@ def nccl_is_not_chosen_when_ranks_share_a_gpu(comm):
 
 
 def nccl_reducer_gets_rank0_id_and_does_not_overlap(comm):
-    flat = StandIn(np.zeros(layout().size, np.float32))
+    flat = dd.ndarray(np.zeros(layout().size, np.float32))
     red = device.NcclAllreduce(comm, flat, layout(), 4000, overlap=True, nccl=FakeNccl)
     assert red.nccl_comm.args == (comm.size, tuple(range(-64, 64)), comm.rank)
     assert red.overlap is False and red.transport == "nccl"
@@ -205,7 +233,9 @@ def nccl_reducer_gets_rank0_id_and_does_not_overlap(comm):
 
 if __name__ == "__main__":
     assert MPI.COMM_WORLD.size >= 2
+    dd.install()
     run_checks(choice_is_the_same_on_every_rank, named_transport_some_rank_cannot_use_fails_everywhere,
                numpy_buffers_use_host_directly, device_buffers_staged_per_bucket_with_overlap,
                nccl_reducer_gets_rank0_id_and_does_not_overlap, nccl_lifecycle_every_communicator_is_destroyed,
-               nccl_id_failure_on_rank0_ends_every_rank, nccl_is_not_chosen_when_ranks_share_a_gpu)
+               nccl_id_failure_on_rank0_ends_every_rank, nccl_is_not_chosen_when_ranks_share_a_gpu,
+               nccl_time_is_measured_on_the_device)

@@ -37,12 +37,52 @@ def _pinned_like(arr) -> np.ndarray:
     return host
 
 
+def _cupy_of(arr):
+    """CuPy when ``arr`` is a device array (None for NumPy, and for any array while CuPy is not
+    loaded: a CuPy array cannot exist then)."""
+    return None if isinstance(arr, np.ndarray) else sys.modules.get("cupy")
+
+
 def sync_stream(arr) -> None:
-    """Waits for the current CuPy stream before MPI reads or writes ``arr`` (no-op for NumPy, and
-    for any array while CuPy is not loaded: a CuPy array cannot exist then)."""
-    cupy = None if isinstance(arr, np.ndarray) else sys.modules.get("cupy")
+    """Waits for the current CuPy stream before MPI reads or writes ``arr`` (no-op for NumPy)."""
+    cupy = _cupy_of(arr)
     if cupy is not None:
         cupy.cuda.get_current_stream().synchronize()
+
+
+class DeviceTimer:
+    """Seconds of device work that the host only enqueues (NCCL's all-reduce returns before the
+    sum is done, so a host clock around the call reads ~0 and the time lands in whatever waits for
+    the stream next): a pair of CUDA events around the work on the current stream.  ``seconds()``
+    adds the pairs the device has finished (a query: the host never waits here) and forgets them;
+    ``seconds(wait=True)`` waits for the rest first (for a checkpoint or the summary, where the
+    stream has been synchronized anyway).  Not yet run on a GPU (tests/device_double.py)."""
+
+    def __init__(self, arr):
+        self.cupy = _cupy_of(arr)
+        self.pending: list = []
+
+    def start(self):
+        if self.cupy is None:
+            return None
+        ev = self.cupy.cuda.Event()
+        ev.record()
+        return ev
+
+    def stop(self, start) -> None:
+        if start is not None:
+            end = self.cupy.cuda.Event()
+            end.record()
+            self.pending.append((start, end))
+
+    def seconds(self, wait: bool = False) -> float:
+        total = 0.0
+        while self.pending and (wait or self.pending[0][1].done):
+            start, end = self.pending.pop(0)
+            if wait:
+                end.synchronize()
+            total += self.cupy.cuda.get_elapsed_time(start, end) / 1000.0
+        return total
 
 
 class HostStage:
@@ -179,8 +219,13 @@ class BucketedAllreduce:
     (``can_overlap``); the factory says so in a log line.
 
     Host transport: on NumPy MPI uses ``flat`` itself; a device ``flat`` is staged through a pinned
-    host copy, each bucket copied down when it starts (a synchronous copy: the stream is done with
-    it) and the whole buffer copied up once in ``finish()``.
+    host copy.  With overlap, a bucket whose gradients are final is copied down on a side stream
+    (after an event on the compute stream, so after the kernels that wrote it) without the host
+    waiting; its ``Iallreduce`` starts once that copy's event has completed (queried at the next
+    ``ready``, in bucket order, as every rank must start them in the same order), and ``finish()``
+    waits only for the copies still in flight.  So backward's kernel launches never stall on a
+    bucket.  Without overlap the buffer is copied down once in ``finish()``.  The sum is copied up
+    once in ``finish()``.  The device path has not been run on a GPU (tests/device_double.py).
     """
 
     transport = "host"
@@ -194,6 +239,7 @@ class BucketedAllreduce:
                                     flat.dtype.itemsize)
         self.bucket_of = {n: i for i, (_, _, names) in enumerate(self.buckets) for n in names}
         self.buf = self._mpi_buffer()            # (n,) what MPI reads and writes
+        self._side = None                        # the copy stream of the overlapped host path
         self._reset()
 
     def on_host(self) -> "BucketedAllreduce":
@@ -209,9 +255,30 @@ class BucketedAllreduce:
         return self.stage.host                   # flat itself on NumPy
 
     def _to_mpi(self, lo: int, hi: int) -> None:
-        """Makes buf[lo:hi] hold the final gradients before MPI reads them."""
+        """Makes buf[lo:hi] hold the final gradients before MPI reads them (waits for the stream)."""
         if self.buf is not self.flat:
             self.flat[lo:hi].get(out=self.buf[lo:hi])
+
+    def _copy_down(self, lo: int, hi: int):
+        """Starts copying flat[lo:hi] into buf[lo:hi] without waiting: the event that completes
+        with the copy, or None when MPI reads ``flat`` itself (NumPy)."""
+        if self.buf is self.flat:
+            return None
+        cuda = _cupy_of(self.flat).cuda
+        if self._side is None:
+            self._side = cuda.Stream(non_blocking=True)
+        written = cuda.Event(disable_timing=True)
+        written.record()                         # on the compute stream: after backward's kernels
+        self._side.wait_event(written)
+        self.flat[lo:hi].get(stream=self._side, out=self.buf[lo:hi], blocking=False)
+        landed = cuda.Event(disable_timing=True)
+        landed.record(self._side)
+        return landed
+
+    def device_seconds(self, wait: bool = False) -> float:
+        """Seconds of this transport's work that ran on the device since the last call, beyond
+        what the host clock saw (``DeviceTimer``); 0 for transports the host waits for."""
+        return 0.0
 
     def _from_mpi(self) -> None:
         """Puts the summed buf back into flat."""
@@ -220,12 +287,27 @@ class BucketedAllreduce:
     def _reset(self):
         self.grads_left = [len(names) for _, _, names in self.buckets]
         self.requests: list = []
+        self.copying: list = []                  # [(bucket, event)] copied down, not yet started
 
     def start(self, i: int) -> None:
-        """Starts the non-blocking sum of bucket ``i`` (its gradients are final)."""
+        """Starts bucket ``i`` (its gradients are final): its copy down, then its non-blocking sum
+        as soon as the copy has landed (at once on NumPy)."""
         lo, hi, _ = self.buckets[i]
-        self._to_mpi(lo, hi)
-        self.requests.append(self.comm.Iallreduce(MPI.IN_PLACE, self.buf[lo:hi], op=MPI.SUM))
+        self.copying.append((i, self._copy_down(lo, hi)))
+        self._launch_landed()
+
+    def _launch_landed(self, wait: bool = False) -> None:
+        """Starts the ``Iallreduce`` of each copied bucket, in order, whose copy has landed (all of
+        them with ``wait``, waiting for each copy)."""
+        while self.copying:
+            i, landed = self.copying[0]
+            if landed is not None and not landed.done:
+                if not wait:
+                    return
+                landed.synchronize()
+            self.copying.pop(0)
+            lo, hi, _ = self.buckets[i]
+            self.requests.append(self.comm.Iallreduce(MPI.IN_PLACE, self.buf[lo:hi], op=MPI.SUM))
 
     def ready(self, names) -> None:
         """Called from backward when the gradients of ``names`` are final."""
@@ -236,10 +318,12 @@ class BucketedAllreduce:
             self.grads_left[i] -= 1
             if self.grads_left[i] == 0:
                 self.start(i)
+        self._launch_landed()
         if self.requests:
             MPI.Request.Testall(self.requests)   # lets MPI progress the started buckets
 
     def finish(self) -> None:
+        self._launch_landed(wait=True)
         if self.requests:
             MPI.Request.Waitall(self.requests)
             assert len(self.requests) == len(self.buckets), "a bucket was never started"

@@ -37,7 +37,7 @@ from mpi4py import MPI
 
 from ..choices import ALLREDUCE_TRANSPORTS
 from ..errors import BackendError, MethodError
-from .collectives import BucketedAllreduce, bcast_text, sync_stream  # noqa: F401 - sync_stream: re-exported
+from .collectives import BucketedAllreduce, DeviceTimer, bcast_text, sync_stream  # noqa: F401 - sync_stream: re-exported
 
 log = logging.getLogger("scalesgd")
 
@@ -198,7 +198,8 @@ class CudaAwareAllreduce(BucketedAllreduce):
 class NcclAllreduce(BucketedAllreduce):
     """The whole flat CuPy buffer summed by one NCCL all-reduce on the current stream in
     ``finish()`` (so no overlap with backward); the NCCL communicator comes from a unique id that
-    rank 0 broadcasts over MPI as int64 numbers (not pickled)."""
+    rank 0 broadcasts over MPI as int64 numbers (not pickled).  ``finish()`` only enqueues the sum,
+    so its time is measured on the device, between two CUDA events (``device_seconds``)."""
 
     transport = "nccl"
     can_overlap = False
@@ -223,6 +224,10 @@ class NcclAllreduce(BucketedAllreduce):
         comm.Bcast(buf, root=0)
         self.nccl_comm = self.nccl.NcclCommunicator(comm.Get_size(), tuple(int(v) for v in buf),
                                                     comm.Get_rank())
+        self.timer = DeviceTimer(flat)
+
+    def device_seconds(self, wait: bool = False) -> float:
+        return self.timer.seconds(wait)
 
     def close(self) -> None:
         """Destroys the NCCL communicator (once)."""
@@ -237,8 +242,10 @@ class NcclAllreduce(BucketedAllreduce):
         import cupy  # noqa: PLC0415 - only reached with CuPy arrays
         n, a = self.nccl, self.flat
         dtype = {"float32": n.NCCL_FLOAT32, "float64": n.NCCL_FLOAT64}[str(a.dtype)]
+        began = self.timer.start()
         self.nccl_comm.allReduce(a.data.ptr, a.data.ptr, a.size, dtype, n.NCCL_SUM,
                                  cupy.cuda.get_current_stream().ptr)
+        self.timer.stop(began)
 
 
 ALLREDUCERS = {"host": BucketedAllreduce, "cuda_aware_mpi": CudaAwareAllreduce, "nccl": NcclAllreduce}

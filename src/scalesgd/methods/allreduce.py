@@ -8,7 +8,8 @@ in PyTorch DDP); they are averaged over ranks when the model is evaluated.
 Timers: ``wait`` is one barrier after backward, i.e. the time until the slowest rank has finished
 its backward pass (a straggler shows here); ``comm`` is starting and progressing the buckets'
 all-reduces during backward, and completing them after the barrier (the transfer not hidden
-behind backward).  The barrier costs one small-message latency per step.
+behind backward); for NCCL, whose call only enqueues the sum, the sum's device time between two
+CUDA events (``settle``).  The barrier costs one small-message latency per step.
 """
 from __future__ import annotations
 
@@ -58,6 +59,11 @@ class AllReduce(Method):
             self.comm.barrier()            # every rank has finished backward: the rest is transfer
         with self.timed("comm"):
             self.reducer.finish()
+
+    def settle(self, wait: bool = False) -> None:
+        """NCCL's sum is only enqueued in ``finish``: its device time (CUDA events) is comm."""
+        if self.reducer is not None:
+            self.timers["comm"] += self.reducer.device_seconds(wait)
 
     def close(self) -> None:
         if self.reducer is not None:

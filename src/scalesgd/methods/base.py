@@ -117,12 +117,19 @@ class Method:
 
     def state(self, ps) -> tuple[dict, dict]:
         """(arrays, JSON scalars) of method state beyond ps/momentum, for a checkpoint."""
+        self.settle(wait=True)
         return {}, {"global_samples": self.global_samples, "timers": dict(self.timers)}
 
     def load_state(self, ps, arrays: dict, scalars: dict) -> None:
         """Restores what ``state`` returned (after ``start``: windows and ports exist)."""
         self.global_samples = int(scalars["global_samples"])
         self.timers.update(scalars["timers"])
+
+    def settle(self, wait: bool = False) -> None:
+        """Adds to ``timers`` the communication measured on the device rather than on the host
+        clock (an all-reduce the host only enqueues: NCCL), as far as the device has finished it
+        (``wait``: all of it).  Called where the stream has been synchronized anyway (each step's
+        metrics, a checkpoint, the summary), so it never stalls the device."""
 
     def stats(self) -> dict:
         """Method-specific values for the per-step metrics (staleness, exchanges...)."""

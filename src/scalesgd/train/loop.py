@@ -178,7 +178,7 @@ class Run:
                 lr = lr_at(cfg.schedule, gs / self.spe, m.lr_batch)
                 watchdog.doing(f"training step {st.step}")
                 loss, errors = train_step(s.model, x, y, cfg.train.label_smoothing, m.grad_scale)
-                loss = float(loss)
+                loss, errors = float(loss), int(errors)     # (the GPU's one wait per step)
                 if not math.isfinite(loss):
                     raise Diverged(f"the training loss became {loss} at step {st.step} (epoch "
                                    f"{gs / self.spe:.2f}, lr {lr:.4g}) on rank {s.topo.rank}: training "
@@ -193,7 +193,7 @@ class Run:
                 st.step_in_epoch += 1
                 st.local_samples += len(y)
                 st.compute_seconds += self.clock() - tc
-                self.log_step(gs, loss, int(errors) / len(y), lr)
+                self.log_step(gs, loss, errors / len(y), lr)
                 self.inject_fault()
                 if self.phases.check(gs, seen):
                     return
@@ -216,6 +216,7 @@ class Run:
 
     def log_step(self, gs: int, loss: float, err: float, lr: float) -> None:
         s, st, timers = self.s, self.st, self.s.method.timers
+        s.method.settle()
         train_s = self.train_seconds()
         self.metrics.write("step", step=st.step, global_samples=gs, epoch=gs / self.spe,
                            samples=st.local_samples, loss=loss, top1_error=err, lr=lr,
@@ -235,6 +236,7 @@ class Run:
         s, cfg, st = self.s, self.cfg, self.st
         last = self.history[-1]
         g = self.total
+        s.method.settle(wait=True)
         timers = s.method.timers
         return dict(
             method=cfg.train.method, ranks=s.topo.size, workers=s.roles.num_workers,

@@ -299,6 +299,10 @@ class VirtualAllreducer:
     def close(self) -> None:
         """Nothing to free (the MPI transports' interface)."""
 
+    def device_seconds(self, wait: bool = False) -> float:
+        """Nothing runs on a device (the MPI transports' interface)."""
+        return 0.0
+
     def finish(self) -> None:
         n = self.net
         seconds = n.c.net.collective_seconds(self.flat.nbytes, n.group)
