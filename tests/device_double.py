@@ -1,22 +1,26 @@
 """A host stand-in for CuPy's device arrays, streams and events, for the ways that matter to the
-staging, transport and timing code (issue 25):
+staging, transport, timing and self-check code (issue 25):
 
-- **Nothing on a stream runs until the host asks.**  ``set()`` (host -> device), ``get(blocking=
-  False)`` (device -> host) and any ``enqueue``d work (a double NCCL all-reduce) are queued in one
-  FIFO, in issue order, which respects every stream's order and every ``wait_event``.  They run at a
-  *host wait*: ``Stream.synchronize()``, ``Event.synchronize()`` or a blocking ``get()``, each
-  counted in ``waits`` (the host stalls there on a GPU), or when ``Event.done`` is queried and
-  ``gpu_keeps_up`` (a real GPU runs on its own; a query never stalls the host).  So a host buffer
-  handed to ``set()`` may be read later than the call returns, and a non-blocking copy has landed
-  only once its event says so: the contracts CuPy documents.
-- **Views share memory**: ``a[lo:hi]`` is a view of ``a``'s data, as a CuPy slice is; ``data.ptr``
-  is the real address, so an alignment check sees what a device pointer would.
+- **Nothing on a stream runs until the host asks, and only what it depends on.**  ``set()`` (host
+  -> device), ``get(blocking=False)`` (device -> host), item assignment and the few array functions
+  below are *queued* work.  A queued op depends on its stream's earlier ops and on the events its
+  stream was told to wait for (``wait_event``), nothing else, as in CUDA.  Work runs at a *host
+  wait* (``Stream.synchronize()``, ``Event.synchronize()``, a blocking ``get()``; each counted in
+  ``STATE.waits``, where a GPU would stall the host) or when ``Event.done`` is queried and
+  ``STATE.gpu_keeps_up`` (a real GPU runs on its own; a query never stalls the host), and then
+  only that op's dependencies run.  So a host buffer handed to ``set()`` may be read after the call
+  returns, a copy on a side stream that did not wait for the compute stream reads the values from
+  before the compute stream's pending writes, and a non-blocking copy has landed only once its
+  event says so: the contracts CuPy and CUDA document.
+- **Views share memory**: ``a[lo:hi]`` is a view of ``a``'s data, as a CuPy slice is;
+  ``data.ptr`` is the real address, so an alignment check sees what a device pointer would.
 - **Events carry the time they ran** (``get_elapsed_time``, in ms, as CuPy's), so work that takes
-  time on "the device" shows between two events and not on the host clock of the call that queued it.
+  time on "the device" shows between two events, not on the host clock of the call that queued it.
 
-Installed as the module ``cupy`` for one test (``install``), so ``backend.get_array_module`` and
+Installed as the module ``cupy`` (``install``), so ``backend.get_array_module`` and
 ``sys.modules["cupy"]`` hand it to the code under test exactly as they would hand CuPy.  Arithmetic
-on these arrays is not modelled (``.data`` is the NumPy array for a test to read and write).
+is modelled only for what the self-check's transport case uses (``array``, ``zeros_like``,
+``ones``, ``matmul``, item assignment); ``.data`` is the NumPy array for a test to read and write.
 """
 from __future__ import annotations
 
@@ -26,27 +30,36 @@ import types
 
 import numpy as np
 
-_QUEUE: list = []               # (stream, callable) in issue order: what "the device" has to run
 STATE = types.SimpleNamespace(waits=0, gpu_keeps_up=True, ran=0)
 
 
-def _run_until(op=None) -> None:
-    """Runs the queue up to and including ``op`` (everything when None; nothing when ``op`` has
-    already run)."""
-    if op is not None and all(fn is not op for _, fn in _QUEUE):
-        return
-    while _QUEUE:
-        stream, fn = _QUEUE.pop(0)
-        fn()
-        STATE.ran += 1
-        if fn is op:
-            return
+class _Op:
+    """Queued device work: runs once, after what it depends on."""
+
+    def __init__(self, fn, deps):
+        self.fn, self.deps, self.done = fn, [d for d in deps if d is not None], False
+
+    def run(self) -> None:
+        stack = [self]
+        while stack:                              # depth first, without recursion limits
+            op = stack[-1]
+            todo = [d for d in op.deps if not d.done]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            if not op.done:
+                op.done = True
+                op.fn()
+                STATE.ran += 1
 
 
-def enqueue(fn, stream=None):
+def enqueue(fn, stream=None) -> _Op:
     """Queues ``fn`` on ``stream`` (the current one by default): it runs when the device gets there."""
-    _QUEUE.append((stream or _CURRENT, fn))
-    return fn
+    stream = stream or _CURRENT
+    op = _Op(fn, [stream.last])
+    stream.last = op
+    return op
 
 
 class _Memory(np.ndarray):
@@ -64,15 +77,23 @@ class ndarray:  # noqa: N801 - CuPy's name
     shape = property(lambda self: self._a.shape)
     dtype = property(lambda self: self._a.dtype)
     size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
 
     def __getitem__(self, key):
         return ndarray(self._a[key], _view=True)
+
+    def __setitem__(self, key, value):
+        dst = self._a
+
+        def copy():
+            dst[key] = value._a if isinstance(value, ndarray) else value
+        enqueue(copy)
 
     def set(self, arr, stream=None):
         dst = self._a
 
         def copy():
-            dst[...] = arr                            # reads ``arr`` when the stream runs it
+            dst[...] = arr                        # reads ``arr`` when the stream runs it
         enqueue(copy, stream)
 
     def get(self, stream=None, order="C", out=None, blocking=True):
@@ -84,7 +105,7 @@ class ndarray:  # noqa: N801 - CuPy's name
         op = enqueue(copy, stream)
         if blocking:
             STATE.waits += 1
-            _run_until(op)
+            op.run()
         return out
 
 
@@ -94,15 +115,16 @@ ndarray.__module__ = "cupy"
 class Stream:
     def __init__(self, null=False, non_blocking=False, ptds=False):
         self.ptr = 0 if null else id(self)
+        self.last = None                          # the newest op queued on this stream
 
     def synchronize(self):
         STATE.waits += 1
-        last = [fn for s, fn in _QUEUE if s is self]
-        if last:
-            _run_until(last[-1])
+        if self.last is not None:
+            self.last.run()
 
     def wait_event(self, event):
-        pass                                          # one FIFO: an event recorded earlier runs first
+        """Later work on this stream waits for what ``event`` recorded."""
+        self.last = _Op(lambda: None, [self.last, event._op])
 
     def __enter__(self):
         global _CURRENT
@@ -131,14 +153,14 @@ class Event:
 
     @property
     def done(self) -> bool:
-        if self.time is None and STATE.gpu_keeps_up and self._op is not None:
-            _run_until(self._op)
-        return self._op is None or self.time is not None
+        if self._op is not None and not self._op.done and STATE.gpu_keeps_up:
+            self._op.run()
+        return self._op is None or self._op.done
 
     def synchronize(self):
         STATE.waits += 1
-        if self.time is None and self._op is not None:
-            _run_until(self._op)
+        if self._op is not None:
+            self._op.run()
 
 
 def get_elapsed_time(start: Event, end: Event) -> float:
@@ -151,13 +173,38 @@ cuda = types.SimpleNamespace(get_current_stream=lambda: _CURRENT, Stream=Stream,
                              get_elapsed_time=get_elapsed_time)
 
 
-def array(data, dtype=None):
-    return ndarray(np.asarray(data, dtype=dtype))
+# ----------------------------------------------------------------------------- queued arithmetic
+def _queued(shape, dtype, fill) -> ndarray:
+    out = ndarray(np.zeros(shape, dtype))
+    dst = out._a
+
+    def write():
+        dst[...] = fill()
+    enqueue(write)
+    return out
+
+
+def array(data, dtype=None) -> ndarray:
+    """Host data to the device: the values are taken now (CuPy stages pageable data at once)."""
+    return ndarray(np.array(data._a if isinstance(data, ndarray) else data, dtype=dtype))
+
+
+def zeros_like(a) -> ndarray:
+    return _queued(a.shape, a.dtype, lambda: 0)
+
+
+def ones(shape, dtype=float) -> ndarray:
+    return _queued(shape, dtype, lambda: 1)
+
+
+def matmul(a, b) -> ndarray:
+    return _queued((a.shape[0], b.shape[1]), a.dtype, lambda: a._a @ b._a)
 
 
 def reset() -> None:
     """An idle device: nothing queued, counters at zero, the GPU keeping up."""
-    _QUEUE.clear()
+    global _CURRENT
+    _CURRENT = Stream(null=True)
     STATE.waits, STATE.ran, STATE.gpu_keeps_up = 0, 0, True
 
 

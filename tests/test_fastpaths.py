@@ -93,7 +93,7 @@ def test_off_runs_nothing_and_uses_only_references():
     out = F.validate(fakes(disabled, calls), "off", report=report)
     assert calls == [] and len(disabled) == 5
     assert all(v == {"status": "off", "fallback": f"the reference of {k}"} for k, v in out.items())
-    assert report.to_dict() == {"mode": "off", "seconds": 0.0, "components": out}
+    assert report.to_dict() == {"mode": "off", "seconds": 0.0, "gflops": 0.0, "components": out}
     with pytest.raises(ValueError, match="model.fast_paths"):
         F.validate([], "fast")
 
@@ -106,7 +106,8 @@ def test_a_numpy_run_has_nothing_to_check_and_spends_no_time():
     # several ranks with train.device = cpu: not even an agreement (comm=None would fail if used)
     topo = types.SimpleNamespace(size=4, comm=None, is_root=True)
     cfg = C.build(None, {"train": {"device": "cpu"}})
-    assert F.check(cfg, topo, model, NUMPY).to_dict() == {"mode": "auto", "seconds": 0.0, "components": {}}
+    assert F.check(cfg, topo, model, NUMPY).to_dict() == {"mode": "auto", "seconds": 0.0, "gflops": 0.0,
+                                                          "components": {}}
 
 
 # ----------------------------------------------------------------------------- the real builders
@@ -116,8 +117,10 @@ def test_a_broken_fused_kernel_is_detected_and_its_twin_runs():
         return h
     kernels = K.Kernels()
     comps = F.kernel_components(kernels, np, ("float32",), "float32", fast={"add_relu": add_without_relu})
-    assert [c.name for c in comps] == ["kernel bn_apply (float32)", "kernel add_relu (float32)",
-                                       "kernel sgd_update (float32)"]
+    assert [c.name for c in comps] == [
+        "kernel bn_apply (float32)", "kernel bn_apply (float32, nan)", "kernel add_relu (float32)",
+        "kernel add_relu (float32, nan)", "kernel sgd_update (float32)", "kernel sgd_update (float32, nan)",
+        "kernel sgd_update (float32, no mask)", "kernel sgd_update (float32, no momentum)"]
     out = F.validate(comps, "auto")
     assert out["kernel add_relu (float32)"]["status"] == "fell back"
     assert "h: relative error" in out["kernel add_relu (float32)"]["error"]
@@ -135,8 +138,31 @@ def test_the_self_check_passes_the_real_cuda_kernels_built_for_the_host():
     kernels = K.Kernels()
     comps = F.kernel_components(kernels, np, ("float32", "float64"), "float32", fast=cuda_host.FAST)
     out = F.validate(comps, "strict")
-    assert len(out) == 5 and all(v["status"] == "used" for v in out.values()), out
+    assert len(out) == 12 and all(v["status"] == "used" for v in out.values()), out
     assert kernels.disabled == frozenset()
+
+
+def test_the_self_check_catches_a_kernel_that_turns_nan_into_a_number():
+    """Issue 25, deliverable 3: NaN propagation.  The old fused add_relu (``v > 0 ? v : 0``, finding
+    4) passed the check on finite inputs and turned a NaN into 0, hiding a diverging run; the
+    ``nan`` case fails it (and a kernel that ignores its branches fails ``no mask``)."""
+    def add_relu_nan_to_zero(h, s):
+        h += s
+        h[...] = np.where(h > 0, h, 0)            # NaN > 0 is false: NaN becomes 0
+        return h
+
+    def sgd_ignoring_no_mask(p, g, buf, mask, lr, mu, wd, nesterov):
+        return K.sgd_update_ref(p, g, buf, np.zeros_like(p) if mask is None else mask, lr, mu, wd, nesterov)
+    kernels = K.Kernels()
+    comps = F.kernel_components(kernels, np, ("float32",), "float32",
+                                fast={"add_relu": add_relu_nan_to_zero, "sgd_update": sgd_ignoring_no_mask})
+    out = F.validate(comps, "auto")
+    assert out["kernel add_relu (float32)"]["status"] == "used"
+    assert out["kernel add_relu (float32, nan)"]["status"] == "fell back"
+    assert "where the reference has NaN" in out["kernel add_relu (float32, nan)"]["error"]
+    assert out["kernel sgd_update (float32, no mask)"]["status"] == "fell back"
+    assert [k for k, v in out.items() if v["status"] != "used"] == [
+        "kernel add_relu (float32, nan)", "kernel sgd_update (float32, no mask)"]
 
 
 def test_a_kernel_failing_in_one_dtype_stays_on_in_the_others(monkeypatch):
@@ -244,11 +270,119 @@ def test_a_gpu_runs_registry_and_check(caplog):
     topo = types.SimpleNamespace(size=1, comm=None, is_root=True)
     with caplog.at_level(logging.INFO, logger="scalesgd"):
         rep = F.check(cfg, topo, model, gpu, (None, None), None).to_dict()
-    assert len(rep["components"]) == 8 + 6 + 3 and rep["seconds"] > 0
+    # 8 conv geometries, 6 BN shapes, 8 kernel cases, then the whole model: one training step
+    assert len(rep["components"]) == 8 + 6 + 8 + 1 and rep["seconds"] > 0 and rep["gflops"] > 0
     assert all(v["status"] == "used" for v in rep["components"].values())
-    assert any(r.getMessage().startswith("fast paths: 17 checked against their references in ")
-               for r in caplog.records)
+    tally = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fast paths: ")]
+    assert len(tally) == 1 and tally[0].startswith("fast paths: 23 checked against their references in ")
     assert all(m.engine is not None for ms in F.model_layers(model, 2, 16)[0].values() for m in ms)
+
+
+class StaleShadowEngine:
+    """Builds the real CudnnEngine on the cuDNN stand-in, with finding 1 put back: an evaluation
+    forward reuses the KRSC weight copy of the last training forward."""
+
+    @staticmethod
+    def make(model):
+        import cudnn_stub
+        from scalesgd.nn import cudnn_conv as CC
+
+        class Stale(CC.CudnnEngine):
+            def conv_forward(self, mod, x, train):
+                if train or getattr(mod, "_krsc", None) is None:
+                    return super().conv_forward(mod, x, train)
+                live, mod.w = mod.w, mod._krsc.transpose(1, 2, 3, 0)   # the copy, not the weights
+                try:
+                    return super().conv_forward(mod, x, train)
+                finally:
+                    mod.w = live
+        return Stale(cudnn_stub.module(), cudnn_stub.HostXP(), "fp32", model.kernels)
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_the_whole_model_check_catches_stale_weights_and_leaves_the_model_as_it_was(stale, tmp_path):
+    """Issue 25, deliverable 3: after the per-part checks, the whole model runs as the run uses it,
+    on the real CudnnEngine (cuDNN stand-in, tests/cudnn_stub.py): a training step at the training
+    batch after an update in place, and each evaluation batch (here 10 full and 3 partial rows)
+    after another model was loaded into the flat buffers.  The engine with finding 1 put back passes
+    every per-layer check (fresh weights each time) and fails "load then evaluate"; the whole model
+    then falls back.  Either way the check leaves params, buffers, gradients and the grad hook as
+    they were, and no all-reduce hook fires during it."""
+    import cudnn_stub
+    from synth import make_dataset
+    from scalesgd.data.pipeline import Loader
+    from scalesgd.data.shards import ShardSet
+    from scalesgd.nn import cudnn_conv as CC
+    model = ResNet("resnet8", 10, 0.25, seed=0)
+    model.set_engine(StaleShadowEngine.make(model) if stale else
+                     CC.CudnnEngine(cudnn_stub.module(), cudnn_stub.HostXP(), "fp32", model.kernels))
+    hooked = []
+    model.set_grad_hook(hooked.append)
+    before = [a.copy() for a in (model.ps.params, model.ps.buffers, model.ps.grads)]
+    val = Loader(ShardSet.open(make_dataset(tmp_path / "d", n=4, n_val=13, size=12), "val"),
+                 batch_size=10, image_size=8, train=False)
+    assert F.run_batches(C.build(None, {"data": {"batch_size": 6}}), (None, val)) == (6, [3, 10])
+    cfg = C.build(None, {"data": {"image_size": 8, "batch_size": 6, "scale": [8.0, 10.0]}})
+    gpu = types.SimpleNamespace(is_gpu=True, xp=cudnn_stub.HostXP())
+    topo = types.SimpleNamespace(size=1, comm=None, is_root=True)
+    rep = F.check(cfg, topo, model, gpu, (None, val), None).to_dict()["components"]
+    whole = {k: v for k, v in rep.items() if k.startswith("model ")}
+    assert list(whole) == ["model train step after an update (6 rows)",
+                           "model evaluation after loading another model (3 rows)",
+                           "model evaluation after loading another model (10 rows)"]
+    per_part = [v["status"] for k, v in rep.items() if not k.startswith("model ")]
+    assert per_part and set(per_part) == {"used"}
+    statuses = [v["status"] for v in whole.values()]
+    if stale:
+        assert statuses == ["used", "fell back", "fell back"], whole
+        assert whole["model evaluation after loading another model (3 rows)"]["rel_error"] > 0.1
+        assert model.stem_conv.engine is None and model.kernels.disabled == set(K.KERNEL_NAMES)
+    else:
+        assert statuses == ["used"] * 3, whole
+        assert max(v["rel_error"] for v in whole.values()) < 1e-4
+        assert model.stem_conv.engine is not None
+    for a, b in zip((model.ps.params, model.ps.buffers, model.ps.grads), before):
+        np.testing.assert_array_equal(a, b)
+    assert hooked == []
+    x, y = np.random.default_rng(0).standard_normal((2, 8, 8, 3)).astype(np.float32), np.arange(2)
+    train_step(model, x, y)
+    assert hooked, "the run's grad hook is back"
+
+
+def test_the_transport_check_runs_with_device_work_in_flight(monkeypatch):
+    """Issue 25, deliverable 3: the transport is checked on a buffer whose values are still being
+    written by queued device work (tests/device_double.py).  A transport that copies a bucket on
+    its side stream without waiting for the compute stream reads what was there before (zeros) and
+    fails; the host transport, which waits for the compute stream's event, passes."""
+    import device_double
+    from mpi4py import MPI
+    from scalesgd.comm.collectives import BucketedAllreduce
+    from scalesgd.nn.params import Layout, TensorSpec
+    cp = device_double.install(monkeypatch)
+
+    class Sound(BucketedAllreduce):
+        transport = "sound"
+
+    class NoWait(BucketedAllreduce):
+        transport = "no wait"
+
+        def _copy_down(self, lo, hi):
+            if self._side is None:
+                self._side = cp.cuda.Stream(non_blocking=True)
+            self.flat[lo:hi].get(stream=self._side, out=self.buf[lo:hi], blocking=False)
+            landed = cp.cuda.Event()
+            landed.record(self._side)
+            return landed
+    lay = Layout([TensorSpec("g", (64,))])
+    for cls, status in ((Sound, "used"), (NoWait, "fell back")):
+        fell = []
+        method = types.SimpleNamespace(reducer=cls(MPI.COMM_SELF, cp.ndarray(np.zeros(64, np.float32)),
+                                                   lay, 64, True),
+                                       use_host_transport=lambda: fell.append(1))
+        (comp,) = F.transport_components(method)
+        out = F.validate([comp], "auto")[comp.name]
+        assert out["status"] == status, out
+        assert bool(fell) is (status == "fell back")
 
 
 def test_decode_check_reference_and_fallback(tmp_path):

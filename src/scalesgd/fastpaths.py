@@ -9,7 +9,13 @@ use, and is compared with its reference twin (docs/gpu.md):
 - each fused kernel of ``nn/kernels.py`` in the run's dtypes against its ``_ref`` twin;
 - DALI's GPU ("mixed") decode of a few crops of the training shards against its CPU decode;
 - the all-reduce transport the ``allreduce`` method chose (``nccl``, ``cuda_aware_mpi``) against
-  host-staged MPI (a collective; so :func:`check` runs after ``method.attach``).
+  host-staged MPI, on a buffer whose values are still being written by queued device work (a
+  collective; so :func:`check` runs after ``method.attach``);
+- then the whole model as the run uses it, with the parts that passed (``model_components``): a
+  training step at the training batch after an update of the weights in place ("update then
+  forward"), and each evaluation batch (ten-crop, the last partial batch) after loading another
+  model into the flat buffers ("load then evaluate": the BN evaluation path), so every graph the run
+  builds is built at start, on the real layers and views into the flat buffers.
 
 ``auto``: a component that fails (an output beyond its tolerance, non-finite or missing, or an
 exception) is turned off with ONE warning naming it, the error and the fallback; ``strict``: a
@@ -46,6 +52,11 @@ CHECK_BATCH = 2                      # batch of the cuDNN checks (real H, W, C o
 # plans, nn/cudnn_conv.build_conv) must not: a float32 summation-order difference is ~1e-6
 CONV_TOL = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 3e-2}
 KERNEL_TOL = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 1e-2}
+# the whole model (logits, gradients) against its reference layers: per-layer errors compound over
+# depth, so wider than CONV_TOL; a stale or wrong weight copy is off by O(1).  Estimates: not yet
+# calibrated on a GPU (benchmarks/gpu_check.sh records the errors a GPU gives)
+MODEL_TOL = {"fp32": 1e-3, "tf32": 5e-2, "bf16": 0.25}
+EVAL_ROWS = 2                        # rows of an evaluation batch compared (eval rows are independent)
 TRANSPORT_TOL = 1e-6                 # float32 sums of a few ranks: only the summation order differs
 DECODE_TOL = 0.05                    # nvJPEG vs libjpeg-turbo: IDCT and chroma upsampling differ
 DECODE_SAMPLES = 4
@@ -75,11 +86,11 @@ class Report:
         if mode is not None and mode not in FAST_PATH_MODES:
             raise ValueError(f"model.fast_paths: expected one of {', '.join(FAST_PATH_MODES)}, "
                              f"got {mode!r}")
-        self.mode, self.seconds, self.components = mode, 0.0, {}
+        self.mode, self.seconds, self.components, self.gflops = mode, 0.0, {}, 0.0
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps({"mode": self.mode, "seconds": self.seconds,
-                                      "components": self.components}))
+                                      "gflops": round(self.gflops, 3), "components": self.components}))
 
 
 # ----------------------------------------------------------------------------- comparing
@@ -104,8 +115,13 @@ def compare(got, want, tol: float, names: tuple = ()) -> tuple[float, str | None
         a, b = _host64(a), _host64(b)
         if a.shape != b.shape:
             return math.inf, f"{what}: shape {a.shape}, the reference's is {b.shape}"
-        if not np.isfinite(a).all():
-            return math.inf, f"{what}: {int((~np.isfinite(a)).sum())} non-finite values (unwritten?)"
+        bad, want_bad = ~np.isfinite(a), ~np.isfinite(b)
+        if (bad & ~want_bad).any():
+            return math.inf, f"{what}: {int((bad & ~want_bad).sum())} non-finite values (unwritten?)"
+        if (want_bad & ~bad).any():
+            return math.inf, (f"{what}: {int((want_bad & ~bad).sum())} finite values where the "
+                              "reference has NaN or inf (a NaN turned into a number hides divergence)")
+        a, b = a[~bad], b[~bad]
         err = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
         worst = max(worst, err)
         if not err <= tol:
@@ -143,13 +159,16 @@ def _why(exc: BaseException) -> str:
 
 
 # ----------------------------------------------------------------------------- the check
-def validate(components, mode: str, agree=None, speak: bool = True, report: Report | None = None) -> dict:
+def validate(components, mode: str, agree=None, speak: bool = True, report: Report | None = None,
+             tally: bool = True) -> dict:
     """Checks ``components`` as ``mode`` says; records and returns each outcome ({name: dict}).
 
     ``agree(failed) -> failed``: this rank's {name: (error, fallback)} -> every rank's, merged in
     rank order (a collective: every rank calls it once per ``validate``, with or without
     components; None on one rank).  ``speak``: this rank writes the log lines (rank 0).  In
-    ``strict`` mode a failure anywhere raises BackendError on every rank, after the agreement."""
+    ``strict`` mode a failure anywhere raises BackendError on every rank, after the agreement.
+    ``tally``: end with the line counting the components checked (a caller that validates in
+    rounds says it once itself)."""
     if mode not in FAST_PATH_MODES:
         raise ValueError(f"model.fast_paths: expected one of {', '.join(FAST_PATH_MODES)}, got {mode!r}")
     report = report if report is not None else Report(mode)
@@ -173,7 +192,7 @@ def validate(components, mode: str, agree=None, speak: bool = True, report: Repo
         if c.name in failed:
             c.disable()
             out[c.name].update(status="fell back", error=failed[c.name][0], fallback=c.fallback)
-    _say(failed, components, time.perf_counter() - t0, speak)
+    _say(failed, components, time.perf_counter() - t0, speak, tally)
     if components:                   # nothing to check (NumPy): no time is spent, none reported
         report.seconds = round(report.seconds + time.perf_counter() - t0, 6)
     report.components.update(out)
@@ -193,14 +212,14 @@ def _turn_off(components, speak: bool, report: Report) -> dict:
     return out
 
 
-def _say(failed: dict, components, seconds: float, speak: bool) -> None:
+def _say(failed: dict, components, seconds: float, speak: bool, tally: bool = True) -> None:
     """Rank 0's lines: one warning per component that failed (on any rank), and the tally."""
     if not speak:
         return
     for name, (why, fallback) in failed.items():
         log.warning("warning: fast path %s failed its start-up check (%s): using %s instead",
                     name, why, fallback)
-    if components:
+    if components and tally:
         log.info("fast paths: %d checked against their references in %.2f s, %d fell back",
                  len(components), seconds, len(failed))
 
@@ -238,10 +257,18 @@ def check(cfg, topo, model, backend, loaders=(), method=None) -> Report:
     Several ranks agree unless ``train.device = cpu`` (then none is on a GPU): a rank left on NumPy
     by ``device = auto`` still takes part, so a job mixing GPU and CPU ranks cannot hang here."""
     report = Report(cfg.model.fast_paths)
-    comps = components(model, backend, cfg, loaders, method)
     agree = agree_over(topo.comm) if topo.size > 1 and cfg.train.device != "cpu" else None
-    if comps or agree is not None:
-        validate(comps, cfg.model.fast_paths, agree, speak=topo.is_root, report=report)
+    # two rounds: each part alone, then the whole model with the parts that passed (so a model
+    # failure is the parts' integration: weight copies, views, the evaluation graphs)
+    for comps in (components(model, backend, cfg, loaders, method),
+                  model_components(model, backend, cfg, loaders, report)):
+        if comps or agree is not None:
+            validate(comps, cfg.model.fast_paths, agree, speak=topo.is_root, report=report, tally=False)
+    done = report.components.values()
+    if done and topo.is_root and cfg.model.fast_paths != "off":
+        log.info("fast paths: %d checked against their references in %.2f s (about %.0f GFLOPs), "
+                 "%d fell back", len(done), report.seconds, report.gflops,
+                 sum(v["status"] == "fell back" for v in done))
     return report
 
 
@@ -324,12 +351,15 @@ def kernel_components(kernels, xp, acts=("float32",), par: str = "float32", fast
     outputs = {"bn_apply": ("y",), "add_relu": ("h",), "sgd_update": ("params", "momentum")}
     for name in K.KERNEL_NAMES:
         for act in ((par,) if name == "sgd_update" else acts):
-            # the case is made inside the check (bf16 inputs need ml_dtypes: its absence is a failure)
-            case = (lambda name=name, act=act: K.check_case(name, xp, act, par, fast=(fast or {}).get(name)))
-            out.append(Component(f"kernel {name} ({act})", lambda case=case: case()[0](),
-                                 lambda case=case: case()[1](), KERNEL_TOL[act],
-                                 f"its reference twin {name}_ref", lambda name=name, act=act: kernels.disable(name, act),
-                                 outputs[name]))
+            for kind in K.CASES[name]:
+                # the case is made inside the check (bf16 inputs need ml_dtypes: its absence is a failure)
+                case = (lambda name=name, act=act, kind=kind:
+                        K.check_case(name, xp, act, par, fast=(fast or {}).get(name), case=kind))
+                label = act if kind == "random" else f"{act}, {kind}"
+                out.append(Component(f"kernel {name} ({label})", lambda case=case: case()[0](),
+                                     lambda case=case: case()[1](), KERNEL_TOL[act],
+                                     f"its reference twin {name}_ref",
+                                     lambda name=name, act=act: kernels.disable(name, act), outputs[name]))
     return out
 
 
@@ -404,7 +434,7 @@ def transport_components(method, size: int = 10_007) -> list[Component]:
     values = np.random.default_rng([comm.Get_rank(), 5]).standard_normal(lay.size).astype(dtype)
 
     def reduce(cls):
-        flat = xp.array(values)                 # a fresh copy for each reducer
+        flat = written_late(xp, values)         # a fresh copy for each reducer, still being written
         r = cls(comm, flat, lay, lay.size * dtype.itemsize // 3, red.overlap)
         for spec in reversed(lay.specs):        # as backward reports them (no-op without overlap)
             r.ready([spec.name])
@@ -414,3 +444,161 @@ def transport_components(method, size: int = 10_007) -> list[Component]:
     return [Component(f"allreduce {red.transport}", lambda: reduce(type(red)),
                       lambda: reduce(BucketedAllreduce), TRANSPORT_TOL, "the host transport (MPI on "
                       "pinned host copies)", method.use_host_transport, ("sum",))]
+
+
+def written_late(xp, values: np.ndarray):
+    """A device array that will hold ``values`` once the work queued on the current stream has run:
+    a few milliseconds of matrix products are queued first, then the device-to-device copy of the
+    values, so a transport that reads the buffer without waiting for the stream reads zeros."""
+    src = xp.array(values)
+    out = xp.zeros_like(src)
+    busy = xp.ones((512, 512), dtype=values.dtype)
+    for _ in range(4):
+        busy = xp.matmul(busy, busy)
+    out[...] = src
+    return out
+
+
+# ----------------------------------------------------------------------------- the whole model
+def run_batches(cfg, loaders) -> tuple[int, list[int]]:
+    """(rows of a training batch, [rows of each distinct evaluation batch]) the run's forwards
+    see: ``data.batch_size``; the validation loader's full and last partial batch, times its crops
+    (ten-crop: 10 rows per sample)."""
+    val = [ld for ld in loaders if ld is not None and not ld.train]
+    rows = []
+    if val:
+        n, b = len(val[0].indices(0)), val[0].batch_size
+        rows = sorted({r * val[0].crops for r in ([b] if n >= b else []) + ([n % b] if n % b else [])})
+    return cfg.data.batch_size, rows
+
+
+def forward_gflops(model, rows: int, hw: int) -> float:
+    """GFLOPs of one forward of ``model`` on (rows, hw, hw, 3): 2 per multiply-add of each conv."""
+    total = 0
+    for (xs, ws, stride, pad), mods in model_layers(model, rows, hw)[0].items():
+        ho, wo = ((xs[i] + 2 * pad - ws[i - 1]) // stride + 1 for i in (1, 2))
+        total += 2 * rows * ho * wo * ws[0] * ws[1] * ws[2] * ws[3] * len(mods)
+    return total / 1e9
+
+
+class _Isolated:
+    """Runs model checks without a trace: the flat params, buffers and gradients, each layer's
+    engine and grad hook (an all-reduce must not start from a check's backward) and the kernels'
+    choice are restored on exit."""
+
+    def __init__(self, model):
+        from .nn import resnet as R  # noqa: PLC0415
+        self.model, self.ps = model, model.ps
+        self.leaves = [m for m in R._leaves(model.net)]
+
+    def __enter__(self):
+        ps = self.ps
+        self.saved = [ps.params.copy(), ps.buffers.copy(), ps.grads.copy()]
+        self.engines = [(m, m.engine) for m in self.leaves if hasattr(m, "engine")]
+        self.hooks = [(m, m.grad_hook) for m in self.leaves if hasattr(m, "grad_hook")]
+        self.impl = self.model.kernels.impl
+        for m, _ in self.hooks:
+            m.grad_hook = None
+        return self
+
+    def reference(self) -> None:
+        """The reference layers and kernels for the rest of the block."""
+        for m, _ in self.engines:
+            m.engine = None
+        self.model.kernels.impl = "reference"
+
+    def __exit__(self, *exc):
+        ps = self.ps
+        for flat, saved in zip((ps.params, ps.buffers, ps.grads), self.saved):
+            flat[...] = saved
+        for m, e in self.engines:
+            m.engine = e
+        for m, h in self.hooks:
+            m.grad_hook = h
+        self.model.kernels.impl = self.impl
+
+
+def model_components(model, backend, cfg, loaders=(), report: Report | None = None) -> list[Component]:
+    """The whole model as the run uses it, on its GPU layers (none on NumPy, or with neither cuDNN
+    nor fused kernels in use): one training step at the training batch after the weights were
+    changed in place, and an evaluation forward at each evaluation batch after another model was
+    loaded into the flat buffers, each against the reference layers and kernels.  ``report``: gets
+    the checks' estimated GFLOPs.  Falling back runs the whole model on the reference."""
+    if not getattr(backend, "is_gpu", False):
+        return []
+    engine, kernels = model.stem_conv.engine, model.kernels
+    if engine is None and kernels.impl != "fused":
+        return []
+    xp, hw = backend.xp, cfg.data.image_size
+    tol = MODEL_TOL[getattr(engine, "precision", "fp32")]
+    train_rows, eval_rows = run_batches(cfg, loaders)
+    if report is not None:               # fast: 2 steps + 2 forwards each; reference: 1 step + rows
+        report.gflops += (9 * forward_gflops(model, train_rows, hw)
+                          + sum(2 * forward_gflops(model, r, hw) for r in eval_rows)
+                          + len(eval_rows) * forward_gflops(model, EVAL_ROWS, hw))
+
+    def fallback():
+        model.set_engine(None)
+        from .nn import kernels as K  # noqa: PLC0415
+        for name in K.KERNEL_NAMES:
+            kernels.disable(name)
+    out = [Component(f"model train step after an update ({train_rows} rows)",
+                     lambda: _train_after_update(model, xp, train_rows, hw, fast=True),
+                     lambda: _train_after_update(model, xp, train_rows, hw, fast=False),
+                     tol, "the reference layers and kernels for the whole model", fallback,
+                     ("logits", "grads"))]
+    for rows in eval_rows:
+        out.append(Component(f"model evaluation after loading another model ({rows} rows)",
+                             lambda rows=rows: _eval_after_load(model, xp, rows, hw, fast=True),
+                             lambda rows=rows: _eval_after_load(model, xp, rows, hw, fast=False),
+                             tol, "the reference layers and kernels for the whole model", fallback,
+                             ("logits",)))
+    return out
+
+
+def _inputs(xp, rows: int, hw: int, seed: int):
+    rng = np.random.default_rng([seed, rows])
+    return (xp.array(rng.standard_normal((rows, hw, hw, 3)).astype(np.float32)),
+            xp.array(rng.integers(0, 2, rows)))
+
+
+def _changed(xp, a, seed: int):
+    """``a`` scaled element-wise by factors in [0.5, 1.5] (the same on every rank): another model."""
+    f = np.random.default_rng(seed).uniform(0.5, 1.5, a.size)
+    return a * xp.array(f.astype(np.float32)).astype(a.dtype)
+
+
+def _train_after_update(model, xp, rows: int, hw: int, fast: bool):
+    """Logits and gradients of a training step at ``rows`` after the weights changed in place (as
+    the optimizer changes them): the fast path first runs a step at the old weights, so any copy
+    of them it keeps (a weight layout, a graph) must follow the update."""
+    from .nn.layers import softmax_cross_entropy  # noqa: PLC0415
+    x, y = _inputs(xp, rows, hw, 1)
+    with _Isolated(model) as iso:
+        if fast:
+            logits, cache = model.forward(x, True)
+            model.backward(softmax_cross_entropy(logits, y)[1], cache)
+        else:
+            iso.reference()
+        model.ps.params[...] = _changed(xp, model.ps.params, 2)
+        logits, cache = model.forward(x, True)
+        model.backward(softmax_cross_entropy(logits, y)[1], cache)
+        return logits.astype(np.float32), model.ps.grads.copy()
+
+
+def _eval_after_load(model, xp, rows: int, hw: int, fast: bool):
+    """Logits of an evaluation forward at ``rows`` after another model (weights and BN running
+    statistics) was loaded into the flat buffers, as the EASGD center, a gossip average or a
+    resumed model is: the fast path first evaluates the run's own model.  Evaluation rows are
+    independent, so the reference computes only the first ``EVAL_ROWS`` (its cost stays small)."""
+    x, _ = _inputs(xp, rows, hw, 3)
+    with _Isolated(model) as iso:
+        if fast:
+            model.forward(x, False)
+        else:
+            iso.reference()
+            x = x[:EVAL_ROWS]
+        model.ps.params[...] = _changed(xp, model.ps.params, 4)
+        model.ps.buffers[...] = _changed(xp, model.ps.buffers, 5)
+        logits, _ = model.forward(x, False)
+        return logits[:EVAL_ROWS].astype(np.float32)

@@ -1,7 +1,9 @@
 """Every all-reduce transport this machine can run, on 2+ ranks, against the closed-form sum:
-``mpiexec -n 2 python tests/gpu/allreduce_parity.py numpy|cupy``.  numpy: the host transport on
-NumPy buffers (the only one there is); cupy: host staging, CUDA-aware MPI and NCCL on CuPy buffers,
-each one that ``comm/device.py`` can use here (the others are named as skipped)."""
+``mpiexec -n 2 python tests/gpu/allreduce_parity.py numpy|double|cupy``.  numpy: the host transport
+on NumPy buffers (the only one there is); double: the host transport's device path (side-stream
+copies, events) on tests/device_double.py's arrays, whose values are still being written by queued
+work when the transport starts; cupy: host staging, CUDA-aware MPI and NCCL on CuPy buffers, each
+one that ``comm/device.py`` can use here (the others are named as skipped)."""
 import sys
 from pathlib import Path
 
@@ -9,10 +11,12 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mpi"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import run_checks  # noqa: E402
 
 from scalesgd.comm import device  # noqa: E402
 from scalesgd.errors import MethodError  # noqa: E402
+from scalesgd.fastpaths import written_late  # noqa: E402
 from scalesgd.nn.params import Layout, TensorSpec  # noqa: E402
 
 BACKEND = sys.argv[1] if len(sys.argv) > 1 else "numpy"
@@ -23,22 +27,25 @@ def transports_sum_to_the_closed_form(comm):
     and without overlap (buckets started as backward would report them)."""
     if BACKEND == "cupy":
         import cupy as xp
+    elif BACKEND == "double":
+        import device_double
+        xp = device_double.install()
     else:
         xp = np
     lay = Layout([TensorSpec(f"t{i}", (2500 + 37 * i,)) for i in range(6)])
     base = np.random.default_rng(0).standard_normal(lay.size).astype(np.float32)
     p = comm.Get_size()
     want = base.astype(np.float64) * p + p * (p - 1) / 2
-    names = ("host",) if BACKEND == "numpy" else ("host", "cuda_aware_mpi", "nccl")
+    names = ("host",) if BACKEND != "cupy" else ("host", "cuda_aware_mpi", "nccl")
     for name in names:
         try:
-            device.resolve(comm, name, BACKEND == "cupy")
+            device.resolve(comm, name, BACKEND != "numpy")
         except MethodError as exc:              # every rank alike: this machine cannot run it
             if comm.rank == 0:
                 print(f"skipped transport {name}: {exc}", flush=True)
             continue
         for overlap in (True, False):
-            flat = xp.asarray(base + comm.rank)
+            flat = xp.asarray(base + comm.rank) if BACKEND != "double" else written_late(xp, base + comm.rank)
             red = device.make_allreducer(name, comm, flat, lay, lay.size, overlap)  # 4 buckets
             for spec in reversed(lay.specs):
                 red.ready([spec.name])

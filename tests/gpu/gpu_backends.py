@@ -3,7 +3,11 @@ written against ``xp`` runs once per array module, and its outputs are compared 
 Here every body's float32 outputs are compared with the same body run in float64 on NumPy, so the
 NumPy case checks the reference path itself and the CuPy cases check the GPU paths against it.
 Without CuPy and a GPU the CuPy cases are skipped with the reason ``no GPU/CuPy``; with one,
-``python -m pytest tests/gpu`` runs them all in one call (benchmarks/gpu_check.sh does)."""
+``python -m pytest tests/gpu`` runs them all in one call (benchmarks/gpu_check.sh does).
+
+The ``cudnn-double`` path runs everywhere: the real ``CudnnEngine`` (graph building, weight copies,
+packs, BN statistics) over NumPy, its graphs executed by the cuDNN Frontend stand-in with the
+bindings' real signatures (tests/cudnn_stub.py), so the engine's logic is checked in every CI run."""
 from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 
@@ -56,13 +60,17 @@ def make_path(name: str) -> Path:
     if name == "cupy":
         return Path(name, CUPY, None, 1e-5)
     from scalesgd.nn import cudnn_conv as CC       # cuDNN may run float32 convolutions in TF32
+    if name == "cudnn-double":
+        import cudnn_stub
+        return Path(name, np, CC.CudnnEngine(cudnn_stub.module(), cudnn_stub.HostXP(), "fp32"), 1e-5)
     return Path(name, CUPY, CC.CudnnEngine(CUDNN, CUPY, "fp32"), 2e-3)
 
 
 NEEDS_GPU = pytest.mark.skipif(CUPY is None, reason=NO_GPU)
 XP = [pytest.param("numpy"), pytest.param("cupy", marks=NEEDS_GPU)]
 PATHS = XP + [pytest.param("cupy-cudnn", marks=[NEEDS_GPU, pytest.mark.skipif(
-    CUPY is not None and CUDNN is None, reason="cudnn frontend not importable")])]
+    CUPY is not None and CUDNN is None, reason="cudnn frontend not importable")]),
+                  pytest.param("cudnn-double")]
 FLOAT64 = Path("numpy-float64", np, None, 0.0)          # the reference every body is compared with
 
 

@@ -2,7 +2,9 @@
 backend (gpu_backends.py): conv fprop/dgrad/wgrad over the geometries ResNets use, BN forward and
 backward, each fused kernel, the SGD optimizer, one ResNet-20 training step (NumPy, CuPy with the
 im2col layers, CuPy with cuDNN), DALI's GPU decode against its CPU decode, and the device all-reduce
-on 2 ranks.  Here (no GPU) the NumPy cases run and the others are skipped with the reason."""
+on 2 ranks.  Here (no GPU) the NumPy cases and the doubles' cases (the real cuDNN engine on the
+Frontend stand-in, the host transport's device path on tests/device_double.py) run, and the others
+are skipped with the reason."""
 import io
 from pathlib import Path as FsPath
 
@@ -130,7 +132,8 @@ def test_dali_decode(xp):
 
 
 @uses_mpi
-@pytest.mark.parametrize("backend", [pytest.param("numpy"), pytest.param("cupy", marks=NEEDS_GPU)])
+@pytest.mark.parametrize("backend", [pytest.param("numpy"), pytest.param("double"),
+                                     pytest.param("cupy", marks=NEEDS_GPU)])
 def test_device_allreduce_two_ranks(backend):
     """Every transport this machine can run sums a bucketed buffer to the closed form on 2 ranks."""
     out = check(run_mpi(2, [str(HERE / "allreduce_parity.py"), backend], timeout=120))

@@ -267,7 +267,12 @@ def _np_dtype(name: str):
     return np.dtype(name)
 
 
-def check_case(name: str, xp, act: str = "float32", par: str = "float32", seed: int = 0, fast=None):
+CASES = {"bn_apply": ("random", "nan"), "add_relu": ("random", "nan"),
+         "sgd_update": ("random", "nan", "no mask", "no momentum")}
+
+
+def check_case(name: str, xp, act: str = "float32", par: str = "float32", seed: int = 0, fast=None,
+               case: str = "random"):
     """(fast, reference): two runners of kernel ``name`` on the same small random inputs (never
     zeros; sizes not multiples of the block), each returning a tuple of arrays.
 
@@ -275,32 +280,44 @@ def check_case(name: str, xp, act: str = "float32", par: str = "float32", seed: 
     caller may pass another ``fast`` with the same signature), on inputs in ``act`` (activations) /
     ``par`` (parameters); ``reference()`` calls the ``_ref`` twin on the same values widened to
     float32 (float64 for float64 runs), so a bf16 kernel is checked against float32 arithmetic.
-    Used by the start-up self-check (fastpaths.py); the inputs are the same on every rank."""
+    ``case`` (one of ``CASES[name]``): ``random``; ``nan``: some inputs NaN, which must come out
+    NaN where the twin's do (a kernel that turns NaN into 0 hides a diverging run); for
+    ``sgd_update`` also ``no mask`` (weight decay on every parameter) and ``no momentum`` (plain
+    SGD), the kernel's other branches.  Used by the start-up self-check (fastpaths.py); the inputs
+    are the same on every rank."""
     if name not in KERNEL_NAMES:
         raise ValueError(f"kernels: no kernel {name!r} (known: {', '.join(KERNEL_NAMES)})")
-    rng = np.random.default_rng([seed, KERNEL_NAMES.index(name)])
+    if case not in CASES[name]:
+        raise ValueError(f"kernels: {name} has no case {case!r} (known: {', '.join(CASES[name])})")
+    rng = np.random.default_rng([seed, KERNEL_NAMES.index(name), CASES[name].index(case)])
     wide = "float64" if "float64" in (act, par) else "float32"
     fast = fast or globals()[name]
+
+    def values(shape, scale=1.0, shift=0.0, poison=False):
+        v = rng.standard_normal(shape) * scale + shift
+        if poison and case == "nan":             # a few NaN, in the middle of the buffer
+            v.reshape(-1)[1::97] = np.nan
+        return v
 
     def pair(a, dt):             # fresh copies of (the kernel's input, the same values widened)
         a = a.astype(_np_dtype(dt))
         return (lambda: xp.array(a)), (lambda: xp.array(a.astype(wide)))
 
     if name == "bn_apply":       # x: (2, 5, 7, 24) NHWC, scale/shift: (24,)
-        x, sc, sh = (pair(v, dt) for v, dt in ((rng.standard_normal((2, 5, 7, 24)) * 2 + 0.3, act),
-                                               (rng.standard_normal(24), par),
-                                               (rng.standard_normal(24), par)))
+        x, sc, sh = (pair(v, dt) for v, dt in ((values((2, 5, 7, 24), 2, 0.3, poison=True), act),
+                                               (values(24), par), (values(24), par)))
         return (lambda: (fast(x[0](), sc[0](), sh[0](), True),),
                 lambda: (bn_apply_ref(x[1](), sc[1](), sh[1](), True),))
     if name == "add_relu":       # h, s: (3, 7, 5, 16); h is updated in place
-        h, s = (pair(rng.standard_normal((3, 7, 5, 16)), act) for _ in range(2))
+        h, s = (pair(values((3, 7, 5, 16), poison=i == 0), act) for i in range(2))
         return (lambda: (fast(h[0](), s[0]()),), lambda: (add_relu_ref(h[1](), s[1]()),))
     n = 1001                     # sgd_update: flat buffers (n,), Nesterov, masked weight decay
-    p, g, buf = (pair(rng.standard_normal(n), par) for _ in range(3))
+    p, g, buf = (pair(values(n, poison=i == 1), par) for i in range(3))
     mask = pair((rng.random(n) < 0.6).astype(np.float64), par)
+    mu = 0.0 if case == "no momentum" else 0.9
 
     def step(which, fn):
         pv, bv = p[which](), buf[which]()
-        fn(pv, g[which](), bv, mask[which](), 0.1, 0.9, 1e-2, True)
+        fn(pv, g[which](), bv, None if case == "no mask" else mask[which](), 0.1, mu, 1e-2, True)
         return pv, bv
     return (lambda: step(0, fast)), (lambda: step(1, sgd_update_ref))
