@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs benchmarks/gpu_check.py on a lent GPU machine (whose python3 has CuPy, PyTorch, mpi4py).
-# nvidia-cudnn-frontend is NOT in that image: carry its wheel in .whl/ (docs/gpu.md says how);
-# without it the cuDNN column is skipped and only the im2col and torch columns run.
-# Runs the parity tests of tests/gpu first (gpu_tests.log), then the timings.
+# The first GPU contact in one call (< 10 min on an H200): the parity tests of tests/gpu
+# (gpu_tests.log), then benchmarks/gpu_check.py's sections (parity, strict self-check on ResNet-50,
+# ResNet-50 vs PyTorch in fp32 and bf16, 2-rank all-reduce per transport, DALI GPU vs CPU decode):
+# one JSON and one table.  Needs python3 with CuPy, PyTorch, mpi4py; wheels found in .whl/
+# (nvidia-cudnn-frontend, an MPI such as mpich: docs/benchmarks.md#gpu says how) are installed first.
 # Usage: bash benchmarks/gpu_check.sh [gpu_check.py args]   (results under $OUT, else ./gpu_check_out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
