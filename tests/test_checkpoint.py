@@ -216,7 +216,7 @@ def test_resume_refuses_a_different_method_or_model(tmp_path, data):
     p = run_cli(["--resume", str(run_dir), "--method", "allreduce"], tmp_path)
     one_line_error(p, "train.method was 'single', now 'allreduce'")
     p = run_cli(["--resume", str(run_dir), "--gossip-graph", "ring"], tmp_path)   # a peer choice's state
-    one_line_error(p, "dist.gossip_graph was 'exponential', now 'ring'")
+    one_line_error(p, "dist.gossip_graph was 'uniform', now 'ring'")
     p = run_cli(["--init-from", str(ckpt.listing(ckpt.checkpoint_dir(run_dir))[-1]), "--data", str(data),
                  *TINY, "--width", "0.5", "--run-dir", str(tmp_path / "w")], tmp_path)
     one_line_error(p, "is not this run's")

@@ -151,7 +151,7 @@ class DistConfig:
     gossip_gamma: float = _f(0.5, "gossip pull: x_i <- (1-gamma) x_i + gamma x_j", lo=0, hi=1,
                              lo_open=True)
     gossip_self: bool = _f(True, "gossip: a rank may pick itself as peer (as the authors' code)")
-    gossip_graph: str = _f("exponential", "gossip: who a rank exchanges with: uniform (a random peer, as the "
+    gossip_graph: str = _f("uniform", "gossip: who a rank exchanges with: uniform (a random peer, as the "
                            "authors), exponential (rank + 2^k, k cycling), ring (rank + 1)",
                            choices=GOSSIP_GRAPHS)
     gossip_overlap: bool = _f(False, "gossip: start each exchange after the local step and complete it "
