@@ -258,3 +258,40 @@ def test_one_ranks_error_ends_every_method_fast(tmp_path, data, method, ranks, r
     # the others were ended, not left blocked or training on: no rank outlives the job
     assert ranks_left(str(run_dir)) == [], "a rank outlived the job"
     assert not (run_dir / "summary.json").exists()
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 400 KiB tmpfs (root and mount(8) needed, else skipped with the reason; CI runs as root):
+    room for the run's files and one checkpoint of the tiny model, not for two."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount(8) to make a small file system")
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(tmp_path, small_filesystem):
+    """Issue 26: the disk filling up while a checkpoint is written printed a 62-line traceback (HDF5
+    raised again when the unfinished file was closed).  Now: one line naming the checkpoint, the
+    cause, the file system and the last good checkpoint; no temporary file left; that checkpoint
+    still verifies."""
+    run_dir = small_filesystem / "run"
+    p = run_cli([*TINY, "--epochs", "3", "--checkpoint-every", "1", "--keep-checkpoints", "3",
+                 "--run-dir", str(run_dir)], tmp_path)
+    ckpts = run_dir / "checkpoints"
+    good = ckpt.listing(ckpts)
+    assert len(good) == 1, (p.stderr, good)
+    line = one_line_error(p, "cannot write the checkpoint (No space left on device)",
+                          f"on the file system mounted at {small_filesystem}",
+                          f"the last good checkpoint is {good[0]}")
+    assert line.startswith(f"scalesgd: error: {ckpts}/ckpt-"), line
+    assert sorted(f.name for f in ckpts.iterdir()) == [good[0].name], "a temporary file was left"
+    ckpt.verify(good[0])

@@ -1,5 +1,8 @@
 """The program as a user runs it: real processes, real shards, real mpiexec."""
 import json
+import os
+import subprocess
+import sys
 
 import h5py
 import pytest
@@ -87,6 +90,28 @@ def test_unreadable_jpeg_is_skipped_named_and_counted(tmp_path):
     assert summary["bad_samples"] == 1 and summary["samples"] == 48       # no step lost
 
 
+def test_a_resumed_run_counts_bad_samples_on_from_its_checkpoint(tmp_path):
+    """Issue 26: a resumed run counted bad samples from zero (the history's count dropped at the
+    first evaluation after the resume) and warned again about samples the first allocation had
+    warned about.  Now the count and what the loaders know are in the checkpoint: one warning per
+    sample per job, a count that never drops, and the final count of an uninterrupted run."""
+    root = make_dataset(tmp_path / "d", n=48, n_val=20, num_classes=4, bad=[3, 30], val_garbage=5)
+    args = ["--data", str(root), *TINY, "--eval-every", "0.5"]
+    whole, run = tmp_path / "whole", tmp_path / "run"
+    p = run_cli([*args, "--epochs", "2", "--run-dir", str(whole)], tmp_path)
+    assert p.returncode == 0, p.stderr
+    first = run_cli([*args, "--epochs", "1", "--run-dir", str(run)], tmp_path)
+    second = run_cli(["--resume", str(run), "--epochs", "2"], tmp_path)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    warned = [ln.split("sample ", 1)[1].split(" (")[0] for proc in (first, second)
+              for ln in proc.stderr.splitlines() if "skipped undecodable sample" in ln]
+    assert sorted(warned) == sorted(set(warned)) and len(warned) == 3, warned
+    counts = [h["bad_samples"] for h in json.loads((run / "summary.json").read_text())["history"]]
+    assert counts == sorted(counts), counts                   # never drops at the resume
+    want = json.loads((whole / "summary.json").read_text())["bad_samples"]
+    assert json.loads((run / "summary.json").read_text())["bad_samples"] == want == 3
+
+
 @pytest.mark.mpi
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the [mpi] extra)")
 def test_several_ranks_are_refused_together(tmp_path, tiny_data):
@@ -141,3 +166,21 @@ def test_help_lists_every_choice_and_section_and_version_is_setup_cfgs(tmp_path)
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
     assert p.returncode == 0 and p.stdout.strip() == f"scalesgd {cfg['metadata']['version']}", p
+
+
+@pytest.mark.parametrize("mask", [0o002, 0o077])
+def test_result_files_follow_the_umask(tmp_path, mask):
+    """Issue 26: the atomic writes (config.json, summary.json, checkpoints) were 0600 whatever the
+    umask, while the metrics followed it; on a shared cluster a group could not read the results.
+    Now every file of the run directory has the mode a plain open() gives under the umask."""
+    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1")
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "src.main", *TINY, "--run-dir", str(run)], cwd=ROOT,
+                       env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180,
+                       preexec_fn=lambda: os.umask(mask))
+    assert p.returncode == 0, p.stderr
+    files = [f for f in run.rglob("*") if f.is_file()]
+    names = {f.name for f in files}
+    assert {"config.json", "summary.json"} <= names and any(n.endswith(".h5") for n in names), names
+    modes = {str(f.relative_to(run)): oct(f.stat().st_mode & 0o777) for f in files}
+    assert set(modes.values()) == {oct(0o666 & ~mask)}, modes

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT, TINY, launch, one_line_error, run_cli
-from mpirun import mpi_launcher, needs_mpi
+from mpirun import mpi_launcher, needs_mpi, uses_mpi
 from synth import make_dataset
 
 from scalesgd.io import checkpoint as ckpt
@@ -105,6 +105,16 @@ def test_a_diverging_loss_stops_the_run_naming_step_and_rank(world, tmp_path):
     line = one_line_error(p, "training loss became", "on rank 0", "lower --lr")
     assert "at step" in line
     assert not (run_dir / "summary.json").exists()
+
+
+@uses_mpi
+def test_a_diverging_allreduce_run_is_reported_once(world, tmp_path):
+    """Issue 26: under all-reduce the replicas are identical, so every rank sees the loss become
+    NaN at the same step, and every rank printed the error.  Now it is one shared error: one line."""
+    p = run_cli(["--data", str(world["data"]), *TINY, "--batch-size", "4", "--lr", "1e30",
+                 "--method", "allreduce", "--run-dir", str(tmp_path / "run")], tmp_path, launcher=launch(2))
+    line = one_line_error(p, "training loss became", "on every rank (identical replicas)", "lower --lr")
+    assert line.startswith("scalesgd: error: "), line     # rank 0 alone, not "error (rank r/p)"
 
 
 def test_resumed_summary_times_are_cumulative(world, tmp_path):

@@ -34,32 +34,44 @@ def processes_tagged(tag: str) -> list[str]:
 
 
 @uses_mpi
-def test_a_job_ended_by_mpi_abort_leaves_no_segment(tmp_path):
-    """Rank 2 of 4 raises mid-training (SCALESGD_INJECT_FAULT), so the job ends in MPI_Abort, which
-    skips MPI_Finalize.  The segments its ranks mapped (seen in /proc/PID/maps while it ran) must
-    be gone afterwards: the aborting rank unlinks them."""
+@pytest.mark.parametrize("how", ["mpi_abort", "sigkill"])
+def test_a_job_that_dies_leaves_no_segment(tmp_path, how):
+    """Rank 2 of 4 raises mid-training (SCALESGD_INJECT_FAULT: the job ends in MPI_Abort, which
+    skips MPI_Finalize), or one rank is SIGKILLed once training runs (issue 26: one segment was left
+    per kill, since no rank of the job runs any cleanup).  The segments its ranks mapped (seen in
+    /proc/PID/maps while it ran, unlinked or not) must be gone afterwards: MPICH's node segment is
+    unlinked as soon as every rank of the node has mapped it, and an aborting rank unlinks what it
+    maps."""
     data = make_dataset(tmp_path / "data", n=64, n_val=16, num_classes=4)
     tag = uuid.uuid4().hex
-    env = dict(os.environ, SCALESGD_INJECT_FAULT="2:4", OMP_NUM_THREADS="1", SCALESGD_TEST_TAG=tag)
+    env = dict(os.environ, OMP_NUM_THREADS="1", SCALESGD_TEST_TAG=tag)
+    if how == "mpi_abort":
+        env["SCALESGD_INJECT_FAULT"] = "2:4"
     proc = subprocess.Popen([*mpi_launcher(4), sys.executable, "-m", "src.main", "--data", str(data),
                              "--method", "allreduce", *TINY, "--epochs", "20", "--batch-size", "4",
                              "--run-dir", str(tmp_path / "run")], cwd=ROOT, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     seen: set[Path] = set()
+    killed = None
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
-        for pid in processes_tagged(tag):
-            seen |= {p for p in shm.mapped_files(pid) if shm.is_mpi_segment(p)}
+        pids = processes_tagged(tag)
+        for pid in pids:
+            seen |= {p for p in shm.mapped_files(pid, deleted=True) if shm.is_mpi_segment(p)}
+        training = any((tmp_path / "run" / "metrics").glob("rank-*.jsonl"))
+        if how == "sigkill" and killed is None and training and seen and len(pids) == 4:
+            killed = pids[-1]
+            os.kill(int(killed), 9)
         time.sleep(0.02)
     if proc.poll() is None:
         proc.kill()
     out, err = proc.communicate(timeout=30)
     assert proc.returncode not in (0, None), err
-    assert "injected fault" in err, err
+    assert ("injected fault" in err) if how == "mpi_abort" else killed is not None, err
     assert seen, f"never saw the job's /dev/shm segment in /proc/PID/maps\n{err}"
     left = sorted(str(p) for p in seen if p.exists())
-    assert not left, f"segments left by the aborted job: {left}\n{err}"
+    assert not left, f"segments left by the job ({how}): {left}\n{err}"
 
 
 def test_cleaner_removes_only_unused_segments_of_this_user(tmp_path):

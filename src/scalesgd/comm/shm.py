@@ -25,9 +25,10 @@ def is_mpi_segment(path: Path) -> bool:
     return path.parent == SHM_DIR and path.name.startswith(PREFIXES)
 
 
-def mapped_files(pid: str | int = "self") -> set[Path]:
-    """Files under /dev/shm that process ``pid`` maps, from /proc/PID/maps (unlinked ones skipped:
-    their line ends in " (deleted)").  Empty when the process is gone or not ours to read."""
+def mapped_files(pid: str | int = "self", deleted: bool = False) -> set[Path]:
+    """Files under /dev/shm that process ``pid`` maps, from /proc/PID/maps (unlinked ones, whose
+    line ends in " (deleted)", skipped unless ``deleted``: then their former names are included).
+    Empty when the process is gone or not ours to read."""
     found = set()
     try:
         with open(f"/proc/{pid}/maps") as f:
@@ -35,8 +36,11 @@ def mapped_files(pid: str | int = "self") -> set[Path]:
                 fields = line.split(maxsplit=5)                 # addr perms offset dev inode path
                 if len(fields) == 6 and fields[5].startswith(f"{SHM_DIR}/"):
                     path = fields[5].rstrip("\n")
-                    if not path.endswith(" (deleted)"):
-                        found.add(Path(path))
+                    if path.endswith(" (deleted)"):
+                        if not deleted:
+                            continue
+                        path = path[:-len(" (deleted)")]
+                    found.add(Path(path))
     except OSError:
         pass
     return found
@@ -68,6 +72,31 @@ def unlink_mapped_segments() -> list[Path]:
                 path.unlink()
                 removed.append(path)
             except OSError:                 # a peer was faster, or not ours
+                pass
+    return removed
+
+
+def release_node_segment(node_comm) -> list[Path]:
+    """Collective over the node's ranks, right after MPI_Init: MPICH's node segment
+    (``mpich_shm_*``) is unlinked by the node's first rank once every rank of the node has mapped it
+    (MPI_Init maps it; the barrier makes sure every rank is past that).  The mappings stay valid for
+    the whole job and the memory goes back when the last rank exits, however it exits: a job killed
+    by SIGKILL (one rank, or all of them) leaves nothing in /dev/shm, where MPI_Finalize never runs.
+    Open MPI's per-rank segments are opened by peers later, on first contact, so they keep their
+    names (``python -m scalesgd.comm.shm`` removes stale ones).  Never raises."""
+    try:
+        node_comm.Barrier()
+        if node_comm.Get_rank() != 0:
+            return []
+    except Exception:  # noqa: BLE001 - a cleanup must never be the reason a job fails
+        return []
+    removed = []
+    for path in sorted(mapped_files()):
+        if is_mpi_segment(path) and path.name.startswith("mpich_shm_"):
+            try:
+                path.unlink()
+                removed.append(path)
+            except OSError:
                 pass
     return removed
 

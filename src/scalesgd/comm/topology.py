@@ -203,6 +203,8 @@ def init() -> Topology:
     world = MPI.COMM_WORLD
     check_world(world.Get_size(), library)
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    from .shm import release_node_segment  # noqa: PLC0415
+    release_node_segment(node)
     return Topology(world.Get_rank(), world.Get_size(), node.Get_rank(), node.Get_size(), world, node)
 
 

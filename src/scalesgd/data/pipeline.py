@@ -259,6 +259,20 @@ class Loader:
         return [(sample_id(split, g), "{}[{}]".format(*self.shards.locate(g)), why)
                 for g, why in new]
 
+    def bad_state(self) -> dict:
+        """For a checkpoint (JSON): the samples known bad ({"bad": [global index]}) and those found
+        but not yet reported at an evaluation ({"pending": [[index, reason]]})."""
+        led = self._ledger
+        return {"bad": np.flatnonzero(led.state == BAD).tolist(),
+                "pending": [[int(g), why] for g, why in led.found[led.reported:]]}
+
+    def restore_bad(self, state: dict) -> None:
+        """After a resume: samples known bad are skipped without a second warning; pending ones
+        are reported at the next evaluation, as they would have been without the interruption."""
+        led = self._ledger
+        led.state[np.asarray(state.get("bad", []), dtype=np.int64)] = BAD
+        led.found += [(int(g), why) for g, why in state.get("pending", [])]
+
     @property
     def checks(self) -> np.ndarray:
         """(num_samples,) uint8, per sample: 0 not checked yet, 1 good, 2 bad (a copy)."""

@@ -20,13 +20,13 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 from ..errors import CheckpointError  # noqa: F401 - re-exported
+from .files import make_temp
 
 FORMAT, FORMAT_VERSION = "scalesgd-checkpoint", 1
 NAME = re.compile(r"^ckpt-(\d{12})\.h5$")
@@ -51,7 +51,7 @@ class Writer:
         self.final = directory / file_name(global_samples)
         try:                        # a read-only or full run directory is the user's to fix
             directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=directory)
+            fd, tmp = make_temp(directory, ".ckpt-")
             os.close(fd)
         except OSError as exc:
             raise CheckpointError(f"{directory}: cannot write a checkpoint here ({exc.strerror or exc})"
@@ -62,18 +62,35 @@ class Writer:
         self.f.attrs["meta"] = json.dumps(meta)
 
     def add_rank(self, rank: int, arrays: dict, state: str) -> None:
-        g = self.f.create_group(f"rank-{rank:05d}")
-        g.attrs["state"] = state
-        for name, a in arrays.items():
-            ds = g.create_dataset(name, data=np.asarray(a))
-            ds.attrs["blake2b"] = digest(np.asarray(a))
+        try:
+            g = self.f.create_group(f"rank-{rank:05d}")
+            g.attrs["state"] = state
+            for name, a in arrays.items():
+                ds = g.create_dataset(name, data=np.asarray(a))
+                ds.attrs["blake2b"] = digest(np.asarray(a))
+        except OSError as exc:      # e.g. the disk filled up while the file was written
+            raise self.failed(exc) from None
 
     def commit(self) -> Path:
         try:
             return self._commit()
-        except OSError as exc:      # e.g. the disk filled up while the file was written
-            raise CheckpointError(f"{self.final}: cannot write the checkpoint ({exc.strerror or exc})"
-                                  ) from None
+        except OSError as exc:
+            raise self.failed(exc) from None
+
+    def failed(self, exc: OSError) -> CheckpointError:
+        """One line: the checkpoint, the file system and its free space, the cause, the last good
+        checkpoint (HDF5's own message is a paragraph: its errno says what happened)."""
+        cause = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())[:200]
+        mount = _mount_point(self.final.parent)
+        try:
+            st = os.statvfs(mount)
+            free = f", {_size(st.f_bavail * st.f_frsize)} free of {_size(st.f_blocks * st.f_frsize)}"
+        except OSError:
+            free = ""
+        older = [p for p in listing(self.final.parent) if p != self.final]
+        last = f"the last good checkpoint is {older[-1]}" if older else "there is no earlier checkpoint"
+        return CheckpointError(f"{self.final}: cannot write the checkpoint ({cause}) on the file system "
+                               f"mounted at {mount}{free}; {last}")
 
     def _commit(self) -> Path:
         self.f.close()
@@ -88,10 +105,30 @@ class Writer:
         return self.final
 
     def abort(self) -> None:
+        """Drops the unfinished file.  Closing it may fail as writing did (HDF5 flushes on close,
+        into the same full disk): that is not a second error, the file is removed either way."""
         try:
             self.f.close()
+        except OSError:
+            pass
         finally:
             self.tmp.unlink(missing_ok=True)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _mount_point(path: Path) -> Path:
+    """The mount point of the file system holding ``path``."""
+    p = path.resolve()
+    while not os.path.ismount(p) and p != p.parent:
+        p = p.parent
+    return p
 
 
 def _open(path: Path) -> h5py.File:

@@ -7,10 +7,38 @@ import tempfile
 from pathlib import Path
 
 
+def umask() -> int:
+    """This process's umask, without changing it (Linux: /proc/self/status; elsewhere set and
+    restored at once)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def make_temp(directory: Path, prefix: str, suffix: str = ".tmp") -> tuple[int, str]:
+    """``tempfile.mkstemp`` in ``directory``, but with the permissions a plain ``open`` would give
+    (0666 less the umask) instead of mkstemp's 0600: results of a run follow the umask, so that a
+    group can read them on a shared cluster."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
+    try:
+        os.fchmod(fd, 0o666 & ~umask())
+    except OSError:
+        pass
+    return fd, tmp
+
+
 def write_atomic(path: str | Path, data: bytes) -> None:
-    """Writes ``data`` to a temp file in the same directory, fsyncs it, then renames it over ``path``."""
+    """Writes ``data`` to a temp file in the same directory, fsyncs it, then renames it over ``path``
+    (the file gets the permissions the umask gives, as a plain ``open`` would)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = make_temp(path.parent, f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

@@ -18,6 +18,7 @@ from .base import Method
 
 class AllReduce(Method):
     name = "allreduce"
+    replicas_identical = True
 
     def __init__(self, cfg, roles, comm, signals):
         super().__init__(cfg, roles, comm, signals)

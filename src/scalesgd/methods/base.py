@@ -28,6 +28,7 @@ class Method:
 
     name = "base"
     min_ranks = 1
+    replicas_identical = False     # every replica holds the same weights after each step (allreduce)
 
     @classmethod
     def select(cls, cfg) -> type:

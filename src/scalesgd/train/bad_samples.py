@@ -42,3 +42,18 @@ class BadSamples:
         if train is not None:
             train.merge_checks(checks)
         return self.owned
+
+    def state(self) -> dict:
+        """This rank's part for a checkpoint (JSON): its count and what its loaders know."""
+        return {"owned": self.owned, **{split: ld.bad_state() for split, ld in
+                                        (("train", self.train), ("val", self.val)) if ld is not None}}
+
+    def restore(self, state: dict | None) -> None:
+        """Continues from a checkpoint's ``state`` (None: one written before bad samples were
+        saved; counting then restarts at 0, as it used to)."""
+        if not state:
+            return
+        self.owned = int(state["owned"])
+        for split, ld in (("train", self.train), ("val", self.val)):
+            if ld is not None and split in state:
+                ld.restore_bad(state[split])

@@ -140,7 +140,8 @@ class Run:
         watchdog.doing(f"writing a checkpoint ({reason}) after boundary {done}")
         checkpointing.save(self.s, self.run_dir, self.st, self.history,
                            self.boundaries[done] if done >= 0 else -1,
-                           {"straggler": self.straggle.rng.bit_generator.state}, reason)
+                           {"straggler": self.straggle.rng.bit_generator.state,
+                            "bad_samples": self.bad.state()}, reason)
         self.last_ckpt_clock = self.clock()
         self.t_excluded += self.clock() - t
 
@@ -158,6 +159,7 @@ class Run:
         self.train_offset, self.wall_offset = self.st.train_seconds, self.st.wall_seconds
         self.st.allocations += 1
         self.straggle.rng.bit_generator.state = rest["straggler"]
+        self.bad.restore(rest.get("bad_samples"))     # counted and warned about once per job
         self.history = meta["history"]
         # boundaries may differ in the resumed run (e.g. more epochs): continue after the last one
         # that was processed, by its global-sample count
@@ -180,10 +182,7 @@ class Run:
                 loss, errors = train_step(s.model, x, y, cfg.train.label_smoothing, m.grad_scale)
                 loss, errors = float(loss), int(errors)     # (the GPU's one wait per step)
                 if not math.isfinite(loss):
-                    raise Diverged(f"the training loss became {loss} at step {st.step} (epoch "
-                                   f"{gs / self.spe:.2f}, lr {lr:.4g}) on rank {s.topo.rank}: training "
-                                   "diverged; lower --lr (or --warmup-epochs) and start again, or "
-                                   "--resume from an earlier checkpoint with a lower --lr")
+                    raise self.diverged(loss, gs, lr)
                 self.straggle()
                 self.net.step_done()                 # (virtual: the step's compute time passes)
                 m.after_backward(st.step, ps)
@@ -200,6 +199,19 @@ class Run:
                 td = self.clock()
             st.local_epoch += 1
             st.step_in_epoch = 0
+
+    def diverged(self, loss: float, gs: int, lr: float) -> Diverged:
+        """The error for a non-finite loss.  Where the replicas are identical (all-reduce), every
+        rank sees it at the same step: a shared error, so rank 0 alone reports it."""
+        s, st = self.s, self.st
+        same = s.method.replicas_identical and s.topo.size > 1
+        exc = Diverged(f"the training loss became {loss} at step {st.step} (epoch {gs / self.spe:.2f}, "
+                       f"lr {lr:.4g}) " + ("on every rank (identical replicas)" if same else
+                                           f"on rank {s.topo.rank}") +
+                       ": training diverged; lower --lr (or --warmup-epochs) and start again, or "
+                       "--resume from an earlier checkpoint with a lower --lr")
+        exc.shared = same
+        return exc
 
     def inject_fault(self) -> None:
         """Testing aid: ``SCALESGD_INJECT_FAULT=RANK:STEP[:MODE]`` (read once, at start) acts on
