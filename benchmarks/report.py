@@ -395,8 +395,16 @@ def crossover_summary(results: Path) -> str:
     return "\n".join(rows)
 
 
+def buckets(results: Path) -> str:
+    """The all-reduce's bucket settings on emulated nodes (buckets.json, benchmarks/buckets.py)."""
+    import buckets as B  # noqa: PLC0415 - a sibling script
+    d = json.loads((results / "buckets.json").read_text())
+    return (f"{d['nodes']} emulated nodes, 1 rank each; median of {d['rounds']} interleaved rounds of "
+            f"{d['steps']} steps\n\n" + B.table(d["results"]))
+
+
 VIEWS = {"crossover-summary": crossover_summary, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
-         "conv-candidates": conv_candidates}      # blocks drawn from several files or parts of one
+         "conv-candidates": conv_candidates, "buckets": buckets}   # blocks drawn from several files or parts of one
 
 
 def pct(x, sign=True):

@@ -63,7 +63,7 @@ eval_every = 1.0
 {dist}"""
 
 
-DIST = {"allreduce": "bucket_mb = 25.0\noverlap = true\n",
+DIST = {"allreduce": "bucket_mb = -1.0                    # auto: about 8 buckets (docs/methods.md)\noverlap = true\n",
         "easgd": "beta = 0.8                         # alpha = 0.8 / workers, as the authors ran it\ntau = 1\n",
         "gossip": "gossip = \"pull\"\ngossip_gamma = 0.5\ngossip_graph = \"uniform\"              # the authors' random peer\n"
                   "gossip_self = true\ntau = 1\n"}

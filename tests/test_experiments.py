@@ -115,9 +115,10 @@ def test_sync_and_easgd_quick_real_runs(tmp_path):
 
 @pytest.mark.parametrize("doc,blocks", [
     ("results.md", {"methods", "sync", "consensus", "model", "crossover-summary"}),
-    ("benchmarks.md", {"cpu-step", "cpu-e2e", "cpu-profile", "conv-candidates"})])
+    ("benchmarks.md", {"cpu-step", "cpu-e2e", "cpu-profile", "conv-candidates"}),
+    ("cluster.md", {"buckets"})])
 def test_docs_tables_match_the_committed_results(doc, blocks, tmp_path):
-    """docs/results.md's and docs/benchmarks.md's generated blocks are what benchmarks/report.py makes
+    """The generated blocks of docs/results.md, benchmarks.md and cluster.md are what benchmarks/report.py makes
     of the JSON files (so no number in them was typed by hand or left stale)."""
     import report  # noqa: PLC0415  (benchmarks/report.py)
     path = ROOT / "docs" / doc

@@ -129,7 +129,9 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DistConfig:
-    bucket_mb: float = _f(25.0, "allreduce: gradient bucket size (MB); 0 = one bucket", lo=0)
+    bucket_mb: float = _f(-1.0, "allreduce: gradient bucket size (MB); -1 = auto (the gradients in about "
+                          "8 buckets, each at least ranks x 64 KiB and at most 25 MB); 0 = one bucket",
+                          lo=-1)
     overlap: bool = _f(True, "allreduce: start each bucket's all-reduce during backward")
     allreduce_transport: str = _f("auto", "allreduce: how GPU gradients are summed: nccl, cuda_aware_mpi "
                                   "(MPI on device memory), host (MPI on pinned host copies), auto "
@@ -341,6 +343,8 @@ def _cross_checks(cfg: Config) -> Config:
                           f"{cfg.data.image_size}")
     if cfg.dist.straggler:
         parse_straggler(cfg.dist.straggler)            # raises ConfigError naming dist.straggler
+    if -1 < cfg.dist.bucket_mb < 0:
+        raise ConfigError(f"dist.bucket_mb: -1 (auto) or a size >= 0 in MB, got {cfg.dist.bucket_mb}")
     if cfg.dist.max_staleness >= 0 and cfg.dist.servers > 1 and cfg.train.method == "asgd":
         # each shard would judge a push by its own version: one update applied to some slices only
         raise ConfigError(f"dist.max_staleness: needs dist.servers = 1 (got {cfg.dist.servers}): each "

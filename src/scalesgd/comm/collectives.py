@@ -188,6 +188,19 @@ def allreduce_mean(comm, arr) -> None:
     st.to_device()
 
 
+AUTO_BUCKETS = 8               # dist.bucket_mb = -1: the gradient buffer in about this many buckets,
+MIN_CHUNK = 64 * 1024          # each at least ranks x 64 KiB (a ring sends a bucket as p chunks;
+MAX_BUCKET = 25_000_000        # a smaller chunk is latency-bound), at most 25 MB (PyTorch DDP's)
+
+
+def auto_bucket_bytes(nbytes: int, ranks: int) -> int:
+    """The default bucket size (``dist.bucket_mb = -1``) for a gradient buffer of ``nbytes`` summed
+    over ``ranks``: ``nbytes / 8``, at least ``ranks x 64 KiB``, at most 25 MB (docs/methods.md).
+    ResNet-20 (1.09 MB) on 4 ranks: 256 KiB buckets (5); ResNet-18 (46.8 MB): 5.8 MB (8);
+    ResNet-50 (102 MB): 12.8 MB (8) up to 195 ranks, then ranks x 64 KiB."""
+    return int(min(max(nbytes / AUTO_BUCKETS, ranks * MIN_CHUNK), MAX_BUCKET))
+
+
 def make_buckets(layout, bucket_bytes: int, itemsize: int) -> list[tuple[int, int, list[str]]]:
     """Contiguous ranges of the flat buffer, in reverse layout order (the order backward produces
     gradients), each of at least ``bucket_bytes`` except the last: [(lo, hi, tensor names)]."""

@@ -37,7 +37,7 @@ from mpi4py import MPI
 
 from ..choices import ALLREDUCE_TRANSPORTS
 from ..errors import BackendError, MethodError
-from .collectives import BucketedAllreduce, DeviceTimer, bcast_text, sync_stream  # noqa: F401 - sync_stream: re-exported
+from .collectives import BucketedAllreduce, DeviceTimer, auto_bucket_bytes, bcast_text, sync_stream  # noqa: F401 - sync_stream: re-exported
 
 log = logging.getLogger("scalesgd")
 
@@ -251,6 +251,14 @@ class NcclAllreduce(BucketedAllreduce):
 ALLREDUCERS = {"host": BucketedAllreduce, "cuda_aware_mpi": CudaAwareAllreduce, "nccl": NcclAllreduce}
 
 
+def bucket_bytes_of(dist, grads, ranks: int) -> int:
+    """``dist.bucket_mb`` in bytes: -1 (the default) derives it from the gradient bytes and the rank
+    count (``collectives.auto_bucket_bytes``); 0 is one bucket."""
+    if dist.bucket_mb < 0:
+        return auto_bucket_bytes(grads.size * grads.dtype.itemsize, ranks)
+    return int(dist.bucket_mb * 1e6)
+
+
 def make_allreducer(name: str, comm, flat, layout, bucket_bytes: int, overlap: bool):
     """The all-reducer of transport ``name`` (resolved: not ``auto``) over ``comm``."""
     return ALLREDUCERS[name](comm, flat, layout, bucket_bytes, overlap)
@@ -265,7 +273,8 @@ def create_allreducer(comm, grads, layout, dist, probes: Probes | None = None, t
         name, why = "host", "one rank"
     else:
         name, why = resolve(comm, dist.allreduce_transport, on_device, probes, transfer_ok)
-    red = make_allreducer(name, comm, grads, layout, int(dist.bucket_mb * 1e6), dist.overlap)
+    red = make_allreducer(name, comm, grads, layout, bucket_bytes_of(dist, grads, comm.Get_size()),
+                          dist.overlap)
     if comm.Get_rank() == 0 and comm.Get_size() > 1:
         log_choice(name, why, on_device, dist.overlap, red)
     return red
