@@ -132,3 +132,20 @@ def test_glyphs_proxy_data_set_is_deterministic_with_a_separate_tune_split(tmp_p
     assert main.num_samples == tune.num_samples == 64 and main.num_classes == 10
     assert ShardSet.open(tmp_path / "main", "val").num_samples == 16
     assert ShardSet.open(tmp_path / "tune", "val").num_samples == 24
+
+
+@uses_mpi
+def test_buckets_benchmark_measures_every_setting_against_its_baseline(tmp_path):
+    """benchmarks/buckets.py (issue 24, item 3) in its local mode on 2 ranks: each setting's step,
+    its bucket count and its exposed time against the no-all-reduce baseline of the same run."""
+    out = tmp_path / "b.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "buckets.py"), "--local", "--ranks", "2",
+                           "--models", "resnet20", "--rounds", "1", "--steps", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads(out.read_text())["results"]["resnet20"]
+    s = r["settings"]
+    assert [s[k]["buckets"] for k in ("no all-reduce", "25 MB", "auto", "0.25 MB")] == [0, 1, 8, 4]
+    assert s["no all-reduce"]["exposed_s"] == 0
+    assert s["auto"]["exposed_s"] == s["auto"]["median_s"] - s["no all-reduce"]["median_s"]
+    assert "| resnet20 (1.09 MB) | local | auto | 8 |" in proc.stdout
