@@ -167,3 +167,39 @@ def test_a_stop_ends_a_deadlocked_job_naming_where_it_hung(tmp_path, data):
     # so which ranks get to say what they were doing varies: at least one does
     assert lines and all("train.stop_timeout" in ln and "but this rank is still" in ln
                          for ln in lines), err
+
+
+def test_allreduce_resumes_on_fewer_and_more_ranks_and_the_others_say_they_cannot(tmp_path, data):
+    """Issue 26, item 2 (all-reduce; the other methods are next): a 4-rank all-reduce run resumes on
+    2 ranks and then on 6 and trains on; the data position continues from the global sample
+    count, every boundary is evaluated once, and the history shows the change of p.  A gossip run
+    asked to resume on another rank count is refused with one line naming why."""
+    run_dir = tmp_path / "ar"
+    base = ["--data", str(data), "--method", "allreduce", *TINY, "--batch-size", "4",
+            "--checkpoint-every", "0.5", "--keep-checkpoints", "10", "--progress", "off"]
+    ok(run_cli([*base, "--epochs", "1", "--run-dir", str(run_dir)], tmp_path, timeout=120,
+               launcher=launch(4)))
+    for ranks, epochs in ((2, 2), (6, 3)):
+        p = run_cli(["--resume", str(run_dir), "--epochs", str(epochs)], tmp_path, timeout=180,
+                    launcher=launch(ranks))
+        ok(p)
+        assert "not bitwise: the data order depends on the rank count" in p.stderr, p.stderr
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert (s["ranks"], s["allocations"]) == (6, 3)
+    workers = [h["workers"] for h in s["history"]]
+    assert workers[0] == 4 and 2 in workers and workers[-1] == 6, workers
+    gs = [h["global_samples"] for h in s["history"]]
+    assert gs == sorted(set(gs)) and s["history"][-1]["epoch"] == 3.0, gs
+    meta = ckpt.read_meta(checkpoints(run_dir)[-1])
+    assert (meta["ranks"], meta["reason"]) == (6, "end")
+    # another method's checkpoint on another rank count: refused, naming why (a real file)
+    from scalesgd.errors import CheckpointError
+    from scalesgd.train import resuming
+    w = ckpt.Writer(tmp_path / "g" / "checkpoints", 96, {"ranks": 2, "method": "gossip"})
+    for r in range(2):
+        w.add_rank(r, {"params": np.zeros(3, np.float32)}, "{}")
+    path = w.commit()
+    assert resuming.find_checkpoint(str(path), 2, "gossip") == path
+    with pytest.raises(CheckpointError, match="written by 2 ranks of 'gossip', this job has 3 ranks of "
+                                              "'gossip' .*only allreduce resumes on another"):
+        resuming.find_checkpoint(str(path), 3, "gossip")

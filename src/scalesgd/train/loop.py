@@ -103,7 +103,8 @@ class Run:
         top1, top5 = counts[0] / max(counts[2], 1), counts[1] / max(counts[2], 1)
         rec = dict(epoch=boundary / self.spe, global_samples=boundary, val_top1_accuracy=top1,
                    val_top5_accuracy=top5, val_samples=int(counts[2]), bad_samples=int(counts[3]),
-                   train_seconds=st.train_seconds, eval_seconds=st.eval_seconds, **extra)
+                   train_seconds=st.train_seconds, eval_seconds=st.eval_seconds,
+                   workers=s.roles.num_workers, **extra)   # (a resume may change the rank count)
         if s.roles.is_server:                        # the server's own counters, per boundary
             self.metrics.write("server", global_samples=boundary, **s.method.stats())
         self.history.append(rec)

@@ -11,6 +11,7 @@ is in docs/cli.md ("Checkpoints, resume, warm start, preemption").
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from .. import config as C
@@ -63,15 +64,21 @@ def check_identity(saved: C.Config, new: C.Config, run_dir: Path) -> None:
         raise C.ConfigError(f"cannot resume {run_dir}: " + "; ".join(diffs))
 
 
+# Methods whose checkpoints resume on another rank count: every replica is the same model
+RESHAPEABLE = ("allreduce",)
+
+
 def find_checkpoint(resume: str, ranks: int, method: str, job: str = "this job") -> Path:
     """The checkpoint ``--resume`` names (a file, or a run directory's newest good one), verified
-    (digests) and written by ``ranks`` ranks of ``method``; else CheckpointError naming it."""
+    (digests) and written by ``method`` on ``ranks`` ranks (any rank count for ``RESHAPEABLE``
+    methods); else CheckpointError naming it."""
     given = Path(resume)
     path = ckpt.latest_good(ckpt.checkpoint_dir(given)) if given.is_dir() else given
     meta = ckpt.verify(path)
-    if (meta["ranks"], meta["method"]) != (ranks, method):
+    if meta["method"] != method or (meta["ranks"] != ranks and method not in RESHAPEABLE):
         raise CheckpointError(f"{path}: written by {meta['ranks']} ranks of '{meta['method']}', {job} "
-                              f"has {ranks} ranks of '{method}' (resume with the same rank count)")
+                              f"has {ranks} ranks of '{method}' (resume with the same rank count; "
+                              f"only {', '.join(RESHAPEABLE)} resumes on another)")
     return path
 
 
@@ -80,14 +87,46 @@ def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
     checkpoint ``path`` (digests checked).  Returns (rank 0's metadata, the loop's counters, the
     rest of this rank's JSON state)."""
     m, ps, xp = s.method, s.model.ps, s.backend.xp
-    meta, arrays, state = ckpt.read_rank(path, s.topo.rank)
+    old_p = ckpt.read_meta(path)["ranks"]
+    source = s.topo.rank % old_p                     # another rank count (allreduce): a replica
+    meta, arrays, state = ckpt.read_rank(path, source)
     ps.params[...] = xp.asarray(arrays.pop("params"))
     s.opt.momentum[...] = xp.asarray(arrays.pop("momentum"))
     ps.buffers[...] = xp.asarray(arrays.pop("buffers"))
     m.load_state(ps, arrays, state.pop("method"))
-    if "trace_lines" in state:                       # the events after the checkpoint never happened
-        m.trace.truncate(int(state.pop("trace_lines")))
-    return meta, LoopState.from_dict(state.pop("loop")), state
+    lines = state.pop("trace_lines", None)
+    loop = LoopState.from_dict(state.pop("loop"))
+    if old_p == s.topo.size:
+        if lines is not None:                        # the events after the checkpoint never happened
+            m.trace.truncate(int(lines))
+        return meta, loop, state
+    return meta, reshaped(s, path, loop, state, old_p), state
+
+
+def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int) -> LoopState:
+    """The loop counters of a rank of a run resumed on another rank count (``RESHAPEABLE``
+    methods): the data position continues from the global sample count in this job's epochs
+    (``Setup.samples_per_epoch``), as if this job had run from the start; the times are those of
+    the replica it continues; the bad samples every saved rank counted are counted once (by the
+    new ranks ``j % p`` of saved rank ``j``).  Not bitwise: the data order depends on p."""
+    p, rank = s.topo.size, s.topo.rank
+    gs, spe = s.method.global_samples, s.samples_per_epoch
+    step_batch = s.cfg.data.batch_size * s.roles.num_workers
+    loop.local_epoch, within = divmod(gs, spe) if spe else (0, 0)
+    loop.step_in_epoch = within // step_batch
+    loop.step = gs // step_batch
+    loop.local_samples = loop.step * s.cfg.data.batch_size
+    owned = 0
+    for j in range(rank, old_p, p):                 # saved ranks j with j % p == rank
+        st = state if j == rank % old_p and j == rank else ckpt.read_rank(path, j)[2]
+        owned += int(st.get("bad_samples", {}).get("owned", 0))
+    if "bad_samples" in state:
+        state["bad_samples"] = {**state["bad_samples"], "owned": owned}
+    logging.getLogger("scalesgd").info(
+        "resuming %s, written by %d ranks, on %d: continuing from %d global samples (epoch %d, "
+        "step %d of it); not bitwise: the data order depends on the rank count",
+        path, old_p, p, gs, loop.local_epoch, loop.step_in_epoch) if rank == 0 else None
+    return loop
 
 
 def warm_start(s, path: Path) -> None:
