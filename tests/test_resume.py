@@ -195,11 +195,35 @@ def test_allreduce_resumes_on_fewer_and_more_ranks_and_the_others_say_they_canno
     # another method's checkpoint on another rank count: refused, naming why (a real file)
     from scalesgd.errors import CheckpointError
     from scalesgd.train import resuming
-    w = ckpt.Writer(tmp_path / "g" / "checkpoints", 96, {"ranks": 2, "method": "gossip"})
+    w = ckpt.Writer(tmp_path / "e" / "checkpoints", 96, {"ranks": 2, "method": "easgd"})
     for r in range(2):
         w.add_rank(r, {"params": np.zeros(3, np.float32)}, "{}")
     path = w.commit()
-    assert resuming.find_checkpoint(str(path), 2, "gossip") == path
-    with pytest.raises(CheckpointError, match="written by 2 ranks of 'gossip', this job has 3 ranks of "
-                                              "'gossip' .*only allreduce resumes on another"):
-        resuming.find_checkpoint(str(path), 3, "gossip")
+    assert resuming.find_checkpoint(str(path), 2, "easgd") == path
+    with pytest.raises(CheckpointError, match="written by 2 ranks of 'easgd', this job has 3 ranks of "
+                                              "'easgd' .*only allreduce and gossip resume on another"):
+        resuming.find_checkpoint(str(path), 3, "easgd")
+
+
+def test_push_sum_resumes_on_fewer_ranks_from_the_de_biased_average(tmp_path, data):
+    """Issue 26, item 2 (gossip): a 3-rank overlapped push-sum run resumed on 2 ranks starts every
+    new rank from sum(w_i x_i) / sum(w_i) of the saved replicas, with weight 1.  Resumed with
+    lr 0, nothing moves the replicas away from that point (mixing equal replicas keeps them), so
+    the final checkpoint's replicas equal the average computed here from the saved ones."""
+    run_dir = tmp_path / "ps"
+    base = ["--data", str(data), "--method", "gossip", "--gossip", "push", "--gossip-overlap", *TINY,
+            "--batch-size", "4", "--progress", "off", "--run-dir", str(run_dir)]
+    ok(run_cli([*base, "--epochs", "1"], tmp_path, timeout=120, launcher=launch(3)))
+    saved = final_arrays(run_dir)
+    meta_path = checkpoints(run_dir)[-1]
+    weights = [ckpt.read_rank(meta_path, r)[2]["method"]["weight"] for r in range(3)]
+    assert abs(sum(weights) - 3) < 1e-9 and len(set(weights)) > 1, weights   # unequal: a real test
+    want = sum(w * saved[f"rank-{r:05d}/params"].astype(np.float64) for r, w in enumerate(weights)) / 3
+    ok(run_cli(["--resume", str(run_dir), "--epochs", "2", "--lr", "0"], tmp_path, timeout=120,
+               launcher=launch(2)))
+    got = final_arrays(run_dir)
+    assert ckpt.read_meta(checkpoints(run_dir)[-1])["ranks"] == 2
+    for r in range(2):
+        np.testing.assert_allclose(got[f"rank-{r:05d}/params"], want, rtol=1e-5, atol=1e-6)
+    workers = [h["workers"] for h in json.loads((run_dir / "summary.json").read_text())["history"]]
+    assert workers[0] == 3 and workers[-1] == 2, workers

@@ -165,6 +165,22 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self.comm.barrier()                          # restored everywhere before anyone reads
         self.exchanger.load_state(scalars)
 
+    def load_reshaped(self, ps, scalars: dict, total: int) -> None:
+        """Collective, after ``start``, resuming on another rank count (``resuming.restore``):
+        ``ps`` already holds the average of the saved replicas (push-sum: de-biased, weighted by
+        the saved weights); the global count is ``total``; every new rank starts a fresh exchange
+        history (push-sum weight 1, so the weights sum to p again: the mass is renormalised),
+        keeping the timers of the saved replica it continues (``scalars``)."""
+        self.global_samples = int(total)
+        self.timers.update(scalars["timers"])
+        if self.roles.rank == self.counter.root:
+            self.counter.set(int(total))
+        self.reshaped_strategy()
+        self.comm.barrier()                          # restored everywhere before anyone reads
+
+    def reshaped_strategy(self) -> None:
+        """Pull: publish the restored parameters; push-sum: nothing (weight 1, empty inbox)."""
+
     # ------------------------------------------------------------------ evaluation
     def load_eval_model(self, ps) -> dict:
         """Collective: the exact average of the replicas' (de-biased) parameters and of their BN
@@ -368,6 +384,9 @@ class PullGossip(Gossip):
             arrays["gossip_peer_copy"] = self.peer_buf.copy()
             scalars["landed"] = [int(v) for v in self.landed]
         return arrays, scalars
+
+    def reshaped_strategy(self) -> None:
+        self.pub.publish(self.stage.to_host())
 
     def load_strategy_state(self, arrays: dict, scalars: dict) -> None:
         """Peers read the restored parameters, under the version number of the last publication

@@ -65,7 +65,8 @@ def check_identity(saved: C.Config, new: C.Config, run_dir: Path) -> None:
 
 
 # Methods whose checkpoints resume on another rank count: every replica is the same model
-RESHAPEABLE = ("allreduce",)
+# (allreduce), or each new rank starts from the average of the saved replicas (gossip)
+RESHAPEABLE = ("allreduce", "gossip")
 
 
 def find_checkpoint(resume: str, ranks: int, method: str, job: str = "this job") -> Path:
@@ -78,7 +79,7 @@ def find_checkpoint(resume: str, ranks: int, method: str, job: str = "this job")
     if meta["method"] != method or (meta["ranks"] != ranks and method not in RESHAPEABLE):
         raise CheckpointError(f"{path}: written by {meta['ranks']} ranks of '{meta['method']}', {job} "
                               f"has {ranks} ranks of '{method}' (resume with the same rank count; "
-                              f"only {', '.join(RESHAPEABLE)} resumes on another)")
+                              f"only {' and '.join(RESHAPEABLE)} resume on another)")
     return path
 
 
@@ -88,12 +89,16 @@ def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
     rest of this rank's JSON state)."""
     m, ps, xp = s.method, s.model.ps, s.backend.xp
     old_p = ckpt.read_meta(path)["ranks"]
-    source = s.topo.rank % old_p                     # another rank count (allreduce): a replica
+    source = s.topo.rank % old_p                     # another rank count: the replica it continues
     meta, arrays, state = ckpt.read_rank(path, source)
-    ps.params[...] = xp.asarray(arrays.pop("params"))
-    s.opt.momentum[...] = xp.asarray(arrays.pop("momentum"))
-    ps.buffers[...] = xp.asarray(arrays.pop("buffers"))
-    m.load_state(ps, arrays, state.pop("method"))
+    if old_p != s.topo.size and m.name == "gossip":  # every rank: the average of the saved replicas
+        total = average_replicas(s, path, old_p)
+        m.load_reshaped(ps, state.pop("method"), total)
+    else:
+        ps.params[...] = xp.asarray(arrays.pop("params"))
+        s.opt.momentum[...] = xp.asarray(arrays.pop("momentum"))
+        ps.buffers[...] = xp.asarray(arrays.pop("buffers"))
+        m.load_state(ps, arrays, state.pop("method"))
     lines = state.pop("trace_lines", None)
     loop = LoopState.from_dict(state.pop("loop"))
     if old_p == s.topo.size:
@@ -103,12 +108,43 @@ def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
     return meta, reshaped(s, path, loop, state, old_p), state
 
 
+def average_replicas(s, path: Path, old_p: int) -> int:
+    """Collective: rank 0 reads every saved replica and averages params, momentum and BN buffers
+    (push-sum: ``sum w_i x_i / sum w_i``, the de-biased average the weights conserve; pull: the
+    plain mean), in float64; every rank gets them by broadcast.  Returns the saved global count
+    (the sample counter's value on saved rank 0)."""
+    import numpy as np  # noqa: PLC0415
+    ps, opt = s.model.ps, s.opt
+    flats = (ps.params, opt.momentum, ps.buffers)
+    sums = [np.zeros(f.size, np.float64) for f in flats]
+    total = np.zeros(1, np.int64)
+    if s.topo.is_root:
+        weights = 0.0
+        for j in range(old_p):
+            _, arrays, st = ckpt.read_rank(path, j)
+            w = float(st["method"].get("weight", 1.0))      # push-sum's weight; pull: 1
+            for acc, key in zip(sums, ("params", "momentum", "buffers")):
+                acc += w * arrays[key].astype(np.float64)
+            weights += w
+            if j == 0:
+                total[0] = int(st["method"].get("counter_total", st["method"]["global_samples"]))
+        for acc in sums:
+            acc /= weights
+    for flat, acc in zip(flats, sums):
+        host = acc.astype(flat.dtype)
+        s.method.comm.broadcast(host, 0)
+        flat[...] = s.backend.xp.asarray(host)
+    s.method.comm.broadcast(total, 0)
+    return int(total[0])
+
+
 def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int) -> LoopState:
     """The loop counters of a rank of a run resumed on another rank count (``RESHAPEABLE``
     methods): the data position continues from the global sample count in this job's epochs
     (``Setup.samples_per_epoch``), as if this job had run from the start; the times are those of
     the replica it continues; the bad samples every saved rank counted are counted once (by the
-    new ranks ``j % p`` of saved rank ``j``).  Not bitwise: the data order depends on p."""
+    new ranks ``j % p`` of saved rank ``j``).  Not bitwise: the data order depends on p.  (Gossip:
+    the parameters are the saved replicas' average, ``average_replicas``.)"""
     p, rank = s.topo.size, s.topo.rank
     gs, spe = s.method.global_samples, s.samples_per_epoch
     step_batch = s.cfg.data.batch_size * s.roles.num_workers
