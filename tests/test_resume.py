@@ -195,14 +195,14 @@ def test_allreduce_resumes_on_fewer_and_more_ranks_and_the_others_say_they_canno
     # another method's checkpoint on another rank count: refused, naming why (a real file)
     from scalesgd.errors import CheckpointError
     from scalesgd.train import resuming
-    w = ckpt.Writer(tmp_path / "e" / "checkpoints", 96, {"ranks": 2, "method": "easgd"})
+    w = ckpt.Writer(tmp_path / "e" / "checkpoints", 96, {"ranks": 2, "method": "localsgd"})
     for r in range(2):
         w.add_rank(r, {"params": np.zeros(3, np.float32)}, "{}")
     path = w.commit()
-    assert resuming.find_checkpoint(str(path), 2, "easgd") == path
-    with pytest.raises(CheckpointError, match="written by 2 ranks of 'easgd', this job has 3 ranks of "
-                                              "'easgd' .*only allreduce and gossip resume on another"):
-        resuming.find_checkpoint(str(path), 3, "easgd")
+    assert resuming.find_checkpoint(str(path), 2, "localsgd") == path
+    with pytest.raises(CheckpointError, match="written by 2 ranks of 'localsgd', this job has 3 ranks of "
+                                              "'localsgd' .*only allreduce, gossip, easgd and asgd resume"):
+        resuming.find_checkpoint(str(path), 3, "localsgd")
 
 
 def test_push_sum_resumes_on_fewer_ranks_from_the_de_biased_average(tmp_path, data):
@@ -227,3 +227,22 @@ def test_push_sum_resumes_on_fewer_ranks_from_the_de_biased_average(tmp_path, da
         np.testing.assert_allclose(got[f"rank-{r:05d}/params"], want, rtol=1e-5, atol=1e-6)
     workers = [h["workers"] for h in json.loads((run_dir / "summary.json").read_text())["history"]]
     assert workers[0] == 3 and workers[-1] == 2, workers
+
+
+def test_asgd_resumes_on_more_workers_from_the_master(tmp_path, data):
+    """Issue 26, item 2 (server methods): a 3-rank A-SGD run (a server, two workers) resumed on 4
+    ranks: the server keeps its master weights and counters, each worker (the new one included)
+    starts from the master.  Resumed at lr 0 the workers push zero updates, so every replica and
+    the master in the final checkpoint equal the saved master."""
+    run_dir = tmp_path / "asgd"
+    ok(run_cli(["--data", str(data), "--method", "asgd", *TINY, "--batch-size", "4", "--epochs", "1",
+                "--progress", "off", "--run-dir", str(run_dir)], tmp_path, timeout=120, launcher=launch(3)))
+    master = final_arrays(run_dir)["rank-00000/params"]
+    ok(run_cli(["--resume", str(run_dir), "--epochs", "2", "--lr", "0"], tmp_path, timeout=120,
+               launcher=launch(4)))
+    got = final_arrays(run_dir)
+    assert ckpt.read_meta(checkpoints(run_dir)[-1])["ranks"] == 4
+    for r in range(4):
+        np.testing.assert_array_equal(got[f"rank-{r:05d}/params"], master, err_msg=f"rank {r}")
+    workers = [h["workers"] for h in json.loads((run_dir / "summary.json").read_text())["history"]]
+    assert workers[0] == 2 and workers[-1] == 3, workers

@@ -298,7 +298,12 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         self.last_staleness = int(scalars["last_staleness"])
         self.rejected = int(scalars.get("rejected", 0))
         self.staleness = Counter({int(k): v for k, v in scalars["staleness"].items()})
-        if self.roles.is_server:
+        if self.roles.is_server and len(scalars["told"]) != self.roles.num_workers:
+            # resumed with another worker count (resuming.restore): every worker starts from the
+            # current center at the current count, as if it had just been told and replied to
+            self.told[...] = self.global_samples
+            self.fetched[...] = self.version
+        elif self.roles.is_server:
             self.told[...] = scalars["told"]
             self.fetched[...] = scalars["fetched"]
             if "served" in scalars:                 # (checkpoints of one server: not needed)

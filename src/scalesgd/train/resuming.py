@@ -65,8 +65,9 @@ def check_identity(saved: C.Config, new: C.Config, run_dir: Path) -> None:
 
 
 # Methods whose checkpoints resume on another rank count: every replica is the same model
-# (allreduce), or each new rank starts from the average of the saved replicas (gossip)
-RESHAPEABLE = ("allreduce", "gossip")
+# (allreduce), each new rank starts from the average of the saved replicas (gossip), or the
+# server shards keep their center/master and the workers start from it (easgd, asgd)
+RESHAPEABLE = ("allreduce", "gossip", "easgd", "asgd")
 
 
 def find_checkpoint(resume: str, ranks: int, method: str, job: str = "this job") -> Path:
@@ -79,7 +80,7 @@ def find_checkpoint(resume: str, ranks: int, method: str, job: str = "this job")
     if meta["method"] != method or (meta["ranks"] != ranks and method not in RESHAPEABLE):
         raise CheckpointError(f"{path}: written by {meta['ranks']} ranks of '{meta['method']}', {job} "
                               f"has {ranks} ranks of '{method}' (resume with the same rank count; "
-                              f"only {' and '.join(RESHAPEABLE)} resume on another)")
+                              f"only {', '.join(RESHAPEABLE[:-1])} and {RESHAPEABLE[-1]} resume on another)")
     return path
 
 
@@ -89,11 +90,19 @@ def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
     rest of this rank's JSON state)."""
     m, ps, xp = s.method, s.model.ps, s.backend.xp
     old_p = ckpt.read_meta(path)["ranks"]
-    source = s.topo.rank % old_p                     # another rank count: the replica it continues
+    source = source_rank(s, old_p)                   # another rank count: the rank it continues
     meta, arrays, state = ckpt.read_rank(path, source)
     if old_p != s.topo.size and m.name == "gossip":  # every rank: the average of the saved replicas
         total = average_replicas(s, path, old_p)
         m.load_reshaped(ps, state.pop("method"), total)
+    elif old_p != s.topo.size and s.roles.num_servers and not s.roles.is_server:
+        center = saved_center(s, path)               # a worker starts from the center / master
+        ps.params[...] = xp.asarray(center)
+        s.opt.momentum[...] = 0
+        ps.buffers[...] = xp.asarray(arrays.pop("buffers"))
+        arrays = {k: (center if k == "fetched_weights" else v) for k, v in arrays.items()
+                  if k not in ("params", "momentum")}
+        m.load_state(ps, arrays, state.pop("method"))
     else:
         ps.params[...] = xp.asarray(arrays.pop("params"))
         s.opt.momentum[...] = xp.asarray(arrays.pop("momentum"))
@@ -106,6 +115,32 @@ def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
             m.trace.truncate(int(lines))
         return meta, loop, state
     return meta, reshaped(s, path, loop, state, old_p), state
+
+
+def source_rank(s, old_p: int) -> int:
+    """The saved rank whose state this rank continues: itself on the same rank count; else a
+    replica (rank mod p_old), and for the server methods shard k for shard k and saved worker
+    (w mod W_old) for worker w (the shard count cannot change: ``dist.servers`` defines the run)."""
+    if old_p == s.topo.size:
+        return s.topo.rank
+    k = s.roles.num_servers
+    if not k:
+        return s.topo.rank % old_p
+    return s.topo.rank if s.roles.is_server else k + s.roles.worker_index % (old_p - k)
+
+
+def saved_center(s, path: Path):
+    """The server methods' center (easgd) or master weights (asgd) of checkpoint ``path``, whole:
+    shard k's slice from saved rank k (the first ``dist.servers`` ranks)."""
+    from ..comm.protocol import shard_bounds  # noqa: PLC0415
+    k = s.roles.num_servers
+    parts = []
+    for j in range(k):
+        params = ckpt.read_rank(path, j)[1]["params"]
+        bounds = shard_bounds(params.size, k)
+        parts.append(params[bounds[j]:bounds[j + 1]])
+    import numpy as np  # noqa: PLC0415
+    return np.concatenate(parts)
 
 
 def average_replicas(s, path: Path, old_p: int) -> int:
@@ -147,6 +182,8 @@ def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int) -> LoopSta
     the parameters are the saved replicas' average, ``average_replicas``.)"""
     p, rank = s.topo.size, s.topo.rank
     gs, spe = s.method.global_samples, s.samples_per_epoch
+    if s.roles.is_server:                           # a server's counters are its own (no data)
+        return loop
     step_batch = s.cfg.data.batch_size * s.roles.num_workers
     loop.local_epoch, within = divmod(gs, spe) if spe else (0, 0)
     loop.step_in_epoch = within // step_batch
@@ -154,7 +191,7 @@ def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int) -> LoopSta
     loop.local_samples = loop.step * s.cfg.data.batch_size
     owned = 0
     for j in range(rank, old_p, p):                 # saved ranks j with j % p == rank
-        st = state if j == rank % old_p and j == rank else ckpt.read_rank(path, j)[2]
+        st = state if j == source_rank(s, old_p) else ckpt.read_rank(path, j)[2]
         owned += int(st.get("bad_samples", {}).get("owned", 0))
     if "bad_samples" in state:
         state["bad_samples"] = {**state["bad_samples"], "owned": owned}
