@@ -244,6 +244,7 @@ def failures(rep: dict) -> list[str]:
     """What makes the script exit non-zero: a parity beyond tolerance, a section that raised, a
     self-check component that failed (strict), a transport whose sums were wrong."""
     out = [f"parity {k}" for k in rep.get("parity", {}).get("failed", [])]
+    out += [f"selfcheck {p}" for p, v in rep.get("selfcheck", {}).get("precisions", {}).items() if v.get("error")]
     out += [f"section {k}" for k in SECTIONS if isinstance(rep.get(k), dict) and "error" in rep[k]]
     return out + [f"allreduce {k}" for k, v in rep.get("allreduce", {}).get("transports", {}).items()
                   if v.get("sums") == "wrong"]

@@ -113,7 +113,8 @@ def test_a_diverging_allreduce_run_is_reported_once(world, tmp_path):
     NaN at the same step, and every rank printed the error.  Now it is one shared error: one line."""
     p = run_cli(["--data", str(world["data"]), *TINY, "--batch-size", "4", "--lr", "1e30",
                  "--method", "allreduce", "--run-dir", str(tmp_path / "run")], tmp_path, launcher=launch(2))
-    line = one_line_error(p, "training loss became", "on every rank (identical replicas)", "lower --lr")
+    line = one_line_error(p, "training loss became non-finite", "the replicas are identical, so every rank stops",
+                          "lower --lr")
     assert line.startswith("scalesgd: error: "), line     # rank 0 alone, not "error (rank r/p)"
 
 

@@ -121,6 +121,8 @@ def compare(got, want, tol: float, names: tuple = ()) -> tuple[float, str | None
         if (want_bad & ~bad).any():
             return math.inf, (f"{what}: {int((want_bad & ~bad).sum())} finite values where the "
                               "reference has NaN or inf (a NaN turned into a number hides divergence)")
+        if not np.array_equal(a[bad], b[bad], equal_nan=True):
+            return math.inf, f"{what}: non-finite values differ from the reference's (NaN vs inf, or inf signs)"
         a, b = a[~bad], b[~bad]
         err = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
         worst = max(worst, err)
@@ -260,8 +262,9 @@ def check(cfg, topo, model, backend, loaders=(), method=None) -> Report:
     agree = agree_over(topo.comm) if topo.size > 1 and cfg.train.device != "cpu" else None
     # two rounds: each part alone, then the whole model with the parts that passed (so a model
     # failure is the parts' integration: weight copies, views, the evaluation graphs)
-    for comps in (components(model, backend, cfg, loaders, method),
-                  model_components(model, backend, cfg, loaders, report)):
+    for make in (lambda: components(model, backend, cfg, loaders, method),      # built when their
+                 lambda: model_components(model, backend, cfg, loaders, report)):  # round comes
+        comps = make()
         if comps or agree is not None:
             validate(comps, cfg.model.fast_paths, agree, speak=topo.is_root, report=report, tally=False)
     done = report.components.values()
@@ -446,15 +449,18 @@ def transport_components(method, size: int = 10_007) -> list[Component]:
                       "pinned host copies)", method.use_host_transport, ("sum",))]
 
 
-def written_late(xp, values: np.ndarray):
+def written_late(xp, values: np.ndarray, side: int = 2048, products: int = 8):
     """A device array that will hold ``values`` once the work queued on the current stream has run:
-    a few milliseconds of matrix products are queued first, then the device-to-device copy of the
-    values, so a transport that reads the buffer without waiting for the stream reads zeros."""
+    ``products`` matrix products of ``side`` x ``side`` (8 x 2048^3 x 2 = 137 GFLOP: a few ms on
+    an H200 in float32) are queued first, then the device-to-device copy of the values, so a
+    transport that reads the buffer without waiting for the stream reads zeros.  (CuPy's default
+    stream is the legacy one, which a blocking cudaMemcpy also waits for: a transport that forgets
+    the wait can pass here by that accident; the host transport's side-stream copy cannot.)"""
     src = xp.array(values)
     out = xp.zeros_like(src)
-    busy = xp.ones((512, 512), dtype=values.dtype)
-    for _ in range(4):
-        busy = xp.matmul(busy, busy)
+    busy = xp.ones((side, side), dtype=values.dtype)
+    for _ in range(products):                        # independent products: no overflow
+        xp.matmul(busy, busy)
     out[...] = src
     return out
 
@@ -524,11 +530,12 @@ def model_components(model, backend, cfg, loaders=(), report: Report | None = No
     changed in place, and an evaluation forward at each evaluation batch after another model was
     loaded into the flat buffers, each against the reference layers and kernels.  ``report``: gets
     the checks' estimated GFLOPs.  Falling back runs the whole model on the reference."""
-    if not getattr(backend, "is_gpu", False):
+    if not getattr(backend, "is_gpu", False) or cfg.model.fast_paths == "off":
         return []
+    from .nn import kernels as K  # noqa: PLC0415
     engine, kernels = model.stem_conv.engine, model.kernels
-    if engine is None and kernels.impl != "fused":
-        return []
+    if engine is None and (kernels.impl != "fused" or set(K.KERNEL_NAMES) <= kernels.disabled):
+        return []                        # (nothing fast left after the first round)
     xp, hw = backend.xp, cfg.data.image_size
     tol = MODEL_TOL[getattr(engine, "precision", "fp32")]
     train_rows, eval_rows = run_batches(cfg, loaders)

@@ -105,6 +105,65 @@ def device_buffers_staged_per_bucket_with_overlap(comm):
         assert np.all(flat.data == comm.size * (comm.size + 1) / 2), (overlap, keeps_up)
 
 
+class OrderCheckingTransport(MPITransport):
+    """The MPI transport, asserting at the method's barrier that every bucket's ``Iallreduce`` has
+    been started (MPI: every rank starts its collectives on a communicator in the same order)."""
+
+    def __init__(self, comm):
+        super().__init__(comm)
+        self.method = None
+
+    def _check(self):
+        red = self.method.reducer
+        assert len(red.requests) == len(red.buckets), \
+            f"{len(red.requests)} of {len(red.buckets)} buckets started before the barrier"
+
+    def barrier(self):
+        self._check()
+        super().barrier()
+
+    def allreduce_max_host(self, a):
+        self._check()
+        return super().allreduce_max_host(a)
+
+
+def buckets_start_before_the_barrier_however_far_each_device_got(comm):
+    """Review of issue 25's fix: a bucket's ``Iallreduce`` starts when its copy has landed, so on
+    a rank whose device lags, some start only after backward.  They must all be started before the
+    method's barrier on every rank (else the ranks call collectives in different orders), and
+    ``progress`` (the loop calls it while it waits for the device) starts the ones that landed."""
+    from scalesgd.methods.allreduce import AllReduce
+    lay = layout()
+    dd.reset()
+    dd.STATE.gpu_keeps_up = comm.rank == 0        # rank 1's device lags behind its host
+    flat = dd.ndarray(np.full(lay.size, float(comm.rank + 1)))
+    transport = OrderCheckingTransport(comm)
+    method = AllReduce(types.SimpleNamespace(dist=dist(servers=1)), types.SimpleNamespace(size=comm.size),
+                       transport, None)
+    transport.method = method
+    method.reducer = device.make_allreducer("host", comm, flat, lay, 4000, True)
+    for spec in reversed(lay.specs):
+        method.reducer.ready([spec.name])
+    started = len(method.reducer.requests)
+    assert started == (len(method.reducer.buckets) if comm.rank == 0 else 0), started
+    if comm.rank == 1:
+        dd.STATE.gpu_keeps_up = True              # the device catches up while the host waits
+        method.progress()
+        assert len(method.reducer.requests) == len(method.reducer.buckets)
+    method.after_backward(0, None)
+    assert not method.any_diverged
+    assert np.all(flat.data == comm.size * (comm.size + 1) / 2)
+    for keeps_up in (True, False):                # and without progress: after_backward starts them
+        dd.reset()
+        dd.STATE.gpu_keeps_up = keeps_up
+        flat.data[...] = comm.rank + 1
+        for spec in reversed(lay.specs):
+            method.reducer.ready([spec.name])
+        method.loss_finite = comm.rank == 0       # one rank's loss is NaN: every rank learns it
+        method.after_backward(1, None)
+        assert method.any_diverged and np.all(flat.data == comm.size * (comm.size + 1) / 2)
+
+
 class FakeNccl:
     """Stands in for cupy.cuda.nccl (not runnable here): records the communicator's unique id and
     counts communicators created against destroyed (``live``)."""
@@ -238,4 +297,4 @@ if __name__ == "__main__":
                numpy_buffers_use_host_directly, device_buffers_staged_per_bucket_with_overlap,
                nccl_reducer_gets_rank0_id_and_does_not_overlap, nccl_lifecycle_every_communicator_is_destroyed,
                nccl_id_failure_on_rank0_ends_every_rank, nccl_is_not_chosen_when_ranks_share_a_gpu,
-               nccl_time_is_measured_on_the_device)
+               nccl_time_is_measured_on_the_device, buckets_start_before_the_barrier_however_far_each_device_got)

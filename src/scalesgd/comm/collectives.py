@@ -331,9 +331,22 @@ class BucketedAllreduce:
             self.grads_left[i] -= 1
             if self.grads_left[i] == 0:
                 self.start(i)
+        self.progress()
+
+    def progress(self) -> None:
+        """Starts the buckets whose copies have landed and lets MPI progress the started ones
+        (from ``ready``, and while the host waits for the device to finish the step: the loop
+        calls it through ``Method.progress``, so on a GPU the sums overlap backward)."""
         self._launch_landed()
         if self.requests:
-            MPI.Request.Testall(self.requests)   # lets MPI progress the started buckets
+            MPI.Request.Testall(self.requests)
+
+    def launch_all(self) -> None:
+        """Starts every bucket not started yet, waiting for copies still in flight.  Must run before
+        any other collective on the communicator (the method's barrier): every rank then starts
+        the buckets' ``Iallreduce`` in the same order relative to it, as MPI requires, however far
+        each rank's device had got."""
+        self._launch_landed(wait=True)
 
     def finish(self) -> None:
         self._launch_landed(wait=True)

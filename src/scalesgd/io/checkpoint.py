@@ -87,8 +87,14 @@ class Writer:
             free = f", {_size(st.f_bavail * st.f_frsize)} free of {_size(st.f_blocks * st.f_frsize)}"
         except OSError:
             free = ""
-        older = [p for p in listing(self.final.parent) if p != self.final]
-        last = f"the last good checkpoint is {older[-1]}" if older else "there is no earlier checkpoint"
+        last = "there is no earlier good checkpoint"
+        for p in reversed([p for p in listing(self.final.parent) if p != self.final]):
+            try:
+                verify(p)                        # (its digests: the one a --resume would take)
+            except CheckpointError:
+                continue
+            last = f"the last good checkpoint is {p}"
+            break
         return CheckpointError(f"{self.final}: cannot write the checkpoint ({cause}) on the file system "
                                f"mounted at {mount}{free}; {last}")
 

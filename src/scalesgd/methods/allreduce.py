@@ -5,13 +5,16 @@ the replicas stay identical (initial weights broadcast from rank 0 in ``start``)
 BN running statistics stay per replica during training (each rank normalises its own minibatch, as
 in PyTorch DDP); they are averaged over ranks when the model is evaluated.
 
-Timers: ``wait`` is one barrier after backward, i.e. the time until the slowest rank has finished
+Timers: ``wait`` is one barrier after backward (a one-number all-reduce that also says whether any
+rank's loss was not finite), i.e. the time until the slowest rank has finished
 its backward pass (a straggler shows here); ``comm`` is starting and progressing the buckets'
 all-reduces during backward, and completing them after the barrier (the transfer not hidden
 behind backward); for NCCL, whose call only enqueues the sum, the sum's device time between two
 CUDA events (``settle``).  The barrier costs one small-message latency per step.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from .base import Method
 
@@ -53,13 +56,24 @@ class AllReduce(Method):
         with self.timed("comm"):
             self.reducer.ready(names)
 
+    def progress(self) -> None:
+        if self.reducer is not None and self.roles.size > 1:
+            with self.timed("comm"):
+                self.reducer.progress()
+
     def after_backward(self, step: int, ps) -> None:
+        """The barrier is a one-number all-reduce of "this rank's loss was not finite", so every
+        rank learns at once whether any diverged (identical replicas: all stop, one message)."""
         if self.roles.size == 1:
+            self.any_diverged = not self.loss_finite
             return
-        with self.timed("wait"):
-            self.comm.barrier()            # every rank has finished backward: the rest is transfer
         with self.timed("comm"):
-            self.reducer.finish()
+            self.reducer.launch_all()      # (before the next collective: the same order everywhere)
+        with self.timed("wait"):           # every rank has finished backward: the rest is transfer
+            bad = self.comm.allreduce_max_host(np.array([0 if self.loss_finite else 1], np.int64))
+        with self.timed("comm"):
+            self.reducer.finish()          # (completed even when stopping: no request left open)
+        self.any_diverged = bool(bad[0])
 
     def settle(self, wait: bool = False) -> None:
         """NCCL's sum is only enqueued in ``finish``: its device time (CUDA events) is comm."""

@@ -29,6 +29,8 @@ class Method:
     name = "base"
     min_ranks = 1
     replicas_identical = False     # every replica holds the same weights after each step (allreduce)
+    loss_finite = True             # replicas_identical: this rank's loss of the step (set by the loop),
+    any_diverged = False           # and whether any rank's was not finite (set in after_backward)
 
     @classmethod
     def select(cls, cfg) -> type:
@@ -125,6 +127,10 @@ class Method:
         """Restores what ``state`` returned (after ``start``: windows and ports exist)."""
         self.global_samples = int(scalars["global_samples"])
         self.timers.update(scalars["timers"])
+
+    def progress(self) -> None:
+        """Called while the host waits for the device to finish a step (GPU only): keep this
+        method's communication moving (the all-reduce starts the buckets whose copies landed)."""
 
     def settle(self, wait: bool = False) -> None:
         """Adds to ``timers`` the communication measured on the device rather than on the host

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -181,12 +182,16 @@ class Run:
                 lr = lr_at(cfg.schedule, gs / self.spe, m.lr_batch)
                 watchdog.doing(f"training step {st.step}")
                 loss, errors = train_step(s.model, x, y, cfg.train.label_smoothing, m.grad_scale)
-                loss, errors = float(loss), int(errors)     # (the GPU's one wait per step)
-                if not math.isfinite(loss):
+                loss, errors = self.host_values(loss, errors)   # (the GPU's one wait per step)
+                finite = math.isfinite(loss)
+                if not finite and not m.replicas_identical:
                     raise self.diverged(loss, gs, lr)
+                m.loss_finite = finite
                 self.straggle()
                 self.net.step_done()                 # (virtual: the step's compute time passes)
                 m.after_backward(st.step, ps)
+                if m.replicas_identical and m.any_diverged:
+                    raise self.diverged(loss, gs, lr)
                 s.opt.step(ps.params, ps.grads, lr)
                 gs = m.after_update(st.step, ps, len(y), lr)
                 st.step += 1
@@ -201,16 +206,31 @@ class Run:
             st.local_epoch += 1
             st.step_in_epoch = 0
 
+    def host_values(self, loss, errors) -> tuple[float, int]:
+        """``float(loss), int(errors)``.  On a GPU the step's kernels are still running: until they
+        are done the method's communication keeps moving (``Method.progress``: the all-reduce
+        starts each bucket's sum as its copy lands), so the sums overlap backward."""
+        cupy = None if isinstance(loss, (float, np.generic, np.ndarray)) else sys.modules.get("cupy")
+        if cupy is not None:
+            done = cupy.cuda.Event(disable_timing=True)
+            done.record()
+            while not done.done:
+                self.s.method.progress()
+                time.sleep(50e-6)
+        return float(loss), int(errors)
+
     def diverged(self, loss: float, gs: int, lr: float) -> Diverged:
         """The error for a non-finite loss.  Where the replicas are identical (all-reduce), every
-        rank sees it at the same step: a shared error, so rank 0 alone reports it."""
+        rank learns it at the same step (``AllReduce.after_backward``): a shared error, so rank 0
+        alone reports it, naming its own loss."""
         s, st = self.s, self.st
         same = s.method.replicas_identical and s.topo.size > 1
-        exc = Diverged(f"the training loss became {loss} at step {st.step} (epoch {gs / self.spe:.2f}, "
-                       f"lr {lr:.4g}) " + ("on every rank (identical replicas)" if same else
-                                           f"on rank {s.topo.rank}") +
-                       ": training diverged; lower --lr (or --warmup-epochs) and start again, or "
-                       "--resume from an earlier checkpoint with a lower --lr")
+        where = (f"(here, on rank {s.topo.rank}: {loss}; the replicas are identical, so every rank "
+                 "stops)" if same else f"on rank {s.topo.rank}")
+        exc = Diverged("the training loss became " + ("non-finite" if same else str(loss)) +
+                       f" at step {st.step} (epoch {gs / self.spe:.2f}, lr {lr:.4g}) {where}: training "
+                       "diverged; lower --lr (or --warmup-epochs) and start again, or --resume from "
+                       "an earlier checkpoint with a lower --lr")
         exc.shared = same
         return exc
 

@@ -91,7 +91,8 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
 
 def _prepare(cfg: C.Config, workers: int, size: int):
     """(run directory, the checkpoint to resume or None, data root, the shared splits), all checked
-    before anything is written: a resumed checkpoint must come from this many ranks of this method,
+    before anything is written: a resumed checkpoint must come from this method (and from this many
+    ranks, unless the method resumes on another rank count: ``resuming.RESHAPEABLE``),
     a new run may not reuse a run directory, the training split must fill one global batch."""
     from ..data.demo import build_digits, default_data_dir  # noqa: PLC0415
     from ..data.pipeline import train_steps  # noqa: PLC0415
