@@ -303,6 +303,12 @@ class VirtualAllreducer:
         """Nothing runs on a device (the MPI transports' interface)."""
         return 0.0
 
+    def progress(self) -> None:
+        """Nothing in flight between ``ready`` and ``finish`` (the MPI transports' interface)."""
+
+    def launch_all(self) -> None:
+        """The sum starts in ``finish`` (the MPI transports' interface)."""
+
     def finish(self) -> None:
         n = self.net
         seconds = n.c.net.collective_seconds(self.flat.nbytes, n.group)
