@@ -65,9 +65,9 @@ def check_identity(saved: C.Config, new: C.Config, run_dir: Path) -> None:
 
 
 # Methods whose checkpoints resume on another rank count: every replica is the same model
-# (allreduce), each new rank starts from the average of the saved replicas (gossip), or the
-# server shards keep their center/master and the workers start from it (easgd, asgd)
-RESHAPEABLE = ("allreduce", "gossip", "easgd", "asgd")
+# (allreduce), each new rank starts from the average of the saved replicas (gossip, localsgd), or
+# the server shards keep their center/master and the workers start from it (easgd, asgd)
+RESHAPEABLE = ("allreduce", "gossip", "localsgd", "easgd", "asgd")
 
 
 def find_checkpoint(resume: str, ranks: int, method: str, job: str = "this job") -> Path:
@@ -79,8 +79,8 @@ def find_checkpoint(resume: str, ranks: int, method: str, job: str = "this job")
     meta = ckpt.verify(path)
     if meta["method"] != method or (meta["ranks"] != ranks and method not in RESHAPEABLE):
         raise CheckpointError(f"{path}: written by {meta['ranks']} ranks of '{meta['method']}', {job} "
-                              f"has {ranks} ranks of '{method}' (resume with the same rank count; "
-                              f"only {', '.join(RESHAPEABLE[:-1])} and {RESHAPEABLE[-1]} resume on another)")
+                              f"has {ranks} ranks of '{method}'" + ("" if meta["method"] != method else
+                                                                   " (resume with the same rank count)"))
     return path
 
 
@@ -95,6 +95,10 @@ def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
     if old_p != s.topo.size and m.name == "gossip":  # every rank: the average of the saved replicas
         total = average_replicas(s, path, old_p)
         m.load_reshaped(ps, state.pop("method"), total)
+    elif old_p != s.topo.size and m.name == "localsgd":   # the average; SlowMo's state is shared
+        average_replicas(s, path, old_p)
+        m.load_state(ps, {k: v for k, v in arrays.items() if k not in ("params", "momentum", "buffers")},
+                     state.pop("method"))
     elif old_p != s.topo.size and s.roles.num_servers and not s.roles.is_server:
         center = saved_center(s, path)               # a worker starts from the center / master
         ps.params[...] = xp.asarray(center)
