@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, TINY
+from helpers import ROOT, TINY, rank_pid
 from mpirun import mpi_launcher, uses_mpi
 from synth import make_dataset
 
@@ -60,9 +60,9 @@ def test_a_job_that_dies_leaves_no_segment(tmp_path, how):
         for pid in pids:
             seen |= {p for p in shm.mapped_files(pid, deleted=True) if shm.is_mpi_segment(p)}
         training = any((tmp_path / "run" / "metrics").glob("rank-*.jsonl"))
-        if how == "sigkill" and killed is None and training and seen and len(pids) == 4:
-            killed = pids[-1]
-            os.kill(int(killed), 9)
+        if how == "sigkill" and killed is None and training and seen:
+            killed = rank_pid(str(tmp_path / "run"), 2)       # a rank (not the launcher or a proxy)
+            os.kill(killed, 9)
         time.sleep(0.02)
     if proc.poll() is None:
         proc.kill()
