@@ -167,7 +167,7 @@ class Run:
         # that was processed, by its global-sample count
         done = meta["boundary_done"]
         s.control.restored(self.phases.reached(done) if done >= 0 else -1, meta["ckpt_done"])
-        self.phases.reconcile(path, s.method.global_samples)
+        self.phases.reconcile(path, s.method.global_samples, reshaped=meta["ranks"] != s.topo.size)
 
     # ------------------------------------------------------------------ worker
     def work(self) -> None:

@@ -94,13 +94,17 @@ class Phases:
             raise Stopped()
         return self.finished
 
-    def reconcile(self, source, global_samples: int) -> None:
+    def reconcile(self, source, global_samples: int, reshaped: bool = False) -> None:
         """Collective, right after a resumed run restored its state: every rank continues after the
         same boundary, and no rank is past a boundary that is not recorded as processed.
 
         Checkpoints written before this invariant existed recorded the boundary *before* the one
         being processed; for them the furthest boundary any rank's count reached is the one the
-        phase really processed (see the module docstring), so ``phase_done`` becomes that."""
+        phase really processed (see the module docstring), so ``phase_done`` becomes that.
+        ``reshaped``: resumed on another rank count, whose epochs (whole global batches) differ, so
+        the saved boundary can fall between this job's boundaries: the ones up to the count are
+        taken as done, so an evaluation can be skipped, or come a few samples after the saved one
+        at the "same" epoch (the history then shows both, with their ``workers``)."""
         c = self.c
         ahead = self.reached(global_samples)
         v = c.max_over_ranks([ahead, c.phase_done, -c.phase_done])
@@ -109,6 +113,8 @@ class Phases:
                               f"(boundaries {-int(v[2])}..{int(v[1])}): corrupt checkpoint")
         if v[0] > c.phase_done:
             logging.getLogger("scalesgd").info(
+                "%s: continuing after boundary %d, the last one the global count has passed in this "
+                "job's epochs", source, int(v[0])) if reshaped else logging.getLogger("scalesgd").info(
                 "%s records boundary %d as the last processed but the ranks are past boundary %d "
                 "(a checkpoint of an older version): continuing after %d", source, c.phase_done,
                 int(v[0]), int(v[0]))

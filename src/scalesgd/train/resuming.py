@@ -181,11 +181,22 @@ def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int) -> LoopSta
     """The loop counters of a rank of a run resumed on another rank count (``RESHAPEABLE``
     methods): the data position continues from the global sample count in this job's epochs
     (``Setup.samples_per_epoch``), as if this job had run from the start; the times are those of
-    the replica it continues; the bad samples every saved rank counted are counted once (by the
-    new ranks ``j % p`` of saved rank ``j``).  Not bitwise: the data order depends on p.  (Gossip:
+    the replica it continues; the bad samples every saved worker counted are counted once (by new
+    worker ``v mod W`` of saved worker ``v``).  Not bitwise: the data order depends on p.  (Gossip:
     the parameters are the saved replicas' average, ``average_replicas``.)"""
-    p, rank = s.topo.size, s.topo.rank
+    p, k = s.topo.size, s.roles.num_servers
     gs, spe = s.method.global_samples, s.samples_per_epoch
+    log = logging.getLogger("scalesgd")
+    if s.topo.is_root:
+        log.info("resuming %s, written by %d ranks, on %d: continuing from %d global samples (epoch "
+                 "%.2f); not bitwise: the data order depends on the rank count", path, old_p, p, gs,
+                 gs / spe if spe else 0.0)
+        if s.method.name == "asgd" and old_p - k != s.roles.num_workers:
+            log.warning("warning: asgd's server adds every worker's update, and schedule.lr = %g was "
+                        "set for %d workers (saved in config.json): with %d the master moves %.2fx as "
+                        "far per round; --lr %.4g keeps its step (lr x workers)", s.cfg.schedule.lr,
+                        old_p - k, s.roles.num_workers, s.roles.num_workers / (old_p - k),
+                        s.cfg.schedule.lr * (old_p - k) / s.roles.num_workers)
     if s.roles.is_server:                           # a server's counters are its own (no data)
         return loop
     step_batch = s.cfg.data.batch_size * s.roles.num_workers
@@ -193,16 +204,13 @@ def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int) -> LoopSta
     loop.step_in_epoch = within // step_batch
     loop.step = gs // step_batch
     loop.local_samples = loop.step * s.cfg.data.batch_size
-    owned = 0
-    for j in range(rank, old_p, p):                 # saved ranks j with j % p == rank
+    owned, w = 0, s.roles.worker_index
+    for v in range(w, old_p - k, s.roles.num_workers):     # saved workers v with v mod W == w
+        j = k + v
         st = state if j == source_rank(s, old_p) else ckpt.read_rank(path, j)[2]
         owned += int(st.get("bad_samples", {}).get("owned", 0))
     if "bad_samples" in state:
         state["bad_samples"] = {**state["bad_samples"], "owned": owned}
-    logging.getLogger("scalesgd").info(
-        "resuming %s, written by %d ranks, on %d: continuing from %d global samples (epoch %d, "
-        "step %d of it); not bitwise: the data order depends on the rank count",
-        path, old_p, p, gs, loop.local_epoch, loop.step_in_epoch) if rank == 0 else None
     return loop
 
 
