@@ -165,18 +165,19 @@ def _read_group(path: Path, g) -> tuple[dict, dict]:
     return arrays, json.loads(g.attrs["state"])
 
 
-def read_rank(path: str | Path, rank: int) -> tuple[dict, dict, dict]:
-    """(meta, arrays, state) of one rank, every digest checked."""
+def read_rank(path: str | Path, rank: int, arrays: bool = True) -> tuple[dict, dict, dict]:
+    """(meta, arrays, state) of one rank, every digest checked; ``arrays=False``: the JSON state
+    alone (arrays ``{}``, nothing read or checked but the attributes)."""
     path = Path(path)
     with _open(path) as f:
         key = f"rank-{rank:05d}"
         if key not in f:
             raise CheckpointError(f"{path}: holds no state for rank {rank}")
         try:
-            arrays, state = _read_group(path, f[key])
+            got, state = _read_group(path, f[key]) if arrays else ({}, json.loads(f[key].attrs["state"]))
         except (OSError, KeyError) as exc:
             raise CheckpointError(f"{path}: unreadable {key} ({exc})") from None
-        return json.loads(f.attrs["meta"]), arrays, state
+        return json.loads(f.attrs["meta"]), got, state
 
 
 def verify(path: str | Path) -> dict:

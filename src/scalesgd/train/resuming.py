@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
+
 from .. import config as C
 from ..errors import CheckpointError
 from ..io import checkpoint as ckpt
@@ -143,7 +145,6 @@ def saved_center(s, path: Path):
         params = ckpt.read_rank(path, j)[1]["params"]
         bounds = shard_bounds(params.size, k)
         parts.append(params[bounds[j]:bounds[j + 1]])
-    import numpy as np  # noqa: PLC0415
     return np.concatenate(parts)
 
 
@@ -152,7 +153,6 @@ def average_replicas(s, path: Path, old_p: int) -> int:
     (push-sum: ``sum w_i x_i / sum w_i``, the de-biased average the weights conserve; pull: the
     plain mean), in float64; every rank gets them by broadcast.  Returns the saved global count
     (the sample counter's value on saved rank 0)."""
-    import numpy as np  # noqa: PLC0415
     ps, opt = s.model.ps, s.opt
     flats = (ps.params, opt.momentum, ps.buffers)
     sums = [np.zeros(f.size, np.float64) for f in flats]
@@ -207,7 +207,7 @@ def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int) -> LoopSta
     owned, w = 0, s.roles.worker_index
     for v in range(w, old_p - k, s.roles.num_workers):     # saved workers v with v mod W == w
         j = k + v
-        st = state if j == source_rank(s, old_p) else ckpt.read_rank(path, j)[2]
+        st = state if j == source_rank(s, old_p) else ckpt.read_rank(path, j, arrays=False)[2]
         owned += int(st.get("bad_samples", {}).get("owned", 0))
     if "bad_samples" in state:
         state["bad_samples"] = {**state["bad_samples"], "owned": owned}
