@@ -125,6 +125,9 @@ class TrainConfig:
     stop_timeout: float = _f(180.0, "seconds a stop (SIGTERM/SIGUSR1) may take to checkpoint and end the "
                              "job; past it every rank exits 1 naming the phase it was stuck in "
                              "(0 = wait for ever)", lo=0)
+    on_failure: str = _f("abort", "when a rank dies: abort (end the job; --resume continues it) or continue "
+                         "(the survivors shrink the job and train on; needs an MPI with ULFM: Open MPI 5 "
+                         "started with `mpiexec --with-ft ulfm`)", choices=("abort", "continue"))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 
-from . import collectives
+from . import collectives, failures
 
 
 class MPITransport:
@@ -38,6 +38,7 @@ class MPITransport:
     def __init__(self, comm):
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        failures.track(comm)           # revoked with the others if a rank dies (train.on_failure)
 
     # identity and time ------------------------------------------------------
     clock = staticmethod(time.perf_counter)

@@ -336,6 +336,7 @@ class Courier(CourierJobs):
         called every ``idle_poll`` seconds while no job runs: other ranks' one-sided calls aimed at
         this rank then complete while its main thread computes, not at its next MPI call."""
         self.progress, self.idle_poll = progress, idle_poll
+        self.idle_error = None             # what stopped the idle progress (a revoked communicator)
         self.busy_seconds = self.exposed_seconds = 0.0
         self.jobs = 0
         self._cv = threading.Condition()
@@ -384,7 +385,10 @@ class Courier(CourierJobs):
             if job is not None:
                 self._execute(*job)
             elif idle is not None:            # idle: progress for the others' calls aimed here
-                self.progress()
+                try:
+                    self.progress()
+                except Exception as e:  # noqa: BLE001 - (a dead rank, under ULFM): the thread lives
+                    self.idle_error, idle = e, None   # on for jobs; the caller's own check sees it
 
     def _execute(self, fn, args) -> None:
         t = time.perf_counter()

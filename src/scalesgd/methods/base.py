@@ -145,6 +145,25 @@ class Method:
     def close(self) -> None:
         """Frees windows and other MPI objects; called once after training on every rank."""
 
+    # ------------------------------------------------------------------ surviving a lost rank
+    def abandon(self, ps) -> None:
+        """Local, once a rank of the job died (``train/survive.py``): stop this method's threads
+        and fold into ``ps`` what already reached this rank, without talking to any other rank.
+        Its MPI objects are dropped with the revoked communicator, never used again."""
+
+    def survivor_state(self, ps) -> tuple[dict, dict]:
+        """Local, after ``abandon``: the (arrays, scalars) this rank carries onto the shrunk job
+        (by default its checkpoint state, which is local for these methods)."""
+        return self.state(ps)
+
+    def continue_from(self, ps, arrays: dict, scalars: dict, global_samples: int) -> dict:
+        """Collective on the shrunk job, after ``start``, ``ps`` holding this rank's own replica
+        again: take over what ``survivor_state`` returned, at the agreed global count.  Returns
+        what the failure's record should say (e.g. push-sum's lost weight)."""
+        self.load_state(ps, arrays, scalars)
+        self.global_samples = int(global_samples)
+        return {}
+
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager
     def timed(self, key: str):

@@ -181,6 +181,43 @@ class Gossip(Method, metaclass=abc.ABCMeta):
     def reshaped_strategy(self) -> None:
         """Pull: publish the restored parameters; push-sum: nothing (weight 1, empty inbox)."""
 
+    # ------------------------------------------------------------------ surviving a lost rank
+    def abandon(self, ps) -> None:
+        """Local: the exchange in flight is collected if its thread finished it (else dropped), the
+        courier stops; push-sum folds what its inbox holds (its own memory) into ``ps``."""
+        ex = self.exchanger
+        if isinstance(ex, Overlapped):
+            try:
+                ex.collect()
+            except Exception:  # noqa: BLE001 - an exchange with the dead rank: its data is lost
+                ex.in_flight_peer = None
+            ex.close()
+            self.exchanger = Blocking(self)
+
+    def survivor_state(self, ps) -> tuple[dict, dict]:
+        self.settle(wait=True)
+        return {}, {"global_samples": self.global_samples, "timers": dict(self.timers),
+                    "exchanges": self.exchanges, "last_peer": self.last_peer,
+                    "unreported": self._unreported, "ranks": self.roles.size,
+                    **self.strategy_state()[1]}
+
+    def continue_from(self, ps, arrays: dict, scalars: dict, global_samples: int) -> dict:
+        """Collective: this rank's replica goes on (``ps``) at the agreed count, which the new
+        counter's root starts from; the graph is the new one (the dead rank is not in it)."""
+        self.global_samples = int(global_samples)
+        self.timers.update(scalars["timers"])
+        self.exchanges, self._unreported = int(scalars["exchanges"]), int(scalars["unreported"])
+        if self.roles.rank == self.counter.root:
+            self.counter.set(self.global_samples)
+        out = self.survive_strategy(scalars)
+        self.comm.barrier()                          # set everywhere before anyone reads
+        return out
+
+    def survive_strategy(self, scalars: dict) -> dict:
+        """Pull: publish the replica; push-sum: renormalise the weights (``PushGossip``)."""
+        self.reshaped_strategy()
+        return {}
+
     # ------------------------------------------------------------------ evaluation
     def load_eval_model(self, ps) -> dict:
         """Collective: the exact average of the replicas' (de-biased) parameters and of their BN
@@ -447,6 +484,27 @@ class PushGossip(Gossip):
 
     def strategy_stats(self) -> dict:
         return {"pushsum_weight": self.weight}
+
+    def abandon(self, ps) -> None:
+        """Also folds the inbox: what survivors pushed here before the failure is kept."""
+        super().abandon(ps)
+        try:
+            x = self.stage.to_host()
+            self.finish(x)
+            self.stage.to_device()
+        except Exception:  # noqa: BLE001 - (a window the library gave up on: its mass is lost)
+            pass
+
+    def survive_strategy(self, scalars: dict) -> dict:
+        """Collective: the weights sum to the old rank count less what died with the rank (its own
+        weight and what was pushed to it), and the survivors scale theirs to sum to the new count:
+        the de-biased parameters x_i do not change, the average stays the weighted one."""
+        self.weight = float(scalars["weight"])
+        self.drains = int(scalars.get("drains", 0))
+        total = float(self.comm.allreduce_sum_host(np.array([self.weight]))[0])
+        lost = float(scalars["ranks"]) - total
+        self.weight *= self.roles.size / total
+        return {"pushsum_weight_lost": lost, "pushsum_weight_kept": total}
 
     def strategy_state(self) -> tuple[dict, dict]:
         return {}, {"weight": self.weight, "drains": self.drains}

@@ -309,6 +309,16 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
             if "served" in scalars:                 # (checkpoints of one server: not needed)
                 self.served[...] = scalars["served"]
 
+    def continue_from(self, ps, arrays: dict, scalars: dict, global_samples: int) -> dict:
+        """A server serves the remaining workers as if each had just been told the agreed count and
+        replied to (their own replicas go on; their per-worker counters start afresh)."""
+        out = super().continue_from(ps, arrays, scalars, global_samples)
+        if self.roles.is_server:
+            self.told[...] = self.global_samples
+            self.told_sig[...] = self.signals.seen
+            self.fetched[...] = self.version
+        return out
+
     # ------------------------------------------------------------------ subclass hooks
     def start_role(self, ps) -> None:
         """After the initial broadcast: allocate role-specific buffers."""

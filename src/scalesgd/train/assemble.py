@@ -46,6 +46,8 @@ class Setup:
     data_root: Path
     train_samples: int             # size of the training split
     fast_paths: fastpaths.Report = field(default_factory=fastpaths.Report)   # set by fastpaths.check
+    splits: tuple = ()             # the (train, val) ShardSets the loaders read (a shrunk job's new
+    data_threads: int = 1          # loaders read them too: train/survive.py)
 
     @property
     def roles(self):
@@ -97,16 +99,25 @@ def build(cfg: Config, topo, backend, method, control: Control, data_root: Path,
                         "= %d workers x data.batch_size %d): too few updates to train well; a smaller "
                         "--batch-size gives more", steps, n, d.batch_size * roles.num_workers,
                         roles.num_workers, d.batch_size)
-    train = val = None
-    if not roles.is_server:
-        common = dict(batch_size=d.batch_size, image_size=d.image_size, mean=d.mean, std=d.std,
-                      num_threads=data_threads, device_id=backend.device_id, dtype=_input_dtype(cfg),
-                      val_resize=d.val_resize or None, rank=roles.worker_index,
-                      world=roles.num_workers, seed=cfg.train.seed)
-        train = Loader(train_shards, train=True, augment=d.augment, scale=d.scale, flip=d.flip,
-                       lighting=d.lighting, **common)
-        val = Loader(val_shards, train=False, augment="center", flip=False, ten_crop=d.ten_crop, **common)
-    return Setup(cfg, topo, backend, method, control, model, opt, train, val, data_root, n)
+    train, val = loaders(cfg, (train_shards, val_shards), roles, backend, data_threads)
+    return Setup(cfg, topo, backend, method, control, model, opt, train, val, data_root, n,
+                 splits=(train_shards, val_shards), data_threads=data_threads)
+
+
+def loaders(cfg: Config, splits, roles, backend, data_threads: int) -> tuple[Loader | None, Loader | None]:
+    """This worker's (train, val) loaders over ``splits``, its part by ``roles``; (None, None) on a
+    server rank."""
+    if roles.is_server:
+        return None, None
+    d = cfg.data
+    common = dict(batch_size=d.batch_size, image_size=d.image_size, mean=d.mean, std=d.std,
+                  num_threads=data_threads, device_id=backend.device_id, dtype=_input_dtype(cfg),
+                  val_resize=d.val_resize or None, rank=roles.worker_index,
+                  world=roles.num_workers, seed=cfg.train.seed)
+    train = Loader(splits[0], train=True, augment=d.augment, scale=d.scale, flip=d.flip,
+                   lighting=d.lighting, **common)
+    val = Loader(splits[1], train=False, augment="center", flip=False, ten_crop=d.ten_crop, **common)
+    return train, val
 
 
 def _input_dtype(cfg: Config) -> str:

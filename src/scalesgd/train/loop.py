@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from ..comm import watchdog
+from ..comm import failures, watchdog
 from ..config import parse_straggler
 from ..data.pipeline import Loader
 from ..errors import Diverged, RunDirError
@@ -65,7 +66,9 @@ class Run:
     """One rank's part of a training run (worker or server): the loop, the phases' actions
     (evaluation, checkpoints) and the summary.  The counters a checkpoint keeps are ``self.st``."""
 
-    def __init__(self, s: Setup, run_dir: Path):
+    def __init__(self, s: Setup, run_dir: Path, carried: "Run | None" = None):
+        """``carried``: the run this one continues in the same processes after a rank died
+        (``survive.py``): its files, counters, history and clocks go on here."""
         self.s, self.cfg, self.run_dir = s, s.cfg, run_dir
         self.spe = s.samples_per_epoch                   # global samples per epoch
         self.total = s.cfg.train.epochs * self.spe
@@ -77,10 +80,22 @@ class Run:
         self.phases = Phases(s.control, self.boundaries, self.on_boundary, self.on_checkpoint,
                              poll=s.method.poll_in_phase, tick=self.tick)
         self.net = s.topo.transport                      # its clock is the run's (virtual: simulated)
+        self.clock = self.net.clock
+        self.detector = (failures.Detector(s.topo.comm)   # (collective) a dead rank, noticed each step
+                         if s.cfg.train.on_failure == "continue" and s.topo.size > 1 else None)
+        s.method.trace = carried.s.method.trace if carried else TraceWriter(run_dir, s.topo.rank)
+        if carried is not None:
+            for key in ("straggle", "fault", "st", "t_start", "t_excluded", "train_offset", "wall_offset",
+                        "last_ckpt_clock", "metrics", "progress", "history", "world_rank",
+                        "world_ranks", "failures"):
+                setattr(self, key, getattr(carried, key))
+            self.progress.enabled = s.topo.is_root
+            self.pending_recovery = None
+            self.bad = BadSamples(s.topo.transport, s.topo.rank, s.train_data, s.val_data, s.train_samples)
+            self.bad.restore(carried.bad.state())
+            return
         self.straggle = Straggler(s.cfg.dist.straggler, s.topo.rank, s.cfg.train.seed, self.net.sleep)
         self.fault = _fault_spec()
-        self.clock = self.net.clock
-        s.method.trace = TraceWriter(run_dir, s.topo.rank)
         self.st = LoopState()
         # time of this allocation: a resumed run adds its checkpoint's train and wall seconds
         self.t_start, self.t_excluded = self.clock(), 0.0
@@ -91,6 +106,31 @@ class Run:
                                  s.cfg.train.epochs, s.cfg.train.progress)
         self.history: list[dict] = []
         self.bad = BadSamples(s.topo.transport, s.topo.rank, s.train_data, s.val_data, s.train_samples)
+        self.world_rank = s.topo.rank                     # rank in the job as launched
+        self.world_ranks = list(range(s.topo.size))       # ... of each rank now (a rank may die)
+        self.failures: list[dict] = []                    # ranks lost and survived (survive.py)
+        self.pending_recovery = None                      # clock of a recovery not closed by a step
+
+    # ------------------------------------------------------------------ after a lost rank
+    def agree_phases(self, old: "Run") -> None:
+        """Collective, continuing ``old`` on the shrunk job: every survivor continues after the
+        last boundary all of them processed (a phase the failure cut short is run again), as
+        this run's boundaries (the epoch is whole global batches of the new worker count) place
+        it; history entries past it are dropped, and a checkpoint generation not written is due."""
+        c, oc = self.s.control, old.s.control
+        done = old.boundaries[oc.phase_done] if oc.phase_done >= 0 else -1
+        done, ckpt = (int(v) for v in -c.max_over_ranks([-done, -oc.ckpt_done]))
+        self.history = [h for h in self.history if h["global_samples"] <= done]
+        c.phase_done = self.phases.reached(done) if done >= 0 else -1
+        c.ckpt_done = ckpt
+
+    def continue_data_at(self, gs: int) -> None:
+        """This worker's data position: the new worker count's order, from global count ``gs``."""
+        if self.s.roles.is_server or not self.spe:
+            return
+        batch = self.cfg.data.batch_size * self.s.roles.num_workers
+        self.st.local_epoch, within = divmod(gs, self.spe)
+        self.st.step_in_epoch = within // batch
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, boundary: int) -> None:
@@ -200,11 +240,25 @@ class Run:
                 st.compute_seconds += self.clock() - tc
                 self.log_step(gs, loss, errors / len(y), lr)
                 self.inject_fault()
+                if self.detector is not None:
+                    self.detector.check()
                 if self.phases.check(gs, seen):
                     return
                 td = self.clock()
             st.local_epoch += 1
             st.step_in_epoch = 0
+
+    def lost_rank(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means a rank died and this run survives it (``train.on_failure``)."""
+        if self.detector is None:
+            return False
+        if failures.is_failure(exc, self.detector.comm):
+            return True
+        try:                              # e.g. a torn read of a dead peer's half-written vector
+            self.detector.check()
+        except Exception:  # noqa: BLE001
+            return True
+        return False
 
     def host_values(self, loss, errors) -> tuple[float, int]:
         """``float(loss), int(errors)``.  On a GPU the step's kernels are still running: until they
@@ -236,12 +290,15 @@ class Run:
 
     def inject_fault(self) -> None:
         """Testing aid: ``SCALESGD_INJECT_FAULT=RANK:STEP[:MODE]`` (read once, at start) acts on
-        that rank after that step, to check that a failing rank ends the whole job, never a hang.
-        MODE ``raise`` (default): an exception; ``hang``: this rank blocks for ever in an MPI
-        receive nobody sends (a deadlock; only a stop's deadline ends it)."""
-        if self.fault is None or self.fault[:2] != (self.s.topo.rank, self.st.step):
+        that rank (as launched) after that step, to check that a failing rank ends the whole job,
+        never a hang.  MODE ``raise`` (default): an exception; ``hang``: this rank blocks for ever
+        in an MPI receive nobody sends (a deadlock; only a stop's deadline ends it); ``kill``: the
+        process dies at once (SIGKILL: a lost rank, ``train.on_failure``)."""
+        if self.fault is None or self.fault[:2] != (self.world_rank, self.st.step):
             return
         spec = os.environ.get("SCALESGD_INJECT_FAULT")
+        if self.fault[2] == "kill":                  # a lost rank (train.on_failure)
+            os.kill(os.getpid(), signal.SIGKILL)
         if self.fault[2] == "hang":
             watchdog.doing(f"hung on purpose (SCALESGD_INJECT_FAULT={spec})")
             self.s.topo.comm.Recv(np.empty(1), source=self.s.topo.rank, tag=32000)
@@ -249,6 +306,10 @@ class Run:
 
     def log_step(self, gs: int, loss: float, err: float, lr: float) -> None:
         s, st, timers = self.s, self.st, self.s.method.timers
+        if self.pending_recovery is not None:        # the first step after a lost rank
+            self.failures[-1]["first_step_seconds"] = self.clock() - self.pending_recovery
+            self.metrics.write("recovered", **self.failures[-1])
+            self.pending_recovery = None
         s.method.settle()
         train_s = self.train_seconds()
         self.metrics.write("step", step=st.step, global_samples=gs, epoch=gs / self.spe,
@@ -281,7 +342,7 @@ class Run:
             bad_samples=last["bad_samples"], time_to_targets=time_to_targets(self.history),
             images_per_second=g / max(st.train_seconds, 1e-9),
             train_seconds=st.train_seconds, eval_seconds=st.eval_seconds, wall_seconds=wall,
-            allocations=st.allocations,
+            allocations=st.allocations, failures=self.failures,
             fast_paths=s.fast_paths.to_dict(),
             time_split_rank0=dict(data=st.data_seconds,   # (a server computes nothing: its timers)
                                   compute=0.0 if s.roles.is_server else
@@ -291,7 +352,7 @@ class Run:
 
 
 def _fault_spec() -> tuple[int, int, str] | None:
-    """``SCALESGD_INJECT_FAULT=RANK:STEP[:raise|hang]`` as (rank, step, mode), or None."""
+    """``SCALESGD_INJECT_FAULT=RANK:STEP[:raise|hang|kill]`` as (rank, step, mode), or None."""
     spec = os.environ.get("SCALESGD_INJECT_FAULT")
     if not spec:
         return None
@@ -312,15 +373,26 @@ def train(s: Setup, run_dir: Path, resume: Path | None = None) -> dict:
     if resume is not None:
         run.restore(resume)
     try:
-        run.serve() if s.roles.is_server else run.work()
-        s.method.close()                  # collective (frees windows): only on a path all ranks take
+        while True:
+            try:
+                run.serve() if run.s.roles.is_server else run.work()
+                break
+            except Exception as exc:
+                if not run.lost_rank(exc):
+                    raise
+                from .survive import survive  # noqa: PLC0415
+                run = survive(run, exc)       # the survivors go on: a shrunk job
+        run.s.method.close()              # collective (frees windows): only on a path all ranks take
     except Stopped:
-        s.method.close()
+        run.s.method.close()
         raise
     finally:                              # local only: on an error, MPI_Abort must not be delayed
         run.metrics.close()
         run.progress.close()
-        s.method.trace.close()
+        run.s.method.trace.close()
+        if run.detector is not None:
+            run.detector.free()
+    s = run.s
     summary = run.summary(run.wall_seconds())
     # rank 0 is a worker or the server; either way it has every evaluation (they are collective)
     if s.topo.is_root:

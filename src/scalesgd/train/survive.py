@@ -1,0 +1,127 @@
+"""Training on after a rank died (``train.on_failure = "continue"``, under an MPI with ULFM).
+
+The survivors notice the failure at their next communication or at the per-step check
+(``comm/failures.Detector``), and each calls ``survive`` with the run it was in:
+
+1. **local**: the method ``abandon``s what was in flight (gossip's courier stops; push-sum folds
+   its inbox) and hands over ``survivor_state``;
+2. **shrink** (collective among the survivors): every communicator is revoked and the world
+   shrunk; the ranks are renumbered in their old order, so server shards keep their ranks;
+3. **rebuild** on the shrunk communicator what depends on it: topology, control plane, method (new
+   windows, ports, buckets, graph), this worker's part of the data; the model, the optimizer and
+   the run's files stay;
+4. **continue** (collective): the agreed global count (the largest any survivor knew), the last
+   phase every survivor completed (an evaluation or checkpoint the failure interrupted is done
+   again), the method's state (``Method.continue_from``).  All-reduce's replicas become rank 0's
+   (momentum included): a failure inside a step can leave some ranks with its update and others
+   without.  Every other method keeps each survivor's own replica.
+
+What is lost: the dead rank's replica, the samples it took since its last report to the global
+count, and, for push-sum, its weight and what was pushed to it (reported, then the survivors'
+weights are renormalised).  What cannot be survived ends the job with a message naming it: a
+server rank died (the center or a shard of it is gone), or too few ranks are left for the method.
+The data order is the one the new worker count deals from the global count, as on a resume onto
+another rank count: not bitwise.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from ..comm import failures, watchdog
+from ..comm.topology import Topology
+from ..errors import MethodError
+from ..methods import create
+from .assemble import Setup, loaders
+from .control import Control
+
+log = logging.getLogger("scalesgd")
+
+
+def shrunk_topology(comm) -> Topology:
+    """Collective: the topology of the survivors' communicator."""
+    from mpi4py import MPI  # noqa: PLC0415
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    return Topology(comm.Get_rank(), comm.Get_size(), node.Get_rank(), node.Get_size(), comm, node)
+
+
+def rebuilt(old: Setup, topo: Topology) -> Setup:
+    """Collective: ``old``'s run on ``topo``; the same model, optimizer, signals and data."""
+    control = Control(topo.transport, topo.size)
+    control.signals = old.control.signals        # (the stop relay holds them)
+    method = create(old.cfg, topo, control.signals)
+    for loader in (old.train_data, old.val_data):
+        if loader is not None:
+            loader.close()
+    train, val = loaders(old.cfg, old.splits, method.roles, old.backend, old.data_threads)
+    s = Setup(old.cfg, topo, old.backend, method, control, old.model, old.opt, train, val,
+              old.data_root, old.train_samples, old.fast_paths, old.splits, old.data_threads)
+    method.attach(s.model)
+    return s
+
+
+def survive(run, cause: BaseException):
+    """Collective among the survivors of ``run`` (a ``loop.Run``): the ``loop.Run`` that continues
+    it on the shrunk job, with the failure recorded (``run.failures``)."""
+    old, t0 = run.s, time.perf_counter()
+    m_old, ps = old.method, old.model.ps
+    detected = run.train_seconds()
+    watchdog.doing("recovering from a lost rank (revoke, shrink)")
+    m_old.abandon(ps)
+    arrays, scalars = m_old.survivor_state(ps)
+    own = (ps.params.copy(), old.opt.momentum.copy(), ps.buffers.copy())
+    comm, dead_now, shrink_s = failures.shrink(old.topo.comm)
+    dead = sorted(run.world_ranks[r] for r in dead_now)
+    world_ranks = [run.world_ranks[r] for r in range(len(run.world_ranks)) if r not in dead_now]
+    servers = old.roles.num_servers
+    if any(r < servers for r in dead_now):
+        raise MethodError(f"{old.cfg.train.method}: server rank(s) {dead} died, and the center "
+                          f"{'shards are' if servers > 1 else 'is'} gone with them: a lost server "
+                          "cannot be survived; --resume RUN_DIR continues from the last checkpoint")
+    if comm.Get_rank() == 0:
+        log.warning("warning: rank(s) %s of the job died (%s); %d ranks train on (on_failure = "
+                    "continue)", dead, _describe(cause), comm.Get_size())
+    topo = shrunk_topology(comm)
+    s = rebuilt(old, topo)
+    s.method.start(ps)                               # new windows / ports; replicas = rank 0's
+    gs = int(s.control.max_over_ranks([m_old.global_samples])[0])
+    if s.method.replicas_identical:
+        if topo.size > 1:
+            s.method.comm.broadcast(old.opt.momentum, 0)
+    else:
+        ps.params[...], old.opt.momentum[...], ps.buffers[...] = own
+    extra = s.method.continue_from(ps, arrays, scalars, gs)
+    new = type(run)(s, run.run_dir, carried=run)
+    new.world_ranks = world_ranks
+    new.agree_phases(run)
+    new.continue_data_at(gs)
+    took = float(s.control.max_over_ranks([int(1e6 * (time.perf_counter() - t0))])[0]) / 1e6
+    record = dict(ranks=dead, global_samples=gs, train_seconds=detected, workers=s.roles.num_workers,
+                  shrink_seconds=shrink_s, recovery_seconds=took, cause=_describe(cause), **extra)
+    new.failures.append(record)
+    new.metrics.write("failure", **record)
+    new.pending_recovery = t0                        # the next completed step closes it
+    watchdog.doing("continuing after a lost rank")
+    # a phase the survivors' count already calls for runs now, on every rank alike (same count,
+    # same signals): a worker must not push to a server that is in a phase
+    s.control.signals.merge(s.control.max_over_ranks(s.control.signals.seen))
+    new.phases.check(gs, s.control.signals.seen)
+    return new
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:160]
+
+
+def phase_floor(run) -> int:
+    """The global count of the last boundary this rank processed (-1: none)."""
+    done = run.s.control.phase_done
+    return run.boundaries[done] if done >= 0 else -1
+
+
+def agreed_min(control: Control, values) -> np.ndarray:
+    """Collective: element-wise minimum over the ranks."""
+    return -control.max_over_ranks([-int(v) for v in values])
