@@ -11,6 +11,7 @@ they skip, and the refusal of ``continue`` there is tested instead.
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +168,42 @@ def test_continue_refused_without_ulfm(data, tmp_path):
     lines = [ln for ln in p.stderr.splitlines() if "error" in ln]
     assert len(lines) == 1 and "on_failure = continue" in lines[0] and "no ULFM" in lines[0], p.stderr
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+def _netcluster():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import netcluster  # noqa: PLC0415
+    return netcluster
+
+
+@needs_ulfm
+@pytest.mark.netcluster
+@pytest.mark.parametrize("method", [["allreduce"], ["gossip", "--gossip", "pull"]], ids=lambda m: m[0])
+def test_survival_across_emulated_nodes(data, tmp_path, method):
+    """3 emulated nodes (network namespaces, 1 Gbit/s links) of 2 ranks: both ranks of node 2 die
+    at the same step; the 4 ranks on the other nodes, talking over TCP, shrink and finish.  (The
+    node's runtime daemon stays: Open MPI 5.0's runtime cannot survive a lost daemon, see
+    docs/methods.md.)"""
+    nc = _netcluster()
+    if nc.requirements_missing():
+        pytest.skip(nc.requirements_missing())
+    wrapper = tmp_path / "mpiexec-ulfm"
+    wrapper.write_text(f'#!/bin/sh\nexec {mpiexec()} --with-ft ulfm "$@"\n')
+    wrapper.chmod(0o755)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "scalesgd", "--data", str(data), "--run-dir", str(run_dir),
+           "--method", *method, *ARGS, "--batch-size", "2", "--epochs", "2"]
+    env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src")]),
+           "OMP_NUM_THREADS": "1", "SCALESGD_INJECT_FAULT": "4:10:kill,5:10:kill"}
+    prefix = "sgdu" + ("a" if method[0] == "allreduce" else "g")
+    assert nc.leftovers(prefix) == [], f"leftovers of an earlier test: {nc.CLEAN} --prefix {prefix}"
+    try:
+        with nc.NetCluster(3, rate="1gbit", ranks_per_node=2, prefix=prefix) as c:
+            res = c.run(cmd, mpiexec=str(wrapper), env=env, timeout=240, capture=True)
+    finally:
+        nc.teardown(prefix)
+    assert res.returncode == 0 and not res.timed_out, f"{res.stdout}\n{res.stderr[-6000:]}"
+    s = summary(run_dir)
+    dead = sorted(r for f in s["failures"] for r in f["ranks"])
+    assert dead == [4, 5] and s["ranks"] == 4 and s["history"][-1]["workers"] == 4
+    assert all(t.sent > 0 and t.received > 0 for t in res.traffic.values())   # the links were used
