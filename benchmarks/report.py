@@ -403,8 +403,16 @@ def buckets(results: Path) -> str:
             f"{d['steps']} steps\n\n" + B.table(d["results"]))
 
 
+def survival(results: Path) -> str:
+    """A lost rank survived, per method (survival.json, benchmarks/survival.py)."""
+    import survival as S  # noqa: PLC0415 - a sibling script
+    d = json.loads((results / "survival.json").read_text())
+    return (f"{d['what']}; {d['epochs']} epochs, {d['seeds']} seeds; the killed runs end with one worker "
+            f"fewer (a server method: 2 workers)\n\n" + S.table(d))
+
+
 VIEWS = {"crossover-summary": crossover_summary, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
-         "conv-candidates": conv_candidates, "buckets": buckets}   # blocks drawn from several files or parts of one
+         "conv-candidates": conv_candidates, "buckets": buckets, "survival": survival}   # blocks drawn from several files or parts of one
 
 
 def pct(x, sign=True):
