@@ -25,20 +25,28 @@ from scalesgd.io import checkpoint as ckpt
 pytestmark = [needs_mpi, pytest.mark.mpi]
 
 
+def _launcher_says(*argv: str) -> str:
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
 def _open_mpi() -> bool:
     exe = mpiexec()
-    if exe is None:
-        return False
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "Open MPI" in out or "prte" in out.lower()
+    return exe is not None and ("Open MPI" in (out := _launcher_says(exe, "--version"))
+                                or "prte" in out.lower())
+
+
+def _ulfm() -> bool:
+    """Open MPI built with ULFM: its ompi_info (next to its mpiexec) says "FT MPI support: yes"."""
+    info = Path(mpiexec()).parent / "ompi_info" if OPEN_MPI else None
+    return info is not None and "FT MPI support: yes" in _launcher_says(str(info))
 
 
 OPEN_MPI = _open_mpi()
-needs_ulfm = pytest.mark.skipif(not OPEN_MPI, reason="needs Open MPI 5 with ULFM (mpiexec --with-ft "
-                                "ulfm): make test-openmpi-quick runs these")
+needs_ulfm = pytest.mark.skipif(not _ulfm(), reason="needs Open MPI 5 built with ULFM (mpiexec "
+                                "--with-ft ulfm): make test-openmpi-quick runs these")
 RANKS = 4
 ARGS = ["--width", "0.25", "--image-size", "16", "--scale", "16,20", "--batch-size", "4",
         "--epochs", "3", "--checkpoint-every", "0.5", "--keep-checkpoints", "20", "--log-every", "1",
@@ -79,22 +87,32 @@ def records(run_dir: Path, rank: int, kind: str) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
+def lines(run_dir: Path, rank: int) -> list[dict]:
+    return [json.loads(ln) for ln in (run_dir / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
+
+
 def check_survived(run_dir: Path, dead: list[int], workers_after: int) -> dict:
     """What every survival shows; returns the summary."""
     s = summary(run_dir)
     assert [f["ranks"] for f in s["failures"]] == [[r] for r in dead]
     for f in s["failures"]:
-        assert f["recovery_seconds"] > 0 and f["shrink_seconds"] >= 0 and f["global_samples"] > 0
+        assert f["recovery_seconds"] > 0 and f["shrink_seconds"] > 0 and f["global_samples"] > 0
     assert s["ranks"] == RANKS - len(dead) and s["workers"] == workers_after
     h = s["history"]
     assert [r["global_samples"] for r in h] == sorted({r["global_samples"] for r in h})  # each once
-    assert h[-1]["workers"] == workers_after
-    assert h[-1]["global_samples"] >= s["samples"] - 16          # trained to the end
-    assert 0 <= s["val_top1_accuracy"] <= 1
+    last = s["failures"][-1]["global_samples"]
+    assert any(r["global_samples"] > last for r in h)              # evaluated after the failure
+    assert all(r["workers"] == workers_after for r in h if r["global_samples"] > last)
     for rank in set(range(RANKS)) - set(dead):                    # every survivor recorded it
         assert [r["ranks"] for r in records(run_dir, rank, "failure")] == [[r] for r in dead]
-    latest = ckpt.latest_good(ckpt.checkpoint_dir(run_dir))
-    assert ckpt.read_meta(latest)["ranks"] == RANKS - len(dead)   # the survivors' checkpoint
+        recs = lines(run_dir, rank)                               # ... and trained on after it
+        after = [r for r in recs[max(i for i, r in enumerate(recs) if r["kind"] == "failure"):]
+                 if r["kind"] in ("step", "server")]
+        assert after, f"rank {rank} did nothing after the failure"
+    later = sorted((p for p in ckpt.checkpoint_dir(run_dir).glob("ckpt-*.h5")
+                    if ckpt.read_meta(p)["global_samples"] > last), key=lambda p: p.name)
+    assert later and ckpt.read_meta(later[0])["reason"] == "scheduled"   # a periodic one, after it:
+    assert all(ckpt.read_meta(p)["ranks"] == RANKS - len(dead) for p in later)   # the survivors'
     return s
 
 
@@ -144,9 +162,11 @@ def test_survival_each_method(survive, method):
     ok(p)
     workers = 2 if method[0] in ("easgd", "asgd") else 3
     check_survived(run_dir, [2], workers)
-    if method[0] in ("easgd", "asgd"):
-        served = records(run_dir, 0, "server")[-1]
-        assert served["served"] > 0
+    if method[0] in ("easgd", "asgd"):           # the server served the workers left
+        failure = summary(run_dir)["failures"][0]["global_samples"]
+        served = {r["global_samples"]: r["served"] for r in records(run_dir, 0, "server")}
+        before = max((v for g, v in served.items() if g <= failure), default=0)
+        assert max(served.values()) > before
 
 
 @needs_ulfm
@@ -178,13 +198,14 @@ def _netcluster():
 
 @needs_ulfm
 @pytest.mark.netcluster
-@pytest.mark.parametrize("method", [["allreduce"], ["gossip", "--gossip", "pull"]], ids=lambda m: m[0])
-def test_survival_across_emulated_nodes(data, tmp_path, method):
+def test_survival_across_emulated_nodes(data, tmp_path):
     """3 emulated nodes (network namespaces, 1 Gbit/s links) of 2 ranks: both ranks of node 2 die
-    at step 5 (after the checkpoint at step 4 of the epoch's 8); the 4 ranks on the other nodes,
-    talking over TCP, shrink and finish.  (The
-    node's runtime daemon stays: Open MPI 5.0's runtime cannot survive a lost daemon, see
-    docs/methods.md.)"""
+    at step 5 (after the checkpoint at step 4 of the epoch's 8); the 4 all-reduce ranks on the
+    other nodes, talking over TCP, shrink and finish.  (The node's runtime daemon stays: Open MPI
+    5.0's runtime cannot survive a lost daemon.  Gossip is not tested here: across nodes its
+    one-sided calls go through osc/rdma, which Open MPI does not make failure-tolerant, and it
+    survived 2 of 4 such tries; see docs/methods.md.)"""
+    method = ["allreduce"]
     nc = _netcluster()
     if nc.requirements_missing():
         pytest.skip(nc.requirements_missing())
@@ -196,7 +217,7 @@ def test_survival_across_emulated_nodes(data, tmp_path, method):
            "--method", *method, *ARGS, "--batch-size", "2", "--epochs", "1"]
     env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src")]),
            "OMP_NUM_THREADS": "1", "SCALESGD_INJECT_FAULT": "4:5:kill,5:5:kill"}
-    prefix = "sgdu" + ("a" if method[0] == "allreduce" else "g")
+    prefix = "sgdua"
     assert nc.leftovers(prefix) == [], f"leftovers of an earlier test: {nc.CLEAN} --prefix {prefix}"
     try:
         with nc.NetCluster(3, rate="1gbit", ranks_per_node=2, prefix=prefix) as c:

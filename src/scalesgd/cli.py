@@ -215,7 +215,7 @@ def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
         check_ranks(cfg, topo.size)              # a wrong rank count is refused before anything
         if cfg.train.on_failure == "continue":   # refused at start where MPI cannot survive a death
             from .comm import failures
-            failures.require(topo)
+            failures.require(topo, cfg)
         backend = backend_mod.select(cfg.train.device, topo.local_rank)
         threads = backend_mod.blas_threads_for(topo.local_size)
         backend_mod.set_blas_threads(threads)

@@ -33,10 +33,13 @@ def fail(topo, message: str, code: int = 1, shared: bool = False) -> None:
       line (hydra drops a dying rank's unforwarded output), then MPI_Abort ends every rank, so no
       peer is left blocked in a collective.
     """
+    from . import failures
+    topo = failures.current(topo)         # after a survived death: the survivors' communicator
     several = topo is not None and topo.size > 1
     if several and shared and _all_arrived(topo.comm, SHARED_ERROR_GRACE_S):
         if topo.rank == 0:
             print(f"scalesgd: error: {message}", file=sys.stderr, flush=True)
+        failures.leave(code)              # (after a survived death: no MPI_Finalize)
         sys.exit(code)
     _end(topo, message, code, "scalesgd")
     sys.exit(code)

@@ -63,9 +63,13 @@ def unsupported(env=os.environ) -> str:
     return ""
 
 
-def require(topo) -> None:
-    """Refuses ``train.on_failure = continue`` where the library cannot survive (every rank alike)."""
+def require(topo, cfg) -> None:
+    """Refuses ``train.on_failure = continue`` where the job cannot survive (every rank alike): no
+    ULFM, or NCCL (its kernels wait for ever on a dead peer; ULFM does not reach them)."""
     why = unsupported() if topo.comm is not None else "the virtual cluster has no failures to survive"
+    if not why and cfg.train.method == "allreduce" and cfg.dist.allreduce_transport == "nccl":
+        why = ("NCCL cannot survive a dead peer (its kernels wait for it for ever): use "
+               "--allreduce-transport host or cuda_aware_mpi")
     if why:
         raise MethodError(f"train.on_failure = continue: {why}; or use --on-failure abort")
 
@@ -133,6 +137,16 @@ def shrink(world):
     return new, dead, time.perf_counter() - t
 
 
+def current(topo):
+    """``topo``, or after a lost rank the survivors' (rank, size, communicator): what an error
+    must end the job through (the world's communicator is revoked)."""
+    if not _SURVIVORS or topo is None:
+        return topo
+    from .topology import Topology  # noqa: PLC0415
+    c = _SURVIVORS[0]
+    return Topology(c.Get_rank(), c.Get_size(), 0, 1, c, None)
+
+
 def is_root(topo) -> bool:
     """Whether this rank is rank 0 of the job as it is now (after a lost rank 0, another one)."""
     return _SURVIVORS[0].Get_rank() == 0 if _SURVIVORS else topo.is_root
@@ -151,6 +165,9 @@ def leave(code: int) -> None:
         pass
     import logging  # noqa: PLC0415
     import sys  # noqa: PLC0415
+
+    from .shm import unlink_mapped_segments  # noqa: PLC0415
+    unlink_mapped_segments()       # (MPI_Finalize would have freed this rank's /dev/shm segments)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -388,7 +388,7 @@ class Courier(CourierJobs):
                 try:
                     self.progress()
                 except Exception as e:  # noqa: BLE001 - (a dead rank, under ULFM): the thread lives
-                    self.idle_error, idle = e, None   # on for jobs; the caller's own check sees it
+                    self.idle_error, idle = e, None   # on for jobs; the caller raises it (collect)
 
     def _execute(self, fn, args) -> None:
         t = time.perf_counter()

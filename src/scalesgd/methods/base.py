@@ -29,6 +29,7 @@ class Method:
     name = "base"
     min_ranks = 1
     replicas_identical = False     # every replica holds the same weights after each step (allreduce)
+    lockstep = False               # when the collectives come depends on the step count (localsgd)
     loss_finite = True             # replicas_identical: this rank's loss of the step (set by the loop),
     any_diverged = False           # and whether any rank's was not finite (set in after_backward)
 

@@ -115,8 +115,10 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         with self.timed("comm"):
             j = self.graph.peer()
             x = self.stage.to_host()
-            self.exchanger.exchange(x, j if j != self.roles.rank else None, self._unreported)
-            self.stage.to_device()
+            try:
+                self.exchanger.exchange(x, j if j != self.roles.rank else None, self._unreported)
+            finally:                      # (what was folded into x stays, even if a call fails)
+                self.stage.to_device()
             self.exchanges += 1
             self.last_peer = j
         waited = self.exchanger.waited() - waited     # blocked, not moving data: comm -> wait
@@ -191,7 +193,10 @@ class Gossip(Method, metaclass=abc.ABCMeta):
                 ex.collect()
             except Exception:  # noqa: BLE001 - an exchange with the dead rank: its data is lost
                 ex.in_flight_peer = None
-            ex.close()
+            try:
+                ex.close()                    # (the thread ends even when its last job failed)
+            except Exception:  # noqa: BLE001
+                pass
             self.exchanger = Blocking(self)
 
     def survivor_state(self, ps) -> tuple[dict, dict]:
@@ -339,6 +344,8 @@ class Overlapped(Exchanger):
     def collect(self) -> None:
         """Completes the exchange in flight, if any: its counter update is applied now (a count
         never ahead of the counter's, so phases stay safe), its result handed to the strategy."""
+        if self.courier.idle_error is not None:     # its idle progress failed (a dead rank)
+            raise self.courier.idle_error
         if not self.courier.busy:
             return
         got, (total, sig), samples = self.courier.wait()

@@ -31,6 +31,7 @@ from .base import Method
 
 class LocalSGD(Method):
     name = "localsgd"
+    lockstep = True                  # it averages when (step + 1) % tau == 0: the ranks' steps agree
 
     def __init__(self, cfg, roles, comm, signals):
         super().__init__(cfg, roles, comm, signals)

@@ -21,7 +21,7 @@ import numpy as np
 from ..comm import failures, watchdog
 from ..config import parse_straggler
 from ..data.pipeline import Loader
-from ..errors import Diverged, RunDirError
+from ..errors import DataError, Diverged, RunDirError
 from ..io.files import write_json_atomic
 from ..io.metrics import MetricsWriter
 from ..io.progress import TrainLog
@@ -90,7 +90,7 @@ class Run:
                         "world_ranks", "failures"):
                 setattr(self, key, getattr(carried, key))
             self.progress.enabled = s.topo.is_root
-            self.pending_recovery = None
+            self.pending_recovery, self.saving = None, False
             self.bad = BadSamples(s.topo.transport, s.topo.rank, s.train_data, s.val_data, s.train_samples)
             self.bad.restore(carried.bad.state())
             return
@@ -109,6 +109,7 @@ class Run:
         self.world_rank = s.topo.rank                     # rank in the job as launched
         self.world_ranks = list(range(s.topo.size))       # ... of each rank now (a rank may die)
         self.failures: list[dict] = []                    # ranks lost and survived (survive.py)
+        self.saving = False                               # inside on_checkpoint
         self.pending_recovery = None                      # clock of a recovery not closed by a step
 
     # ------------------------------------------------------------------ after a lost rank
@@ -119,10 +120,12 @@ class Run:
         it; history entries past it are dropped, and a checkpoint generation not written is due."""
         c, oc = self.s.control, old.s.control
         done = old.boundaries[oc.phase_done] if oc.phase_done >= 0 else -1
-        done, ckpt = (int(v) for v in -c.max_over_ranks([-done, -oc.ckpt_done]))
+        v = c.max_over_ranks([-done, -oc.ckpt_done, int(old.saving)])
+        done, ckpt, cut = -int(v[0]), -int(v[1]), bool(v[2])
         self.history = [h for h in self.history if h["global_samples"] <= done]
         c.phase_done = self.phases.reached(done) if done >= 0 else -1
-        c.ckpt_done = ckpt
+        # a checkpoint the death cut short (its phase had counted it done) is due again
+        c.ckpt_done = ckpt - 1 if cut else ckpt
 
     def continue_data_at(self, gs: int) -> None:
         """This worker's data position: the new worker count's order, from global count ``gs``."""
@@ -176,6 +179,7 @@ class Run:
 
     def on_checkpoint(self, reason: str) -> None:
         """Phase action (collective), after every boundary of the phase was processed."""
+        self.saving = True                # (a rank dying meanwhile: the survivors write it again)
         t, done = self.clock(), self.s.control.phase_done
         self.st.train_seconds = self.train_seconds()
         self.st.wall_seconds = self.wall_seconds()
@@ -186,6 +190,7 @@ class Run:
                             "bad_samples": self.bad.state()}, reason)
         self.last_ckpt_clock = self.clock()
         self.t_excluded += self.clock() - t
+        self.saving = False
 
     def tick(self) -> None:
         """Rank 0's clock asks for a checkpoint every ``checkpoint_minutes``.  (Server 0 calls it
@@ -253,8 +258,8 @@ class Run:
 
     def lost_rank(self, exc: BaseException) -> bool:
         """Whether ``exc`` means a rank died and this run survives it (``train.on_failure``)."""
-        if self.detector is None:
-            return False
+        if self.detector is None or isinstance(exc, (Diverged, RunDirError, DataError)):
+            return False                  # (the user's errors: never a consequence of a death)
         if failures.is_failure(exc, self.detector.comm):
             return True
         try:                              # e.g. a torn read of a dead peer's half-written vector
@@ -378,15 +383,19 @@ def train(s: Setup, run_dir: Path, resume: Path | None = None) -> dict:
     if resume is not None:
         run.restore(resume)
     try:
+        recovered = False
         while True:
             try:
+                if recovered:                 # a phase the survivors' count calls for, first
+                    recovered = False
+                    run.phases.check(run.s.method.global_samples, run.s.control.signals.seen)
                 run.serve() if run.s.roles.is_server else run.work()
                 break
             except Exception as exc:
                 if not run.lost_rank(exc):
                     raise
                 from .survive import survive  # noqa: PLC0415
-                run = survive(run, exc)       # the survivors go on: a shrunk job
+                run, recovered = survive(run, exc), True     # the survivors go on: a shrunk job
         run.s.method.close()              # collective (frees windows): only on a path all ranks take
     except Stopped:
         run.s.method.close()

@@ -53,6 +53,9 @@ def rebuilt(old: Setup, topo: Topology) -> Setup:
               old.data_root, old.train_samples, old.fast_paths, old.splits, old.data_threads)
     s.model.set_grad_hook(None)                  # (the old all-reducer's; attach sets its own)
     method.attach(s.model)
+    old_red, new_red = getattr(old.method, "reducer", None), getattr(method, "reducer", None)
+    if old_red is not None and new_red is not None and new_red.transport != old_red.transport:
+        method.use_host_transport()              # the start-up check's fallback holds
     return s
 
 
@@ -63,6 +66,10 @@ def survive(run, cause: BaseException):
     m_old, ps = old.method, old.model.ps
     detected = run.train_seconds()
     watchdog.doing("recovering from a lost rank (revoke, shrink)")
+    if getattr(getattr(m_old, "reducer", None), "transport", "") == "nccl":
+        failures.shrink(old.topo.comm)   # (auto chose NCCL, whose kernels wait on the dead peer)
+        raise LostRankError("a rank died and the all-reduce runs on NCCL, which cannot survive it; "
+                            "--allreduce-transport host survives; --resume RUN_DIR continues")
     m_old.abandon(ps)
     arrays, scalars = m_old.survivor_state(ps)
     own = (ps.params.copy(), old.opt.momentum.copy(), ps.buffers.copy())
@@ -85,6 +92,10 @@ def survive(run, cause: BaseException):
     s = rebuilt(old, topo)
     s.method.start(ps)                               # new windows / ports; replicas = rank 0's
     gs = int(s.control.max_over_ranks([m_old.global_samples])[0])
+    if s.method.replicas_identical and topo.size > 1:   # rank 0's replica: rank 0's count
+        mine = np.array([m_old.global_samples], np.int64)
+        s.method.comm.broadcast(mine, 0)
+        gs = int(mine[0])
     if s.method.replicas_identical:
         if topo.size > 1:
             s.method.comm.broadcast(old.opt.momentum, 0)
@@ -95,6 +106,8 @@ def survive(run, cause: BaseException):
     new.world_ranks = world_ranks
     new.agree_phases(run)
     new.continue_data_at(gs)
+    if s.method.lockstep:              # a step's collective may have completed on some ranks only
+        new.st.step = int(s.control.max_over_ranks([new.st.step])[0])
     took = float(s.control.max_over_ranks([int(1e6 * (time.perf_counter() - t0))])[0]) / 1e6
     record = dict(ranks=dead, global_samples=gs, train_seconds=detected, workers=s.roles.num_workers,
                   shrink_seconds=shrink_s, recovery_seconds=took, cause=_describe(cause), **extra)
@@ -102,10 +115,9 @@ def survive(run, cause: BaseException):
     new.metrics.write("failure", **record)
     new.pending_recovery = t0                        # the next completed step closes it
     watchdog.doing("continuing after a lost rank")
-    # a phase the survivors' count already calls for runs now, on every rank alike (same count,
-    # same signals): a worker must not push to a server that is in a phase
+    # the same signals everywhere: the phase the caller runs next (``loop.train``) is due on every
+    # rank alike (a worker must not push to a server that is in a phase)
     s.control.signals.merge(s.control.max_over_ranks(s.control.signals.seen))
-    new.phases.check(gs, s.control.signals.seen)
     return new
 
 
