@@ -407,8 +407,13 @@ def survival(results: Path) -> str:
     """A lost rank survived, per method (survival.json, benchmarks/survival.py)."""
     import survival as S  # noqa: PLC0415 - a sibling script
     d = json.loads((results / "survival.json").read_text())
-    return (f"{d['what']}; {d['epochs']} epochs, {d['seeds']} seeds; the killed runs end with one worker "
+    text = (f"{d['what']}; {d['epochs']} epochs, {d['seeds']} seeds; the killed runs end with one worker "
             f"fewer (a server method: 2 workers)\n\n" + S.table(d))
+    if d.get("across_nodes"):
+        text += ("\n\n3 emulated nodes of 2 ranks (1 Gbit/s, TCP), tiny random-JPEG data, 1 epoch; the "
+                 "ranks of node 2 SIGKILLed at step 5, or everything on node 2 killed after the first "
+                 "checkpoint:\n\n" + S.table_nodes(d))
+    return text
 
 
 VIEWS = {"crossover-summary": crossover_summary, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,

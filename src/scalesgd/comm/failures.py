@@ -121,16 +121,26 @@ class Detector:
 
 def shrink(world):
     """Local then collective among the survivors: revokes every tracked communicator and ``world``,
-    then ``Shrink``s ``world``.  Returns (the survivors' communicator, the world ranks that died,
+    then ``Shrink``s ``world``, again until the survivors agree (``MPI_Comm_agree``, uniform) that
+    no rank of the result is known dead.  Returns (the survivors' communicator, the world ranks that died,
     seconds it took)."""
     MPI = _mpi()
     t = time.perf_counter()
-    for comm in [*_TRACKED.values(), world]:
-        try:
-            comm.Revoke()
-        except MPI.Exception:
-            pass
-    new = world.Shrink()
+    comm = world
+    while True:
+        for c in [*_TRACKED.values(), comm]:
+            try:
+                c.Revoke()
+            except MPI.Exception:
+                pass
+        new = comm.Shrink()
+        try:          # a uniform agreement that the survivors' communicator has no dead rank: two
+            new.Agree(1)   # ranks that die together may be noticed one after the other
+            break
+        except MPI.Exception as exc:
+            if not is_failure(exc, new):
+                raise
+            comm = new                # one more died meanwhile: shrink again
     _SURVIVORS[:] = [new]
     alive = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), world.Get_group())
     dead = sorted(set(range(world.Get_size())) - set(alive))

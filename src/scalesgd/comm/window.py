@@ -299,6 +299,7 @@ class CourierJobs:
 
     _state = "idle"
     _result = (None, None)
+    idle_error = None          # what stopped the idle progress (MPI: a revoked communicator)
 
     @property
     def busy(self) -> bool:
@@ -336,7 +337,6 @@ class Courier(CourierJobs):
         called every ``idle_poll`` seconds while no job runs: other ranks' one-sided calls aimed at
         this rank then complete while its main thread computes, not at its next MPI call."""
         self.progress, self.idle_poll = progress, idle_poll
-        self.idle_error = None             # what stopped the idle progress (a revoked communicator)
         self.busy_seconds = self.exposed_seconds = 0.0
         self.jobs = 0
         self._cv = threading.Condition()
