@@ -118,7 +118,7 @@ def across_nodes(venv: Path, tries: int, out: dict, path: Path) -> None:
                         time.sleep(0.1)
                     nc._kill_inside(c.ns(2))
                 threading.Thread(target=killer, daemon=True).start()
-            r = c.run(cmd, mpiexec=str(wrapper), env=env, timeout=300, capture=True)
+            r = c.run(cmd, mpiexec=str(wrapper), env=env, timeout=180, capture=True)
         summ = run_dir / "summary.json"
         s = json.loads(summ.read_text()) if summ.exists() else None
         rec = dict(method=method, kill=kill, **{"try": t}, rc=r.returncode, timed_out=r.timed_out,

@@ -238,6 +238,8 @@ class Run:
                 self.straggle()
                 self.net.step_done()                 # (virtual: the step's compute time passes)
                 m.after_backward(st.step, ps)
+                if self.detector is not None:        # a collective a rank died in may complete
+                    self.detector.check()            # with garbage (Open MPI over TCP): not used
                 if m.replicas_identical and m.any_diverged:
                     raise self.diverged(loss, gs, lr)
                 s.opt.step(ps.params, ps.grads, lr)
@@ -248,7 +250,7 @@ class Run:
                 st.compute_seconds += self.clock() - tc
                 self.log_step(gs, loss, errors / len(y), lr)
                 self.inject_fault(st.step)
-                if self.detector is not None:
+                if self.detector is not None:        # (after_update's count and signals too)
                     self.detector.check()
                 if self.phases.check(gs, seen):
                     return
@@ -258,12 +260,12 @@ class Run:
 
     def lost_rank(self, exc: BaseException) -> bool:
         """Whether ``exc`` means a rank died and this run survives it (``train.on_failure``)."""
-        if self.detector is None or isinstance(exc, (Diverged, RunDirError, DataError)):
+        if self.detector is None or isinstance(exc, (RunDirError, DataError)):
             return False                  # (the user's errors: never a consequence of a death)
         if failures.is_failure(exc, self.detector.comm):
             return True
-        try:                              # e.g. a torn read of a dead peer's half-written vector
-            self.detector.check()
+        try:                              # e.g. a torn read of a dead peer's half-written vector, or
+            self.detector.check()         # a "diverged" flag summed by a collective a rank died in
         except Exception:  # noqa: BLE001
             return True
         return False
