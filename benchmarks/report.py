@@ -410,7 +410,7 @@ def survival(results: Path) -> str:
     text = (f"{d['what']}; {d['epochs']} epochs, {d['seeds']} seeds; the killed runs end with one worker "
             f"fewer (a server method: 2 workers)\n\n" + S.table(d))
     if d.get("across_nodes"):
-        text += ("\n\n3 emulated nodes of 2 ranks (1 Gbit/s, TCP), tiny random-JPEG data, 1 epoch; the "
+        text += ("\n\n3 emulated nodes of 2 ranks (1 Gbit/s, TCP), the digits, 1 epoch; the "
                  "ranks of node 2 SIGKILLed at step 5, or everything on node 2 killed after the first "
                  "checkpoint:\n\n" + S.table_nodes(d))
     return text

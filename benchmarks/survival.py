@@ -18,15 +18,13 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from scalesgd.data.demo import build_digits
+from scalesgd.data.shards import ShardSet
 
-from scalesgd.data.demo import build_digits  # noqa: E402
-from scalesgd.data.shards import ShardSet  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # name -> (job file's method, extra flags)
 METHODS = {
@@ -77,20 +75,16 @@ def run_one(venv: Path, data: Path, runs: Path, name: str, method: str, ranks: i
 
 
 def across_nodes(venv: Path, tries: int, out: dict, path: Path) -> None:
-    """3 emulated nodes of 2 ranks (benchmarks/netcluster.py, 1 Gbit/s): both ranks of node 2 die at
-    step 5 (``ranks``), or, once per method, everything on node 2 (its runtime daemon too) is killed
+    """3 emulated nodes of 2 ranks (benchmarks/netcluster.py, 1 Gbit/s), the digits for one epoch of
+    14 steps at batch 16 per rank: both ranks of node 2 die at step 5 (``ranks``), or, once per method, everything on node 2 (its runtime daemon too) is killed
     after the first checkpoint (``node``).  Records each try's exit status, whether a summary was
     written and the failures it records."""
     import threading  # noqa: PLC0415
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import netcluster as nc  # noqa: PLC0415
+
+    import netcluster as nc  # noqa: PLC0415 - a sibling script (root, iproute2)
     if nc.requirements_missing():
         raise SystemExit(f"--across-nodes: {nc.requirements_missing()}")
-    sys.path.insert(0, str(ROOT / "tests"))
-    from synth import make_dataset  # noqa: PLC0415 - random JPEGs, as the tests'
-    data = ROOT / "runs" / "survival" / "tiny-data"
-    if not (data / "manifest.json").exists():
-        make_dataset(data, n=96, n_val=32, num_classes=4)
+    data = build_digits()
     wrapper = ROOT / "runs" / "survival" / "mpiexec-ulfm"
     wrapper.write_text(f'#!/bin/sh\nexec {venv / "bin" / "mpiexec"} --with-ft ulfm "$@"\n')
     wrapper.chmod(0o755)
@@ -104,8 +98,7 @@ def across_nodes(venv: Path, tries: int, out: dict, path: Path) -> None:
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
         job, extra = METHODS[method]
         cmd = [str(venv / "bin" / "python"), "-m", "scalesgd", "--data", str(data), "--width", "0.25",
-               "--image-size", "16", "--scale", "16,20", "--batch-size", "2", "--epochs", "1",
-               "--checkpoint-every", "0.5", "--run-dir", str(run_dir), "--progress", "off",
+               "--batch-size", "16", "--epochs", "1", "--checkpoint-every", "0.25", "--run-dir", str(run_dir), "--progress", "off",
                "--on-failure", "continue", "--method", job, *extra, "--seed", str(t)]
         env = {"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
         if kill == "ranks":
