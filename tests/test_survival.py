@@ -111,8 +111,9 @@ def check_survived(run_dir: Path, dead: list[int], workers_after: int) -> dict:
         assert after, f"rank {rank} did nothing after the failure"
     later = sorted((p for p in ckpt.checkpoint_dir(run_dir).glob("ckpt-*.h5")
                     if ckpt.read_meta(p)["global_samples"] > last), key=lambda p: p.name)
-    assert later and ckpt.read_meta(later[0])["reason"] == "scheduled"   # a periodic one, after it:
-    assert all(ckpt.read_meta(p)["ranks"] == RANKS - len(dead) for p in later)   # the survivors'
+    assert later and all(ckpt.read_meta(p)["ranks"] == RANKS - len(dead) for p in later)  # survivors'
+    if len(dead) == 1:              # (one death at step 8 of about 18: a periodic one follows it)
+        assert ckpt.read_meta(later[0])["reason"] == "scheduled"
     return s
 
 
