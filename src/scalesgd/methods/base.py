@@ -30,6 +30,7 @@ class Method:
     min_ranks = 1
     replicas_identical = False     # every replica holds the same weights after each step (allreduce)
     lockstep = False               # when the collectives come depends on the step count (localsgd)
+    check_alive = None             # on_failure = continue: raises if a rank died (set by the loop)
     loss_finite = True             # replicas_identical: this rank's loss of the step (set by the loop),
     any_diverged = False           # and whether any rank's was not finite (set in after_backward)
 
@@ -94,7 +95,10 @@ class Method:
         the same step (one tiny all-reduce per step)."""
         self.global_samples += samples * self.roles.num_workers
         if self.roles.size > 1:
-            self.signals.merge(self.comm.allreduce_max_host(self.signals.raised))
+            seen = self.comm.allreduce_max_host(self.signals.raised)
+            if self.check_alive is not None:     # (a rank died inside it: the result is garbage)
+                self.check_alive()
+            self.signals.merge(seen)
         else:
             self.signals.merge(self.signals.raised)
         return self.global_samples

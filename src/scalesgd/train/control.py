@@ -50,6 +50,7 @@ class Control:
         self.signals = Signals()
         self.phase_done = -1
         self.ckpt_done = 0
+        self.check_alive = None          # on_failure = continue: raises if a rank died (loop.Run)
 
     def unhandled(self, sig) -> bool:
         """Whether signals ``sig`` (int64[2]) hold a stop or a checkpoint no phase handled yet."""
@@ -74,6 +75,8 @@ class Control:
         v = np.array([want, seen[0], seen[1]], dtype=np.int64)
         if self.size > 1:
             v = self.comm.iallreduce_max_host(v, poll)
+            if self.check_alive is not None:     # (a rank died inside it: the result is garbage)
+                self.check_alive()
         self.signals.merge(v[1:])
         return int(v[0]), bool(v[1]), int(v[2])
 

@@ -83,6 +83,8 @@ class Run:
         self.clock = self.net.clock
         self.detector = (failures.Detector(s.topo.comm)   # (collective) a dead rank, noticed each step
                          if s.cfg.train.on_failure == "continue" and s.topo.size > 1 else None)
+        if self.detector is not None:    # a collective a rank died in may complete with garbage
+            s.method.check_alive = s.control.check_alive = self.detector.check
         s.method.trace = carried.s.method.trace if carried else TraceWriter(run_dir, s.topo.rank)
         if carried is not None:
             for key in ("straggle", "fault", "st", "t_start", "t_excluded", "train_offset", "wall_offset",
