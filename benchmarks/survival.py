@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -117,8 +118,8 @@ def across_nodes(venv: Path, tries: int, out: dict, path: Path) -> None:
         rec = dict(method=method, kill=kill, **{"try": t}, rc=r.returncode, timed_out=r.timed_out,
                    seconds=r.seconds, summary=s is not None,
                    failures=[f["ranks"] for f in s["failures"]] if s else None,
-                   aborted_in=next((ln.split("(")[0].split()[-1] for ln in (r.stderr or "").splitlines()
-                                    if "ompi_osc_" in ln), None))
+                   aborted_in=next((m.group(0) for ln in (r.stderr or "").splitlines()
+                                    if (m := re.search(r"ompi_osc_\w+", ln))), None))
         out.setdefault("across_nodes", []).append(rec)
         path.write_text(json.dumps(out, indent=1) + "\n")
         print(f"across nodes {method} {kill} try {t}: rc {r.returncode}, summary {rec['summary']}, "
@@ -207,7 +208,7 @@ def table_nodes(out: dict) -> str:
     for (m, kill), rs in groups.items():
         ok = [r for r in rs if r["rc"] == 0 and r["summary"] and r["failures"]]
         bad = [f"rc {r['rc']}" + (", no summary" if not r["summary"] else "") +
-               (f", abort in {r['aborted_in']}" if r.get("aborted_in") else "") +
+               (f", aborted in {r['aborted_in']}" if r.get("aborted_in") else "") +
                (", timed out" if r["timed_out"] else "") for r in rs if r not in ok]
         what = "both ranks of node 2" if kill == "ranks" else "node 2 with its runtime daemon"
         rows.append(f"| {m} | {what} | {len(rs)} | {len(ok)} | {'; '.join(bad) or '–'} |")

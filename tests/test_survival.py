@@ -203,9 +203,9 @@ def test_survival_across_emulated_nodes(data, tmp_path):
     """3 emulated nodes (network namespaces, 1 Gbit/s links) of 2 ranks: both ranks of node 2 die
     at step 5 (after the checkpoint at step 4 of the epoch's 8); the 4 all-reduce ranks on the
     other nodes, talking over TCP, shrink and finish.  (The node's runtime daemon stays: Open MPI
-    5.0's runtime cannot survive a lost daemon.  Gossip is not tested here: across nodes its
-    one-sided calls go through osc/rdma, which Open MPI does not make failure-tolerant, and it
-    survived 2 of 4 such tries; see docs/methods.md.)"""
+    5.0's runtime cannot survive a lost daemon.  Gossip's tries across nodes are in
+    benchmarks/survival.py --across-nodes: blocking pull survives, overlapped push-sum does not, its
+    one-sided calls going through Open MPI's osc/rdma there; see docs/methods.md.)"""
     method = ["allreduce"]
     nc = _netcluster()
     if nc.requirements_missing():
