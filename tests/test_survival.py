@@ -94,7 +94,8 @@ def lines(run_dir: Path, rank: int) -> list[dict]:
 def check_survived(run_dir: Path, dead: list[int], workers_after: int) -> dict:
     """What every survival shows; returns the summary."""
     s = summary(run_dir)
-    assert [f["ranks"] for f in s["failures"]] == [[r] for r in dead]
+    # (ranks that die close together may be survived in one recovery or in two)
+    assert sorted(r for f in s["failures"] for r in f["ranks"]) == sorted(dead)
     for f in s["failures"]:
         assert f["recovery_seconds"] > 0 and f["shrink_seconds"] > 0 and f["global_samples"] > 0
     assert s["ranks"] == RANKS - len(dead) and s["workers"] == workers_after
@@ -104,7 +105,7 @@ def check_survived(run_dir: Path, dead: list[int], workers_after: int) -> dict:
     assert any(r["global_samples"] > last for r in h)              # evaluated after the failure
     assert all(r["workers"] == workers_after for r in h if r["global_samples"] > last)
     for rank in set(range(RANKS)) - set(dead):                    # every survivor recorded it
-        assert [r["ranks"] for r in records(run_dir, rank, "failure")] == [[r] for r in dead]
+        assert [r["ranks"] for r in records(run_dir, rank, "failure")] == [f["ranks"] for f in s["failures"]]
         recs = lines(run_dir, rank)                               # ... and trained on after it
         after = [r for r in recs[max(i for i, r in enumerate(recs) if r["kind"] == "failure"):]
                  if r["kind"] in ("step", "server")]
@@ -138,15 +139,15 @@ def test_survival_allreduce(survive):
 @needs_ulfm
 def test_survival_pushsum_loses_root_then_another(survive):
     """Overlapped push-sum loses rank 0 (the sample counter's host and the summary's writer), then
-    rank 3: two recoveries; each reports the weight lost; afterwards the survivors' weights sum to
+    rank 3 (one recovery or two, as the deaths are noticed); each reports the weight lost; afterwards the survivors' weights sum to
     their count (renormalised mass), the global count went on from the survivors'."""
     p, run_dir = survive(["--method", "gossip", "--gossip", "push", "--gossip-overlap"],
                          "0:8:kill,3:14:kill")
     ok(p)
     s = check_survived(run_dir, [0, 3], 2)
-    first, second = s["failures"]
-    assert first["workers"] == 3 and second["workers"] == 2
-    assert second["global_samples"] >= first["global_samples"]
+    assert s["failures"][-1]["workers"] == 2
+    counts = [f["global_samples"] for f in s["failures"]]
+    assert counts == sorted(counts)
     assert all(f["pushsum_weight_lost"] > 0 for f in s["failures"])
     latest = ckpt.latest_good(ckpt.checkpoint_dir(run_dir))
     weights = [ckpt.read_rank(latest, r, arrays=False)[2]["method"]["weight"] for r in range(2)]
