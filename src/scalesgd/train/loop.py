@@ -133,9 +133,8 @@ class Run:
         """This worker's data position: the new worker count's order, from global count ``gs``."""
         if self.s.roles.is_server or not self.spe:
             return
-        batch = self.cfg.data.batch_size * self.s.roles.num_workers
-        self.st.local_epoch, within = divmod(gs, self.spe)
-        self.st.step_in_epoch = within // batch
+        self.st.local_epoch, self.st.step_in_epoch = resuming.data_position(
+            gs, self.spe, self.cfg.data.batch_size * self.s.roles.num_workers)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, boundary: int) -> None:

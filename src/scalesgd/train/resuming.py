@@ -200,8 +200,7 @@ def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int) -> LoopSta
     if s.roles.is_server:                           # a server's counters are its own (no data)
         return loop
     step_batch = s.cfg.data.batch_size * s.roles.num_workers
-    loop.local_epoch, within = divmod(gs, spe) if spe else (0, 0)
-    loop.step_in_epoch = within // step_batch
+    loop.local_epoch, loop.step_in_epoch = data_position(gs, spe, step_batch)
     loop.step = gs // step_batch
     loop.local_samples = loop.step * s.cfg.data.batch_size
     owned, w = 0, s.roles.worker_index
@@ -212,6 +211,14 @@ def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int) -> LoopSta
     if "bad_samples" in state:
         state["bad_samples"] = {**state["bad_samples"], "owned": owned}
     return loop
+
+
+def data_position(gs: int, spe: int, step_batch: int) -> tuple[int, int]:
+    """(epoch, step within it) of a worker's data order at global count ``gs``, for epochs of
+    ``spe`` global samples and global batches of ``step_batch`` (a resume onto another rank count,
+    a shrunk job: ``survive.py``)."""
+    epoch, within = divmod(gs, spe) if spe else (0, 0)
+    return epoch, within // step_batch
 
 
 def warm_start(s, path: Path) -> None:

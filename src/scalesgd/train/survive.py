@@ -133,14 +133,3 @@ def _end(comm, message: str) -> None:
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:160]
-
-
-def phase_floor(run) -> int:
-    """The global count of the last boundary this rank processed (-1: none)."""
-    done = run.s.control.phase_done
-    return run.boundaries[done] if done >= 0 else -1
-
-
-def agreed_min(control: Control, values) -> np.ndarray:
-    """Collective: element-wise minimum over the ranks."""
-    return -control.max_over_ranks([-int(v) for v in values])
