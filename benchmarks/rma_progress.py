@@ -3,7 +3,8 @@
     python benchmarks/rma_progress.py [--modes default,async,thread1,thread10] [--repeats 5]
                                       [--rate 1gbit] [--cpus-per-node 1] [--bytes 1089896]
                                       [--busy numpy|python] [--local] [--mpiexec PATH] [--json FILE]
-    python benchmarks/rma_progress.py --train [--nodes 3] [--variants pull,push] [--modes ...]
+    python benchmarks/rma_progress.py --train [--nodes 3] [--variants pull,push,pull-ov,push-ov]
+                                      [--modes none,auto,mpi,threadN] [--baseline] [--json FILE]
 
 Two ranks on two emulated nodes (``benchmarks/netcluster.py``; root needed), each node bound to
 ``--cpus-per-node`` CPUs (default 1), or, with ``--local``, one plain ``mpiexec`` on this node (MPICH:
@@ -30,11 +31,14 @@ starts a progress thread per rank); ``tcpthread`` = ``OMPI_MCA_btl_tcp_progress_
 ``MPI.Comm.Iprobe`` every N ms (it sleeps in between; NumPy releases the GIL).  Prints a
 table per mode (medians over REPEATS, max in brackets) and the traffic over the emulated links.
 
-``--train`` runs real gossip training instead (``python -m scalesgd --method gossip``, pull and push,
-one rank on each of ``--nodes`` emulated nodes, the built-in digits unless ``--train-args`` says
-otherwise) once per mode, and prints the seconds per step split as the program reports them
-(data, compute, comm, wait; mean over ranks).  ``threadN`` there wraps the program: the rank
-starts the Iprobe thread after MPI is up, then runs ``python -m scalesgd`` unchanged.
+``--train`` runs real gossip training instead (``python -m scalesgd --method gossip``, one rank on
+each of ``--nodes`` emulated nodes, the built-in digits unless ``--train-args`` says otherwise),
+once per variant (``pull``, ``push``, ``pull-ov``, ``push-ov``: overlapped) and mode, where a mode is
+a ``--mpi-progress`` setting (``none``, ``auto``: the default, ``mpi``) or ``threadN`` (the progress
+thread every N ms).  With ``--baseline`` each variant also runs with the same ranks on one node.
+Prints the seconds per step split as the program reports them (compute, comm, wait; mean over
+ranks) and issue 24's bounds: comm + wait against the time the bytes that crossed a node's link
+take at the link rate, the median wait per exchange, compute against the one-node run.
 """
 from __future__ import annotations
 
@@ -183,14 +187,20 @@ def report(mode: str, res: dict) -> str:
 
 # ---- the same modes in real gossip training --------------------------------------------------
 
-def poller_main(period_ms: float, program: list[str]) -> None:
-    """Rank side of ``threadN`` in training: MPI up (mpi4py's import), the Iprobe thread started,
-    then the program exactly as ``python -m scalesgd PROGRAM...`` would run it."""
-    import runpy
-    from mpi4py import MPI
-    start_poller(MPI.COMM_WORLD, period_ms)
-    sys.argv = ["scalesgd", *program]
-    runpy.run_module("scalesgd", run_name="__main__", alter_sys=True)
+TRAIN_MODES = ("none", "auto", "mpi")       # --train: dist.mpi_progress settings (and threadN)
+VARIANTS = {"pull": ["--gossip", "pull"], "push": ["--gossip", "push"],
+            "pull-ov": ["--gossip", "pull", "--gossip-overlap"],
+            "push-ov": ["--gossip", "push", "--gossip-overlap"]}
+
+
+def train_flags(mode: str) -> list[str]:
+    """The program's flags for a --train mode: a ``dist.mpi_progress`` setting, or ``threadN``
+    (the progress thread every N ms)."""
+    if mode in TRAIN_MODES:
+        return ["--mpi-progress", mode]
+    if mode.startswith("thread") and mode[6:].replace(".", "", 1).isdigit():
+        return ["--mpi-progress", "thread", "--mpi-progress-ms", mode[6:]]
+    raise SystemExit(f"rma_progress --train: unknown mode {mode!r} ({', '.join(TRAIN_MODES)}, threadN)")
 
 
 def last_steps(run_dir: Path) -> list[dict]:
@@ -203,53 +213,82 @@ def last_steps(run_dir: Path) -> list[dict]:
 
 
 def train_one(cluster, mode: str, variant: str, args, out: Path) -> dict:
-    """One gossip run on the cluster under a progress mode; per-step seconds averaged over ranks."""
-    env, poll = mode_env(mode)
-    run_dir = out / f"{variant}-{mode}"
-    program = ["--method", "gossip", "--gossip", variant, "--run-dir", str(run_dir), "--progress", "off",
-               *args.train_args.split()]
-    cmd = ([sys.executable, str(Path(__file__).resolve()), "--poller", str(poll), *program] if poll
-           else [sys.executable, "-m", "scalesgd", *program])
-    r = cluster.run(cmd, mpiexec=args.mpiexec, capture=True, timeout=1200,
-                    env={**env, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+    """One gossip run on the cluster under a progress mode; per-step seconds averaged over ranks,
+    and the bytes per step that crossed each node's link (the larger of sent and received)."""
+    run_dir = out / f"{variant}-{mode}-{cluster.nodes}n"
+    program = ["--method", "gossip", *VARIANTS[variant], *train_flags(mode), "--run-dir", str(run_dir),
+               "--progress", "off", *args.train_args.split()]
+    r = cluster.run([sys.executable, "-m", "scalesgd", *program], mpiexec=args.mpiexec, capture=True,
+                    timeout=1200, env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
     if r.returncode != 0:
         raise SystemExit(f"rma_progress: gossip {variant} {mode} failed (rc={r.returncode}):\n{r.stderr}")
     last = last_steps(run_dir)
     per_step = {k: statistics.mean(s[k] / s["step"] for s in last)
                 for k in ("train_seconds", "data_seconds", "compute_seconds", "comm_seconds", "wait_seconds")}
+    steps = statistics.mean(s["step"] for s in last)
+    link = max(max(t.sent, t.received) for t in r.traffic.values()) / max(1, cluster.ranks_per_node)
     return {"per_step": per_step, "steps": [s["step"] for s in last],
+            "wait_per_exchange": sorted(s["wait_seconds"] / max(1, s["gossip_exchanges"]) for s in last),
+            "link_bytes_per_step": link / steps if cluster.nodes > 1 else 0.0,
             "traffic": {n: vars(t) for n, t in r.traffic.items()}}
+
+
+def acceptance(res: dict, base: dict | None, rate_bits: int) -> dict:
+    """Issue 24's bounds for one run: comm + wait per step against the transfer of its bytes at the
+    link rate (<= 1.5x), the median wait per exchange (<= 10 ms), compute per step against the same
+    variant on one node (<= 1.10x)."""
+    ps = res["per_step"]
+    transfer = res["link_bytes_per_step"] * 8 / rate_bits
+    out = {"comm_wait": ps["comm_seconds"] + ps["wait_seconds"], "transfer": transfer,
+           "share": (ps["comm_seconds"] + ps["wait_seconds"]) / ps["train_seconds"],
+           "median_wait": statistics.median(res["wait_per_exchange"])}
+    out["vs_transfer"] = out["comm_wait"] / transfer if transfer else None
+    out["compute_vs_one_node"] = (ps["compute_seconds"] / base["per_step"]["compute_seconds"]
+                                  if base else None)
+    return out
 
 
 def train(args) -> int:
     import tempfile
     import netcluster as nc
     modes, variants = args.modes.split(","), args.variants.split(",")
+    for m in modes:
+        train_flags(m)
     out = Path(tempfile.mkdtemp(prefix="rma-progress-train-"))
+    base = {}
+    if args.baseline:                         # the same ranks on one node: the compute reference
+        with nc.NetCluster(1, ranks_per_node=args.nodes, prefix="sgdrmb",
+                           cpus_per_node=args.cpus_per_node) as c:
+            base = {v: train_one(c, "auto", v, args, out) for v in variants}
     with nc.NetCluster(args.nodes, rate=args.rate, prefix="sgdrmt", cpus_per_node=args.cpus_per_node) as c:
         results = {f"{v} {m}": train_one(c, m, v, args, out) for v in variants for m in modes}
+    for name, res in results.items():
+        res["acceptance"] = acceptance(res, base.get(name.split()[0]), nc.parse_rate(args.rate))
     print(f"rma_progress --train: gossip on {args.nodes} emulated nodes at {args.rate} "
           f"({args.cpus_per_node or 'all'} CPU(s) each), "
           f"flags: {args.train_args}; seconds per step, mean over ranks (runs in {out})")
-    print(f"  {'run':<18}{'step':>8}{'data':>8}{'compute':>9}{'comm':>8}{'wait':>8}  MB sent by node0")
+    print(f"  {'run':<16}{'step':>7}{'compute':>8}{'comm':>7}{'wait':>7}{'c+w %':>7}{'xfer':>7}"
+          f"{'c+w/xfer':>9}{'wait/x ms':>10}{'comp/1node':>11}")
     for name, res in results.items():
-        ps = res["per_step"]
-        sent = res["traffic"]["node0"]["sent"] / 1e6
-        print(f"  {name:<18}{ps['train_seconds']:8.3f}{ps['data_seconds']:8.3f}"
-              f"{ps['compute_seconds']:9.3f}{ps['comm_seconds']:8.3f}{ps['wait_seconds']:8.3f}  {sent:.1f}")
+        ps, a = res["per_step"], res["acceptance"]
+        print(f"  {name:<16}{ps['train_seconds']:7.3f}{ps['compute_seconds']:8.3f}{ps['comm_seconds']:7.3f}"
+              f"{ps['wait_seconds']:7.3f}{100 * a['share']:7.1f}{a['transfer']:7.3f}"
+              f"{a['vs_transfer'] or float('nan'):9.2f}{1e3 * a['median_wait']:10.1f}"
+              f"{a['compute_vs_one_node'] or float('nan'):11.2f}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps({"nodes": args.nodes, "rate": args.rate,
+                                         "cpus_per_node": args.cpus_per_node,
+                                         "train_args": args.train_args, "one_node": base,
+                                         "runs": results}, indent=1))
     return 0
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--poller"]:                 # rank side of threadN in training
-        poller_main(float(argv[1]), argv[2:])
-        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="default,async,thread1,thread10")
+    ap.add_argument("--modes", help="probe: default,async,tcpthread,threadN (default: default,async,"
+                    "thread1,thread10); --train: none,auto,mpi,threadN (default: none,auto,mpi)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--bytes", type=int, default=272_474 * 4, help="Get/Accumulate size")
     ap.add_argument("--rate", default="1gbit", help="link rate of the emulated nodes")
@@ -264,7 +303,10 @@ def main(argv=None) -> int:
                     help="instead: real gossip runs (python -m scalesgd) on --nodes emulated nodes, "
                          "one per mode and --variants, and their seconds per step")
     ap.add_argument("--nodes", type=int, default=3, help="--train: emulated nodes, one rank each")
-    ap.add_argument("--variants", default="pull,push", help="--train: gossip variants")
+    ap.add_argument("--variants", default="pull,push", help="--train: gossip variants (pull, push, "
+                    "pull-ov, push-ov: overlapped)")
+    ap.add_argument("--baseline", action="store_true", help="--train: also run each variant with "
+                    "the same ranks on one node (compute reference)")
     ap.add_argument("--train-args", default="--epochs 1 --batch-size 32 --log-every 1",
                     help="--train: more flags for every run (default: the built-in digits)")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
@@ -273,6 +315,8 @@ def main(argv=None) -> int:
     if args.rank:
         rank_main(args.bytes, args.repeats, args.poll_ms, args.busy)
         return 0
+    args.modes = args.modes or ",".join(TRAIN_MODES if args.train else ("default", "async", "thread1",
+                                                                         "thread10"))
     return train(args) if args.train else drive(args)
 
 

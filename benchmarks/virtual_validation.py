@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PROFILE_DEFAULTS = Profile("emulated").to_dict()
 JOB = ROOT / "jobs" / "experiments.toml"
 FLAGS = {"allreduce": ["--method", "allreduce"], "easgd": ["--method", "easgd"],
-         "asgd lr/p": ["--method", "asgd"], "gossip-pull": ["--method", "gossip", "--gossip", "pull"],
+         "asgd lr/p": ["--method", "asgd"], "gossip-pull": ["--method", "gossip", "--gossip", "pull",
+                                                           "--mpi-progress", "none"],
          "gossip-pull-ov": ["--method", "gossip", "--gossip", "pull", "--gossip-overlap"],
          "gossip-push-ov": ["--method", "gossip", "--gossip", "push", "--gossip-overlap"]}
 LATENCY_US = 50.0

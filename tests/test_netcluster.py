@@ -121,6 +121,24 @@ def test_every_method_trains_across_three_nodes(tmp_path, tiny_data, prefix):
             model_bytes = 4 * summary["num_params"]
             for node, t in res.traffic.items():
                 assert min(t.sent, t.received) >= model_bytes, (flags, node, t, model_bytes)
+            if "gossip" in flags:        # across nodes, by default, a progress thread (comm/progress.py)
+                assert "gossip: MPI progress: a progress thread" in res.stderr, res.stderr
+
+
+def test_doctor_across_two_nodes_reports_the_progress_mechanism_ok(tmp_path, prefix):
+    """`scalesgd doctor` on 2 emulated nodes: the raw one-sided row may show waiting (nothing
+    progresses a computing target), the 'progress mechanism' row runs the probe again with the
+    progress thread that a gossip run would start, and is ok."""
+    out = tmp_path / "doctor.json"
+    with nc.NetCluster(2, rate="1gbit", prefix=prefix, cpus_per_node=1) as c:
+        res = c.run([sys.executable, "-m", "src.main", "doctor", "--busy-seconds", "0.5",
+                     "--allreduce-mb", "1", "--run-dir", str(tmp_path), "--json", str(out)],
+                    cwd=ROOT, capture=True, timeout=180)
+    rows = {r["name"]: r for r in json.loads(out.read_text())["checks"]}
+    row = rows["progress mechanism"]
+    assert row["status"] == "ok", (row, res.stdout, res.stderr)
+    assert row["data"]["mechanism"] == "thread" and set(row["data"]["seconds"]) == \
+        {"Get", "Accumulate", "Fetch_and_op"}, row
 
 
 def test_leftovers_are_refused_and_a_failing_body_tears_down(prefix):

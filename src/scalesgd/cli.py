@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "dry_run", False):
             dry_run(cfg)
             return 0
-        from .comm import topology
+        from .comm import progress, topology
+        progress.prepare(cfg.dist.mpi_progress)      # (mpi: the library's progress, before MPI_Init)
         topo = topology.init()
         if not topo.is_root:
             logging.getLogger().setLevel(logging.WARNING)

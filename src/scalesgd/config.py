@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .choices import (AUGMENTS, CONV_ALGOS, CONV_IMPLS, DEVICES, GOSSIP_GRAPHS, GOSSIP_VARIANTS, METHODS,
                       PRECISIONS, PROGRESS_MODES, workers_of)
-from .choices import ALLREDUCE_TRANSPORTS, FAST_PATH_MODES, KERNEL_IMPLS
+from .choices import ALLREDUCE_TRANSPORTS, FAST_PATH_MODES, KERNEL_IMPLS, MPI_PROGRESS
 from .errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError
 from .nn.resnet import ARCHS
 from .optim.schedule import SCHEDULES, ScheduleConfig
@@ -162,6 +162,13 @@ class DistConfig:
     gossip_overlap: bool = _f(False, "gossip: start each exchange after the local step and complete it "
                               "before the next mix, in a communication thread, so it runs under the "
                               "next step's compute (the peer copy mixed in is one exchange older)")
+    mpi_progress: str = _f("auto", "what keeps a rank's MPI progressing while it computes, so that "
+                           "one-sided calls aimed at it (gossip) never wait: auto (across nodes a "
+                           "progress thread, or overlapped gossip's courier; on one node nothing), "
+                           "thread (always), mpi (the MPI library's own asynchronous progress, set "
+                           "before MPI_Init), none", choices=MPI_PROGRESS)
+    mpi_progress_ms: float = _f(5.0, "milliseconds between two MPI_Iprobe of the progress thread (and "
+                                "of an idle gossip courier)", lo=0, lo_open=True)
     straggler: str = _f("", "RANKS:DELAY_MS[:JITTER_MS], e.g. '1,3:100:50': those ranks sleep after "
                         "each backward pass")
     eval_every: float = _f(1.0, "epochs (of global samples) between validations", lo=0, lo_open=True)

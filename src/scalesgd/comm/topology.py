@@ -28,7 +28,8 @@ class Topology:
     def __post_init__(self):
         if self.transport is None:
             from .transport import MPITransport
-            object.__setattr__(self, "transport", MPITransport(self.comm))
+            object.__setattr__(self, "transport",
+                               MPITransport(self.comm, spans_nodes=self.local_size < self.size))
 
     @property
     def is_root(self) -> bool:

@@ -20,7 +20,9 @@ The surface, by group (a new transport implements all of it):
   ``barrier``, ``funnel``;
 - endpoints: ``worker_port(servers, bounds)``, ``server_port()`` (``comm/protocol.py``);
 - windows: ``published_vector(n, dtype)``, ``inbox(n, dtype)``, ``sample_counter(root)``,
-  ``courier()`` (``comm/window.py``), ``thread_level()``;
+  ``courier(idle_poll)`` (``comm/window.py``), ``thread_level()``;
+- progress (``comm/progress.py``): ``spans_nodes`` (ranks on more than one node),
+  ``progress_thread(interval)`` (keeps this rank's MPI progressing until ``close()``);
 - ``allreducer(grads, layout, dist)``: the gradient all-reducer of ``dist`` (``comm/device.py``).
 """
 from __future__ import annotations
@@ -35,8 +37,8 @@ class MPITransport:
 
     name = "mpi"
 
-    def __init__(self, comm):
-        self.comm = comm
+    def __init__(self, comm, spans_nodes: bool = False):
+        self.comm, self.spans_nodes = comm, spans_nodes
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         failures.track(comm)           # revoked with the others if a rank dies (train.on_failure)
 
@@ -50,7 +52,7 @@ class MPITransport:
 
     def split(self, color: int, key: int) -> "MPITransport":
         """Collective: the sub-transport of the ranks with the same ``color``, ordered by ``key``."""
-        return MPITransport(self.comm.Split(color, key))
+        return MPITransport(self.comm.Split(color, key), self.spans_nodes)
 
     # collectives -----------------------------------------------------------
     def broadcast(self, arr, root: int = 0) -> None:
@@ -104,10 +106,17 @@ class MPITransport:
         from .window import SampleCounter
         return SampleCounter(self.comm, root)
 
-    def courier(self):
-        """A communication thread that keeps MPI progressing while idle (``window.Courier``)."""
+    def courier(self, idle_poll: float):
+        """A communication thread that keeps MPI progressing while idle (``window.Courier``),
+        polling every ``idle_poll`` seconds."""
         from .window import Courier
-        return Courier(progress=self.comm.Iprobe)
+        return Courier(progress=self.comm.Iprobe, idle_poll=idle_poll)
+
+    def progress_thread(self, interval: float):
+        """A thread that runs MPI's progress engine (``Iprobe``) every ``interval`` seconds, so
+        that one-sided calls aimed at this rank complete while it computes (``comm/progress.py``)."""
+        from .progress import ProgressThread
+        return ProgressThread(self.comm.Iprobe, interval)
 
     @staticmethod
     def thread_level() -> str:

@@ -27,6 +27,7 @@ from .mpi import (
     check_launcher,
     check_mpi_library,
     check_one_sided_progress,
+    check_progress_mechanism,
     check_ranks_per_node,
 )
 
@@ -169,6 +170,7 @@ CHECKS = (
     ("allreduce in node", check_allreduce_in_node),
     ("allreduce across nodes", check_allreduce_across_nodes),
     ("one-sided progress", check_one_sided_progress),
+    ("progress mechanism", check_progress_mechanism),
     ("cupy / cuda", check_cupy_cuda),
     ("rank -> gpu", check_gpu_mapping),
     ("nccl", check_nccl),

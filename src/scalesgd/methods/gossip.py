@@ -45,10 +45,11 @@ from __future__ import annotations
 
 import abc
 import functools
+import logging
 
 import numpy as np
 
-from ..comm import collectives
+from ..comm import collectives, progress
 from ..comm.window import POLL_SECONDS
 from ..io.trace import digest
 from . import graphs, mixing
@@ -85,6 +86,17 @@ class Gossip(Method, metaclass=abc.ABCMeta):
                               f"runs in a thread), but MPI was started with '{comm.thread_level()}' (see "
                               "MPI4PY_RC_THREAD_LEVEL, or the MPI library's thread support): drop "
                               "--gossip-overlap or start MPI with MPI_THREAD_MULTIPLE")
+        # what answers the others' one-sided calls while this rank computes (comm/progress.py)
+        self.progress = progress.plan(d.mpi_progress, d.mpi_progress_ms, one_sided=True,
+                                      spans_nodes=comm.spans_nodes, overlap=d.gossip_overlap,
+                                      thread_level=comm.thread_level())
+        self.pump = progress.NoProgress()
+        if roles.rank == 0:
+            log = logging.getLogger("scalesgd")
+            if self.progress.warning:
+                log.warning("warning: %s", self.progress.warning)
+            elif comm.spans_nodes or self.progress.mechanism not in ("none", "courier"):
+                log.info("gossip: MPI progress: %s", self.progress.describe())
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, ps) -> None:
@@ -94,7 +106,9 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self.counter = self.comm.sample_counter(root=0)
         self.windows = [self.counter, *self.open_windows(ps.params.size, ps.params.dtype)]
         if self.cfg.dist.gossip_overlap:         # idle, its courier keeps this rank's MPI progressing
-            self.exchanger = Overlapped(self, self.comm.courier())
+            self.exchanger = Overlapped(self, self.comm.courier(self.cfg.dist.mpi_progress_ms / 1e3))
+        elif self.progress.mechanism == "thread":
+            self.pump = self.comm.progress_thread(self.progress.interval)
         self.comm.barrier()                # every rank has published before anyone reads
 
     def close(self) -> None:
@@ -102,6 +116,8 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         flushes what a courier's push left in flight)."""
         self.exchanger.close()            # its calls complete: a rank waiting here still polls MPI
         self.exchanger = Blocking(self)
+        self.pump.close()                 # (Win.Free below is collective: MPI progresses in it)
+        self.pump = progress.NoProgress()
         for w in self.windows:
             w.free()
         self.windows, self.counter = [], None
@@ -186,7 +202,10 @@ class Gossip(Method, metaclass=abc.ABCMeta):
     # ------------------------------------------------------------------ surviving a lost rank
     def abandon(self, ps) -> None:
         """Local: the exchange in flight is collected if its thread finished it (else dropped), the
-        courier stops; push-sum folds what its inbox holds (its own memory) into ``ps``."""
+        courier and the progress thread stop; push-sum folds what its inbox holds (its own memory)
+        into ``ps``."""
+        self.pump.close()
+        self.pump = progress.NoProgress()
         ex = self.exchanger
         if isinstance(ex, Overlapped):
             try:

@@ -269,10 +269,21 @@ class InProcessTransport:
     def sample_counter(self, root: int = 0):
         return VirtualSampleCounter(self, root)
 
-    def courier(self):
-        """Overlapped gossip's communication thread: a helper participant of the world."""
+    def courier(self, idle_poll: float = 0.0):
+        """Overlapped gossip's communication thread: a helper participant of the world (idle, it
+        progresses MPI at once: ``idle_poll`` is not modelled)."""
         self.c.progressing.add(self.wr)
         return VirtualCourier(self)
+
+    @property
+    def spans_nodes(self) -> bool:
+        return len({self.c.net.node(wr) for wr in self.group}) > 1
+
+    def progress_thread(self, interval: float = 0.0):
+        """A progress thread (``comm/progress.py``): one-sided calls to this rank no longer wait
+        for its compute (``target_ready``); its poll interval and CPU cost are not modelled."""
+        self.c.progressing.add(self.wr)
+        return VirtualProgress(self)
 
     @staticmethod
     def thread_level() -> str:
@@ -280,6 +291,16 @@ class InProcessTransport:
 
     def allreducer(self, grads, layout, dist):
         return VirtualAllreducer(self, grads, dist)
+
+
+class VirtualProgress:
+    """A virtual rank's progress thread: it marks the rank as progressing until ``close()``."""
+
+    def __init__(self, net: InProcessTransport):
+        self.net, self.pokes, self.error = net, 0, None
+
+    def close(self) -> None:
+        self.net.c.progressing.discard(self.net.wr)
 
 
 class VirtualAllreducer:
