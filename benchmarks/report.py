@@ -416,8 +416,24 @@ def survival(results: Path) -> str:
     return text
 
 
+def mpi_progress(results: Path) -> str:
+    """Gossip across emulated nodes per --mpi-progress setting, MPICH then Open MPI
+    (mpi_progress.json, mpi_progress_openmpi.json: benchmarks/rma_progress.py --train)."""
+    import rma_progress as R  # noqa: PLC0415 - a sibling script
+    parts = []
+    for name in ("mpi_progress.json", "mpi_progress_openmpi.json"):
+        d = json.loads((results / name).read_text())
+        ref = (f"; the one-node reference runs the same {d['nodes']} ranks on one node with the "
+               "default setting" if d.get("one_node") else "; no one-node reference")
+        parts.append(f"**{d['library']}**: {d['nodes']} emulated nodes, 1 rank each, at {d['rate']} "
+                     f"({d['cpus_per_node']} CPU per node); `{d['train_args']}`; seconds per step, mean "
+                     f"over the ranks{ref}\n\n" + R.table(d))
+    return "\n\n".join(parts)
+
+
 VIEWS = {"crossover-summary": crossover_summary, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
-         "conv-candidates": conv_candidates, "buckets": buckets, "survival": survival}   # blocks drawn from several files or parts of one
+         "conv-candidates": conv_candidates, "buckets": buckets, "survival": survival,
+         "mpi-progress": mpi_progress}   # blocks drawn from several files or parts of one
 
 
 def pct(x, sign=True):

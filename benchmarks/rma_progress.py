@@ -248,6 +248,37 @@ def acceptance(res: dict, base: dict | None, rate_bits: int) -> dict:
     return out
 
 
+BOUNDS = {"vs_transfer": 1.5, "median_wait": 0.010, "compute_vs_one_node": 1.10}
+
+
+def misses(a: dict) -> list[str]:
+    """The bounds of issue 24 that run ``a`` (its ``acceptance``) does not meet."""
+    out = []
+    if a["vs_transfer"] is not None and a["vs_transfer"] > BOUNDS["vs_transfer"]:
+        out.append(f"comm+wait {a['vs_transfer']:.1f}x the transfer")
+    if a["median_wait"] > BOUNDS["median_wait"]:
+        out.append(f"wait {1e3 * a['median_wait']:.0f} ms per exchange")
+    if a["compute_vs_one_node"] is not None and a["compute_vs_one_node"] > BOUNDS["compute_vs_one_node"]:
+        out.append(f"compute {a['compute_vs_one_node']:.2f}x one node's")
+    return out
+
+
+def table(d: dict) -> str:
+    """Markdown: per run (variant, mode) the seconds per step and the bounds."""
+    rows = ["| variant | --mpi-progress | step s | compute s | comm + wait s (share) | transfer s | "
+            "comm + wait / transfer | wait per exchange, median ms | compute / one node | bounds |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, res in d["runs"].items():
+        variant, mode = name.split()
+        ps, a = res["per_step"], res["acceptance"]
+        ratio = "—" if a["vs_transfer"] is None else f"{a['vs_transfer']:.2f}"
+        comp = "—" if a["compute_vs_one_node"] is None else f"{a['compute_vs_one_node']:.2f}"
+        rows.append(f"| {variant} | {mode} | {ps['train_seconds']:.3f} | {ps['compute_seconds']:.3f} | "
+                    f"{a['comm_wait']:.3f} ({100 * a['share']:.0f}%) | {a['transfer']:.3f} | {ratio} | "
+                    f"{1e3 * a['median_wait']:.1f} | {comp} | {'; '.join(misses(a)) or 'met'} |")
+    return "\n".join(rows)
+
+
 def train(args) -> int:
     import tempfile
     import netcluster as nc
@@ -257,24 +288,16 @@ def train(args) -> int:
     out = Path(tempfile.mkdtemp(prefix="rma-progress-train-"))
     base = {}
     if args.baseline:                         # the same ranks on one node: the compute reference
-        with nc.NetCluster(1, ranks_per_node=args.nodes, prefix="sgdrmb",
-                           cpus_per_node=args.cpus_per_node) as c:
+        cpus = min(os.cpu_count(), args.nodes * args.cpus_per_node) if args.cpus_per_node else 0
+        with nc.NetCluster(1, ranks_per_node=args.nodes, prefix="sgdrmb", cpus_per_node=cpus) as c:
             base = {v: train_one(c, "auto", v, args, out) for v in variants}
     with nc.NetCluster(args.nodes, rate=args.rate, prefix="sgdrmt", cpus_per_node=args.cpus_per_node) as c:
         results = {f"{v} {m}": train_one(c, m, v, args, out) for v in variants for m in modes}
     for name, res in results.items():
         res["acceptance"] = acceptance(res, base.get(name.split()[0]), nc.parse_rate(args.rate))
     print(f"rma_progress --train: gossip on {args.nodes} emulated nodes at {args.rate} "
-          f"({args.cpus_per_node or 'all'} CPU(s) each), "
-          f"flags: {args.train_args}; seconds per step, mean over ranks (runs in {out})")
-    print(f"  {'run':<16}{'step':>7}{'compute':>8}{'comm':>7}{'wait':>7}{'c+w %':>7}{'xfer':>7}"
-          f"{'c+w/xfer':>9}{'wait/x ms':>10}{'comp/1node':>11}")
-    for name, res in results.items():
-        ps, a = res["per_step"], res["acceptance"]
-        print(f"  {name:<16}{ps['train_seconds']:7.3f}{ps['compute_seconds']:8.3f}{ps['comm_seconds']:7.3f}"
-              f"{ps['wait_seconds']:7.3f}{100 * a['share']:7.1f}{a['transfer']:7.3f}"
-              f"{a['vs_transfer'] or float('nan'):9.2f}{1e3 * a['median_wait']:10.1f}"
-              f"{a['compute_vs_one_node'] or float('nan'):11.2f}")
+          f"({args.cpus_per_node or 'all'} CPU(s) each), flags: {args.train_args} (runs in {out})")
+    print(table({"runs": results}))
     if args.json:
         args.json.write_text(json.dumps({"nodes": args.nodes, "rate": args.rate,
                                          "cpus_per_node": args.cpus_per_node,

@@ -22,14 +22,14 @@ from scalesgd.comm.progress import ASYNC_ENV, ProgressThread, plan
 def _plan(setting="auto", **kw):
     args = dict(one_sided=True, spans_nodes=True, overlap=False, thread_level="multiple")
     args.update(kw)
-    return plan(setting, 5.0, **args)
+    return plan(setting, 2.0, 0.005, **args)
 
 
 def test_plan_per_setting_and_situation():
-    assert _plan().mechanism == "thread" and _plan().interval == 0.005     # across nodes: a thread
+    assert _plan().mechanism == "thread" and _plan().interval == 0.002     # across nodes: a thread
     assert _plan(spans_nodes=False).mechanism == "none"                    # one node: nothing changes
     assert _plan("thread", spans_nodes=False).mechanism == "thread"
-    assert _plan(overlap=True).mechanism == "courier"                      # overlapped: no 2nd thread
+    assert _plan(overlap=True).mechanism == "courier" and _plan(overlap=True).interval == 0.005
     assert _plan(overlap=True, spans_nodes=False).mechanism == "none"
     assert _plan("none").mechanism == "none" and "wait" in _plan("none").why
     assert _plan("mpi").mechanism == "mpi"
@@ -106,7 +106,7 @@ def test_gossip_trains_with_each_setting(tmp_path, tiny_data, setting, variant):
     assert p.returncode == 0, f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     assert json.loads((run_dir / "summary.json").read_text())["workers"] == 2
     said = [ln for ln in p.stderr.splitlines() if "MPI progress" in ln]
-    expected = {"thread": ["a progress thread (MPI_Iprobe every 5 ms): dist.mpi_progress = thread"],
+    expected = {"thread": ["a progress thread (MPI_Iprobe every 2 ms): dist.mpi_progress = thread"],
                 "mpi": ["the MPI library's asynchronous progress: dist.mpi_progress = mpi (set before "
                         "MPI_Init)"], "none": []}[setting]
     assert said == [f"scalesgd: gossip: MPI progress: {e}" for e in expected], p.stderr

@@ -164,11 +164,12 @@ class DistConfig:
                               "next step's compute (the peer copy mixed in is one exchange older)")
     mpi_progress: str = _f("auto", "what keeps a rank's MPI progressing while it computes, so that "
                            "one-sided calls aimed at it (gossip) never wait: auto (across nodes a "
-                           "progress thread, or overlapped gossip's courier; on one node nothing), "
+                           "progress thread, or overlapped gossip's courier, which polls every 5 ms "
+                           "when idle; on one node nothing), "
                            "thread (always), mpi (the MPI library's own asynchronous progress, set "
                            "before MPI_Init), none", choices=MPI_PROGRESS)
-    mpi_progress_ms: float = _f(5.0, "milliseconds between two MPI_Iprobe of the progress thread (and "
-                                "of an idle gossip courier)", lo=0, lo_open=True)
+    mpi_progress_ms: float = _f(2.0, "milliseconds between two MPI_Iprobe of the progress thread",
+                                lo=0, lo_open=True)
     straggler: str = _f("", "RANKS:DELAY_MS[:JITTER_MS], e.g. '1,3:100:50': those ranks sleep after "
                         "each backward pass")
     eval_every: float = _f(1.0, "epochs (of global samples) between validations", lo=0, lo_open=True)

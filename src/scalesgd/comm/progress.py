@@ -8,9 +8,10 @@ what keeps the target progressing (``plan``):
 
 - ``auto`` (default): nothing on one node; across nodes, for a method that is the target of
   one-sided calls (gossip), a **progress thread**: a Python thread that calls ``MPI_Iprobe`` every
-  ``dist.mpi_progress_ms`` and sleeps in between (the GIL and the core are free while it sleeps;
-  NumPy and CuPy release the GIL while they compute).  Overlapped gossip already has such a
-  thread, its courier, which polls at the same interval while idle: no second thread.
+  ``dist.mpi_progress_ms`` (2 ms) and sleeps in between (the GIL and the core are free while it
+  sleeps; NumPy and CuPy release the GIL while they compute).  Overlapped gossip already has such
+  a thread, its courier, which polls every 5 ms while idle (``window.IDLE_POLL_SECONDS``; its
+  calls, not the step, wait): no second thread.
 - ``thread``: the progress thread wherever ranks use one-sided calls, on one node too.
 - ``mpi``: the MPI library's own asynchronous progress, switched on before ``MPI_Init``
   (``MPIR_CVAR_ASYNC_PROGRESS=1`` for MPICH, ``OMPI_MCA_btl_tcp_progress_thread=1`` for Open MPI's
@@ -56,11 +57,12 @@ class Plan:
         return f"{what}: {self.why}"
 
 
-def plan(setting: str, interval_ms: float, *, one_sided: bool, spans_nodes: bool,
-         overlap: bool, thread_level: str) -> Plan:
+def plan(setting: str, interval_ms: float, courier_poll: float, *, one_sided: bool,
+         spans_nodes: bool, overlap: bool, thread_level: str) -> Plan:
     """The mechanism for a rank whose method is (``one_sided``) or is not the target of one-sided
     calls, in a job that does or does not ``span_nodes``, with overlapped gossip's courier
-    (``overlap``) and MPI started at ``thread_level``."""
+    (``overlap``, polling every ``courier_poll`` seconds while idle) and MPI started at
+    ``thread_level``."""
     interval = interval_ms / 1e3
     if setting == "mpi":
         return Plan("mpi", 0.0, "dist.mpi_progress = mpi (set before MPI_Init)")
@@ -73,7 +75,8 @@ def plan(setting: str, interval_ms: float, *, one_sided: bool, spans_nodes: bool
     if setting == "auto" and not spans_nodes:
         return Plan("none", 0.0, "one node: one-sided calls are served from shared memory")
     if overlap:                   # the courier exists only at thread level multiple (gossip checks)
-        return Plan("courier", interval, "ranks span nodes" if spans_nodes else "dist.mpi_progress = thread")
+        return Plan("courier", courier_poll,
+                    "ranks span nodes" if spans_nodes else "dist.mpi_progress = thread")
     if thread_level != "multiple":
         return Plan("none", 0.0, f"MPI thread level '{thread_level}'", warning=(
             f"dist.mpi_progress: MPI granted thread level '{thread_level}', not 'multiple', so no "

@@ -20,7 +20,7 @@ The surface, by group (a new transport implements all of it):
   ``barrier``, ``funnel``;
 - endpoints: ``worker_port(servers, bounds)``, ``server_port()`` (``comm/protocol.py``);
 - windows: ``published_vector(n, dtype)``, ``inbox(n, dtype)``, ``sample_counter(root)``,
-  ``courier(idle_poll)`` (``comm/window.py``), ``thread_level()``;
+  ``courier()`` (``comm/window.py``), ``thread_level()``;
 - progress (``comm/progress.py``): ``spans_nodes`` (ranks on more than one node),
   ``progress_thread(interval)`` (keeps this rank's MPI progressing until ``close()``);
 - ``allreducer(grads, layout, dist)``: the gradient all-reducer of ``dist`` (``comm/device.py``).
@@ -106,11 +106,10 @@ class MPITransport:
         from .window import SampleCounter
         return SampleCounter(self.comm, root)
 
-    def courier(self, idle_poll: float):
-        """A communication thread that keeps MPI progressing while idle (``window.Courier``),
-        polling every ``idle_poll`` seconds."""
+    def courier(self):
+        """A communication thread that keeps MPI progressing while idle (``window.Courier``)."""
         from .window import Courier
-        return Courier(progress=self.comm.Iprobe, idle_poll=idle_poll)
+        return Courier(progress=self.comm.Iprobe)
 
     def progress_thread(self, interval: float):
         """A thread that runs MPI's progress engine (``Iprobe``) every ``interval`` seconds, so

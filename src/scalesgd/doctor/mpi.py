@@ -259,9 +259,10 @@ def check_progress_mechanism(ctx: Ctx, name: str) -> Check:
     if ctx.topo is None:
         return _no_mpi(name)
     from ..comm import probe, progress
+    from ..comm.window import IDLE_POLL_SECONDS
     from ..config import DistConfig
     d = DistConfig()
-    plan = progress.plan(d.mpi_progress, d.mpi_progress_ms, one_sided=True,
+    plan = progress.plan(d.mpi_progress, d.mpi_progress_ms, IDLE_POLL_SECONDS, one_sided=True,
                          spans_nodes=ctx.num_nodes > 1, overlap=False, thread_level=probe.thread_level())
     data = {"mechanism": plan.mechanism, "interval_s": plan.interval, "why": plan.why}
     result = f"blocking gossip would use {plan.describe()}; overlapped gossip its courier"

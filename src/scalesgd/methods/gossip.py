@@ -50,7 +50,7 @@ import logging
 import numpy as np
 
 from ..comm import collectives, progress
-from ..comm.window import POLL_SECONDS
+from ..comm.window import IDLE_POLL_SECONDS, POLL_SECONDS
 from ..io.trace import digest
 from . import graphs, mixing
 from .base import Method, MethodError
@@ -87,7 +87,7 @@ class Gossip(Method, metaclass=abc.ABCMeta):
                               "MPI4PY_RC_THREAD_LEVEL, or the MPI library's thread support): drop "
                               "--gossip-overlap or start MPI with MPI_THREAD_MULTIPLE")
         # what answers the others' one-sided calls while this rank computes (comm/progress.py)
-        self.progress = progress.plan(d.mpi_progress, d.mpi_progress_ms, one_sided=True,
+        self.progress = progress.plan(d.mpi_progress, d.mpi_progress_ms, IDLE_POLL_SECONDS, one_sided=True,
                                       spans_nodes=comm.spans_nodes, overlap=d.gossip_overlap,
                                       thread_level=comm.thread_level())
         self.pump = progress.NoProgress()
@@ -106,7 +106,7 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self.counter = self.comm.sample_counter(root=0)
         self.windows = [self.counter, *self.open_windows(ps.params.size, ps.params.dtype)]
         if self.cfg.dist.gossip_overlap:         # idle, its courier keeps this rank's MPI progressing
-            self.exchanger = Overlapped(self, self.comm.courier(self.cfg.dist.mpi_progress_ms / 1e3))
+            self.exchanger = Overlapped(self, self.comm.courier())
         elif self.progress.mechanism == "thread":
             self.pump = self.comm.progress_thread(self.progress.interval)
         self.comm.barrier()                # every rank has published before anyone reads

@@ -269,9 +269,8 @@ class InProcessTransport:
     def sample_counter(self, root: int = 0):
         return VirtualSampleCounter(self, root)
 
-    def courier(self, idle_poll: float = 0.0):
-        """Overlapped gossip's communication thread: a helper participant of the world (idle, it
-        progresses MPI at once: ``idle_poll`` is not modelled)."""
+    def courier(self):
+        """Overlapped gossip's communication thread: a helper participant of the world."""
         self.c.progressing.add(self.wr)
         return VirtualCourier(self)
 
