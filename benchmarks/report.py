@@ -431,9 +431,43 @@ def mpi_progress(results: Path) -> str:
     return "\n\n".join(parts)
 
 
+def crossover_efficiency(results: Path) -> str:
+    """Statistical efficiency per method and p (crossover.json): epochs to the target with the
+    seeds' interval, and next to it the statistic that goes with the method's loss of efficiency:
+    the mean staleness of a server update (asgd, easgd), or the replicas' consensus distance
+    (gossip); means over the validations and seeds, rank 0's records."""
+    d = json.loads((results / "crossover.json").read_text())
+    ps = sorted({r["workers"] for r in d["runs"].values()})
+    methods = list(dict.fromkeys(r["method"] for r in d["runs"].values()))
+    rows = ["| method | " + " | ".join(f"p = {p}" for p in ps) + " |", "|---|" + "---|" * len(ps)]
+    for m in methods:
+        cells = []
+        for p in ps:
+            r = d["runs"].get(f"{m}/p{p}")
+            if r is None:
+                cells.append("—")
+                continue
+            e, st = r["epochs_to_target"], r["stats"]
+            cell = (f"{e['mean']:.2f} [{e['lo']:.2f}–{e['hi']:.2f}]" if e["mean"] is not None and e["n"] > 1
+                    else f"{e['mean']:.2f}" if e["mean"] is not None else "never")
+            if e.get("missing") and e["n"]:
+                cell += f" ({e['missing']} of {e['n'] + e['missing']} never)"
+            if "staleness_mean" in st:
+                cell += f"; staleness {st['staleness_mean']:.1f}"
+            if "consensus_distance" in st:
+                cell += f"; consensus {st['consensus_distance']:.2f}"
+            cells.append(cell)
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    one = d["single"]["epochs_to_target"]
+    return (f"Epochs to {100 * d['target_error']:.0f}% validation error (one worker: {one['mean']:.2f} "
+            f"[{one['lo']:.2f}–{one['hi']:.2f}]), mean [95% interval] over the seeds that reached it; "
+            "then the mean staleness of a server update (in server versions) or the replicas' mean "
+            "consensus distance, over the validations of all seeds\n\n" + "\n".join(rows))
+
+
 VIEWS = {"crossover-summary": crossover_summary, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
          "conv-candidates": conv_candidates, "buckets": buckets, "survival": survival,
-         "mpi-progress": mpi_progress}   # blocks drawn from several files or parts of one
+         "mpi-progress": mpi_progress, "crossover-efficiency": crossover_efficiency}   # blocks drawn from several files or parts of one
 
 
 def pct(x, sign=True):
