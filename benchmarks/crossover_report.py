@@ -57,6 +57,14 @@ def analyse(target: float = X.TARGET_ERROR) -> dict:
                          final_error=interval([r["final_error"] for r in single]),
                          curve=_mean_curve(single))
     out["tuning"] = _tuning(tune, target)
+    single_s2t = [X.samples_to(r["curve"], target) for r in single]
+    out["single"]["time_to_target"] = {}
+    for prof in X.PROFILES:
+        t = next((r for r in timing if r["method"] == X.SINGLE and r["profile"] == prof), None)
+        if t is not None:
+            per = [None if s is None else s * t["seconds_per_sample"] for s in single_s2t]
+            out["single"]["time_to_target"][prof] = dict(interval([v for v in per if v is not None]),
+                                                         per_seed=per)
     methods = {}
     for m in X.METHODS:
         for p in X.WORKERS:
@@ -88,12 +96,35 @@ def analyse(target: float = X.TARGET_ERROR) -> dict:
     out["winners"] = {prof: _winners(methods, prof) for prof in X.PROFILES}
     out["crossovers"] = {prof: _crossover(methods, prof) for prof in X.PROFILES}
     out["extras"] = _extras(records("extra"), target)
+    out["p1"] = {prof: _speedup(out["single"]["time_to_target"].get(prof),
+                                methods.get(f"asgd/p{P1_WORKERS}", {}).get("time_to_target", {}).get(prof))
+                 for prof in X.PROFILES}
     plan = X.plan()
     out["missing"] = [r.key for r in plan if not r.record.exists()]
     out.update(planned_runs=len(plan), planned_hours=sum(r.cost for r in plan) / 3600,
                finished_runs=len(plan) - len(out["missing"]),
                machine_hours_total=sum(out["machine_hours"].values()))
     return out
+
+
+P1_WORKERS = 8          # Paine et al.'s A-SGD speed-up was measured on 8 GPUs
+
+
+def _speedup(one: dict | None, many: dict | None, resamples: int = 2000) -> dict | None:
+    """Wall-clock speed-up to the target, one worker's mean time over the many's, with a
+    bootstrap 95% interval over both seed sets (seeds that never reached it are left out)."""
+    if not one or not many:
+        return None
+    a = [v for v in one["per_seed"] if v is not None]
+    b = [v for v in many["per_seed"] if v is not None]
+    if not a or not b:
+        return None
+    rng = np.random.default_rng(0)
+    boot = [float(np.mean(rng.choice(a, len(a))) / np.mean(rng.choice(b, len(b))))
+            for _ in range(resamples)]
+    return dict(speedup=float(np.mean(a) / np.mean(b)), lo=float(np.percentile(boot, 2.5)),
+                hi=float(np.percentile(boot, 97.5)), workers=P1_WORKERS, seeds=[len(a), len(b)],
+                one_seconds=float(np.mean(a)), many_seconds=float(np.mean(b)))
 
 
 def _extras(recs: list[dict], target: float) -> dict:
