@@ -425,7 +425,7 @@ def mpi_progress(results: Path) -> str:
         d = json.loads((results / name).read_text())
         ref = (f"; the one-node reference runs the same {d['nodes']} ranks on one node with the "
                "default setting" if d.get("one_node") else "; no one-node reference")
-        parts.append(f"**{d['library']}**: {d['nodes']} emulated nodes, 1 rank each, at {d['rate']} "
+        parts.append(f"**{d.get('library', 'MPI library not recorded')}**: {d['nodes']} emulated nodes, 1 rank each, at {d['rate']} "
                      f"({d['cpus_per_node']} CPU per node); `{d['train_args']}`; seconds per step, mean "
                      f"over the ranks{ref}\n\n" + R.table(d))
     return "\n\n".join(parts)

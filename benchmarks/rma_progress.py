@@ -266,7 +266,7 @@ def misses(a: dict) -> list[str]:
 def table(d: dict) -> str:
     """Markdown: per run (variant, mode) the seconds per step and the bounds."""
     rows = ["| variant | --mpi-progress | step s | compute s | comm + wait s (share) | transfer s | "
-            "comm + wait / transfer | wait per exchange, median ms | compute / one node | bounds |",
+            "comm + wait / transfer | wait per exchange ms (median of the ranks' means) | compute / one node | bounds |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in d["runs"].items():
         variant, mode = name.split()
@@ -299,7 +299,10 @@ def train(args) -> int:
           f"({args.cpus_per_node or 'all'} CPU(s) each), flags: {args.train_args} (runs in {out})")
     print(table({"runs": results}))
     if args.json:
-        args.json.write_text(json.dumps({"nodes": args.nodes, "rate": args.rate,
+        library = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; "
+                                  "print(MPI.Get_library_version().splitlines()[0].strip())"],
+                                 capture_output=True, text=True).stdout.strip().rstrip("\x00")
+        args.json.write_text(json.dumps({"library": library, "nodes": args.nodes, "rate": args.rate,
                                          "cpus_per_node": args.cpus_per_node,
                                          "train_args": args.train_args, "one_node": base,
                                          "runs": results}, indent=1))

@@ -32,7 +32,8 @@ def test_plan_per_setting_and_situation():
     assert _plan(overlap=True).mechanism == "courier" and _plan(overlap=True).interval == 0.005
     assert _plan(overlap=True, spans_nodes=False).mechanism == "none"
     assert _plan("none").mechanism == "none" and "wait" in _plan("none").why
-    assert _plan("mpi").mechanism == "mpi"
+    assert _plan("mpi").mechanism == "mpi" and "'funneled'" in _plan("mpi", thread_level="funneled").warning
+    assert _plan("mpi", one_sided=False).mechanism == "none"
     assert _plan(one_sided=False).mechanism == "none"                      # two-sided methods
     for s in ("auto", "thread"):
         p = _plan(s, thread_level="serialized")                            # degrades with one line
@@ -45,8 +46,9 @@ def test_plan_per_setting_and_situation():
 
 def test_prepare_sets_the_libraries_async_progress_only_for_mpi_and_keeps_a_users_value():
     env = {"MPIR_CVAR_ASYNC_PROGRESS": "0"}
-    assert progress.prepare("auto", env) == [] and env == {"MPIR_CVAR_ASYNC_PROGRESS": "0"}
-    added = progress.prepare("mpi", env)
+    assert progress.prepare("auto", "gossip", env) == [] and env == {"MPIR_CVAR_ASYNC_PROGRESS": "0"}
+    assert progress.prepare("mpi", "allreduce", env) == []          # only gossip is a target
+    added = progress.prepare("mpi", "gossip", env)
     assert env["MPIR_CVAR_ASYNC_PROGRESS"] == "0" and "MPIR_CVAR_ASYNC_PROGRESS" not in added
     assert {k: env[k] for k in added} == {k: v for k, v in ASYNC_ENV.items() if k in added} and added
 

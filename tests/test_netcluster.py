@@ -128,7 +128,8 @@ def test_every_method_trains_across_three_nodes(tmp_path, tiny_data, prefix):
 def test_doctor_across_two_nodes_reports_the_progress_mechanism_ok(tmp_path, prefix):
     """`scalesgd doctor` on 2 emulated nodes: the raw one-sided row may show waiting (nothing
     progresses a computing target), the 'progress mechanism' row runs the probe again with the
-    progress thread that a gossip run would start, and is ok."""
+    progress thread that a gossip run would start, and is ok (MPICH; under Open MPI a slow
+    Accumulate is a warning naming its one-sided component)."""
     out = tmp_path / "doctor.json"
     with nc.NetCluster(2, rate="1gbit", prefix=prefix, cpus_per_node=1) as c:
         res = c.run([sys.executable, "-m", "src.main", "doctor", "--busy-seconds", "0.5",
@@ -136,9 +137,13 @@ def test_doctor_across_two_nodes_reports_the_progress_mechanism_ok(tmp_path, pre
                     cwd=ROOT, capture=True, timeout=180)
     rows = {r["name"]: r for r in json.loads(out.read_text())["checks"]}
     row = rows["progress mechanism"]
-    assert row["status"] == "ok", (row, res.stdout, res.stderr)
     assert row["data"]["mechanism"] == "thread" and set(row["data"]["seconds"]) == \
         {"Get", "Accumulate", "Fetch_and_op"}, row
+    if nc.mpi_flavor(nc.default_mpiexec()) == "mpich":
+        assert row["status"] == "ok", (row, res.stdout, res.stderr)
+    else:       # Open MPI over TCP: Get is served, its accumulates stay slow (measured: 0.6 s)
+        assert row["data"]["seconds"]["Get"] < 0.25 * 0.5, row
+        assert row["status"] == "ok" or "osc/rdma" in row["fix"], row
 
 
 def test_leftovers_are_refused_and_a_failing_body_tears_down(prefix):
@@ -214,3 +219,31 @@ def test_missing_root_or_tc_is_one_line(tmp_path):
     assert (no_tc.returncode, no_tc.stderr) == (1, "netcluster: needs 'tc' (iproute2) on PATH\n")
     bad = subprocess.run([*TOOL, "up", "2", "--rate", "1gbs"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "bad rate '1gbs'" in bad.stderr
+
+
+def test_the_two_level_allreduce_sends_fewer_bytes_across_nodes(tmp_path, tiny_data, prefix):
+    """2 nodes x 2 ranks (membership from MPI's shared-memory split): all-reduce with
+    ``--hierarchy node`` trains and logs 2 nodes of 2 ranks.  Under Open MPI, whose all-reduce is
+    not node-aware, its busiest node sends far fewer bytes over its link than with the flat
+    all-reduce (one copy of each bucket per node crosses, not one per rank: 28.6 -> 18.3 MB
+    measured); MPICH 5's own all-reduce already is node-aware, so there it must only cost no more.
+    Run with -s to see the bytes."""
+    env = {"OMP_NUM_THREADS": "1", "SCALESGD_DATA": str(tmp_path / "digits")}
+    sent = {}
+    with nc.NetCluster(2, rate="1gbit", prefix=prefix, ranks_per_node=2, cpus_per_node=1) as c:
+        for hier in ("none", "node"):
+            run_dir = tmp_path / hier
+            res = c.run([sys.executable, "-m", "src.main", "--data", str(tiny_data), "--run-dir",
+                         str(run_dir), *TINY, "--width", "1", "--batch-size", "2", "--epochs", "2",
+                         "--method", "allreduce", "--hierarchy", hier],
+                        env=env, cwd=ROOT, capture=True, timeout=120)
+            assert res.returncode == 0, f"{hier}: rc={res.returncode}\n{res.stdout}\n{res.stderr}"
+            assert json.loads((run_dir / "summary.json").read_text())["ranks"] == 4
+            sent[hier] = max(t.sent for t in res.traffic.values())
+            if hier == "node":
+                assert "two-level (dist.hierarchy = node): 2 node(s) of up to 2 rank(s)" in res.stderr
+    print(f"bytes sent by the busiest node, flat vs two-level: {sent}")
+    if nc.mpi_flavor(nc.default_mpiexec()) == "mpich":
+        assert sent["node"] <= 1.05 * sent["none"], sent
+    else:
+        assert sent["node"] < 0.8 * sent["none"], sent

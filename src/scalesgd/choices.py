@@ -13,6 +13,7 @@ SERVER_METHODS = ("easgd", "asgd")      # ranks 0..dist.servers-1 are parameter-
 GOSSIP_VARIANTS = ("pull", "push")      # dist.gossip
 GOSSIP_GRAPHS = ("uniform", "exponential", "ring")   # dist.gossip_graph (methods/mixing.py)
 MPI_PROGRESS = ("auto", "thread", "mpi", "none")    # dist.mpi_progress (comm/progress.py)
+HIERARCHIES = ("none", "node")                      # dist.hierarchy (comm/hierarchy.py)
 
 AUGMENTS = ("multiscale", "rrc", "center")         # data.augment (data/pipeline.py)
 DEVICES = ("cpu", "gpu", "auto")                   # train.device (backend.select)

@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             dry_run(cfg)
             return 0
         from .comm import progress, topology
-        progress.prepare(cfg.dist.mpi_progress)      # (mpi: the library's progress, before MPI_Init)
+        progress.prepare(cfg.dist.mpi_progress, cfg.train.method)   # (mpi: before MPI_Init)
         topo = topology.init()
         if not topo.is_root:
             logging.getLogger().setLevel(logging.WARNING)

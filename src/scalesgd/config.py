@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .choices import (AUGMENTS, CONV_ALGOS, CONV_IMPLS, DEVICES, GOSSIP_GRAPHS, GOSSIP_VARIANTS, METHODS,
                       PRECISIONS, PROGRESS_MODES, workers_of)
-from .choices import ALLREDUCE_TRANSPORTS, FAST_PATH_MODES, KERNEL_IMPLS, MPI_PROGRESS
+from .choices import ALLREDUCE_TRANSPORTS, FAST_PATH_MODES, HIERARCHIES, KERNEL_IMPLS, MPI_PROGRESS
 from .errors import ConfigError  # noqa: F401 - re-exported: config.ConfigError
 from .nn.resnet import ARCHS
 from .optim.schedule import SCHEDULES, ScheduleConfig
@@ -162,6 +162,9 @@ class DistConfig:
     gossip_overlap: bool = _f(False, "gossip: start each exchange after the local step and complete it "
                               "before the next mix, in a communication thread, so it runs under the "
                               "next step's compute (the peer copy mixed in is one exchange older)")
+    hierarchy: str = _f("none", "node: communicate in two levels, inside each node (shared memory) and "
+                        "between nodes (one rank per node), nodes as MPI sees them; built so far for "
+                        "allreduce (a two-level all-reduce over MPI host buffers)", choices=HIERARCHIES)
     mpi_progress: str = _f("auto", "what keeps a rank's MPI progressing while it computes, so that "
                            "one-sided calls aimed at it (gossip) never wait: auto (across nodes a "
                            "progress thread, or overlapped gossip's courier, which polls every 5 ms "
@@ -356,6 +359,14 @@ def _cross_checks(cfg: Config) -> Config:
         parse_straggler(cfg.dist.straggler)            # raises ConfigError naming dist.straggler
     if -1 < cfg.dist.bucket_mb < 0:
         raise ConfigError(f"dist.bucket_mb: -1 (auto) or a size >= 0 in MB, got {cfg.dist.bucket_mb}")
+    if cfg.dist.hierarchy == "node" and cfg.train.method not in ("allreduce", "single"):
+        raise ConfigError(f"dist.hierarchy: 'node' is built for allreduce only so far (a two-level "
+                          f"all-reduce); {cfg.train.method} between node groups is not: drop --hierarchy "
+                          "or use --method allreduce")
+    if cfg.dist.hierarchy == "node" and cfg.dist.allreduce_transport not in ("auto", "host"):
+        raise ConfigError(f"dist.hierarchy: 'node' sums through MPI on host buffers; "
+                          f"dist.allreduce_transport = {cfg.dist.allreduce_transport} is a device "
+                          "transport (NCCL is topology-aware by itself): use one or the other")
     if cfg.dist.max_staleness >= 0 and cfg.dist.servers > 1 and cfg.train.method == "asgd":
         # each shard would judge a push by its own version: one update applied to some slices only
         raise ConfigError(f"dist.max_staleness: needs dist.servers = 1 (got {cfg.dist.servers}): each "

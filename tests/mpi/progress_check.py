@@ -15,7 +15,7 @@ topo = topology.init()
 out = {"library": MPI.Get_library_version().splitlines()[0],
        "spans_nodes": topo.transport.spans_nodes, "thread_level": probe.thread_level()}
 for mode in ("none", "thread"):
-    pump = topo.transport.progress_thread(0.005) if mode == "thread" else progress.NoProgress()
+    pump = topo.transport.keep_progressing(progress.Plan(mode, 0.005, "the test"))
     try:
         out[mode] = probe.rma_latencies(topo.comm, 0, 1, BUSY)
     finally:

@@ -271,6 +271,14 @@ def create_allreducer(comm, grads, layout, dist, probes: Probes | None = None, t
     on_device = not isinstance(grads, np.ndarray)
     if comm.Get_size() == 1:
         name, why = "host", "one rank"
+    elif getattr(dist, "hierarchy", "none") == "node":       # (config refuses a device transport)
+        from .hierarchy import TwoLevelAllreduce  # noqa: PLC0415
+        red = TwoLevelAllreduce(comm, grads, layout, bucket_bytes_of(dist, grads, comm.Get_size()),
+                                dist.overlap)
+        if comm.Get_rank() == 0:
+            log.info("allreduce: two-level (dist.hierarchy = node): %d node(s) of up to %d rank(s)",
+                     red.groups.num_nodes, red.groups.max_local_size)
+        return red
     else:
         name, why = resolve(comm, dist.allreduce_transport, on_device, probes, transfer_ok)
     red = make_allreducer(name, comm, grads, layout, bucket_bytes_of(dist, grads, comm.Get_size()),

@@ -64,11 +64,15 @@ def plan(setting: str, interval_ms: float, courier_poll: float, *, one_sided: bo
     (``overlap``, polling every ``courier_poll`` seconds while idle) and MPI started at
     ``thread_level``."""
     interval = interval_ms / 1e3
-    if setting == "mpi":
-        return Plan("mpi", 0.0, "dist.mpi_progress = mpi (set before MPI_Init)")
     if not one_sided:
         return Plan("none", 0.0, "the method uses two-sided and collective calls only, which "
                                  "progress when the rank calls MPI")
+    if setting == "mpi":
+        return Plan("mpi", 0.0, "dist.mpi_progress = mpi (set before MPI_Init)", warning="" if
+                    thread_level == "multiple" else (
+                        f"dist.mpi_progress: MPI granted thread level '{thread_level}', not "
+                        "'multiple': the library's asynchronous progress may not run (MPICH needs "
+                        "MPI_THREAD_MULTIPLE for it)"))
     if setting == "none":
         return Plan("none", 0.0, "dist.mpi_progress = none"
                     + ("; one-sided calls across nodes wait for a busy target" if spans_nodes else ""))
@@ -85,11 +89,12 @@ def plan(setting: str, interval_ms: float, courier_poll: float, *, one_sided: bo
     return Plan("thread", interval, "ranks span nodes" if spans_nodes else "dist.mpi_progress = thread")
 
 
-def prepare(setting: str, env=None) -> list[str]:
-    """Before ``MPI_Init``: for ``mpi``, switch on the libraries' asynchronous progress in the
-    environment (a variable already set is kept).  Returns the variables it set."""
+def prepare(setting: str, method: str, env=None) -> list[str]:
+    """Before ``MPI_Init``: for ``mpi`` and a method that is the target of one-sided calls
+    (gossip), switch on the libraries' asynchronous progress in the environment (a variable
+    already set is kept; the others' compute need not pay for it).  Returns the variables it set."""
     env = os.environ if env is None else env
-    if setting != "mpi":
+    if setting != "mpi" or method != "gossip":
         return []
     added = [k for k in ASYNC_ENV if k not in env]
     for k in added:

@@ -22,7 +22,7 @@ The surface, by group (a new transport implements all of it):
 - windows: ``published_vector(n, dtype)``, ``inbox(n, dtype)``, ``sample_counter(root)``,
   ``courier()`` (``comm/window.py``), ``thread_level()``;
 - progress (``comm/progress.py``): ``spans_nodes`` (ranks on more than one node),
-  ``progress_thread(interval)`` (keeps this rank's MPI progressing until ``close()``);
+  ``keep_progressing(plan)`` (what ``progress.plan`` chose, running until ``close()``);
 - ``allreducer(grads, layout, dist)``: the gradient all-reducer of ``dist`` (``comm/device.py``).
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ class MPITransport:
 
     def split(self, color: int, key: int) -> "MPITransport":
         """Collective: the sub-transport of the ranks with the same ``color``, ordered by ``key``."""
-        return MPITransport(self.comm.Split(color, key), self.spans_nodes)
+        return MPITransport(self.comm.Split(color, key), self.spans_nodes)   # (the job's answer)
 
     # collectives -----------------------------------------------------------
     def broadcast(self, arr, root: int = 0) -> None:
@@ -111,11 +111,15 @@ class MPITransport:
         from .window import Courier
         return Courier(progress=self.comm.Iprobe)
 
-    def progress_thread(self, interval: float):
-        """A thread that runs MPI's progress engine (``Iprobe``) every ``interval`` seconds, so
-        that one-sided calls aimed at this rank complete while it computes (``comm/progress.py``)."""
-        from .progress import ProgressThread
-        return ProgressThread(self.comm.Iprobe, interval)
+    def keep_progressing(self, plan):
+        """Starts what ``plan`` (``comm/progress.plan``) asks this rank to run: for ``thread`` a
+        thread that runs MPI's progress engine (``Iprobe``) every ``plan.interval`` seconds, so
+        that one-sided calls aimed at this rank complete while it computes; nothing otherwise (the
+        library's own progress was switched on before MPI_Init; a courier polls by itself)."""
+        from .progress import NoProgress, ProgressThread
+        if plan.mechanism == "thread":
+            return ProgressThread(self.comm.Iprobe, plan.interval)
+        return NoProgress()
 
     @staticmethod
     def thread_level() -> str:

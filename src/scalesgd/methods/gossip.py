@@ -107,8 +107,8 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self.windows = [self.counter, *self.open_windows(ps.params.size, ps.params.dtype)]
         if self.cfg.dist.gossip_overlap:         # idle, its courier keeps this rank's MPI progressing
             self.exchanger = Overlapped(self, self.comm.courier())
-        elif self.progress.mechanism == "thread":
-            self.pump = self.comm.progress_thread(self.progress.interval)
+        else:
+            self.pump = self.comm.keep_progressing(self.progress)
         self.comm.barrier()                # every rank has published before anyone reads
 
     def close(self) -> None:
@@ -117,6 +117,9 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self.exchanger.close()            # its calls complete: a rank waiting here still polls MPI
         self.exchanger = Blocking(self)
         self.pump.close()                 # (Win.Free below is collective: MPI progresses in it)
+        if self.pump.error is not None and self.roles.rank == 0:
+            logging.getLogger("scalesgd").warning("warning: the MPI progress thread stopped early: %s",
+                                                  self.pump.error)
         self.pump = progress.NoProgress()
         for w in self.windows:
             w.free()

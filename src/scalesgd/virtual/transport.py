@@ -278,9 +278,13 @@ class InProcessTransport:
     def spans_nodes(self) -> bool:
         return len({self.c.net.node(wr) for wr in self.group}) > 1
 
-    def progress_thread(self, interval: float = 0.0):
-        """A progress thread (``comm/progress.py``): one-sided calls to this rank no longer wait
-        for its compute (``target_ready``); its poll interval and CPU cost are not modelled."""
+    def keep_progressing(self, plan):
+        """A progress thread or the library's own progress (``comm/progress.py``): one-sided calls
+        to this rank no longer wait for its compute (``target_ready``); the poll interval and the
+        CPU cost are not modelled."""
+        from ..comm.progress import NoProgress  # noqa: PLC0415
+        if plan.mechanism not in ("thread", "mpi"):
+            return NoProgress()
         self.c.progressing.add(self.wr)
         return VirtualProgress(self)
 
@@ -289,6 +293,10 @@ class InProcessTransport:
         return "multiple"
 
     def allreducer(self, grads, layout, dist):
+        if getattr(dist, "hierarchy", "none") != "none":
+            from ..errors import ConfigError  # noqa: PLC0415
+            raise ConfigError("dist.hierarchy: the virtual cluster does not model the two-level "
+                              "all-reduce yet (its sum order and timing): drop --hierarchy")
         return VirtualAllreducer(self, grads, dist)
 
 

@@ -1,0 +1,74 @@
+"""``dist.hierarchy = "node"`` (comm/hierarchy.py): the two-level all-reduce against the flat sum
+under real mpiexec (ranks grouped as 2 + 2 and 3 + 1), the configurations it refuses, and training
+with it: replicas identical, a resumed run bitwise identical to an uninterrupted one.  Across
+emulated nodes (fewer bytes on the links than the flat all-reduce): tests/test_netcluster.py."""
+import json
+
+import numpy as np
+import pytest
+
+from helpers import TINY, final_arrays, launch, one_line_error, run_cli
+from mpirun import check, needs_mpi, run_mpi
+from synth import make_dataset
+
+from scalesgd import config as C
+
+
+def test_hierarchy_is_refused_where_it_is_not_built():
+    assert C.build(None, {}).dist.hierarchy == "none"
+    C.build(None, {"train": {"method": "allreduce"}, "dist": {"hierarchy": "node"}})
+    for method in ("gossip", "easgd", "asgd", "localsgd"):
+        with pytest.raises(C.ConfigError, match=f"dist.hierarchy: 'node' is built for allreduce only.*{method}"):
+            C.build(None, {"train": {"method": method}, "dist": {"hierarchy": "node"}})
+    with pytest.raises(C.ConfigError, match="dist.allreduce_transport = nccl"):
+        C.build(None, {"train": {"method": "allreduce"},
+                       "dist": {"hierarchy": "node", "allreduce_transport": "nccl"}})
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_two_level_sum_equals_the_flat_sum_on_every_rank():
+    out = check(run_mpi(4, ["tests/mpi/hierarchy_check.py"], timeout=90))
+    assert out.count(": ok") == 4, out
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("hier"), n=48, n_val=16, num_classes=4)
+
+
+def _args(data, run_dir, epochs):
+    return ["--data", str(data), "--method", "allreduce", "--hierarchy", "node", *TINY,
+            "--batch-size", "4", "--epochs", str(epochs), "--checkpoint-every", "0.5",
+            "--keep-checkpoints", "10", "--run-dir", str(run_dir), "--progress", "off",
+            "--cosine-epochs", "2"]
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_training_replicas_stay_identical_and_a_resume_is_bitwise(tmp_path, data):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    p = run_cli(_args(data, whole, 2), tmp_path, timeout=120, launcher=launch(3))
+    assert p.returncode == 0, p.stderr
+    assert "allreduce: two-level (dist.hierarchy = node): 1 node(s) of up to 3 rank(s)" in p.stderr
+    fa = final_arrays(whole)
+    params = [fa[f"rank-{r:05d}/params"] for r in range(3) if f"rank-{r:05d}/params" in fa]
+    assert params and all(np.array_equal(params[0], x) for x in params)
+    p = run_cli(_args(data, part, 1), tmp_path, timeout=120, launcher=launch(3))
+    assert p.returncode == 0, p.stderr
+    p = run_cli(["--resume", str(part), "--epochs", "2"], tmp_path, timeout=120, launcher=launch(3))
+    assert p.returncode == 0, p.stderr
+    fb = final_arrays(part)
+    assert fa.keys() == fb.keys()
+    for k in fa:
+        np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+    h = [json.loads((d / "summary.json").read_text())["history"] for d in (whole, part)]
+    assert [r["val_top1_accuracy"] for r in h[0]] == [r["val_top1_accuracy"] for r in h[1]]
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_a_method_without_a_hierarchy_is_one_line(tmp_path, data):
+    p = run_cli(["--data", str(data), "--method", "gossip", "--hierarchy", "node", *TINY,
+                 "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60, launcher=launch(2))
+    one_line_error(p, "dist.hierarchy", "gossip")
