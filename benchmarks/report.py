@@ -431,6 +431,15 @@ def mpi_progress(results: Path) -> str:
     return "\n\n".join(parts)
 
 
+def hierarchy(results: Path) -> str:
+    """Flat against --hierarchy node on emulated nodes (hierarchy.json, benchmarks/hierarchy.py)."""
+    import hierarchy as H  # noqa: PLC0415 - a sibling script
+    d = json.loads((results / "hierarchy.json").read_text())
+    return (f"{d['nodes']} emulated nodes × {d['ranks_per_node']} ranks at {d['rate']} (one CPU per node), "
+            f"`{d['job']}`, {d['epochs']} epochs, target {100 * d['target_error']:.0f}% validation error\n\n"
+            + H.table(d))
+
+
 def crossover_efficiency(results: Path) -> str:
     """Statistical efficiency per method and p (crossover.json): epochs to the target with the
     seeds' interval, and next to it the statistic that goes with the method's loss of efficiency:
@@ -467,7 +476,8 @@ def crossover_efficiency(results: Path) -> str:
 
 VIEWS = {"crossover-summary": crossover_summary, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
          "conv-candidates": conv_candidates, "buckets": buckets, "survival": survival,
-         "mpi-progress": mpi_progress, "crossover-efficiency": crossover_efficiency}   # blocks drawn from several files or parts of one
+         "mpi-progress": mpi_progress, "crossover-efficiency": crossover_efficiency,
+         "hierarchy": hierarchy}   # blocks drawn from several files or parts of one
 
 
 def pct(x, sign=True):

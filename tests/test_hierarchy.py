@@ -17,8 +17,11 @@ from scalesgd import config as C
 def test_hierarchy_is_refused_where_it_is_not_built():
     assert C.build(None, {}).dist.hierarchy == "none"
     C.build(None, {"train": {"method": "allreduce"}, "dist": {"hierarchy": "node"}})
-    for method in ("gossip", "easgd", "asgd", "localsgd"):
-        with pytest.raises(C.ConfigError, match=f"dist.hierarchy: 'node' is built for allreduce only.*{method}"):
+    C.build(None, {"train": {"method": "gossip"}, "dist": {"hierarchy": "node"}})
+    with pytest.raises(C.ConfigError, match="cannot survive a lost rank"):
+        C.build(None, {"train": {"method": "gossip", "on_failure": "continue"}, "dist": {"hierarchy": "node"}})
+    for method in ("easgd", "asgd", "localsgd"):
+        with pytest.raises(C.ConfigError, match=f"dist.hierarchy: 'node' is built for allreduce and gossip.*{method}"):
             C.build(None, {"train": {"method": method}, "dist": {"hierarchy": "node"}})
     with pytest.raises(C.ConfigError, match="dist.allreduce_transport = nccl"):
         C.build(None, {"train": {"method": "allreduce"},
@@ -68,7 +71,10 @@ def test_training_replicas_stay_identical_and_a_resume_is_bitwise(tmp_path, data
 
 @pytest.mark.mpi
 @needs_mpi
-def test_a_method_without_a_hierarchy_is_one_line(tmp_path, data):
-    p = run_cli(["--data", str(data), "--method", "gossip", "--hierarchy", "node", *TINY,
+def test_a_method_without_a_hierarchy_is_one_line_and_so_is_gossip_on_one_node(tmp_path, data):
+    p = run_cli(["--data", str(data), "--method", "easgd", "--hierarchy", "node", *TINY,
                  "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60, launcher=launch(2))
-    one_line_error(p, "dist.hierarchy", "gossip")
+    one_line_error(p, "dist.hierarchy", "easgd")
+    p = run_cli(["--data", str(data), "--method", "gossip", "--hierarchy", "node", *TINY,
+                 "--run-dir", str(tmp_path / "run2")], tmp_path, timeout=60, launcher=launch(2))
+    one_line_error(p, "dist.hierarchy = node", "one node")

@@ -50,6 +50,12 @@ class MPITransport:
 
     sleep = staticmethod(time.sleep)
 
+    def node_split(self) -> "MPITransport":
+        """Collective: the sub-transport of the ranks on this rank's node (MPI's shared-memory
+        split, ``MPI_Comm_split_type``), in job rank order."""
+        from mpi4py import MPI  # noqa: PLC0415
+        return MPITransport(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank))
+
     def split(self, color: int, key: int) -> "MPITransport":
         """Collective: the sub-transport of the ranks with the same ``color``, ordered by ``key``."""
         return MPITransport(self.comm.Split(color, key), self.spans_nodes)   # (the job's answer)

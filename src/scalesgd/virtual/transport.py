@@ -159,6 +159,11 @@ class InProcessTransport:
             return t
         return max(t, self.c.busy_until[target_wr])
 
+    def node_split(self):
+        from ..errors import ConfigError  # noqa: PLC0415
+        raise ConfigError("dist.hierarchy: the virtual cluster does not model node groups yet: "
+                          "drop --hierarchy")
+
     def split(self, color: int, key: int) -> "InProcessTransport":
         def combine(vals):
             return vals

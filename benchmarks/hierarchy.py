@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Hierarchical against flat on the same ranks, on emulated nodes (issue 24, item 2).
+
+    python benchmarks/hierarchy.py [--nodes 4] [--ranks-per-node 2] [--rate 272mbit]
+                                   [--seeds 0,1] [--epochs 6] [--variants push-ov,allreduce]
+                                   [--json benchmarks/results/hierarchy.json]
+
+Each variant (``push-ov``: gossip push-sum, overlapped, exponential graph; ``pull``: the authors'
+blocking pull; ``allreduce``) trains ``jobs/experiments.toml`` (ResNet-20 on the built-in digits,
+batch 16 per rank) on NODES emulated nodes of RANKS_PER_NODE ranks (``benchmarks/netcluster.py``;
+root needed), once flat and once with ``--hierarchy node``, per seed.  Recorded per run: the
+bytes every node sent and received over its link (the tc counters) per training sample, the
+seconds to 10% validation error (training clock, evaluation excluded), the final error, and the
+seconds per step split.  Prints a table of means over the seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ROOT / "jobs" / "experiments.toml"
+TARGET = 0.10
+VARIANTS = {"push-ov": ["--method", "gossip", "--gossip", "push", "--gossip-overlap",
+                        "--gossip-graph", "exponential"],
+            "pull": ["--method", "gossip", "--gossip", "pull"],
+            "allreduce": ["--method", "allreduce"]}
+
+
+def first_reach(history: list[dict], target: float) -> float | None:
+    hit = next((h for h in sorted(history, key=lambda h: h["global_samples"])
+                if 1.0 - h["val_top1_accuracy"] <= target), None)
+    return None if hit is None else float(hit["train_seconds"])
+
+
+def one(cluster, variant: str, hier: str, seed: int, args, out: Path) -> dict:
+    run_dir = out / f"{variant}-{hier}-s{seed}"
+    cmd = [sys.executable, "-m", "scalesgd", "--config", str(JOB), *VARIANTS[variant], "--hierarchy", hier,
+           "--seed", str(seed), "--epochs", str(args.epochs), "--run-dir", str(run_dir), "--progress", "off"]
+    r = cluster.run(cmd, capture=True, timeout=3600, env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+    if r.returncode != 0:
+        raise SystemExit(f"hierarchy: {variant} {hier} seed {seed} failed (rc={r.returncode}):\n{r.stderr[-3000:]}")
+    s = json.loads((run_dir / "summary.json").read_text())
+    samples = s["history"][-1]["global_samples"]
+    return {"seed": seed, "time_to_target": first_reach(s["history"], TARGET),
+            "final_error": 1.0 - s["val_top1_accuracy"], "samples": samples,
+            "train_seconds": s["history"][-1]["train_seconds"],
+            "bytes_per_sample": {n: (t.sent + t.received) / samples for n, t in r.traffic.items()},
+            "traffic": {n: vars(t) for n, t in r.traffic.items()}}
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.mean(xs) if xs else None
+
+
+def table(d: dict) -> str:
+    rows = ["| variant | hierarchy | bytes per sample, busiest node (sent + received) | seconds to 10% error "
+            "(each seed) | final error % (each seed) |", "|---|---|---|---|---|"]
+    for key, runs in d["runs"].items():
+        variant, hier = key.split()
+        b = mean([max(r["bytes_per_sample"].values()) for r in runs])
+        ttt = ", ".join("never" if r["time_to_target"] is None else f"{r['time_to_target']:.1f}" for r in runs)
+        fe = ", ".join(f"{100 * r['final_error']:.1f}" for r in runs)
+        rows.append(f"| {variant} | {hier} | {b / 1e3:.1f} kB | {ttt} | {fe} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--ranks-per-node", type=int, default=2)
+    ap.add_argument("--rate", default="272mbit")
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--variants", default="push-ov,allreduce")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    import netcluster as nc  # noqa: PLC0415 - a sibling script
+    out = Path(tempfile.mkdtemp(prefix="hierarchy-"))
+    seeds = [int(s) for s in args.seeds.split(",")]
+    runs = {}
+    with nc.NetCluster(args.nodes, rate=args.rate, prefix="sgdhier", ranks_per_node=args.ranks_per_node,
+                       cpus_per_node=1) as c:
+        for v in args.variants.split(","):
+            for hier in ("none", "node"):
+                runs[f"{v} {hier}"] = [one(c, v, hier, s, args, out) for s in seeds]
+    d = {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "rate": args.rate,
+         "epochs": args.epochs, "target_error": TARGET, "job": "jobs/experiments.toml", "runs": runs}
+    print(f"hierarchy: {args.nodes} emulated nodes x {args.ranks_per_node} ranks at {args.rate}, "
+          f"{args.epochs} epochs, seeds {args.seeds} (runs in {out})")
+    print(table(d))
+    if args.json:
+        args.json.write_text(json.dumps(d, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""``dist.hierarchy = "node"`` for gossip: the ranks of a node act as one gossip node.
+
+Inside a node (``transport.node_split()``: MPI's shared-memory node) the ranks average their
+gradients every step (a bucketed all-reduce over the node's communicator, overlapping backward:
+``grad_scale`` = 1 / ranks on the node), so the node's replicas take the same steps and stay
+identical.  Between nodes, the node's lowest rank (its *leader*) runs the gossip method (pull or
+push-sum, any graph, blocking or overlapped) with the other leaders, exactly as a flat gossip run
+of one rank per node would, counting the whole node's samples; after each of its exchanges
+(every ``tau`` steps, the same step on every rank of the node) it broadcasts to its node the
+mixed parameters, the global count and the signals (a member's stop request reaches the leader
+first, through a node max of the raised signals).  Only the leaders' exchanges cross the network:
+one per node instead of one per rank.
+
+Evaluation: the BN statistics are averaged inside each node, then the leaders average parameters
+and statistics as flat gossip does, and broadcast them to their node.  Checkpoints: each rank
+saves its own state (a leader its gossip state; ``quiesce`` first folds the leaders' inboxes and
+broadcasts the result, so a node's replicas are identical in the file); a resume restores them.
+Not built: resuming on another rank count, ``--on-failure continue``, the server methods and
+local SGD with a hierarchy (config refuses them), and the virtual cluster.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..comm.topology import Roles
+from .base import Method, MethodError
+
+
+class NodeGossip(Method):
+    """The node-level wrapper around a gossip strategy class ``inner_cls`` (module doc)."""
+
+    def __init__(self, cfg, roles, comm, signals, inner_cls):
+        super().__init__(cfg, roles, comm, signals)
+        self.name = inner_cls.name
+        self.node = comm.node_split()                      # collective on the job
+        self.is_leader = self.node.rank == 0
+        leaders = comm.split(0 if self.is_leader else 1, roles.rank)
+        count = comm.allreduce_sum_host(np.array([1 if self.is_leader else 0], np.int64))
+        self.num_nodes = int(count[0])
+        if self.num_nodes < 2:
+            raise MethodError(f"dist.hierarchy = node: gossip runs between nodes, but MPI sees all "
+                              f"{roles.size} ranks on one node: drop --hierarchy (or run across nodes)")
+        self.inner = None
+        if self.is_leader:
+            self.inner = inner_cls(cfg, Roles(leaders.rank, leaders.size, 0, leaders), leaders, signals)
+            self.timers = self.inner.timers               # one set of timers: the loop reads these
+        self.tau = cfg.dist.tau
+        self.reducer = None
+        self._trace = self.trace
+
+    # the loop sets ``trace`` on the method: the leader's gossip records into the same writer
+    @property
+    def trace(self):
+        return self._trace
+
+    @trace.setter
+    def trace(self, writer):
+        self._trace = writer
+        if getattr(self, "inner", None) is not None:
+            self.inner.trace = writer
+
+    @property
+    def grad_scale(self) -> float:
+        return 1.0 / self.node.size
+
+    @property
+    def lr_batch(self) -> int:
+        return self.cfg.data.batch_size * self.node.size
+
+    # ------------------------------------------------------------------ lifecycle
+    def attach(self, model) -> None:
+        """The node's gradient all-reducer (flat inside the node), hooked into backward."""
+        dist = dataclasses.replace(self.cfg.dist, hierarchy="none")
+        self.reducer = self.node.allreducer(model.ps.grads, model.ps.layout, dist)
+        if self.reducer.overlap and self.node.size > 1:
+            model.set_grad_hook(self._ready)
+
+    def _ready(self, names) -> None:
+        with self.timed("comm"):
+            self.reducer.ready(names)
+
+    def start(self, ps) -> None:
+        super().start(ps)                                  # rank 0's weights everywhere
+        if self.inner is not None:
+            self.inner.start(ps)                           # collective among the leaders
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()
+        if self.reducer is not None:
+            self.reducer.close()
+
+    # ------------------------------------------------------------------ training
+    def progress(self) -> None:
+        if self.reducer is not None and self.node.size > 1:
+            with self.timed("comm"):
+                self.reducer.progress()
+
+    def after_backward(self, step: int, ps) -> None:
+        if self.node.size > 1:
+            with self.timed("comm"):
+                self.reducer.launch_all()
+                self.reducer.finish()
+
+    def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
+        exchange = (step + 1) % self.tau == 0
+        if exchange and self.node.size > 1:                # members' stop requests reach the leader
+            raised = self.node.allreduce_max_host(self.signals.raised)
+            np.maximum(self.signals.raised, raised, out=self.signals.raised)
+        if self.inner is not None:
+            self.global_samples = self.inner.after_update(step, ps, samples * self.node.size, lr)
+        if exchange and self.node.size > 1:
+            with self.timed("comm"):
+                self._from_leader(ps.params)
+                head = np.concatenate([[self.global_samples], self.signals.seen]).astype(np.int64)
+                self.node.broadcast(head, 0)
+            self.global_samples = int(head[0])
+            self.signals.merge(head[1:])
+        return self.global_samples
+
+    def _from_leader(self, arr) -> None:
+        self.node.broadcast(arr, 0)
+
+    def quiesce(self, ps) -> None:
+        if self.inner is not None:
+            self.inner.quiesce(ps)
+        self._from_leader(ps.params)                       # a node's replicas identical in the file
+
+    def load_eval_model(self, ps) -> dict:
+        if self.node.size > 1:
+            self.node.allreduce_mean(ps.buffers)
+        extra = self.inner.load_eval_model(ps) if self.inner is not None else {}
+        if self.node.size > 1:
+            self._from_leader(ps.params)
+            self._from_leader(ps.buffers)
+        return extra
+
+    def stats(self) -> dict:
+        return self.inner.stats() if self.inner is not None else {}
+
+    def settle(self, wait: bool = False) -> None:
+        if self.reducer is not None:
+            self.timers["comm"] += self.reducer.device_seconds(wait)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state(self, ps) -> tuple[dict, dict]:
+        if self.inner is not None:
+            return self.inner.state(ps)
+        return super().state(ps)
+
+    def load_state(self, ps, arrays: dict, scalars: dict) -> None:
+        if self.inner is not None:
+            self.inner.load_state(ps, arrays, scalars)
+            self.global_samples = self.inner.global_samples
+        else:
+            super().load_state(ps, arrays, scalars)
