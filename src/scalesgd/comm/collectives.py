@@ -319,8 +319,12 @@ class BucketedAllreduce:
                     return
                 landed.synchronize()
             self.copying.pop(0)
-            lo, hi, _ = self.buckets[i]
-            self.requests.append(self.comm.Iallreduce(MPI.IN_PLACE, self.buf[lo:hi], op=MPI.SUM))
+            self._begin(i)
+
+    def _begin(self, i: int) -> None:
+        """Starts bucket ``i``'s sum (its bytes are in ``buf``)."""
+        lo, hi, _ = self.buckets[i]
+        self.requests.append(self.comm.Iallreduce(MPI.IN_PLACE, self.buf[lo:hi], op=MPI.SUM))
 
     def ready(self, names) -> None:
         """Called from backward when the gradients of ``names`` are final."""

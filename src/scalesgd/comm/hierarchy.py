@@ -116,16 +116,10 @@ class TwoLevelAllreduce(BucketedAllreduce):
                     self.at[i], self.pending[i] = k, self._post(i, stages[k])
                 moved = True
 
-    def _launch_landed(self, wait: bool = False) -> None:
-        while self.copying:
-            i, landed = self.copying[0]
-            if landed is not None and not landed.done:
-                if not wait:
-                    return
-                landed.synchronize()
-            self.copying.pop(0)
-            self.at[i], self.pending[i] = 0, self._post(i, "reduce")
-            self.requests.append(i)              # (started: counted by finish)
+    def _begin(self, i: int) -> None:
+        """Bucket ``i``'s first stage (the base class calls it in bucket order)."""
+        self.at[i], self.pending[i] = 0, self._post(i, "reduce")
+        self.requests.append(i)                  # (started: counted by finish)
 
     def progress(self) -> None:
         self._launch_landed()
