@@ -20,8 +20,9 @@ def test_hierarchy_is_refused_where_it_is_not_built():
     C.build(None, {"train": {"method": "gossip"}, "dist": {"hierarchy": "node"}})
     with pytest.raises(C.ConfigError, match="cannot survive a lost rank"):
         C.build(None, {"train": {"method": "gossip", "on_failure": "continue"}, "dist": {"hierarchy": "node"}})
-    for method in ("easgd", "asgd", "localsgd"):
-        with pytest.raises(C.ConfigError, match=f"dist.hierarchy: 'node' is built for allreduce and gossip.*{method}"):
+    C.build(None, {"train": {"method": "localsgd"}, "dist": {"hierarchy": "node"}})
+    for method in ("easgd", "asgd"):
+        with pytest.raises(C.ConfigError, match=f"dist.hierarchy: 'node' is built for allreduce, gossip and localsgd.*{method}"):
             C.build(None, {"train": {"method": method}, "dist": {"hierarchy": "node"}})
     with pytest.raises(C.ConfigError, match="dist.allreduce_transport = nccl"):
         C.build(None, {"train": {"method": "allreduce"},

@@ -226,8 +226,8 @@ def test_the_two_level_allreduce_sends_fewer_bytes_across_nodes(tmp_path, tiny_d
     """2 nodes x 2 ranks (membership from MPI's shared-memory split): all-reduce with
     ``--hierarchy node`` trains and logs 2 nodes of 2 ranks.  Under Open MPI, whose all-reduce is
     not node-aware, its busiest node sends far fewer bytes over its link than with the flat
-    all-reduce (one copy of each bucket per node crosses, not one per rank: 28.6 -> 18.3 MB
-    measured over 2 epochs); MPICH 5's own all-reduce already is node-aware, so there it must only cost no more.
+    all-reduce (one copy of each bucket per node crosses, not one per rank: 14.9 -> 11.5 MB
+    measured in this test's epoch, evaluation and checkpoint included; 28.6 -> 18.3 MB over 2); MPICH 5's own all-reduce already is node-aware, so there it must only cost no more.
     Run with -s to see the bytes."""
     env = {"OMP_NUM_THREADS": "1", "SCALESGD_DATA": str(tmp_path / "digits")}
     sent = {}
@@ -247,7 +247,7 @@ def test_the_two_level_allreduce_sends_fewer_bytes_across_nodes(tmp_path, tiny_d
     if nc.mpi_flavor(nc.default_mpiexec()) == "mpich":
         assert sent["node"] <= 1.05 * sent["none"], sent
     else:
-        assert sent["node"] < 0.8 * sent["none"], sent
+        assert sent["node"] < 0.9 * sent["none"], sent
 
 
 def test_hierarchical_gossip_keeps_a_nodes_replicas_identical_and_resumes(tmp_path, tiny_data, prefix):
@@ -255,11 +255,14 @@ def test_hierarchical_gossip_keeps_a_nodes_replicas_identical_and_resumes(tmp_pa
     carry: inboxes, weights, exchanges in flight): the ranks of a node average gradients and
     only their leaders gossip.  It trains, its checkpoint holds identical replicas within each node
     (and different ones across nodes), it resumes to a longer run, and its nodes send fewer bytes
-    over their links than flat gossip on the same ranks (one exchange per node, not per rank)."""
+    over their links than flat gossip on the same ranks (one exchange per node, not per rank).
+    Local SGD with SlowMo between the nodes trains too, a node's replicas identical; with tau 4 and
+    6 steps an epoch its evaluations fall between two averages, where a node's ranks must still
+    agree on the count (the leader's, every step)."""
     from helpers import final_arrays
     env = {"OMP_NUM_THREADS": "1", "SCALESGD_DATA": str(tmp_path / "digits")}
     common = ["--data", str(tiny_data), *TINY, "--width", "1", "--batch-size", "2", "--method",
-              "gossip", "--gossip", "push", "--gossip-overlap"]     # (blocking pull: measured alike)
+              "gossip", "--gossip", "push", "--gossip-overlap"]
     sent = {}
     with nc.NetCluster(2, rate="1gbit", prefix=prefix, ranks_per_node=2, cpus_per_node=1) as c:
         for hier in ("none", "node"):
@@ -277,5 +280,14 @@ def test_hierarchical_gossip_keeps_a_nodes_replicas_identical_and_resumes(tmp_pa
         assert res.returncode == 0, f"resume: rc={res.returncode}\n{res.stdout}\n{res.stderr}"
         h = json.loads((tmp_path / "node" / "summary.json").read_text())["history"]
         assert h[-1]["epoch"] == 2.0, h
+        run_dir = tmp_path / "localsgd"                    # local SGD with SlowMo between the nodes
+        res = c.run([sys.executable, "-m", "src.main", "--data", str(tiny_data), *TINY, "--run-dir",
+                     str(run_dir), "--method", "localsgd", "--tau", "4", "--slowmo-beta", "0.5",
+                     "--batch-size", "2", "--hierarchy", "node"], env=env, cwd=ROOT, capture=True,
+                    timeout=120)
+        assert res.returncode == 0, f"localsgd: rc={res.returncode}\n{res.stdout}\n{res.stderr}"
+        arrays = final_arrays(run_dir)
+        p = [arrays[f"rank-{r:05d}/params"] for r in range(4)]
+        assert np.array_equal(p[0], p[1]) and np.array_equal(p[2], p[3]), "a node's replicas differ"
     print(f"bytes sent by the busiest node, flat vs hierarchical gossip: {sent}")
     assert sent["node"] < 0.85 * sent["none"], sent

@@ -1,22 +1,23 @@
-"""``dist.hierarchy = "node"`` for gossip: the ranks of a node act as one gossip node.
+"""``dist.hierarchy = "node"`` for gossip and local SGD: the ranks of a node act as one participant.
 
 Inside a node (``transport.node_split()``: MPI's shared-memory node) the ranks average their
 gradients every step (a bucketed all-reduce over the node's communicator, overlapping backward:
 ``grad_scale`` = 1 / ranks on the node), so the node's replicas take the same steps and stay
-identical.  Between nodes, the node's lowest rank (its *leader*) runs the gossip method (pull or
-push-sum, any graph, blocking or overlapped) with the other leaders, exactly as a flat gossip run
-of one rank per node would, counting the whole node's samples; after each of its exchanges
-(every ``tau`` steps, the same step on every rank of the node) it broadcasts to its node the
-mixed parameters, the global count and the signals (a member's stop request reaches the leader
-first, through a node max of the raised signals).  Only the leaders' exchanges cross the network:
-one per node instead of one per rank.
+identical.  Between nodes, the node's lowest rank (its *leader*) runs the method (gossip: pull or
+push-sum, any graph, blocking or overlapped; local SGD: the leaders' average every ``tau`` steps,
+with SlowMo) with the other leaders, exactly as a flat run of one rank per node would, counting
+the whole node's samples.  Every step the node takes the leader's global count and signals (so
+its ranks enter an evaluation or checkpoint together; a member's stop request reaches the leader
+first, through a node max of the raised signals), and after each of the leader's exchanges
+(every ``tau`` steps, the same step on every rank of the node) its parameters.  Only the leaders'
+exchanges cross the network: one per node instead of one per rank.
 
 Evaluation: the BN statistics are averaged inside each node, then the leaders average parameters
 and statistics as flat gossip does, and broadcast them to their node.  Checkpoints: each rank
 saves its own state (a leader its gossip state; ``quiesce`` first folds the leaders' inboxes and
 broadcasts the result, so a node's replicas are identical in the file); a resume restores them.
-Not built: resuming on another rank count, ``--on-failure continue``, the server methods and
-local SGD with a hierarchy (config refuses them), and the virtual cluster.
+Not built: resuming on another rank count, ``--on-failure continue``, the server methods with a
+hierarchy (config refuses them), and the virtual cluster.
 """
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from ..comm.topology import Roles
 from .base import Method, MethodError
 
 
-class NodeGossip(Method):
-    """The node-level wrapper around a gossip strategy class ``inner_cls`` (module doc)."""
+class NodeGroup(Method):
+    """The node-level wrapper around ``inner_cls``, a gossip strategy or local SGD (module doc)."""
 
     def __init__(self, cfg, roles, comm, signals, inner_cls):
         super().__init__(cfg, roles, comm, signals)
@@ -40,7 +41,7 @@ class NodeGossip(Method):
         count = comm.allreduce_sum_host(np.array([1 if self.is_leader else 0], np.int64))
         self.num_nodes = int(count[0])
         if self.num_nodes < 2:
-            raise MethodError(f"dist.hierarchy = node: gossip runs between nodes, but MPI sees all "
+            raise MethodError(f"dist.hierarchy = node: {self.name} runs between nodes, but MPI sees all "
                               f"{roles.size} ranks on one node: drop --hierarchy (or run across nodes)")
         self.inner = None
         if self.is_leader:
@@ -105,15 +106,18 @@ class NodeGossip(Method):
                 self.reducer.finish()
 
     def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
-        exchange = (step + 1) % self.tau == 0
-        if exchange and self.node.size > 1:                # members' stop requests reach the leader
+        """Every step the node agrees on the leader's count and signals (so its ranks enter a phase
+        together); after the leader's exchange (every ``tau`` steps) it takes the leader's
+        parameters."""
+        if self.node.size > 1:                             # members' stop requests reach the leader
             raised = self.node.allreduce_max_host(self.signals.raised)
             np.maximum(self.signals.raised, raised, out=self.signals.raised)
         if self.inner is not None:
             self.global_samples = self.inner.after_update(step, ps, samples * self.node.size, lr)
-        if exchange and self.node.size > 1:
+        if self.node.size > 1:
             with self.timed("comm"):
-                self._from_leader(ps.params)
+                if (step + 1) % self.tau == 0:
+                    self._from_leader(ps.params)
                 head = np.concatenate([[self.global_samples], self.signals.seen]).astype(np.int64)
                 self.node.broadcast(head, 0)
             self.global_samples = int(head[0])
