@@ -20,10 +20,8 @@ def test_hierarchy_is_refused_where_it_is_not_built():
     C.build(None, {"train": {"method": "gossip"}, "dist": {"hierarchy": "node"}})
     with pytest.raises(C.ConfigError, match="cannot survive a lost rank"):
         C.build(None, {"train": {"method": "gossip", "on_failure": "continue"}, "dist": {"hierarchy": "node"}})
-    C.build(None, {"train": {"method": "localsgd"}, "dist": {"hierarchy": "node"}})
-    for method in ("easgd", "asgd"):
-        with pytest.raises(C.ConfigError, match=f"dist.hierarchy: 'node' is built for allreduce, gossip and localsgd.*{method}"):
-            C.build(None, {"train": {"method": method}, "dist": {"hierarchy": "node"}})
+    for method in ("localsgd", "easgd", "asgd"):
+        C.build(None, {"train": {"method": method}, "dist": {"hierarchy": "node"}})
     with pytest.raises(C.ConfigError, match="dist.allreduce_transport = nccl"):
         C.build(None, {"train": {"method": "allreduce"},
                        "dist": {"hierarchy": "node", "allreduce_transport": "nccl"}})
@@ -72,10 +70,23 @@ def test_training_replicas_stay_identical_and_a_resume_is_bitwise(tmp_path, data
 
 @pytest.mark.mpi
 @needs_mpi
-def test_a_method_without_a_hierarchy_is_one_line_and_so_is_gossip_on_one_node(tmp_path, data):
-    p = run_cli(["--data", str(data), "--method", "easgd", "--hierarchy", "node", *TINY,
-                 "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60, launcher=launch(2))
-    one_line_error(p, "dist.hierarchy", "easgd")
+def test_gossip_on_one_node_is_one_line(tmp_path, data):
     p = run_cli(["--data", str(data), "--method", "gossip", "--hierarchy", "node", *TINY,
                  "--run-dir", str(tmp_path / "run2")], tmp_path, timeout=60, launcher=launch(2))
     one_line_error(p, "dist.hierarchy = node", "one node")
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_asgd_with_a_hierarchy_serves_one_group_per_node(tmp_path, data):
+    """3 ranks on one node: the server alone, ranks 1 and 2 one group whose leader (rank 1) talks
+    to the server; the group's replicas stay identical and the server served its pushes."""
+    run_dir = tmp_path / "run"
+    p = run_cli(["--data", str(data), "--method", "asgd", "--hierarchy", "node", *TINY, "--batch-size", "4",
+                 "--run-dir", str(run_dir), "--progress", "off"], tmp_path, timeout=120, launcher=launch(3))
+    assert p.returncode == 0, p.stderr
+    fa = final_arrays(run_dir)
+    assert np.array_equal(fa["rank-00001/params"], fa["rank-00002/params"])
+    rows = [json.loads(x) for x in (run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()]
+    served = [r for r in rows if r["kind"] == "server"]
+    assert served and served[-1]["served"] > 0, served

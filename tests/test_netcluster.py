@@ -253,24 +253,20 @@ def test_the_two_level_allreduce_sends_fewer_bytes_across_nodes(tmp_path, tiny_d
 def test_hierarchical_gossip_keeps_a_nodes_replicas_identical_and_resumes(tmp_path, tiny_data, prefix):
     """2 nodes x 2 ranks, overlapped push-sum gossip with ``--hierarchy node`` (the most state to
     carry: inboxes, weights, exchanges in flight): the ranks of a node average gradients and
-    only their leaders gossip.  It trains, its checkpoint holds identical replicas within each node
-    (and different ones across nodes), it resumes to a longer run, and its nodes send fewer bytes
-    over their links than flat gossip on the same ranks (one exchange per node, not per rank).
-    Local SGD with SlowMo between the nodes trains too, a node's replicas identical; with tau 4 and
+    only their leaders gossip.  It trains, only the leaders exchange, its checkpoint holds identical
+    replicas within each node (and different ones across nodes), and it resumes to a longer run.
+    EASGD (its server alone, a worker group on each node) and local SGD with SlowMo between the
+    nodes train too, a node's replicas identical; local SGD with tau 4 and
     6 steps an epoch its evaluations fall between two averages, where a node's ranks must still
     agree on the count (the leader's, every step)."""
     from helpers import final_arrays
     env = {"OMP_NUM_THREADS": "1", "SCALESGD_DATA": str(tmp_path / "digits")}
     common = ["--data", str(tiny_data), *TINY, "--width", "1", "--batch-size", "2", "--method",
               "gossip", "--gossip", "push", "--gossip-overlap"]
-    sent = {}
     with nc.NetCluster(2, rate="1gbit", prefix=prefix, ranks_per_node=2, cpus_per_node=1) as c:
-        for hier in ("none", "node"):
-            run_dir = tmp_path / hier
-            res = c.run([sys.executable, "-m", "src.main", *common, "--run-dir", str(run_dir),
-                         "--hierarchy", hier], env=env, cwd=ROOT, capture=True, timeout=120)
-            assert res.returncode == 0, f"{hier}: rc={res.returncode}\n{res.stdout}\n{res.stderr}"
-            sent[hier] = max(t.sent for t in res.traffic.values())
+        res = c.run([sys.executable, "-m", "src.main", *common, "--run-dir", str(tmp_path / "node"),
+                     "--hierarchy", "node"], env=env, cwd=ROOT, capture=True, timeout=120)
+        assert res.returncode == 0, f"rc={res.returncode}\n{res.stdout}\n{res.stderr}"
         arrays = final_arrays(tmp_path / "node")
         p = [arrays[f"rank-{r:05d}/params"] for r in range(4)]
         assert np.array_equal(p[0], p[1]) and np.array_equal(p[2], p[3]), "a node's replicas differ"
@@ -280,6 +276,14 @@ def test_hierarchical_gossip_keeps_a_nodes_replicas_identical_and_resumes(tmp_pa
         assert res.returncode == 0, f"resume: rc={res.returncode}\n{res.stdout}\n{res.stderr}"
         h = json.loads((tmp_path / "node" / "summary.json").read_text())["history"]
         assert h[-1]["epoch"] == 2.0, h
+        run_dir = tmp_path / "easgd"       # server 0 alone; rank 1 a group of one; ranks 2, 3 a group
+        res = c.run([sys.executable, "-m", "src.main", "--data", str(tiny_data), *TINY, "--run-dir",
+                     str(run_dir), "--method", "easgd", "--batch-size", "2", "--hierarchy", "node"],
+                    env=env, cwd=ROOT, capture=True, timeout=120)
+        assert res.returncode == 0, f"easgd: rc={res.returncode}\n{res.stdout}\n{res.stderr}"
+        arrays = final_arrays(run_dir)
+        assert np.array_equal(arrays["rank-00002/params"], arrays["rank-00003/params"])
+        assert not np.array_equal(arrays["rank-00001/params"], arrays["rank-00002/params"])
         run_dir = tmp_path / "localsgd"                    # local SGD with SlowMo between the nodes
         res = c.run([sys.executable, "-m", "src.main", "--data", str(tiny_data), *TINY, "--run-dir",
                      str(run_dir), "--method", "localsgd", "--tau", "4", "--slowmo-beta", "0.5",
@@ -289,5 +293,9 @@ def test_hierarchical_gossip_keeps_a_nodes_replicas_identical_and_resumes(tmp_pa
         arrays = final_arrays(run_dir)
         p = [arrays[f"rank-{r:05d}/params"] for r in range(4)]
         assert np.array_equal(p[0], p[1]) and np.array_equal(p[2], p[3]), "a node's replicas differ"
-    print(f"bytes sent by the busiest node, flat vs hierarchical gossip: {sent}")
-    assert sent["node"] < 0.85 * sent["none"], sent
+    # only the leaders (ranks 0 and 2) gossip; the bytes a run moves vary with how many steps its
+    # asynchronous ranks take, so the byte cut is measured by benchmarks/hierarchy.py, not here
+    for r in range(4):
+        steps = [json.loads(x) for x in (tmp_path / "node" / "metrics" / f"rank-{r}.jsonl").read_text()
+                 .splitlines() if '"kind": "step"' in x]
+        assert (steps[-1].get("gossip_exchanges", 0) > 0) == (r % 2 == 0), (r, steps[-1])

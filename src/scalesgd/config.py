@@ -164,8 +164,9 @@ class DistConfig:
                               "next step's compute (the peer copy mixed in is one exchange older)")
     hierarchy: str = _f("none", "node: communicate in two levels, inside each node (shared memory) and "
                         "between nodes (one rank per node), nodes as MPI sees them; built so far for "
-                        "allreduce (a two-level all-reduce over MPI host buffers), gossip and localsgd "
-                        "(the ranks of a node average gradients every step; their leader exchanges)", choices=HIERARCHIES)
+                        "allreduce (a two-level all-reduce over MPI host buffers); the other methods: "
+                        "the ranks of a node average gradients every step and their leader exchanges "
+                        "(gossip, local SGD) or talks to the server (easgd, asgd; servers stay alone)", choices=HIERARCHIES)
     mpi_progress: str = _f("auto", "what keeps a rank's MPI progressing while it computes, so that "
                            "one-sided calls aimed at it (gossip) never wait: auto (across nodes a "
                            "progress thread, or overlapped gossip's courier, which polls every 5 ms "
@@ -360,9 +361,6 @@ def _cross_checks(cfg: Config) -> Config:
         parse_straggler(cfg.dist.straggler)            # raises ConfigError naming dist.straggler
     if -1 < cfg.dist.bucket_mb < 0:
         raise ConfigError(f"dist.bucket_mb: -1 (auto) or a size >= 0 in MB, got {cfg.dist.bucket_mb}")
-    if cfg.dist.hierarchy == "node" and cfg.train.method not in ("allreduce", "gossip", "localsgd", "single"):
-        raise ConfigError(f"dist.hierarchy: 'node' is built for allreduce, gossip and localsgd so far; "
-                          f"{cfg.train.method} between node groups is not: drop --hierarchy")
     if cfg.dist.hierarchy == "node" and cfg.train.on_failure == "continue":
         raise ConfigError("dist.hierarchy: 'node' cannot survive a lost rank yet (train.on_failure = "
                           "continue): use one or the other")

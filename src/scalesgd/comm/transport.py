@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from . import collectives, failures
 
 
@@ -50,11 +52,17 @@ class MPITransport:
 
     sleep = staticmethod(time.sleep)
 
-    def node_split(self) -> "MPITransport":
+    def node_split(self, alone: bool = False) -> "MPITransport":
         """Collective: the sub-transport of the ranks on this rank's node (MPI's shared-memory
-        split, ``MPI_Comm_split_type``), in job rank order."""
+        split, ``MPI_Comm_split_type``), in job rank order; a rank that passes ``alone`` (a
+        server) gets a transport of its own and is in no other rank's."""
         from mpi4py import MPI  # noqa: PLC0415
-        return MPITransport(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank))
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        first = np.array([self.rank], np.int64)            # the node's lowest rank names it
+        node.Allreduce(MPI.IN_PLACE, first, op=MPI.MIN)
+        node.Free()
+        color = self.size + self.rank if alone else int(first[0])
+        return MPITransport(self.comm.Split(color, self.rank))
 
     def split(self, color: int, key: int) -> "MPITransport":
         """Collective: the sub-transport of the ranks with the same ``color``, ordered by ``key``."""

@@ -37,9 +37,9 @@ def create(cfg, topo, signals) -> Method:
     any collective)."""
     cls = method_class(cfg)
     cls.check_ranks(topo.size, cfg)
-    if cfg.dist.hierarchy == "node" and issubclass(cls, (Gossip, LocalSGD)):   # (allreduce: comm/)
+    if cfg.dist.hierarchy == "node" and cls is not AllReduce and cls is not Single:  # (allreduce: comm/)
         from .hierarchical import NodeGroup
-        return NodeGroup(cfg, topo.roles(0), topo.transport, signals, cls)
+        return NodeGroup(cfg, topo.roles(cls.servers_for(cfg)), topo.transport, signals, cls)
     return cls(cfg, topo.roles(cls.servers_for(cfg)), topo.transport, signals)
 
 

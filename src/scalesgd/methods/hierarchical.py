@@ -1,4 +1,4 @@
-"""``dist.hierarchy = "node"`` for gossip and local SGD: the ranks of a node act as one participant.
+"""``dist.hierarchy = "node"`` for gossip, local SGD, EASGD and A-SGD: a node's ranks act as one worker.
 
 Inside a node (``transport.node_split()``: MPI's shared-memory node) the ranks average their
 gradients every step (a bucketed all-reduce over the node's communicator, overlapping backward:
@@ -16,12 +16,15 @@ Evaluation: the BN statistics are averaged inside each node, then the leaders av
 and statistics as flat gossip does, and broadcast them to their node.  Checkpoints: each rank
 saves its own state (a leader its gossip state; ``quiesce`` first folds the leaders' inboxes and
 broadcasts the result, so a node's replicas are identical in the file); a resume restores them.
-Not built: resuming on another rank count, ``--on-failure continue``, the server methods with a
-hierarchy (config refuses them), and the virtual cluster.
+The server methods: each server rank is a group of its own (``node_split(alone=True)``) and keeps
+its rank among the leaders, so the inner method's server serves the node groups' leaders.
+Not built: resuming on another rank count, ``--on-failure continue`` (config refuses it), and the
+virtual cluster.
 """
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import numpy as np
 
@@ -30,13 +33,13 @@ from .base import Method, MethodError
 
 
 class NodeGroup(Method):
-    """The node-level wrapper around ``inner_cls``, a gossip strategy or local SGD (module doc)."""
+    """The node-level wrapper around ``inner_cls``: a gossip strategy, local SGD, EASGD or A-SGD."""
 
     def __init__(self, cfg, roles, comm, signals, inner_cls):
         super().__init__(cfg, roles, comm, signals)
         self.name = inner_cls.name
-        self.node = comm.node_split()                      # collective on the job
-        self.is_leader = self.node.rank == 0
+        self.node = comm.node_split(alone=roles.is_server)  # collective on the job
+        self.is_leader = self.node.rank == 0               # (a server rank is its own group)
         leaders = comm.split(0 if self.is_leader else 1, roles.rank)
         count = comm.allreduce_sum_host(np.array([1 if self.is_leader else 0], np.int64))
         self.num_nodes = int(count[0])
@@ -44,8 +47,9 @@ class NodeGroup(Method):
             raise MethodError(f"dist.hierarchy = node: {self.name} runs between nodes, but MPI sees all "
                               f"{roles.size} ranks on one node: drop --hierarchy (or run across nodes)")
         self.inner = None
-        if self.is_leader:
-            self.inner = inner_cls(cfg, Roles(leaders.rank, leaders.size, 0, leaders), leaders, signals)
+        if self.is_leader:                                 # servers keep ranks 0..K-1 among leaders
+            sub = types.SimpleNamespace(rank=leaders.rank, size=leaders.size, transport=leaders)
+            self.inner = inner_cls(cfg, Roles.of(sub, roles.num_servers), leaders, signals)
             self.timers = self.inner.timers               # one set of timers: the loop reads these
         self.tau = cfg.dist.tau
         self.reducer = None
@@ -143,6 +147,21 @@ class NodeGroup(Method):
 
     def stats(self) -> dict:
         return self.inner.stats() if self.inner is not None else {}
+
+    # ------------------------------------------------------------------ the server methods
+    def serve(self, ps, phases) -> None:
+        """A server rank: the inner method's server, serving the node groups' leaders."""
+        self.inner.serve(ps, phases)
+        self.global_samples = self.inner.global_samples
+
+    @property
+    def exchanges(self) -> int:
+        """The inner method's exchanges (a server: pushes served; read by the loop's fault hook)."""
+        return getattr(self.inner, "exchanges", 0)
+
+    def poll_in_phase(self) -> None:
+        if self.inner is not None:
+            self.inner.poll_in_phase()
 
     def settle(self, wait: bool = False) -> None:
         if self.reducer is not None:
