@@ -26,9 +26,10 @@ for name, colors in (("2+2", [0, 0, 1, 1]), ("3+1", [0, 0, 0, 1])):
             flat[:] = rng.standard_normal(n)
             everyone = np.empty((size, n))
             comm.Allgather(flat, everyone)
-            if overlap:
-                for spec in reversed(layout.specs):      # the order backward finishes the layers
-                    red.ready([spec.name])
+            if overlap:           # the same order on every rank, but buckets finish out of index
+                order = np.random.default_rng(step).permutation(len(layout.specs))   # order
+                for k in order:
+                    red.ready([layout.specs[k].name])
             red.finish()
             got = np.empty((size, n))
             comm.Allgather(flat, got)

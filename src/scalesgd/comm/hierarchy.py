@@ -76,6 +76,7 @@ class TwoLevelAllreduce(BucketedAllreduce):
     def _reset(self):
         super()._reset()
         self.at = {}                             # bucket in flight -> its stage (index into _stages)
+        self.pos = {}                            # bucket -> its place in the start order
         self.pending = {}                        # bucket in flight -> its request of that stage
         self.done = 0
 
@@ -95,15 +96,17 @@ class TwoLevelAllreduce(BucketedAllreduce):
 
     def _advance(self, wait: bool = False) -> None:
         """Moves each bucket in flight whose request completed to its next stage (``wait``: waits
-        for them, earliest bucket first, until none is in flight).  A bucket posts a stage only
-        after every earlier bucket has posted it, so each communicator sees bucket order."""
+        for them, earliest started first, until none is in flight).  A bucket posts a stage only
+        after every bucket started before it has posted it, so each communicator sees the start
+        order (the order backward finished the buckets: the same on every rank; not always the
+        bucket index, e.g. where a downsample branch's tensors finish after the main branch's)."""
         stages = self._stages()
         moved = True
         while moved and self.pending:
             moved = False
-            for i in sorted(self.pending):
+            for i in sorted(self.pending, key=self.pos.get):
                 k = self.at[i] + 1
-                if k < len(stages) and any(self.at[j] < k for j in self.at if j < i):
+                if k < len(stages) and any(self.at[j] < k for j in self.at if self.pos[j] < self.pos[i]):
                     continue                     # an earlier bucket posts stage k first
                 if wait:
                     self.pending[i].Wait()
@@ -118,6 +121,7 @@ class TwoLevelAllreduce(BucketedAllreduce):
 
     def _begin(self, i: int) -> None:
         """Bucket ``i``'s first stage (the base class calls it in bucket order)."""
+        self.pos[i] = len(self.pos)
         self.at[i], self.pending[i] = 0, self._post(i, "reduce")
         self.requests.append(i)                  # (started: counted by finish)
 

@@ -87,16 +87,16 @@ class Gossip(Method, metaclass=abc.ABCMeta):
                               "MPI4PY_RC_THREAD_LEVEL, or the MPI library's thread support): drop "
                               "--gossip-overlap or start MPI with MPI_THREAD_MULTIPLE")
         # what answers the others' one-sided calls while this rank computes (comm/progress.py)
-        self.progress = progress.plan(d.mpi_progress, d.mpi_progress_ms, IDLE_POLL_SECONDS, one_sided=True,
+        self.progress_plan = progress.plan(d.mpi_progress, d.mpi_progress_ms, IDLE_POLL_SECONDS, one_sided=True,
                                       spans_nodes=comm.spans_nodes, overlap=d.gossip_overlap,
                                       thread_level=comm.thread_level())
         self.pump = progress.NoProgress()
         if roles.rank == 0:
             log = logging.getLogger("scalesgd")
-            if self.progress.warning:
-                log.warning("warning: %s", self.progress.warning)
-            elif comm.spans_nodes or self.progress.mechanism not in ("none", "courier"):
-                log.info("gossip: MPI progress: %s", self.progress.describe())
+            if self.progress_plan.warning:
+                log.warning("warning: %s", self.progress_plan.warning)
+            elif comm.spans_nodes or self.progress_plan.mechanism not in ("none", "courier"):
+                log.info("gossip: MPI progress: %s", self.progress_plan.describe())
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, ps) -> None:
@@ -108,7 +108,7 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         if self.cfg.dist.gossip_overlap:         # idle, its courier keeps this rank's MPI progressing
             self.exchanger = Overlapped(self, self.comm.courier())
         else:
-            self.pump = self.comm.keep_progressing(self.progress)
+            self.pump = self.comm.keep_progressing(self.progress_plan)
         self.comm.barrier()                # every rank has published before anyone reads
 
     def close(self) -> None:

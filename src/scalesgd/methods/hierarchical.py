@@ -43,6 +43,11 @@ class NodeGroup(Method):
         leaders = comm.split(0 if self.is_leader else 1, roles.rank)
         count = comm.allreduce_sum_host(np.array([1 if self.is_leader else 0], np.int64))
         self.num_nodes = int(count[0])
+        sizes, _ = comm.allgather_int64(np.array([self.node.size if self.is_leader else 0], np.int64))
+        groups = sorted({int(x) for x in sizes if x})
+        if inner_cls.lockstep and len(groups) > 1:     # (its count is samples x groups x group size)
+            raise MethodError(f"dist.hierarchy = node: {self.name} counts samples in lockstep and needs "
+                              f"the same number of ranks in every node group (got {groups})")
         if self.num_nodes < 2:
             raise MethodError(f"dist.hierarchy = node: {self.name} runs between nodes, but MPI sees all "
                               f"{roles.size} ranks on one node: drop --hierarchy (or run across nodes)")
@@ -111,22 +116,34 @@ class NodeGroup(Method):
 
     def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
         """Every step the node agrees on the leader's count and signals (so its ranks enter a phase
-        together); after the leader's exchange (every ``tau`` steps) it takes the leader's
-        parameters."""
+        together); when the leader's method exchanged this step (gossip, EASGD: every ``tau``;
+        A-SGD: every ``n_sync``; local SGD: every ``tau``) it also takes the leader's parameters."""
         if self.node.size > 1:                             # members' stop requests reach the leader
             raised = self.node.allreduce_max_host(self.signals.raised)
             np.maximum(self.signals.raised, raised, out=self.signals.raised)
+        before = self._exchanges()
         if self.inner is not None:
             self.global_samples = self.inner.after_update(step, ps, samples * self.node.size, lr)
         if self.node.size > 1:
             with self.timed("comm"):
-                if (step + 1) % self.tau == 0:
+                if self._sync_head(exchanged=self._exchanges() != before):
                     self._from_leader(ps.params)
-                head = np.concatenate([[self.global_samples], self.signals.seen]).astype(np.int64)
-                self.node.broadcast(head, 0)
-            self.global_samples = int(head[0])
-            self.signals.merge(head[1:])
         return self.global_samples
+
+    def _exchanges(self) -> int:
+        """The leader's count of its method's exchanges (0 on a member)."""
+        if self.inner is None:
+            return 0
+        return int(getattr(self.inner, "exchanges", getattr(self.inner, "averages", 0)))
+
+    def _sync_head(self, exchanged: bool = False) -> bool:
+        """Collective on the node: every rank takes the leader's count and signals, and whether
+        the leader exchanged (returned)."""
+        head = np.concatenate([[self.global_samples], self.signals.seen, [int(exchanged)]]).astype(np.int64)
+        self.node.broadcast(head, 0)
+        self.global_samples = int(head[0])
+        self.signals.merge(head[1:3])
+        return bool(head[3])
 
     def _from_leader(self, arr) -> None:
         self.node.broadcast(arr, 0)
@@ -134,7 +151,10 @@ class NodeGroup(Method):
     def quiesce(self, ps) -> None:
         if self.inner is not None:
             self.inner.quiesce(ps)
-        self._from_leader(ps.params)                       # a node's replicas identical in the file
+            self.global_samples = self.inner.global_samples
+        if self.node.size > 1:                             # a node's replicas and count identical
+            self._from_leader(ps.params)                   # in the file
+            self._sync_head()
 
     def load_eval_model(self, ps) -> dict:
         if self.node.size > 1:
@@ -179,3 +199,15 @@ class NodeGroup(Method):
             self.global_samples = self.inner.global_samples
         else:
             super().load_state(ps, arrays, scalars)
+        if self.node.size > 1:
+            self._sync_head()
+
+    def load_reshaped(self, ps, scalars: dict, total: int) -> None:
+        raise MethodError("dist.hierarchy = node: resuming on another rank count is not built yet: "
+                          "resume on the same ranks, or without --hierarchy from a flat run")
+
+    def use_host_transport(self) -> None:
+        """The start-up check's fallback (fastpaths.py): the node's gradient sum through MPI on
+        host copies, same buckets and overlap."""
+        old, self.reducer = self.reducer, self.reducer.on_host()
+        old.close()

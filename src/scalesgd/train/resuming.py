@@ -23,7 +23,7 @@ from .checkpointing import LoopState, layout_signature
 
 # Keys a resumed run must keep: they define the model, the data order and the method's state.
 RESUME_IDENTITY = {"model": None, "data": ("data", "image_size", "batch_size"),
-                   "train": ("method", "seed"), "dist": ("gossip", "gossip_graph", "servers")}
+                   "train": ("method", "seed"), "dist": ("gossip", "gossip_graph", "servers", "hierarchy")}
 
 
 def resumed_config(cfg: C.Config, file_values: dict, overrides: dict) -> C.Config:

@@ -159,7 +159,7 @@ class InProcessTransport:
             return t
         return max(t, self.c.busy_until[target_wr])
 
-    def node_split(self):
+    def node_split(self, alone: bool = False):
         from ..errors import ConfigError  # noqa: PLC0415
         raise ConfigError("dist.hierarchy: the virtual cluster does not model node groups yet: "
                           "drop --hierarchy")
