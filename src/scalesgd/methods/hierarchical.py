@@ -56,9 +56,7 @@ class NodeGroup(Method):
             sub = types.SimpleNamespace(rank=leaders.rank, size=leaders.size, transport=leaders)
             self.inner = inner_cls(cfg, Roles.of(sub, roles.num_servers), leaders, signals)
             self.timers = self.inner.timers               # one set of timers: the loop reads these
-        self.tau = cfg.dist.tau
         self.reducer = None
-        self._trace = self.trace
 
     # the loop sets ``trace`` on the method: the leader's gossip records into the same writer
     @property
