@@ -24,6 +24,7 @@ virtual cluster.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 
 import numpy as np
@@ -51,6 +52,10 @@ class NodeGroup(Method):
         if self.num_nodes < 2:
             raise MethodError(f"dist.hierarchy = node: {self.name} runs between nodes, but MPI sees all "
                               f"{roles.size} ranks on one node: drop --hierarchy (or run across nodes)")
+        if roles.rank == 0:
+            logging.getLogger("scalesgd").info(
+                "%s: node groups (dist.hierarchy = node): %d group(s) of %s rank(s); their leaders run "
+                "the method", self.name, self.num_nodes, "/".join(str(g) for g in groups))
         self.inner = None
         if self.is_leader:                                 # servers keep ranks 0..K-1 among leaders
             sub = types.SimpleNamespace(rank=leaders.rank, size=leaders.size, transport=leaders)
