@@ -132,6 +132,27 @@ def test_gossip_64_script_leaves_a_checkpoint(gossip_job):
     assert (meta["method"], meta["ranks"], meta["reason"]) == ("gossip", 4, "end"), meta
 
 
+def test_easgd_on_8_gpu_nodes_script_runs_its_hierarchy_on_one_node(cluster, tmp_path):
+    """slurm/easgd_8x8.sh (8 nodes x 8 GPUs, --hierarchy node) shrunk to one node without GPUs,
+    1 server + 4 workers: under srun the ranks find their node through MPI, the server is a group
+    of its own and the 4 workers one group whose leader alone talks to it; the job completes."""
+    (tmp_path / "tiny.toml").write_text(TINY_JOB.replace('"gossip"', '"easgd"') + '[dist]\nhierarchy = "node"\n')
+    data = make_dataset(tmp_path / "data", n=96, n_val=24, num_classes=4)
+    env = dict(cluster.env, CONFIG=str(tmp_path / "tiny.toml"), DATA=str(data), VENV=sys.prefix,
+               SCALESGD_PMI="pmi2", RUNS=str(tmp_path / "runs"))
+    p = cluster.run(["sbatch", "--parsable", "--nodes=1", "--ntasks=5", "--cpus-per-task=1", "--gres=none",
+                     "--time=20", f"--output={tmp_path}/%x-%j.out", "slurm/easgd_8x8.sh"],
+                    timeout=30, env=env, cwd=ROOT)
+    job = p.stdout.strip().split(";")[0]
+    assert job.isdigit(), f"sbatch rc={p.returncode}: {p.stdout} {p.stderr}"
+    state = wait_for_job(cluster, job, timeout=120)
+    log = "\n".join(f.read_text(errors="replace") for f in tmp_path.glob("*.out"))
+    assert state == "COMPLETED", f"{state}\n{log}\n{cluster.logs()}"
+    assert "easgd: node groups (dist.hierarchy = node): 2 group(s) of 1/4 rank(s)" in log, log
+    summary = json.loads((tmp_path / "runs" / f"easgd_8x8-{job}" / "summary.json").read_text())
+    assert summary["method"] == "easgd" and summary["ranks"] == 5, summary
+
+
 def test_signal_checkpoints_requeues_and_the_job_finishes(cluster, tmp_path):
     """The time-limit warning (here sent by hand: scancel --signal=USR1 --batch) reaches the batch
     script, which forwards it to the ranks; they checkpoint and exit 75; the script requeues the job,
