@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import crossover as X
+from crossover_verdicts import verdicts
 
 SYNC = ("allreduce", "allreduce-lsw", "localsgd")
 ASYNC = ("easgd", "asgd", "gossip-pull", "pushsum-ov")
@@ -99,6 +100,7 @@ def analyse(target: float = X.TARGET_ERROR) -> dict:
     out["p1"] = {prof: _speedup(out["single"]["time_to_target"].get(prof),
                                 methods.get(f"asgd/p{P1_WORKERS}", {}).get("time_to_target", {}).get(prof))
                  for prof in X.PROFILES}
+    out["verdicts"] = verdicts(out)
     plan = X.plan()
     out["missing"] = [r.key for r in plan if not r.record.exists()]
     out.update(planned_runs=len(plan), planned_hours=sum(r.cost for r in plan) / 3600,

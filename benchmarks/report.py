@@ -474,9 +474,20 @@ def crossover_efficiency(results: Path) -> str:
             "consensus distance, over the validations of all seeds\n\n" + "\n".join(rows))
 
 
+def crossover_verdicts(results: Path) -> str:
+    """The papers' claims judged on the crossover study by the rules of
+    benchmarks/crossover_verdicts.py (crossover.json ``verdicts``)."""
+    d = json.loads((results / "crossover.json").read_text())
+    rows = ["| claim | profile | scale | evidence | verdict |", "|---|---|---|---|---|"]
+    for v in d.get("verdicts", []):
+        rows.append(f"| {v['claim']} | {v['profile']} | {v['scale']} | {v['evidence']} | **{v['verdict']}** |")
+    return "\n".join(rows)
+
+
 VIEWS = {"crossover-summary": crossover_summary, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
          "conv-candidates": conv_candidates, "buckets": buckets, "survival": survival,
          "mpi-progress": mpi_progress, "crossover-efficiency": crossover_efficiency,
+         "crossover-verdicts": crossover_verdicts,
          "hierarchy": hierarchy}   # blocks drawn from several files or parts of one
 
 
