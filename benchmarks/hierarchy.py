@@ -5,13 +5,15 @@
                                    [--seeds 0,1] [--epochs 6] [--variants push-ov,allreduce]
                                    [--json benchmarks/results/hierarchy.json]
 
-Each variant (``push-ov``: gossip push-sum, overlapped, exponential graph; ``pull``: the authors'
-blocking pull; ``allreduce``) trains ``jobs/experiments.toml`` (ResNet-20 on the built-in digits,
+Each variant (``push-ov``: gossip push-sum, overlapped, exponential graph; ``push-ov-uniform``: the
+same on the uniform graph, as the generated ImageNet jobs; ``pull``: the authors' blocking pull;
+``allreduce``) trains ``jobs/experiments.toml`` (ResNet-20 on the built-in digits,
 batch 16 per rank) on NODES emulated nodes of RANKS_PER_NODE ranks (``benchmarks/netcluster.py``;
 root needed), once flat and once with ``--hierarchy node``, per seed.  Recorded per run: the
 bytes every node sent and received over its link (the tc counters) per training sample, the
 seconds to 10% validation error (training clock, evaluation excluded), the final error, and the
-seconds per step split.  Prints a table of means over the seeds.
+seconds per step split.  Prints a table of means over the seeds.  With ``--json`` an existing file
+of the same setup keeps the runs of the variants not run this time.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ JOB = ROOT / "jobs" / "experiments.toml"
 TARGET = 0.10
 VARIANTS = {"push-ov": ["--method", "gossip", "--gossip", "push", "--gossip-overlap",
                         "--gossip-graph", "exponential"],
+            "push-ov-uniform": ["--method", "gossip", "--gossip", "push", "--gossip-overlap",
+                                "--gossip-graph", "uniform"],          # the flagship jobs' graph
             "pull": ["--method", "gossip", "--gossip", "pull"],
             "allreduce": ["--method", "allreduce"]}
 
@@ -59,14 +63,17 @@ def mean(xs):
 
 
 def table(d: dict) -> str:
-    rows = ["| variant | hierarchy | bytes per sample, busiest node (sent + received) | seconds to 10% error "
-            "(each seed) | final error % (each seed) |", "|---|---|---|---|---|"]
+    rows = ["| variant | hierarchy | bytes per sample, busiest node (sent + received) | flat / hierarchical "
+            "| seconds to 10% error (each seed) | final error % (each seed) |", "|---|---|---|---|---|---|"]
+    busiest = {key: mean([max(r["bytes_per_sample"].values()) for r in runs]) for key, runs in d["runs"].items()}
     for key, runs in d["runs"].items():
         variant, hier = key.split()
-        b = mean([max(r["bytes_per_sample"].values()) for r in runs])
+        b = busiest[key]
+        flat = busiest.get(f"{variant} none")
+        cut = f"{flat / b:.2f}x" if hier != "none" and flat else ""
         ttt = ", ".join("never" if r["time_to_target"] is None else f"{r['time_to_target']:.1f}" for r in runs)
         fe = ", ".join(f"{100 * r['final_error']:.1f}" for r in runs)
-        rows.append(f"| {variant} | {hier} | {b / 1e3:.1f} kB | {ttt} | {fe} |")
+        rows.append(f"| {variant} | {hier} | {b / 1e3:.1f} kB | {cut} | {ttt} | {fe} |")
     return "\n".join(rows)
 
 
@@ -91,6 +98,10 @@ def main(argv=None) -> int:
                 runs[f"{v} {hier}"] = [one(c, v, hier, s, args, out) for s in seeds]
     d = {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "rate": args.rate,
          "epochs": args.epochs, "target_error": TARGET, "job": "jobs/experiments.toml", "runs": runs}
+    if args.json and args.json.exists():                 # keep the other variants of the same setup
+        old = json.loads(args.json.read_text())
+        if all(old.get(k) == d[k] for k in ("nodes", "ranks_per_node", "rate", "epochs", "target_error")):
+            d["runs"] = {**old["runs"], **runs}
     print(f"hierarchy: {args.nodes} emulated nodes x {args.ranks_per_node} ranks at {args.rate}, "
           f"{args.epochs} epochs, seeds {args.seeds} (runs in {out})")
     print(table(d))
