@@ -31,7 +31,8 @@ REGIME = "virtual cluster (glyphs, ResNet-8, 3 seeds)"
 
 def _best(runs: dict, prof: str, family, p: int):
     """The family's fastest method at p among those whose seeds all reached the target: (name,
-    time dict); ("never", None) when some ran but none reached in every seed; None when none ran."""
+    time dict); ("never", None, which reached in some seeds) when some ran but none reached in
+    every seed; None when none ran."""
     ran, best = False, None
     for m in family:
         r = runs.get(f"{m}/p{p}")
@@ -41,7 +42,13 @@ def _best(runs: dict, prof: str, family, p: int):
         t = r["time_to_target"][prof]
         if t["n"] and not t["missing"] and (best is None or t["mean"] < best[1]["mean"]):
             best = (m, t)
-    return best if best else (("never", None) if ran else None)
+    if best:
+        return best
+    if not ran:
+        return None
+    some = [f"{m} {runs[f'{m}/p{p}']['reached']} of {len(runs[f'{m}/p{p}']['seeds'])}" for m in family
+            if f"{m}/p{p}" in runs and runs[f"{m}/p{p}"].get("reached")]
+    return ("never", None, ", ".join(some))
 
 
 def compare(runs: dict, prof: str, claim_side, other_side, p: int) -> dict | None:
@@ -75,15 +82,15 @@ def judge(outcomes: list[str]) -> str:
 
 
 def _side(x) -> str:
-    name, t = x
+    name, t = x[:2]
     if t is None:
-        return "none reached"
+        return "none reached the target in every seed" + (f" ({x[2]})" if len(x) > 2 and x[2] else "")
     lo = f"{t['lo']:.0f}" if t["lo"] is not None else "?"
     hi = f"{t['hi']:.0f}" if t["hi"] is not None else "?"
     return f"{name} {t['mean']:.0f} s [{lo}–{hi}]"
 
 
-WORD = {"claim": "{a} first", "other": "{b} first", "tie": "tie", "neither": "neither reached"}
+WORD = {"claim": "{a} first", "other": "{b} first", "tie": "tie", "neither": "neither in every seed"}
 
 
 def _family_row(runs, prof, claim, scale, claim_side, other_side, ps, a_name, b_name) -> dict:

@@ -346,6 +346,17 @@ def conv_candidates(results: Path) -> str:
     return "\n".join(out)
 
 
+def _none_reached(runs: dict, prof: str, workers: int) -> str:
+    """The cell of a p where no method reached the target in every seed (or nothing ran yet)."""
+    ran = [r for r in runs.values() if r["workers"] == workers and prof in r["time_to_target"]]
+    if not ran:
+        return "not run yet"
+    some = sorted((r for r in ran if r["reached"]), key=lambda r: -r["reached"])
+    return "no method reached the target in every seed" + (
+        "; in some: " + ", ".join(f"{r['method']} {r['reached']} of {len(r['seeds'])}" for r in some)
+        if some else "")
+
+
 def crossover_summary(results: Path) -> str:
     """The crossover study's answer (crossover.json): per profile, which method is fastest to the
     target at each p (a "win" only when its interval does not overlap the next one's; else "tie",
@@ -364,7 +375,7 @@ def crossover_summary(results: Path) -> str:
         for prof in profiles:
             w = by_p[prof].get(workers)
             if w is None:
-                cells.append("not run yet")
+                cells.append(_none_reached(runs, prof, workers))
                 continue
             t = runs[f"{w['fastest']}/p{workers}"]["time_to_target"][prof]
             ties = f"; ties {', '.join(w['ties'])}" if w["ties"] and w["verdict"] != "win" else ""
