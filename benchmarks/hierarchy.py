@@ -6,7 +6,9 @@
                                    [--json benchmarks/results/hierarchy.json]
 
 Each variant (``push-ov``: gossip push-sum, overlapped, exponential graph; ``push-ov-uniform``: the
-same on the uniform graph, as the generated ImageNet jobs; ``pull``: the authors' blocking pull;
+same on the uniform graph, as the generated ImageNet jobs; ``push-ov-uniform-1eval``: the same
+evaluated only at the end, so that the bytes are the training exchanges' (the evaluations average
+the replicas over every rank, hierarchy or not); ``pull``: the authors' blocking pull;
 ``allreduce``) trains ``jobs/experiments.toml`` (ResNet-20 on the built-in digits,
 batch 16 per rank) on NODES emulated nodes of RANKS_PER_NODE ranks (``benchmarks/netcluster.py``;
 root needed), once flat and once with ``--hierarchy node``, per seed.  Recorded per run: the
@@ -31,6 +33,8 @@ VARIANTS = {"push-ov": ["--method", "gossip", "--gossip", "push", "--gossip-over
                         "--gossip-graph", "exponential"],
             "push-ov-uniform": ["--method", "gossip", "--gossip", "push", "--gossip-overlap",
                                 "--gossip-graph", "uniform"],          # the flagship jobs' graph
+            "push-ov-uniform-1eval": ["--method", "gossip", "--gossip", "push", "--gossip-overlap",
+                                      "--gossip-graph", "uniform", "--eval-every", "1000"],  # at the end only
             "pull": ["--method", "gossip", "--gossip", "pull"],
             "allreduce": ["--method", "allreduce"]}
 
