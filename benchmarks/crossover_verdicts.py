@@ -26,7 +26,7 @@ ALL_ASYNC = ("easgd", "asgd", "gossip-pull", "pushsum-ov")
 ALL_SYNC = ("allreduce", "allreduce-lsw", "localsgd")
 SERVER_METHODS = ("easgd", "asgd")
 PAINE_SPEEDUP = 3.2
-REGIME = "virtual cluster (glyphs, ResNet-8, 3 seeds)"
+REGIME = "virtual cluster (glyphs, ResNet-8)"
 
 
 def _best(runs: dict, prof: str, family, p: int):
@@ -87,7 +87,7 @@ def _side(x) -> str:
         return "none reached the target in every seed" + (f" ({x[2]})" if len(x) > 2 and x[2] else "")
     lo = f"{t['lo']:.0f}" if t["lo"] is not None else "?"
     hi = f"{t['hi']:.0f}" if t["hi"] is not None else "?"
-    return f"{name} {t['mean']:.0f} s [{lo}–{hi}]"
+    return f"{name} {t['mean']:.0f} s [{lo}–{hi}] ({t['n']} seeds)"
 
 
 WORD = {"claim": "{a} first", "other": "{b} first", "tie": "tie", "neither": "neither in every seed"}
@@ -132,7 +132,7 @@ def _j5(runs: dict, prof: str) -> dict:
     if stall is not None:
         evidence += f"; no gain past p = {stall}: the server is saturated"
     return dict(claim="J5", profile=prof, scale=f"p = {server[0][0]}–{server[-1][0]}" if server else "—",
-                regime=REGIME.replace("3 seeds", "timing runs"), evidence=evidence, verdict=verdict)
+                regime=REGIME + ", timing runs", evidence=evidence, verdict=verdict)
 
 
 def _p1(p1: dict, prof: str) -> dict:
@@ -142,7 +142,9 @@ def _p1(p1: dict, prof: str) -> dict:
     verdict = ("disagrees" if x["hi"] < PAINE_SPEEDUP else "agrees")
     note = "" if x["lo"] <= PAINE_SPEEDUP <= x["hi"] else (" (above 3.2×)" if x["lo"] > PAINE_SPEEDUP
                                                            else " (below 3.2×)")
-    return dict(claim="P1", profile=prof, scale=f"p = {x['workers']} against 1", regime=REGIME,
+    one, many = x["seeds"]
+    seeds = f"{one} seeds each" if one == many else f"{many} and {one} seeds"
+    return dict(claim="P1", profile=prof, scale=f"p = {x['workers']} against 1, {seeds}", regime=REGIME,
                 evidence=(f"wall-clock speed-up to target {x['speedup']:.1f}× [{x['lo']:.1f}–{x['hi']:.1f}]"
                           f"{note}: {x['one_seconds']:.0f} s with one worker, {x['many_seconds']:.0f} s with "
                           f"{x['workers']} clients and a server"),
@@ -164,7 +166,8 @@ def _p3(extras: dict) -> dict:
     ok_big = big["epochs_to_target"]["n"] and not big["epochs_to_target"]["missing"]
     ok_small = small["epochs_to_target"]["n"] and not small["epochs_to_target"]["missing"]
     verdict = ("agrees" if ok_big else "disagrees" if ok_small else "tie")
-    return dict(claim="P3", profile="(statistics only)", scale=f"{e['workers']} clients, {e['epochs']} epochs",
+    return dict(claim="P3", profile="(statistics only)",
+                scale=f"{e['workers']} clients, {e['epochs']} epochs, {len(c['n1']['seeds'])} seeds",
                 regime=REGIME, evidence="; ".join(one(n) for n in c), verdict=verdict)
 
 

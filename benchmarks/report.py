@@ -489,9 +489,10 @@ def crossover_verdicts(results: Path) -> str:
     """The papers' claims judged on the crossover study by the rules of
     benchmarks/crossover_verdicts.py (crossover.json ``verdicts``)."""
     d = json.loads((results / "crossover.json").read_text())
-    rows = ["| claim | profile | scale | evidence | verdict |", "|---|---|---|---|---|"]
+    rows = ["| claim | profile | scale; regime | evidence | verdict |", "|---|---|---|---|---|"]
     for v in d.get("verdicts", []):
-        rows.append(f"| {v['claim']} | {v['profile']} | {v['scale']} | {v['evidence']} | **{v['verdict']}** |")
+        rows.append(f"| {v['claim']} | {v['profile']} | {v['scale']}; {v['regime']} | {v['evidence']} | "
+                    f"**{v['verdict']}** |")
     return "\n".join(rows)
 
 
