@@ -47,11 +47,13 @@ RESULTS = ROOT / "benchmarks" / "results" / "crossover"
 WORKERS = (4, 8, 16, 32, 64, 128)
 SEEDS = (0, 1, 2)
 # Where a verdict hinges on a difference, 5 seeds: after the 3-seed sweep, J1 (asynchronous first
-# up to ~32 nodes) turned on ties at p = 4 and 8 -- every method tied with the fastest there under
-# either profile, and the authors' blocking pull against all-reduce at p = 8.  Seeds 3 and 4 for those.
+# up to ~32 nodes) turned on ties at p = 4, 8 and 16 -- every method tied with the fastest there
+# under either profile, and the authors' blocking pull against all-reduce at p = 8.  Seeds 3 and 4
+# for those.
 HINGE_SEEDS = (3, 4)
 HINGES = {4: ("pushsum-ov", "allreduce-lsw", "localsgd", "allreduce", "asgd", "easgd"),
-          8: ("allreduce-lsw", "asgd", "allreduce", "gossip-pull")}
+          8: ("allreduce-lsw", "asgd", "allreduce", "gossip-pull"),
+          16: ("allreduce-lsw", "allreduce", "pushsum-ov")}
 TUNE_SEED = 100
 TARGET_ERROR = 0.40          # one worker reaches it in ~2 of the 4 epochs (30%: in 3)
 EPOCHS = 4

@@ -3,19 +3,28 @@
 ``verdicts(res)`` takes the analysed study (``crossover_report.analyse``: per method and p the time
 to target under each profile, the timing runs' seconds per sample, ``p1``, ``extras``) and returns
 one row per claim and profile: the claim, the scale and regime of the evidence, the evidence as
-numbers, and a verdict that follows from them:
+numbers, and a verdict that follows from them by these rules:
 
-* a comparison of two families of methods at one p is a **win** for one side only when its fastest
-  method's 95% interval over the seeds lies entirely below the other side's fastest (a side whose
-  methods never reach the target in every seed loses to one that does); otherwise a **tie**;
-* over the p of a claim: **agrees** when the claim's side wins at every p, **disagrees** when it
-  wins at none and loses at one or more, **tie** when every p is a tie, else **partly agrees**.
+* **one p, two sides** (families of methods): a side is **first** only when its fastest method's
+  95% interval over the seeds lies entirely below the interval of *every* method of the other side
+  that reached the target in every seed (a method that did not is slower than one that did);
+  otherwise a **tie**.  When no method of either side reached the target in every seed, that p
+  gives no evidence (shown, not judged).
+* **over the p of a claim**: **agrees** when the claim's side is first at every p with evidence,
+  **disagrees** when it is first at none and second at one or more, **tie** when every p ties,
+  else **partly agrees**; **not run** without evidence.
+* **J5** (contention at the server): agrees when the one-server methods' training samples per
+  second stop growing (a doubling of p adds < 20%) while all-reduce's keep growing (every doubling
+  adds >= 20%); disagrees otherwise.
+* **P1** (A-SGD 3.2x on 8 GPUs): agrees when the interval of the wall-clock speed-up to target
+  (8 clients against one worker) reaches 3.2x or lies above it, disagrees when it lies below.
+* **P3** (n_sync = 100: less communication, coarser but still training): only comparable when
+  n_sync = 100 made >= 50 exchanges per client; then agrees when it reached the target in every
+  seed, disagrees when it reached it in none while n_sync = 1 did.
 
 Jin et al.'s J1 (asynchronous methods first up to ~32 nodes) is judged at p = 4..32 for their own
 forms (EASGD, blocking pull gossip) against their all-reduce (fixed rate), and again for every
-method; J2 (all-reduce scales better, to ~100) at p = 64 and 128; J5 (server contention) from the
-server methods' throughput; Paine et al.'s P1 (3.2x on 8 GPUs) from the wall-clock speed-up and P3
-(n_sync = 100 trains with less communication) from the long n_sync runs.
+method; J2 (all-reduce scales better, to ~100) at p = 64 and 128.
 """
 from __future__ import annotations
 
@@ -51,11 +60,34 @@ def _best(runs: dict, prof: str, family, p: int):
     return ("never", None, ", ".join(some))
 
 
+def _reached(runs: dict, prof: str, family, p: int) -> list[tuple[str, dict]]:
+    """(name, time dict) of the family's methods at p whose seeds all reached the target."""
+    out = []
+    for m in family:
+        r = runs.get(f"{m}/p{p}")
+        if r is not None and prof in r["time_to_target"]:
+            t = r["time_to_target"][prof]
+            if t["n"] and not t["missing"]:
+                out.append((m, t))
+    return out
+
+
+def _lo(t: dict) -> float:
+    return t["lo"] if t["lo"] is not None else t["mean"]
+
+
+def _hi(t: dict) -> float:
+    return t["hi"] if t["hi"] is not None else t["mean"]
+
+
 def compare(runs: dict, prof: str, claim_side, other_side, p: int) -> dict | None:
-    """One p: 'claim' (the claim's side wins), 'other', 'tie', or 'neither' reached; None if not run."""
+    """One p: 'claim' (the claim's side is first), 'other', 'tie', or 'neither' (no method of either
+    side reached the target in every seed: no evidence); None if not run.  ``ties``: the methods
+    of the slower side whose intervals reach the faster side's best (they make it a tie)."""
     a, b = _best(runs, prof, claim_side, p), _best(runs, prof, other_side, p)
     if a is None or b is None:
         return None
+    ties: list[str] = []
     if a[1] is None and b[1] is None:
         outcome = "neither"
     elif b[1] is None:
@@ -63,20 +95,21 @@ def compare(runs: dict, prof: str, claim_side, other_side, p: int) -> dict | Non
     elif a[1] is None:
         outcome = "other"
     else:
-        lo = {k: (t["lo"] if t["lo"] is not None else t["mean"]) for k, t in (("a", a[1]), ("b", b[1]))}
-        hi = {k: (t["hi"] if t["hi"] is not None else t["mean"]) for k, t in (("a", a[1]), ("b", b[1]))}
-        outcome = "claim" if hi["a"] < lo["b"] else "other" if hi["b"] < lo["a"] else "tie"
-    return dict(p=p, outcome=outcome, claim=a, other=b)
+        fast, slow = (a, other_side) if a[1]["mean"] <= b[1]["mean"] else (b, claim_side)
+        ties = [m for m, t in _reached(runs, prof, slow, p) if _lo(t) <= _hi(fast[1])]
+        outcome = "tie" if ties else ("claim" if fast is a else "other")
+    return dict(p=p, outcome=outcome, claim=a, other=b, ties=ties)
 
 
 def judge(outcomes: list[str]) -> str:
+    outcomes = [o for o in outcomes if o != "neither"]       # no evidence at that p
     if not outcomes:
         return "not run"
     if all(o == "claim" for o in outcomes):
         return "agrees"
     if "claim" not in outcomes and "other" in outcomes:
         return "disagrees"
-    if all(o in ("tie", "neither") for o in outcomes):
+    if all(o == "tie" for o in outcomes):
         return "tie"
     return "partly agrees"
 
@@ -90,13 +123,14 @@ def _side(x) -> str:
     return f"{name} {t['mean']:.0f} s [{lo}–{hi}] ({t['n']} seeds)"
 
 
-WORD = {"claim": "{a} first", "other": "{b} first", "tie": "tie", "neither": "neither in every seed"}
+WORD = {"claim": "{a} first", "other": "{b} first", "tie": "tie", "neither": "no evidence (neither in every seed)"}
 
 
 def _family_row(runs, prof, claim, scale, claim_side, other_side, ps, a_name, b_name) -> dict:
     rows = [c for p in ps if (c := compare(runs, prof, claim_side, other_side, p)) is not None]
     evidence = "; ".join(f"p = {c['p']}: {_side(c['claim'])} vs {_side(c['other'])} → "
-                         + WORD[c["outcome"]].format(a=a_name, b=b_name) for c in rows)
+                         + WORD[c["outcome"]].format(a=a_name, b=b_name)
+                         + (f" (with {', '.join(c['ties'])})" if c["ties"] else "") for c in rows)
     missing = [p for p in ps if p not in {c["p"] for c in rows}]
     if missing:
         evidence += f" (p = {', '.join(map(str, missing))} not run yet)"
@@ -116,21 +150,28 @@ def _throughput(runs: dict, prof: str, method: str) -> list[tuple[int, float]]:
 def _j5(runs: dict, prof: str) -> dict:
     """Contention at the server: the server methods' samples/s stop growing with p (a doubling of
     p that adds < 20% throughput: the server is saturated from the smaller p on), while
-    all-reduce's keeps growing."""
+    all-reduce's keeps growing (no such doubling)."""
     server = _throughput(runs, prof, SERVER_METHODS[0])
     sync = _throughput(runs, prof, "allreduce")
-    stall = next((q for (q, x), (p, y) in zip(server, server[1:]) if y < 1.2 * x), None)
+    def stalls(rows):                      # the first p after which a doubling adds < 20%
+        return next((q for (q, x), (p, y) in zip(rows, rows[1:]) if y < 1.2 * x), None)
+    stall, sync_stall = stalls(server), stalls(sync)
+
     def eff(rows):
         return (rows[-1][1] / rows[0][1]) / (rows[-1][0] / rows[0][0]) if len(rows) > 1 else None
     evidence = (f"samples/s of {' = '.join(SERVER_METHODS)} (one server) at p = "
                 + ", ".join(f"{p}: {x:.0f}" for p, x in server)
                 + "; all-reduce: " + ", ".join(f"{p}: {x:.0f}" for p, x in sync))
-    if server and sync:
+    e_server, e_sync = eff(server), eff(sync)
+    if e_server is not None and e_sync is not None:
         evidence += (f"; scaling efficiency p = {server[0][0]}→{server[-1][0]}: server methods "
-                     f"{eff(server):.2f}, all-reduce {eff(sync):.2f}")
-    verdict = "not run" if len(server) < 2 else "agrees" if stall is not None else "disagrees"
+                     f"{e_server:.2f}, all-reduce {e_sync:.2f}")
     if stall is not None:
         evidence += f"; no gain past p = {stall}: the server is saturated"
+    if e_server is None or e_sync is None:
+        verdict = "not run"
+    else:
+        verdict = "agrees" if stall is not None and sync_stall is None else "disagrees"
     return dict(claim="J5", profile=prof, scale=f"p = {server[0][0]}–{server[-1][0]}" if server else "—",
                 regime=REGIME + ", timing runs", evidence=evidence, verdict=verdict)
 
@@ -164,8 +205,10 @@ def _p3(extras: dict) -> dict:
         return f"n_sync {name[1:]}: {r['exchanges_per_worker']:.0f} exchanges per client, {reached}"
     big, small = c["n100"], c["n1"]
     ok_big = big["epochs_to_target"]["n"] and not big["epochs_to_target"]["missing"]
+    none_big = big["epochs_to_target"]["n"] == 0
     ok_small = small["epochs_to_target"]["n"] and not small["epochs_to_target"]["missing"]
-    verdict = ("agrees" if ok_big else "disagrees" if ok_small else "tie")
+    verdict = ("not comparable" if big["exchanges_per_worker"] < 50 else "agrees" if ok_big
+               else "disagrees" if none_big and ok_small else "tie")
     return dict(claim="P3", profile="(statistics only)",
                 scale=f"{e['workers']} clients, {e['epochs']} epochs, {len(c['n1']['seeds'])} seeds",
                 regime=REGIME, evidence="; ".join(one(n) for n in c), verdict=verdict)

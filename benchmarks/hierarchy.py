@@ -7,8 +7,9 @@
 
 Each variant (``push-ov``: gossip push-sum, overlapped, exponential graph; ``push-ov-uniform``: the
 same on the uniform graph, as the generated ImageNet jobs; ``push-ov-uniform-1eval``: the same
-evaluated only at the end, so that the bytes are the training exchanges' (the evaluations average
-the replicas over every rank, hierarchy or not); ``pull``: the authors' blocking pull;
+evaluated only at the end, so that the bytes are the training exchanges' (each evaluation averages
+the replicas, moving about as many bytes with the hierarchy as without under a node-aware
+all-reduce); ``pull``: the authors' blocking pull;
 ``allreduce``) trains ``jobs/experiments.toml`` (ResNet-20 on the built-in digits,
 batch 16 per rank) on NODES emulated nodes of RANKS_PER_NODE ranks (``benchmarks/netcluster.py``;
 root needed), once flat and once with ``--hierarchy node``, per seed.  Recorded per run: the
@@ -75,7 +76,8 @@ def table(d: dict) -> str:
         b = busiest[key]
         flat = busiest.get(f"{variant} none")
         cut = f"{flat / b:.2f}x" if hier != "none" and flat else ""
-        ttt = ", ".join("never" if r["time_to_target"] is None else f"{r['time_to_target']:.1f}" for r in runs)
+        ttt = ("— (evaluated at the end only)" if variant.endswith("-1eval") else
+               ", ".join("never" if r["time_to_target"] is None else f"{r['time_to_target']:.1f}" for r in runs))
         fe = ", ".join(f"{100 * r['final_error']:.1f}" for r in runs)
         rows.append(f"| {variant} | {hier} | {b / 1e3:.1f} kB | {cut} | {ttt} | {fe} |")
     return "\n".join(rows)

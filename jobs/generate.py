@@ -78,6 +78,8 @@ DIST = {"allreduce": "bucket_mb = -1.0                    # auto: about 8 bucket
         "gossip": "gossip = \"push\"                    # overlapped push-sum: across nodes (MPICH) it spent 0-2% of a\n"
                   "gossip_overlap = true             # step communicating, blocking pull 38-42% (docs/cluster.md)\n"
                   "gossip_graph = \"uniform\"           # the authors' random peer\ngossip_self = true\ntau = 1\n"}
+# under the hierarchy the workers EASGD sees are the node groups: alpha = beta / groups
+DIST_HIER = dict(DIST, easgd="beta = 0.8                         # alpha = 0.8 / node groups (8 GPUs each)\ntau = 1\n")
 # the authors' exact gossip (blocking pull, uniform graph), kept to reproduce the paper
 AUTHORS_GOSSIP = ("gossip = \"pull\"\ngossip_gamma = 0.5\ngossip_graph = \"uniform\"              # the authors' random peer\n"
                   "gossip_self = true\ntau = 1\n")
@@ -114,7 +116,7 @@ def imagenet_jobs() -> dict[str, str]:
                 + ("# talks to the server (alpha = beta / node groups).\n" if method == "easgd"
                    else "# gossips, so one exchange per node crosses the network.\n")
                 + imagenet_body(method, per_node_batch(ranks),
-                                dist=DIST[method] + 'hierarchy = "node"                 # docs/cluster.md\n'))
+                                dist=DIST_HIER[method] + 'hierarchy = "node"                 # docs/cluster.md\n'))
     return out
 
 

@@ -13,7 +13,8 @@
 #SBATCH --job-name=easgd_16x8
 #SBATCH --nodes=16
 #SBATCH --ntasks=129
-#SBATCH --cpus-per-task=8
+#SBATCH --distribution=cyclic
+#SBATCH --cpus-per-task=6
 #SBATCH --gres=gpu:8
 #SBATCH --time=24:00:00
 #SBATCH --output=%x-%j.out

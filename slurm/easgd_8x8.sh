@@ -13,7 +13,8 @@
 #SBATCH --job-name=easgd_8x8
 #SBATCH --nodes=8
 #SBATCH --ntasks=65
-#SBATCH --cpus-per-task=8
+#SBATCH --distribution=cyclic
+#SBATCH --cpus-per-task=6
 #SBATCH --gres=gpu:8
 #SBATCH --time=24:00:00
 #SBATCH --output=%x-%j.out

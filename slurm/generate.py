@@ -10,7 +10,8 @@ Each script holds only its #SBATCH lines and defaults, then sources the shared b
   imagenet-{gossip,easgd}-Nx8.toml): a node's 8 ranks average gradients every step and only its
   leader gossips or talks to the server.  All-reduce runs flat with the 64- or 128-node job file:
   on GPUs its NCCL transport is topology-aware by itself.  easgd_Nx8.sh: 8N workers + the server
-  (8N+1 tasks); Slurm's default layout puts 9 on the first node, the server sharing GPU 0.
+  (8N+1 tasks, ``--distribution=cyclic``: 9 on the first node, the server sharing GPU 0).  6 CPUs
+  per task, so that 9 tasks fit a 64-core node.
 * demo.sh: the built-in digits on 4 CPU ranks of one node, no GPU.
 """
 from __future__ import annotations
@@ -47,7 +48,9 @@ def multi_gpu_spec(method: str, nodes: int) -> dict[str, str]:
     EASGD (their job files), flat all-reduce (the job file of as many single-GPU nodes)."""
     g, ranks = GPUS_PER_NODE, nodes * GPUS_PER_NODE
     if method == "easgd":
-        tasks = f"#SBATCH --ntasks={ranks + 1}"
+        # cyclic: 9 tasks on the first node and 8 on each other, whatever the nodes' CPU count (block
+        # distribution could fill the first node up to its CPUs)
+        tasks = f"#SBATCH --ntasks={ranks + 1}\n#SBATCH --distribution=cyclic"
         title = (f"easgd with {ranks} workers + 1 parameter server on {nodes} nodes x {g} GPUs; "
                  f"each node's workers average every step and their leader talks to the server.")
     elif method == "gossip":
@@ -60,7 +63,7 @@ def multi_gpu_spec(method: str, nodes: int) -> dict[str, str]:
     config = (f"jobs/imagenet-allreduce-{ranks}.toml" if method == "allreduce"
               else f"jobs/imagenet-{method}-{nodes}x{g}.toml")
     return dict(NAME=f"{method}_{nodes}x{g}", TITLE=f"Jin et al.'s ImageNet setup on multi-GPU nodes: {title}",
-                NODES=str(nodes), TASKS=tasks, CPUS="8", GPUS=f"#SBATCH --gres=gpu:{g}",
+                NODES=str(nodes), TASKS=tasks, CPUS="6", GPUS=f"#SBATCH --gres=gpu:{g}",   # 9 x 6 <= 64 cores
                 TIME=wall_time(ranks), CONFIG=config)
 
 

@@ -13,7 +13,7 @@
 #SBATCH --job-name=gossip_8x8
 #SBATCH --nodes=8
 #SBATCH --ntasks-per-node=8
-#SBATCH --cpus-per-task=8
+#SBATCH --cpus-per-task=6
 #SBATCH --gres=gpu:8
 #SBATCH --time=24:00:00
 #SBATCH --output=%x-%j.out

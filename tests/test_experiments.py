@@ -249,7 +249,12 @@ def test_crossover_verdicts_follow_their_rules():
     assert [x and x["outcome"] for x in c] == ["claim", "tie", "other", None]   # 16: a seed never reached
     assert V.judge(["claim", "claim"]) == "agrees" and V.judge(["tie", "other"]) == "disagrees"
     assert V.judge(["tie", "neither"]) == "tie" and V.judge(["claim", "other"]) == "partly agrees"
-    assert V.judge([]) == "not run"
+    assert V.judge([]) == "not run" and V.judge(["claim", "neither"]) == "agrees"   # no evidence at one p
+    # a slower method of the slower side whose wide interval reaches the faster side's best: a tie
+    wide = {**run("allreduce-lsw", 8, 100, 98, 102), **run("pushsum-ov", 8, 150, 130, 170),
+            **run("asgd", 8, 190, 70, 310)}
+    c8 = V.compare(wide, "x", V.ALL_ASYNC, V.ALL_SYNC, 8)
+    assert (c8["outcome"], c8["ties"]) == ("tie", ["asgd"]), c8
     row = V._family_row(runs, "x", "J1", "p = 4-32", V.AUTHORS_ASYNC, V.AUTHORS_SYNC, (4, 8, 16, 32),
                         "asynchronous", "all-reduce")
     assert row["verdict"] == "partly agrees" and "p = 32 not run yet" in row["evidence"], row
@@ -258,6 +263,18 @@ def test_crossover_verdicts_follow_their_rules():
             **run("allreduce", 8, 1, 1, 1, sps=1 / 600)}
     j5 = V._j5(tput, "x")
     assert j5["verdict"] == "agrees" and "no gain past p = 8" in j5["evidence"], j5
+    flat = {**tput, **run("allreduce", 8, 1, 1, 1, sps=1 / 310)}        # all-reduce stalls as well
+    assert V._j5(flat, "x")["verdict"] == "disagrees"
+    assert V._j5({k: v for k, v in tput.items() if "p4" in k}, "x")["verdict"] == "not run"
+    def nsync(n100_reached, exchanges):
+        ett = lambda ok: dict(mean=1.5 if ok else None, lo=None, hi=None, n=3 if ok else 0, missing=0 if ok else 3)
+        cfg = lambda ok, ex: dict(epochs_to_target=ett(ok), final_error=dict(mean=0.3), exchanges_per_worker=ex,
+                                  seeds=[0, 1, 2])
+        return {"asgd-nsync": dict(workers=4, epochs=4, configs={"n1": cfg(True, 6400), "n100": cfg(
+            n100_reached, exchanges)})}
+    assert V._p3(nsync(False, 64))["verdict"] == "disagrees"
+    assert V._p3(nsync(True, 64))["verdict"] == "agrees"
+    assert V._p3(nsync(False, 8))["verdict"] == "not comparable"
     p1 = dict(speedup=2.0, lo=1.5, hi=2.5, workers=8, one_seconds=10.0, many_seconds=5.0, seeds=[3, 3])
     assert V._p1({"x": p1}, "x")["verdict"] == "disagrees"
     assert V._p1({"x": dict(p1, hi=3.5)}, "x")["verdict"] == "agrees"
