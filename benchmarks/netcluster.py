@@ -166,7 +166,18 @@ def _kill_inside(ns: str) -> int:
     for path in segments:
         with contextlib.suppress(OSError):
             path.unlink()
+    deadline = time.monotonic() + 5.0        # a loaded machine takes a moment to tear them down:
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:   # until then they
+        time.sleep(0.02)                     # still map segments that a later cleanup must not skip
     return len(pids)
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (a zombie maps nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 @contextlib.contextmanager
@@ -432,6 +443,9 @@ class NetCluster:
             self._stop(proc)
             raise
         finally:
+            if proc.returncode:       # ranks of a failed job may outlive their launcher for a moment:
+                for k in range(self.nodes):   # kill them (and unlink what they map) before cleaning
+                    _kill_inside(self.ns(k))
             _remove_new_segments(segments)
         seconds = time.perf_counter() - t0
         after = self.counters()
