@@ -184,7 +184,7 @@ def _p1(p1: dict, prof: str) -> dict:
     note = "" if x["lo"] <= PAINE_SPEEDUP <= x["hi"] else (" (above 3.2×)" if x["lo"] > PAINE_SPEEDUP
                                                            else " (below 3.2×)")
     one, many = x["seeds"]
-    seeds = f"{one} seeds each" if one == many else f"{many} and {one} seeds"
+    seeds = f"{one} seeds each" if one == many else f"{many} seeds with {x['workers']}, {one} with 1"
     return dict(claim="P1", profile=prof, scale=f"p = {x['workers']} against 1, {seeds}", regime=REGIME,
                 evidence=(f"wall-clock speed-up to target {x['speedup']:.1f}× [{x['lo']:.1f}–{x['hi']:.1f}]"
                           f"{note}: {x['one_seconds']:.0f} s with one worker, {x['many_seconds']:.0f} s with "
