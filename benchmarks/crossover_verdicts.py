@@ -38,28 +38,6 @@ PAINE_SPEEDUP = 3.2
 REGIME = "virtual cluster (glyphs, ResNet-8)"
 
 
-def _best(runs: dict, prof: str, family, p: int):
-    """The family's fastest method at p among those whose seeds all reached the target: (name,
-    time dict); ("never", None, which reached in some seeds) when some ran but none reached in
-    every seed; None when none ran."""
-    ran, best = False, None
-    for m in family:
-        r = runs.get(f"{m}/p{p}")
-        if r is None or prof not in r["time_to_target"]:
-            continue
-        ran = True
-        t = r["time_to_target"][prof]
-        if t["n"] and not t["missing"] and (best is None or t["mean"] < best[1]["mean"]):
-            best = (m, t)
-    if best:
-        return best
-    if not ran:
-        return None
-    some = [f"{m} {runs[f'{m}/p{p}']['reached']} of {len(runs[f'{m}/p{p}']['seeds'])}" for m in family
-            if f"{m}/p{p}" in runs and runs[f"{m}/p{p}"].get("reached")]
-    return ("never", None, ", ".join(some))
-
-
 def _reached(runs: dict, prof: str, family, p: int) -> list[tuple[str, dict]]:
     """(name, time dict) of the family's methods at p whose seeds all reached the target."""
     out = []
@@ -70,6 +48,27 @@ def _reached(runs: dict, prof: str, family, p: int) -> list[tuple[str, dict]]:
             if t["n"] and not t["missing"]:
                 out.append((m, t))
     return out
+
+
+def partly_reached(runs: dict, p: int, family=None) -> str:
+    """'METHOD k of n, ...' for the methods at p (of ``family``, else all) that reached the target
+    in some seeds, most first."""
+    rows = [r for r in runs.values() if r["workers"] == p and r.get("reached")
+            and (family is None or r["method"] in family)]
+    return ", ".join(f"{r['method']} {r['reached']} of {len(r['seeds'])}"
+                     for r in sorted(rows, key=lambda r: -r["reached"]))
+
+
+def _best(runs: dict, prof: str, family, p: int):
+    """(name, time dict, "") of the family's fastest method at p among those whose seeds all
+    reached the target; ("never", None, which reached in some seeds) when some ran but none
+    reached in every seed; None when none ran."""
+    reached = _reached(runs, prof, family, p)
+    if reached:
+        return (*min(reached, key=lambda mt: mt[1]["mean"]), "")
+    if not any(f"{m}/p{p}" in runs and prof in runs[f"{m}/p{p}"]["time_to_target"] for m in family):
+        return None
+    return ("never", None, partly_reached(runs, p, family))
 
 
 def _lo(t: dict) -> float:
@@ -115,9 +114,9 @@ def judge(outcomes: list[str]) -> str:
 
 
 def _side(x) -> str:
-    name, t = x[:2]
+    name, t, some = x
     if t is None:
-        return "none reached the target in every seed" + (f" ({x[2]})" if len(x) > 2 and x[2] else "")
+        return "none reached the target in every seed" + (f" ({some})" if some else "")
     lo = f"{t['lo']:.0f}" if t["lo"] is not None else "?"
     hi = f"{t['hi']:.0f}" if t["hi"] is not None else "?"
     return f"{name} {t['mean']:.0f} s [{lo}–{hi}] ({t['n']} seeds)"
@@ -140,7 +139,7 @@ def _family_row(runs, prof, claim, scale, claim_side, other_side, ps, a_name, b_
 
 def _throughput(runs: dict, prof: str, method: str) -> list[tuple[int, float]]:
     out = []
-    for key, r in sorted(runs.items(), key=lambda kv: kv[1]["workers"]):
+    for r in sorted(runs.values(), key=lambda r: r["workers"]):
         s = r.get("seconds_per_sample", {}).get(prof)
         if r["method"] == method and s:
             out.append((r["workers"], 1.0 / s))

@@ -30,12 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "jobs" / "experiments.toml"
 TARGET = 0.10
-VARIANTS = {"push-ov": ["--method", "gossip", "--gossip", "push", "--gossip-overlap",
-                        "--gossip-graph", "exponential"],
-            "push-ov-uniform": ["--method", "gossip", "--gossip", "push", "--gossip-overlap",
-                                "--gossip-graph", "uniform"],          # the flagship jobs' graph
-            "push-ov-uniform-1eval": ["--method", "gossip", "--gossip", "push", "--gossip-overlap",
-                                      "--gossip-graph", "uniform", "--eval-every", "1000"],  # at the end only
+PUSH_OV = ["--method", "gossip", "--gossip", "push", "--gossip-overlap"]
+VARIANTS = {"push-ov": [*PUSH_OV, "--gossip-graph", "exponential"],
+            "push-ov-uniform": [*PUSH_OV, "--gossip-graph", "uniform"],       # the flagship jobs' graph
+            "push-ov-uniform-1eval": [*PUSH_OV, "--gossip-graph", "uniform", "--eval-every", "1000"],  # end only
             "pull": ["--method", "gossip", "--gossip", "pull"],
             "allreduce": ["--method", "allreduce"]}
 

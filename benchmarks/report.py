@@ -348,13 +348,11 @@ def conv_candidates(results: Path) -> str:
 
 def _none_reached(runs: dict, prof: str, workers: int) -> str:
     """The cell of a p where no method reached the target in every seed (or nothing ran yet)."""
-    ran = [r for r in runs.values() if r["workers"] == workers and prof in r["time_to_target"]]
-    if not ran:
+    from crossover_verdicts import partly_reached  # noqa: PLC0415 - a sibling script
+    if not any(r["workers"] == workers and prof in r["time_to_target"] for r in runs.values()):
         return "not run yet"
-    some = sorted((r for r in ran if r["reached"]), key=lambda r: -r["reached"])
-    return "no method reached the target in every seed" + (
-        "; in some: " + ", ".join(f"{r['method']} {r['reached']} of {len(r['seeds'])}" for r in some)
-        if some else "")
+    some = partly_reached(runs, workers)
+    return "no method reached the target in every seed" + (f"; in some: {some}" if some else "")
 
 
 def crossover_summary(results: Path) -> str:

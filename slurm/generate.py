@@ -47,6 +47,7 @@ def multi_gpu_spec(method: str, nodes: int) -> dict[str, str]:
     """``METHOD_NODESx8.sh``: NODES nodes of 8 GPUs, one rank per GPU, the hierarchy for gossip and
     EASGD (their job files), flat all-reduce (the job file of as many single-GPU nodes)."""
     g, ranks = GPUS_PER_NODE, nodes * GPUS_PER_NODE
+    tasks = f"#SBATCH --ntasks-per-node={g}"
     if method == "easgd":
         # cyclic: 9 tasks on the first node and 8 on each other, whatever the nodes' CPU count (block
         # distribution could fill the first node up to its CPUs)
@@ -54,11 +55,9 @@ def multi_gpu_spec(method: str, nodes: int) -> dict[str, str]:
         title = (f"easgd with {ranks} workers + 1 parameter server on {nodes} nodes x {g} GPUs; "
                  f"each node's workers average every step and their leader talks to the server.")
     elif method == "gossip":
-        tasks = f"#SBATCH --ntasks-per-node={g}"
         title = (f"gossip on {nodes} nodes x {g} GPUs ({ranks} ranks); each node's ranks average "
                  f"every step and only its leader gossips.")
     else:
-        tasks = f"#SBATCH --ntasks-per-node={g}"
         title = f"allreduce on {nodes} nodes x {g} GPUs ({ranks} ranks), flat (NCCL is topology-aware)."
     config = (f"jobs/imagenet-allreduce-{ranks}.toml" if method == "allreduce"
               else f"jobs/imagenet-{method}-{nodes}x{g}.toml")
