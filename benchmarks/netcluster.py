@@ -407,25 +407,32 @@ class NetCluster:
         return ["ip", "netns", "exec", self.ns(k), *pin, "unshare", "--uts", "sh", "-c",
                 f'hostname node{k} && exec "$@"', "sh"]
 
-    def launch(self, cmd: list[str], mpiexec: str | None = None) -> tuple[list[str], dict[str, str]]:
+    def launch(self, cmd: list[str], mpiexec: str | None = None,
+               layout: list[int] | None = None) -> tuple[list[str], dict[str, str]]:
         """(argv, environment additions) of one mpiexec on node0 that starts ``cmd`` as K ranks per
-        node, in node order (ranks 0..K-1 on node0, K..2K-1 on node1, ...)."""
+        node, in node order (ranks 0..K-1 on node0, K..2K-1 on node1, ...); ``layout``: the ranks
+        on each node instead (its length the node count, each at least 1)."""
         exe = mpiexec or default_mpiexec()
         cmd = [shutil.which(cmd[0]) or cmd[0], *cmd[1:]]        # absolute: see docs/cluster.md
-        hosts = ",".join(f"node{k}:{self.ranks_per_node}" for k in range(self.nodes))
-        n = ["-n", str(self.nodes * self.ranks_per_node)]
+        layout = [self.ranks_per_node] * self.nodes if layout is None else [int(k) for k in layout]
+        if len(layout) != self.nodes or min(layout) < 1:
+            raise NetClusterError(f"layout {layout}: one rank count >= 1 per node ({self.nodes} nodes)")
+        hosts = ",".join(f"node{k}:{r}" for k, r in enumerate(layout))
+        n = ["-n", str(sum(layout))]
         if mpi_flavor(exe) == "mpich":
             return [*self.wrap(0), exe, *MPICH_ARGS, "-hosts", hosts, *n, *cmd], dict(MPICH_ENV)
         root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
         return [*self.wrap(0), exe, *root, *OPENMPI_ARGS, "--host", hosts, *n, *cmd], dict(OPENMPI_ENV)
 
     def run(self, cmd: list[str], *, mpiexec: str | None = None, env: dict | None = None,
-            timeout: float | None = None, capture: bool = False, cwd=None) -> RunResult:
-        """Runs ``cmd`` on every node under one mpiexec; returns its status, output (if captured)
+            timeout: float | None = None, capture: bool = False, cwd=None,
+            layout: list[int] | None = None) -> RunResult:
+        """Runs ``cmd`` on every node under one mpiexec (``layout``: ranks per node, as ``launch``);
+        returns its status, output (if captured)
         and the bytes each node sent and received meanwhile.  The MPI settings of ``launch`` are
         defaults: this process's environment and then ``env`` override them.  On a timeout or
         Ctrl-C the whole job is stopped (and, after a grace period, killed)."""
-        argv, mpi_env = self.launch(cmd, mpiexec)
+        argv, mpi_env = self.launch(cmd, mpiexec, layout)
         full_env = {**mpi_env, **os.environ, **(env or {}), "NETCLUSTER_PREFIX": self.prefix,
                     "NETCLUSTER_CPUS": ";".join(self.cpus(k) for k in range(self.nodes))}
         segments = _mpi_segments()

@@ -208,6 +208,20 @@ def test_rank_count_defaults_of_unset_keys(method, ranks, batch, lr, caplog):
     assert (kept.data.batch_size, kept.schedule.lr) == (64, 0.1)
 
 
+def test_asgd_default_lr_under_the_hierarchy_is_over_the_worker_nodes(caplog):
+    """With ``--hierarchy node`` only each node group's leader pushes: 9 ranks (8 workers) on 3
+    worker nodes divide the base rate by 3; the per-rank batch still splits over all 8 workers.
+    The worker-node count only matters with the hierarchy."""
+    cfg = cfg_from(["--method", "asgd", "--hierarchy", "node"])
+    with caplog.at_level("INFO", logger="scalesgd"):
+        fit = C.fit_to_world(cfg, 9, worker_nodes=3)
+    assert fit.schedule.lr == pytest.approx(0.1 / 3) and fit.data.batch_size == 8
+    assert "asgd uses 0.1 / 3 worker node groups" in caplog.text
+    assert C.fit_to_world(cfg, 9, worker_nodes=1).schedule.lr == pytest.approx(0.1)
+    flat = cfg_from(["--method", "asgd"])
+    assert C.fit_to_world(flat, 9, worker_nodes=3).schedule.lr == pytest.approx(0.1 / 8)
+
+
 def test_job_files_and_resumed_runs_keep_their_values(tmp_path):
     for method in ("allreduce", "easgd", "asgd", "gossip"):
         cfg = cfg_from(["--config", f"jobs/digits-{method}.toml"])

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import backend as backend_mod
 from . import config as C
+from .choices import servers_of
 from .errors import CheckpointError, ResumeError, RunDirError, UserError
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
@@ -209,7 +210,10 @@ def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
     from .io.files import write_json_atomic
     from .train import loop
     from .train.assemble import assemble
-    cfg = C.fit_to_world(cfg, topo.size)         # rank-count defaults of unset keys (rank 0 logs)
+    nodes = None
+    if cfg.dist.hierarchy == "node":             # (collective) A-SGD's rate: over the node groups
+        nodes = topo.worker_nodes(servers_of(cfg.train.method, cfg.dist.servers))
+    cfg = C.fit_to_world(cfg, topo.size, nodes)  # rank-count defaults of unset keys (rank 0 logs)
     with together(topo):
         from .methods import check_ranks
         check_ranks(cfg, topo.size)              # a wrong rank count is refused before anything

@@ -322,7 +322,7 @@ def _derive_scale(cfg: Config) -> Config:
     return dataclasses.replace(cfg, data=dataclasses.replace(d, scale=(float(lo), float(hi))))
 
 
-def fit_to_world(cfg: Config, ranks: int) -> Config:
+def fit_to_world(cfg: Config, ranks: int, worker_nodes: int | None = None) -> Config:
     """The defaults that depend on the rank count, for keys nobody set; each change is logged (only
     rank 0 logs at INFO).  An explicit value is kept as given.
 
@@ -330,6 +330,9 @@ def fit_to_world(cfg: Config, ranks: int) -> Config:
       worker (4 workers: 16, as jobs/digits-*.toml), so an epoch keeps the step count of one rank.
     * ``schedule.lr`` for ``asgd``: the base rate / workers: the server adds every worker's update,
       so each one must be a worker's share of a single-rank step (jobs/digits-asgd.toml: 0.033).
+      With ``dist.hierarchy = node`` only the node groups' leaders push (each the average gradient
+      of its node's larger batch), so the rate is divided by the worker nodes (``worker_nodes``,
+      ``Topology.worker_nodes``) instead.
     """
     workers = workers_of(cfg.train.method, ranks, cfg.dist.servers)
     log = logging.getLogger("scalesgd")
@@ -340,10 +343,13 @@ def fit_to_world(cfg: Config, ranks: int) -> Config:
             log.info("data.batch_size not set: %d per worker (global batch %d over %d workers); "
                      "--batch-size sets it", batch, batch * workers, workers)
             data = dataclasses.replace(data, batch_size=batch)
-    if cfg.train.method == "asgd" and "schedule.lr" not in cfg.explicit and workers > 1:
-        lr = sched.lr / workers
-        log.info("schedule.lr not set: asgd uses %g / %d workers = %.4g (its server adds every "
-                 "worker's update); --lr sets it", sched.lr, workers, lr)
+    pushers, who = workers, "worker"
+    if cfg.dist.hierarchy == "node" and worker_nodes is not None:
+        pushers, who = worker_nodes, "worker node group"
+    if cfg.train.method == "asgd" and "schedule.lr" not in cfg.explicit and pushers > 1:
+        lr = sched.lr / pushers
+        log.info("schedule.lr not set: asgd uses %g / %d %ss = %.4g (its server adds every "
+                 "%s's update); --lr sets it", sched.lr, pushers, who, lr, who)
         sched = dataclasses.replace(sched, lr=lr)
     return dataclasses.replace(cfg, data=data, schedule=sched)
 

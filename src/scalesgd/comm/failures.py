@@ -80,6 +80,12 @@ def track(comm) -> None:
         _TRACKED[id(comm)] = comm
 
 
+def untrack(comm) -> None:
+    """Forgets ``comm`` (before it is freed)."""
+    if comm is not None:
+        _TRACKED.pop(id(comm), None)
+
+
 def is_failure(exc: BaseException, comm=None) -> bool:
     """Whether ``exc`` means a rank died (or another survivor revoked a communicator after one did)."""
     if isinstance(exc, RankFailed):

@@ -35,6 +35,20 @@ class Topology:
     def is_root(self) -> bool:
         return self.rank == 0
 
+    def worker_nodes(self, num_servers: int) -> int:
+        """Collective: the nodes holding ranks ``num_servers..size-1`` (the workers), which are the
+        worker node groups of ``dist.hierarchy = node`` (``methods/hierarchical.py``: a server rank
+        is a group of its own).  The world's size where there is no MPI (a virtual rank)."""
+        if self.comm is None or self.node_comm is None:
+            return self.size
+        import numpy as np  # noqa: PLC0415
+        MPI = _load_mpi()
+        first = np.array([self.rank if self.rank >= num_servers else self.size], np.int64)
+        self.node_comm.Allreduce(MPI.IN_PLACE, first, op=MPI.MIN)   # the node's first worker
+        count = np.array([int(first[0] == self.rank)], np.int64)
+        self.comm.Allreduce(MPI.IN_PLACE, count, op=MPI.SUM)
+        return int(count[0])
+
     def roles(self, num_servers: int) -> "Roles":
         """Collective when ``num_servers`` > 0 (splits off the workers' communicator)."""
         return Roles.of(self, num_servers)

@@ -68,6 +68,14 @@ class MPITransport:
         """Collective: the sub-transport of the ranks with the same ``color``, ordered by ``key``."""
         return MPITransport(self.comm.Split(color, key), self.spans_nodes)   # (the job's answer)
 
+    def free(self) -> None:
+        """Collective on this (sub-)transport: frees its communicator (one ``split`` or
+        ``node_split`` made); the transport is unusable afterwards."""
+        if self.comm is not None:
+            failures.untrack(self.comm)
+            self.comm.Free()
+            self.comm = None
+
     # collectives -----------------------------------------------------------
     def broadcast(self, arr, root: int = 0) -> None:
         collectives.bcast(self.comm, arr, root)

@@ -18,8 +18,8 @@ saves its own state (a leader its gossip state; ``quiesce`` first folds the lead
 broadcasts the result, so a node's replicas are identical in the file); a resume restores them.
 The server methods: each server rank is a group of its own (``node_split(alone=True)``) and keeps
 its rank among the leaders, so the inner method's server serves the node groups' leaders.
-Not built: resuming on another rank count, ``--on-failure continue`` (config refuses it), and the
-virtual cluster.
+Not built: resuming on another rank count or another split of the ranks into nodes (both refused
+at resume), ``--on-failure continue`` (config refuses it), and the virtual cluster.
 """
 from __future__ import annotations
 
@@ -41,7 +41,10 @@ class NodeGroup(Method):
         self.name = inner_cls.name
         self.node = comm.node_split(alone=roles.is_server)  # collective on the job
         self.is_leader = self.node.rank == 0               # (a server rank is its own group)
-        leaders = comm.split(0 if self.is_leader else 1, roles.rank)
+        head = np.array([roles.rank], np.int64)
+        self.node.broadcast(head, 0)
+        self.group = [int(head[0]), self.node.size]        # (its leader's job rank, its size)
+        self.leaders = leaders = comm.split(0 if self.is_leader else 1, roles.rank)  # (members: theirs)
         count = comm.allreduce_sum_host(np.array([1 if self.is_leader else 0], np.int64))
         self.num_nodes = int(count[0])
         sizes, _ = comm.allgather_int64(np.array([self.node.size if self.is_leader else 0], np.int64))
@@ -100,10 +103,14 @@ class NodeGroup(Method):
             self.inner.start(ps)                           # collective among the leaders
 
     def close(self) -> None:
+        """Collective: the inner method's windows, the node's reducer, then the two communicators
+        this wrapper split off."""
         if self.inner is not None:
             self.inner.close()
         if self.reducer is not None:
             self.reducer.close()
+        for sub in (self.leaders, self.node):              # (their rank and size stay readable)
+            sub.free()
 
     # ------------------------------------------------------------------ training
     def progress(self) -> None:
@@ -192,11 +199,22 @@ class NodeGroup(Method):
 
     # ------------------------------------------------------------------ checkpoints
     def state(self, ps) -> tuple[dict, dict]:
-        if self.inner is not None:
-            return self.inner.state(ps)
-        return super().state(ps)
+        """The inner method's state (a leader) or the base state (a member), and the rank's node
+        group, so that a resume onto another split of ranks into nodes is refused."""
+        arrays, scalars = self.inner.state(ps) if self.inner is not None else super().state(ps)
+        return arrays, {**scalars, "node_group": self.group}
 
     def load_state(self, ps, arrays: dict, scalars: dict) -> None:
+        """Collective on the job: first, every rank's node group must be the one it saved (a
+        leader's state is the inner method's, a member's is not: another split cannot continue)."""
+        saved = scalars.get("node_group")
+        moved = int(saved is not None and list(saved) != self.group)
+        moved = int(self.comm.allreduce_sum_host(np.array([moved], np.int64))[0])
+        if moved:
+            raise MethodError(f"dist.hierarchy = node: the checkpoint was written with other node groups "
+                              f"({moved} of {self.roles.size} ranks now sit in another group, or lead "
+                              f"it): resume with the same number of ranks on each node, in the same "
+                              f"order (the same -N/--ntasks-per-node)")
         if self.inner is not None:
             self.inner.load_state(ps, arrays, scalars)
             self.global_samples = self.inner.global_samples

@@ -171,6 +171,9 @@ class InProcessTransport:
         mine = sorted((k, wr) for c, k, wr in everyone if c == color)
         return InProcessTransport(self.c, tuple(wr for _, wr in mine), self.wr)
 
+    def free(self) -> None:
+        """Nothing to free in one process (MPITransport.free's counterpart)."""
+
     def _wait(self, cond, doing: str) -> float:
         return self.world.block(self.world.me(), cond, doing)
 
