@@ -35,7 +35,7 @@ def test_short_training_run_writes_results(tmp_path, tiny_data):
         assert key in summary, key
     assert summary["ranks"] == 1 and summary["samples"] == 48 and summary["epochs"] == 1
     assert 0 <= summary["val_top1_accuracy"] <= summary["val_top5_accuracy"] == 1.0   # 4 classes
-    # on NumPy there is no fast path to check: nothing ran, no time spent (fastpaths.py)
+    # on NumPy there is no fast path to check: nothing ran, no time spent (fastpaths/)
     assert summary["fast_paths"] == {"mode": "auto", "seconds": 0.0, "gflops": 0.0, "components": {}}
     assert json.loads((run_dir / "config.json").read_text())["data"]["batch_size"] == 8
     steps = [json.loads(ln) for ln in (run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""The start-up self-check of the fast paths (fastpaths.py) on CPU: the framework with components
+"""The start-up self-check of the fast paths (fastpaths/) on CPU: the framework with components
 that are plain NumPy functions (right, wrong, raising, NaN, misshapen), the real builders with a
 deliberately broken fused kernel and a deliberately wrong conv engine on a real ResNet-20, the
 decode check's reference, ranks agreeing under mpiexec, and a NumPy run having nothing to check."""

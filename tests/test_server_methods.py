@@ -62,7 +62,8 @@ def test_one_rank_is_refused_fast(tmp_path, tiny_data):
     p = run_cli(["--data", str(tiny_data), "--run-dir", str(tmp_path / "run"), "--method", "easgd",
                  *TINY], tmp_path, timeout=60, launcher=mpi_launcher(1))
     one_line_error(p, "easgd", "at least 2 ranks")
-    assert time.perf_counter() - t < 20
+    assert time.perf_counter() - t < 45           # refused before training (a run takes minutes);
+                                                  # (start-up alone is seconds on a loaded machine)
     assert not (tmp_path / "run").exists()
 
 

@@ -84,9 +84,10 @@ def test_push_sum_replay_agrees_to_the_order_of_its_sums(dtype, bound, overlap, 
     trace records whole messages; the replay then differs by far more than rounding (seen: 6e-3
     and 3e-2, in about 1 of 4 runs on 2 busy cores).  Mass is still conserved, so training is
     right; the replay is not exact for that run.  Until drains are message-atomic, a run that
-    misses the bound gets one fresh run: a replay that is wrong fails both."""
+    misses the bound gets fresh runs, up to 4 in all (4 torn runs in a row: ~0.4%): a replay that
+    is wrong fails every one."""
     misses = []
-    for attempt in range(2):
+    for attempt in range(4):
         run, replay = tmp_path / f"run{attempt}", tmp_path / f"replay{attempt}"
         ok(run_cli(["--method", "gossip", "--gossip", "push", "--data", str(data), *TINY, "--epochs", "2",
                     "--dtype", dtype, "--run-dir", str(run), *(["--gossip-overlap"] if overlap else [])],
@@ -105,7 +106,7 @@ def test_push_sum_replay_agrees_to_the_order_of_its_sums(dtype, bound, overlap, 
         if worst <= bound:
             return
         misses.append(worst)
-    raise AssertionError(f"two runs in a row replayed beyond {bound:g}: {misses}")
+    raise AssertionError(f"{len(misses)} runs in a row replayed beyond {bound:g}: {misses}")
 
 
 @pytest.mark.mpi
@@ -141,16 +142,18 @@ def test_a_push_sum_run_with_unscheduled_checkpoints_is_refused(data, tmp_path):
 def test_a_stragglers_delay_adds_to_its_measured_compute(data, tmp_path):
     """With a measured profile, the straggler's sleep is simulated time on top of the step's real
     compute (not instead of it): its steady per-step time is the delay plus a step's compute."""
-    def per_step(extra):
-        d = tmp_path / f"v{len(extra)}"
+    def per_step(name, extra=()):
+        d = tmp_path / name
         ok(virtual(["--method", "allreduce", "--workers", "2", "--data", str(data), *TINY, "--epochs", "4",
                     "--profile", "cpu-emulated-papers", "--run-dir", str(d), *extra], tmp_path))
         t = [json.loads(x)["train_seconds"] for x in (d / "metrics" / "rank-1.jsonl").read_text().splitlines()
              if '"kind": "step"' in x]
         return float(np.median(np.diff(t)[1:]))          # steady state: without the first step
-    plain = per_step([])
-    slow = per_step(["--straggler", "1:200"])
-    assert slow - 0.2 >= 0.5 * plain, (plain, slow)      # (the swallowed compute gave ~0.2 flat)
+    before = per_step("plain")
+    slow = per_step("slow", ["--straggler", "1:200"])
+    plain = min(before, per_step("plain-after"))         # (a plain run on each side of the slow one:
+    assert slow - 0.2 >= 0.5 * plain, (plain, slow)      # load that slows both slows it too; the
+                                                         # swallowed compute gave ~0.2 flat)
 
 
 @pytest.mark.mpi

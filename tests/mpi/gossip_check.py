@@ -15,6 +15,7 @@ Measured numbers are printed by rank 0 as ``measured: ...`` lines.
 import json
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -264,8 +265,10 @@ def courier_runs_one_job_at_a_time_and_progresses_when_idle(comm):
         pokes.append(comm.Iprobe())
     c = Courier(progress=progress, idle_poll=0.001)
     expect(c.wait() is None and not c.busy, "wait without a job")
-    c.submit(lambda: (time.sleep(0.05), comm.rank)[1])
+    gate = threading.Event()                 # (held until checked: a descheduled check may be late)
+    c.submit(lambda: (gate.wait(GUARD), time.sleep(0.05), comm.rank)[2])
     expect(c.busy and not c.done, "a job in flight is neither idle nor done")
+    gate.set()
     expect(c.wait() == comm.rank and not c.busy, "the job's value")
     expect(c.busy_seconds >= 0.05 and c.exposed_seconds > 0 and c.jobs == 1,
            (c.busy_seconds, c.exposed_seconds, c.jobs))

@@ -257,7 +257,7 @@ class BucketedAllreduce:
 
     def on_host(self) -> "BucketedAllreduce":
         """The host transport over the same gradients, buckets and overlap as this reducer: what a
-        device transport falls back to when the start-up check fails it (fastpaths.py)."""
+        device transport falls back to when the start-up check fails it (fastpaths/)."""
         return BucketedAllreduce(self.comm, self.flat, self.layout, self.bucket_bytes, self.overlap)
 
     def close(self) -> None:

@@ -196,7 +196,7 @@ class Loader:
         self._pipe = self._source = None
         self._next: tuple[int, int] | None = None
 
-    # set by the start-up check (fastpaths.py) when DALI's GPU decode fails it: decode on the CPU,
+    # set by the start-up check (fastpaths/) when DALI's GPU decode fails it: decode on the CPU,
     # copy the batches to the GPU (read when the pipeline is next built)
     cpu_decode = False
     decoder = property(lambda self: "cpu" if self.device_id is None or self.cpu_decode else "mixed",

@@ -156,7 +156,7 @@ def check_fast_paths(ctx: Ctx, name: str) -> Check:
 
 def kernel_checks() -> dict:
     """The fused CUDA kernels of nn/kernels.py against their ``_ref`` twins on this rank's GPU, as a
-    training run checks them at start-up (fastpaths.py): {component: {'status', 'error'}}.  NEVER
+    training run checks them at start-up (fastpaths/): {component: {'status', 'error'}}.  NEVER
     RUN ON A GPU."""
     from .. import fastpaths
     from ..backend import _try_cupy

@@ -46,7 +46,7 @@ class AllReduce(Method):
 
     def use_host_transport(self) -> None:
         """Sums the gradients through the host transport from now on (MPI on pinned host copies):
-        the fallback when the start-up check (fastpaths.py) fails the device transport.  The
+        the fallback when the start-up check (fastpaths/) fails the device transport.  The
         buckets and the overlap stay as they were, so the grad hook set by ``attach`` still fits."""
         old, self.reducer = self.reducer, self.reducer.on_host()
         old.close()                              # e.g. its NCCL communicator

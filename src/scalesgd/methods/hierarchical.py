@@ -228,7 +228,7 @@ class NodeGroup(Method):
                           "resume on the same ranks, or without --hierarchy from a flat run")
 
     def use_host_transport(self) -> None:
-        """The start-up check's fallback (fastpaths.py): the node's gradient sum through MPI on
+        """The start-up check's fallback (fastpaths/): the node's gradient sum through MPI on
         host copies, same buckets and overlap."""
         old, self.reducer = self.reducer, self.reducer.on_host()
         old.close()

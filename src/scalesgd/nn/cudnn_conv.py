@@ -357,7 +357,7 @@ def attach(model, conv_impl: str, precision: str, backend, dtype: str = "float32
 
 
 # ----------------------------------------------------------------------------- start-up checks
-# Small-input runners for the self-check (fastpaths.py): ``engine`` is the run's CudnnEngine (or any
+# Small-input runners for the self-check (fastpaths/): ``engine`` is the run's CudnnEngine (or any
 # object with its conv_/bn_ methods, ``xp`` and ``io_dtype``); the reference is the im2col / xp
 # layers on the same values in float32.  Inputs are random (never zeros), the same on every rank;
 # gradient outputs are poisoned with NaN first, so an output cuDNN never writes cannot pass.

@@ -12,7 +12,7 @@ Every public kernel function here takes xp arrays and picks its implementation f
 Which of the two CuPy arrays get in a run is its :class:`Kernels` object, built from the config key
 ``model.kernels`` (``fused`` | ``reference``) by the run's set-up and passed to the model and the
 optimizer; nothing is read from the environment and nothing is kept per process.  The start-up
-self-check (fastpaths.py) runs each kernel on small inputs (:func:`check_case`) and turns one that
+self-check (fastpaths/) runs each kernel on small inputs (:func:`check_case`) and turns one that
 fails off (:meth:`Kernels.disable`): its twin runs instead.
 
 Kernels (one pass over memory each, where the unfused code makes 2-4):
@@ -123,7 +123,7 @@ class Kernels:
 
     - ``impl``: ``fused`` (CuPy arrays run the CUDA kernels) or ``reference`` (the xp twins for
       every array, to compare against the fused kernels);
-    - :meth:`disable`: the start-up check (fastpaths.py) turns a fused kernel that failed off for
+    - :meth:`disable`: the start-up check (fastpaths/) turns a fused kernel that failed off for
       this run, in the activation dtype it failed in (or every dtype); its ``_ref`` twin runs
       instead, and the same kernel in another dtype that passed stays on.
 
@@ -283,7 +283,7 @@ def check_case(name: str, xp, act: str = "float32", par: str = "float32", seed: 
     ``case`` (one of ``CASES[name]``): ``random``; ``nan``: some inputs NaN, which must come out
     NaN where the twin's do (a kernel that turns NaN into 0 hides a diverging run); for
     ``sgd_update`` also ``no mask`` (weight decay on every parameter) and ``no momentum`` (plain
-    SGD), the kernel's other branches.  Used by the start-up self-check (fastpaths.py); the inputs
+    SGD), the kernel's other branches.  Used by the start-up self-check (fastpaths/); the inputs
     are the same on every rank."""
     if name not in KERNEL_NAMES:
         raise ValueError(f"kernels: no kernel {name!r} (known: {', '.join(KERNEL_NAMES)})")

@@ -364,7 +364,7 @@ class ResNet:
     def layer_inputs(self, n: int, hw: int) -> list[tuple[object, tuple]]:
         """(leaf module, the shape of its input) for a batch x: (n, hw, hw, 3), in forward order
         (a block's main branch, then its shortcut): the geometry of every layer without running
-        one, e.g. for the start-up check's cuDNN graphs (fastpaths.py)."""
+        one, e.g. for the start-up check's cuDNN graphs (fastpaths/)."""
         out: list = []
         self.net.trace((n, hw, hw, 3), lambda mod, shape: out.append((mod, shape)))
         return out

@@ -1,0 +1,222 @@
+"""The self-check's framework (``fastpaths/``): a ``Component`` (a fast twin and its reference),
+comparing them, ``validate`` (run, compare, agree across ranks, turn the failures off, speak once)
+and the run's ``Report``.  The components themselves are built in ``fastpaths/parts.py``."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..choices import FAST_PATH_MODES
+from ..errors import BackendError
+
+log = logging.getLogger("scalesgd")
+
+CHECK_BATCH = 2                      # batch of the cuDNN checks (real H, W, C of each layer)
+# ||fast - ref|| / ||ref|| per output.  A wrong layout, stride or unwritten output is off by ~1; TF32
+# (10-bit mantissa) is ~5e-4 off, which precision tf32 allows and fp32 (its graphs exclude tensor-core
+# plans, nn/cudnn_conv.build_conv) must not: a float32 summation-order difference is ~1e-6
+CONV_TOL = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 3e-2}
+KERNEL_TOL = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 1e-2}
+# the whole model (logits, gradients) against its reference layers: per-layer errors compound over
+# depth, so wider than CONV_TOL; a stale or wrong weight copy is off by O(1).  Estimates: not yet
+# calibrated on a GPU (benchmarks/gpu_check.sh records the errors a GPU gives)
+MODEL_TOL = {"fp32": 1e-3, "tf32": 5e-2, "bf16": 0.25}
+EVAL_ROWS = 2                        # rows of an evaluation batch compared (eval rows are independent)
+TRANSPORT_TOL = 1e-6                 # float32 sums of a few ranks: only the summation order differs
+DECODE_TOL = 0.05                    # nvJPEG vs libjpeg-turbo: IDCT and chroma upsampling differ
+DECODE_SAMPLES = 4
+
+
+@dataclass
+class Component:
+    """One fast path: ``run()`` and ``reference()`` compute the same outputs (an array or a tuple
+    of arrays, any xp) on the same small inputs; ``disable()`` makes the run use ``fallback``."""
+
+    name: str                        # unique, the same on every rank (it is what ranks agree on)
+    run: Callable[[], object]
+    reference: Callable[[], object]
+    tol: float                       # allowed ||fast - ref|| / ||ref|| of each output
+    fallback: str                    # what runs instead, in words
+    disable: Callable[[], None]
+    outputs: tuple = ()              # names of the outputs, for messages
+
+
+# ----------------------------------------------------------------------------- the outcome
+class Report:
+    """One run's outcome, for summary.json (owned by the run's set-up, ``Setup.fast_paths``):
+    the mode, the seconds the checks took, and per component its status (``used``, ``fell back``,
+    ``off``), error, fallback, relative error and seconds."""
+
+    def __init__(self, mode: str | None = None):
+        if mode is not None and mode not in FAST_PATH_MODES:
+            raise ValueError(f"model.fast_paths: expected one of {', '.join(FAST_PATH_MODES)}, "
+                             f"got {mode!r}")
+        self.mode, self.seconds, self.components, self.gflops = mode, 0.0, {}, 0.0
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps({"mode": self.mode, "seconds": self.seconds,
+                                      "gflops": round(self.gflops, 3), "components": self.components}))
+
+
+# ----------------------------------------------------------------------------- comparing
+def _host64(a) -> np.ndarray:
+    """A float64 NumPy copy of an xp array (CuPy: ``get()``; bf16: widened)."""
+    if not isinstance(a, np.ndarray) and hasattr(a, "get"):
+        a = a.get()
+    return np.asarray(a).astype(np.float64)
+
+
+def compare(got, want, tol: float, names: tuple = ()) -> tuple[float, str | None]:
+    """(worst relative error, None) when every output of ``got`` is within ``tol`` of ``want``
+    (``||a - b|| / ||b||``), else (error, what is wrong: the output, its shape or values)."""
+    got, want = (tuple(v) if isinstance(v, (tuple, list)) else (v,) for v in (got, want))
+    if len(got) != len(want):
+        return math.inf, f"{len(got)} outputs, the reference has {len(want)}"
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(got, want)):
+        what = names[i] if i < len(names) else f"output {i}"
+        if a is None:
+            return math.inf, f"{what}: missing"
+        a, b = _host64(a), _host64(b)
+        if a.shape != b.shape:
+            return math.inf, f"{what}: shape {a.shape}, the reference's is {b.shape}"
+        bad, want_bad = ~np.isfinite(a), ~np.isfinite(b)
+        if (bad & ~want_bad).any():
+            return math.inf, f"{what}: {int((bad & ~want_bad).sum())} non-finite values (unwritten?)"
+        if (want_bad & ~bad).any():
+            return math.inf, (f"{what}: {int((want_bad & ~bad).sum())} finite values where the "
+                              "reference has NaN or inf (a NaN turned into a number hides divergence)")
+        if not np.array_equal(a[bad], b[bad], equal_nan=True):
+            return math.inf, f"{what}: non-finite values differ from the reference's (NaN vs inf, or inf signs)"
+        a, b = a[~bad], b[~bad]
+        err = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+        worst = max(worst, err)
+        if not err <= tol:
+            return err, f"{what}: relative error {err:.2e} > tolerance {tol:.0e}"
+    return worst, None
+
+
+def _check(c: Component) -> tuple[float | None, str | None]:
+    """Runs one component and its reference: (relative error, None) or (error or None, why).
+    The reference runs even when the fast path raised: for a collective component (the all-reduce
+    transport) both are collectives, and a rank that skipped the reference would enter the next
+    collective while the others sit in it."""
+    out = ref = None
+    try:
+        out = c.run()
+    except Exception as exc:  # noqa: BLE001 - any failure of a fast path means "do not use it"
+        failed = exc
+    else:
+        failed = None
+    try:
+        ref = c.reference()
+    except Exception as exc:  # noqa: BLE001
+        failed = failed or exc
+    if failed is not None:
+        return None, _why(failed)
+    try:
+        return compare(out, ref, c.tol, c.outputs)
+    except Exception as exc:  # noqa: BLE001
+        return None, _why(exc)
+
+
+def _why(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# ----------------------------------------------------------------------------- the check
+def validate(components, mode: str, agree=None, speak: bool = True, report: Report | None = None,
+             tally: bool = True) -> dict:
+    """Checks ``components`` as ``mode`` says; records and returns each outcome ({name: dict}).
+
+    ``agree(failed) -> failed``: this rank's {name: (error, fallback)} -> every rank's, merged in
+    rank order (a collective: every rank calls it once per ``validate``, with or without
+    components; None on one rank).  ``speak``: this rank writes the log lines (rank 0).  In
+    ``strict`` mode a failure anywhere raises BackendError on every rank, after the agreement.
+    ``tally``: end with the line counting the components checked (a caller that validates in
+    rounds says it once itself)."""
+    if mode not in FAST_PATH_MODES:
+        raise ValueError(f"model.fast_paths: expected one of {', '.join(FAST_PATH_MODES)}, got {mode!r}")
+    report = report if report is not None else Report(mode)
+    if mode == "off":
+        return _turn_off(components, speak, report)
+    t0, measured, failed = time.perf_counter(), {}, {}
+    for c in components:
+        t = time.perf_counter()
+        err, why = _check(c)
+        measured[c.name] = {"rel_error": err if err is not None and math.isfinite(err) else None,
+                            "seconds": round(time.perf_counter() - t, 6)}   # (JSON has no inf)
+        if why is not None:
+            failed[c.name] = (why, c.fallback)
+    if agree is not None:
+        failed = agree(failed)
+    if failed and mode == "strict":
+        raise _strict_error(failed, shared=agree is not None)
+    out = {}
+    for c in components:
+        out[c.name] = dict(status="used", **measured[c.name])
+        if c.name in failed:
+            c.disable()
+            out[c.name].update(status="fell back", error=failed[c.name][0], fallback=c.fallback)
+    _say(failed, components, time.perf_counter() - t0, speak, tally)
+    if components:                   # nothing to check (NumPy): no time is spent, none reported
+        report.seconds = round(report.seconds + time.perf_counter() - t0, 6)
+    report.components.update(out)
+    return out
+
+
+def _turn_off(components, speak: bool, report: Report) -> dict:
+    """``off``: every component disabled unchecked (only the references run)."""
+    out = {}
+    for c in components:
+        c.disable()
+        out[c.name] = {"status": "off", "fallback": c.fallback}
+    if components and speak:
+        log.info("fast paths off (model.fast_paths = off): %d not checked, their references run",
+                 len(components))
+    report.components.update(out)
+    return out
+
+
+def _say(failed: dict, components, seconds: float, speak: bool, tally: bool = True) -> None:
+    """Rank 0's lines: one warning per component that failed (on any rank), and the tally."""
+    if not speak:
+        return
+    for name, (why, fallback) in failed.items():
+        log.warning("warning: fast path %s failed its start-up check (%s): using %s instead",
+                    name, why, fallback)
+    if components and tally:
+        log.info("fast paths: %d checked against their references in %.2f s, %d fell back",
+                 len(components), seconds, len(failed))
+
+
+def _strict_error(failed: dict, shared: bool) -> BackendError:
+    """The one-line error of ``strict`` mode: the first failure, and how many more."""
+    (name, (why, fallback)), more = next(iter(failed.items())), list(failed)[1:]
+    err = BackendError(
+        f"model.fast_paths = strict: fast path {name} failed its start-up check ({why})"
+        + (f"; {len(more)} more failed: {', '.join(more)}" if more else "")
+        + f"; --fast-paths auto would use {fallback} instead, --fast-paths off only the references")
+    err.shared = shared              # the ranks agreed: every rank raises it, rank 0 reports it once
+    return err
+
+
+def agree_over(comm):
+    """``agree`` for :func:`validate` over ``comm``: every rank's failures, merged in rank order
+    (the first rank's error for a name wins, prefixed with its rank), as JSON text (no pickle)."""
+    from ..comm.collectives import allgather_text  # noqa: PLC0415
+
+    def agree(failed: dict) -> dict:
+        merged: dict = {}
+        for rank, text in enumerate(allgather_text(comm, json.dumps(failed))):
+            for name, (why, fallback) in json.loads(text).items():
+                merged.setdefault(name, (f"rank {rank}: {why}", fallback))
+        return merged
+    return agree
