@@ -334,11 +334,37 @@ def test_the_two_level_allreduce_sends_fewer_bytes_across_nodes(tmp_path, tiny_d
         assert sent["node"] < 0.9 * sent["none"], sent
 
 
+def test_hierarchical_asgd_resumes_on_more_ranks_from_the_master(tmp_path, tiny_data, prefix):
+    """A-SGD with ``--hierarchy node`` on 2 nodes x 2 (the server alone, a worker group of 1 and
+    one of 2) resumed on 2 nodes x 3 (groups of 2 and 3): every new worker continues a saved
+    group leader's state (a member's is not the method's) and starts from the master; at lr 0 the
+    pushes are zero, so every replica and the master in the final checkpoint equal the saved
+    master."""
+    from helpers import final_arrays
+    env = {"OMP_NUM_THREADS": "1", "SCALESGD_DATA": str(tmp_path / "digits")}
+    run_dir = tmp_path / "asgd"
+    with nc.NetCluster(2, rate="1gbit", prefix=prefix, ranks_per_node=2, cpus_per_node=1) as c:
+        res = c.run([sys.executable, "-m", "src.main", "--data", str(tiny_data), *TINY, "--batch-size", "4",
+                     "--method", "asgd", "--hierarchy", "node", "--progress", "off", "--run-dir",
+                     str(run_dir)], env=env, cwd=ROOT, capture=True, timeout=120)
+        assert res.returncode == 0, f"rc={res.returncode}\n{res.stdout}\n{res.stderr}"
+        master = final_arrays(run_dir)["rank-00000/params"]
+        res = c.run([sys.executable, "-m", "src.main", "--resume", str(run_dir), "--epochs", "2", "--lr", "0"],
+                    env=env, cwd=ROOT, capture=True, timeout=120, layout=[3, 3])
+        assert res.returncode == 0, f"rc={res.returncode}\n{res.stdout}\n{res.stderr}"
+    assert "written by 4 ranks, on 6" in res.stderr and "3 group(s) of 1/2/3 rank(s)" in res.stderr, res.stderr
+    assert "master moves" not in res.stderr, res.stderr     # 2 worker groups push, as before
+    got = final_arrays(run_dir)
+    for r in range(6):
+        np.testing.assert_array_equal(got[f"rank-{r:05d}/params"], master, err_msg=f"rank {r}")
+
+
 def test_hierarchical_gossip_keeps_a_nodes_replicas_identical_and_resumes(tmp_path, tiny_data, prefix):
     """2 nodes x 2 ranks, overlapped push-sum gossip with ``--hierarchy node`` (the most state to
     carry: inboxes, weights, exchanges in flight): the ranks of a node average gradients and
     only their leaders gossip.  It trains, only the leaders exchange, its checkpoint holds identical
-    replicas within each node, and it resumes to a longer run.
+    replicas within each node, and it resumes to a longer run; a resume onto another split of the
+    same 4 ranks is refused, one onto 6 ranks starts every rank from the saved leaders' average.
     (Every other method with the hierarchy: the 3-node test above.)"""
     from helpers import final_arrays
     env = {"OMP_NUM_THREADS": "1", "SCALESGD_DATA": str(tmp_path / "digits")}
@@ -358,15 +384,31 @@ def test_hierarchical_gossip_keeps_a_nodes_replicas_identical_and_resumes(tmp_pa
         assert res.returncode == 0, f"resume: rc={res.returncode}\n{res.stdout}\n{res.stderr}"
         h = json.loads((tmp_path / "node" / "summary.json").read_text())["history"]
         assert h[-1]["epoch"] == 2.0, h
+        # only the leaders (ranks 0 and 2) gossip; the bytes a run moves vary with how many steps
+        # its asynchronous ranks take, so the byte cut is measured by benchmarks/hierarchy.py
+        for r in range(4):
+            steps = [json.loads(x) for x in (tmp_path / "node" / "metrics" / f"rank-{r}.jsonl")
+                     .read_text().splitlines() if '"kind": "step"' in x]
+            assert (steps[-1].get("gossip_exchanges", 0) > 0) == (r % 2 == 0), (r, steps[-1])
         # the same 4 ranks split 3 + 1 into nodes: the checkpoint's node groups differ, refused
         res = c.run([sys.executable, "-m", "src.main", "--resume", str(tmp_path / "node"), "--epochs", "3"],
                     env=env, cwd=ROOT, capture=True, timeout=120, layout=[3, 1])
         assert res.returncode != 0 and not res.timed_out, f"rc={res.returncode}\n{res.stderr}"
         assert "the checkpoint was written with other node groups" in res.stderr, res.stderr
         assert "(4 of 4 ranks now sit in another group" in res.stderr, res.stderr
-    # only the leaders (ranks 0 and 2) gossip; the bytes a run moves vary with how many steps its
-    # asynchronous ranks take, so the byte cut is measured by benchmarks/hierarchy.py, not here
-    for r in range(4):
-        steps = [json.loads(x) for x in (tmp_path / "node" / "metrics" / f"rank-{r}.jsonl").read_text()
-                 .splitlines() if '"kind": "step"' in x]
-        assert (steps[-1].get("gossip_exchanges", 0) > 0) == (r % 2 == 0), (r, steps[-1])
+        # on 6 ranks (2 nodes x 3): every rank starts from the saved leaders' average, sum w x / sum w
+        # (members hold copies: not counted), and at lr 0 nothing moves it (mixing equal replicas)
+        from scalesgd.io import checkpoint as ckpt
+        saved = final_arrays(tmp_path / "node")
+        meta_path = ckpt.listing(ckpt.checkpoint_dir(tmp_path / "node"))[-1]
+        weights = {r: ckpt.read_rank(meta_path, r)[2]["method"].get("weight") for r in (0, 2)}
+        want = sum(w * saved[f"rank-{r:05d}/params"].astype(np.float64) for r, w in weights.items()) \
+            / sum(weights.values())
+        res = c.run([sys.executable, "-m", "src.main", "--resume", str(tmp_path / "node"), "--epochs", "3",
+                     "--lr", "0"], env=env, cwd=ROOT, capture=True, timeout=120, layout=[3, 3])
+        assert res.returncode == 0, f"rc={res.returncode}\n{res.stdout}\n{res.stderr}"
+        assert "written by 4 ranks, on 6" in res.stderr, res.stderr
+        got = final_arrays(tmp_path / "node")
+        for r in range(6):
+            np.testing.assert_allclose(got[f"rank-{r:05d}/params"], want, rtol=1e-5, atol=1e-6)
+        assert json.loads((tmp_path / "node" / "summary.json").read_text())["ranks"] == 6

@@ -18,8 +18,10 @@ saves its own state (a leader its gossip state; ``quiesce`` first folds the lead
 broadcasts the result, so a node's replicas are identical in the file); a resume restores them.
 The server methods: each server rank is a group of its own (``node_split(alone=True)``) and keeps
 its rank among the leaders, so the inner method's server serves the node groups' leaders.
-Not built: resuming on another rank count or another split of the ranks into nodes (both refused
-at resume), ``--on-failure continue`` (config refuses it), and the virtual cluster.
+A resume on the same rank count must keep the split into nodes (else refused: a leader's state
+is the method's, a member's only the base's); on another rank count (``resuming.restore``) every
+new rank continues a saved *leader* and the averaging methods start from the saved leaders'
+average.  Not built: ``--on-failure continue`` (config refuses it), and the virtual cluster.
 """
 from __future__ import annotations
 
@@ -224,8 +226,17 @@ class NodeGroup(Method):
             self._sync_head()
 
     def load_reshaped(self, ps, scalars: dict, total: int) -> None:
-        raise MethodError("dist.hierarchy = node: resuming on another rank count is not built yet: "
-                          "resume on the same ranks, or without --hierarchy from a flat run")
+        """Collective, gossip resumed on another rank count (``resuming.restore``): ``ps`` holds
+        the average of the saved leaders' replicas on every rank; the leaders start a fresh
+        exchange history (``Gossip.load_reshaped``), every rank of a node takes the count."""
+        if self.inner is not None:
+            self.inner.load_reshaped(ps, scalars, total)
+            self.global_samples = self.inner.global_samples
+        else:
+            self.global_samples = int(total)
+            self.timers.update(scalars["timers"])
+        if self.node.size > 1:
+            self._sync_head()
 
     def use_host_transport(self) -> None:
         """The start-up check's fallback (fastpaths/): the node's gradient sum through MPI on

@@ -92,8 +92,11 @@ def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
     rest of this rank's JSON state)."""
     m, ps, xp = s.method, s.model.ps, s.backend.xp
     old_p = ckpt.read_meta(path)["ranks"]
-    source = source_rank(s, old_p)                   # another rank count: the rank it continues
+    leaders = saved_leaders(s, path, old_p) if old_p != s.topo.size else None
+    source = source_rank(s, old_p, leaders)          # another rank count: the rank it continues
     meta, arrays, state = ckpt.read_rank(path, source)
+    if old_p != s.topo.size:                         # (--hierarchy node: new node groups, by design)
+        state["method"].pop("node_group", None)
     if old_p != s.topo.size and m.name == "gossip":  # every rank: the average of the saved replicas
         total = average_replicas(s, path, old_p)
         m.load_reshaped(ps, state.pop("method"), total)
@@ -120,19 +123,37 @@ def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
         if lines is not None:                        # the events after the checkpoint never happened
             m.trace.truncate(int(lines))
         return meta, loop, state
-    return meta, reshaped(s, path, loop, state, old_p), state
+    return meta, reshaped(s, path, loop, state, old_p, source, leaders), state
 
 
-def source_rank(s, old_p: int) -> int:
+def source_rank(s, old_p: int, leaders: list[int] | None = None) -> int:
     """The saved rank whose state this rank continues: itself on the same rank count; else a
     replica (rank mod p_old), and for the server methods shard k for shard k and saved worker
-    (w mod W_old) for worker w (the shard count cannot change: ``dist.servers`` defines the run)."""
+    (w mod W_old) for worker w (the shard count cannot change: ``dist.servers`` defines the run).
+    A checkpoint of node groups (``leaders``: its saved leaders, ``saved_leaders``): worker w
+    continues saved worker leader w mod their count (a member's state is not its method's)."""
     if old_p == s.topo.size:
         return s.topo.rank
     k = s.roles.num_servers
+    if leaders is not None and not s.roles.is_server:
+        workers = [j for j in leaders if j >= k]
+        return workers[(s.topo.rank - k) % len(workers)]
     if not k:
         return s.topo.rank % old_p
     return s.topo.rank if s.roles.is_server else k + s.roles.worker_index % (old_p - k)
+
+
+def saved_leaders(s, path: Path, old_p: int) -> list[int] | None:
+    """Collective: the saved ranks that led a node group (``dist.hierarchy = node``: their state
+    is the method's, the members' only the base's), read by rank 0 from each rank's
+    ``node_group``; None for a checkpoint of a flat run."""
+    led = np.full(old_p, -1, np.int64)
+    if s.topo.is_root:
+        for j in range(old_p):
+            group = ckpt.read_rank(path, j, arrays=False)[2]["method"].get("node_group")
+            led[j] = -1 if group is None else int(group[0] == j)
+    s.method.comm.broadcast(led, 0)
+    return None if led[0] < 0 else [j for j in range(old_p) if led[j] == 1]
 
 
 def saved_center(s, path: Path):
@@ -151,7 +172,8 @@ def saved_center(s, path: Path):
 def average_replicas(s, path: Path, old_p: int) -> int:
     """Collective: rank 0 reads every saved replica and averages params, momentum and BN buffers
     (push-sum: ``sum w_i x_i / sum w_i``, the de-biased average the weights conserve; pull: the
-    plain mean), in float64; every rank gets them by broadcast.  Returns the saved global count
+    plain mean), in float64; every rank gets them by broadcast.  Node groups: the leaders' replicas
+    only (a member's is its leader's copy).  Returns the saved global count
     (the sample counter's value on saved rank 0)."""
     ps, opt = s.model.ps, s.opt
     flats = (ps.params, opt.momentum, ps.buffers)
@@ -161,6 +183,9 @@ def average_replicas(s, path: Path, old_p: int) -> int:
         weights = 0.0
         for j in range(old_p):
             _, arrays, st = ckpt.read_rank(path, j)
+            group = st["method"].get("node_group")
+            if group is not None and group[0] != j:          # a member: a copy of its leader's
+                continue
             w = float(st["method"].get("weight", 1.0))      # push-sum's weight; pull: 1
             for acc, key in zip(sums, ("params", "momentum", "buffers")):
                 acc += w * arrays[key].astype(np.float64)
@@ -177,7 +202,8 @@ def average_replicas(s, path: Path, old_p: int) -> int:
     return int(total[0])
 
 
-def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int) -> LoopState:
+def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int, source: int,
+             leaders: list[int] | None = None) -> LoopState:
     """The loop counters of a rank of a run resumed on another rank count (``RESHAPEABLE``
     methods): the data position continues from the global sample count in this job's epochs
     (``Setup.samples_per_epoch``), as if this job had run from the start; the times are those of
@@ -191,12 +217,14 @@ def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int) -> LoopSta
         log.info("resuming %s, written by %d ranks, on %d: continuing from %d global samples (epoch "
                  "%.2f); not bitwise: the data order depends on the rank count", path, old_p, p, gs,
                  gs / spe if spe else 0.0)
-        if s.method.name == "asgd" and old_p - k != s.roles.num_workers:
-            log.warning("warning: asgd's server adds every worker's update, and schedule.lr = %g was "
-                        "set for %d workers (saved in config.json): with %d the master moves %.2fx as "
-                        "far per round; --lr %.4g keeps its step (lr x workers)", s.cfg.schedule.lr,
-                        old_p - k, s.roles.num_workers, s.roles.num_workers / (old_p - k),
-                        s.cfg.schedule.lr * (old_p - k) / s.roles.num_workers)
+        before, now, who = old_p - k, s.roles.num_workers, "worker"
+        if leaders is not None:                     # node groups: only their leaders push
+            before, now, who = sum(j >= k for j in leaders), s.method.num_nodes - k, "worker node group"
+        if s.method.name == "asgd" and before != now:
+            log.warning("warning: asgd's server adds every %s's update, and schedule.lr = %g was "
+                        "set for %d %ss (saved in config.json): with %d the master moves %.2fx as "
+                        "far per round; --lr %.4g keeps its step (lr x %ss)", who, s.cfg.schedule.lr,
+                        before, who, now, now / before, s.cfg.schedule.lr * before / now, who)
     if s.roles.is_server:                           # a server's counters are its own (no data)
         return loop
     step_batch = s.cfg.data.batch_size * s.roles.num_workers
@@ -206,7 +234,7 @@ def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int) -> LoopSta
     owned, w = 0, s.roles.worker_index
     for v in range(w, old_p - k, s.roles.num_workers):     # saved workers v with v mod W == w
         j = k + v
-        st = state if j == source_rank(s, old_p) else ckpt.read_rank(path, j, arrays=False)[2]
+        st = state if j == source else ckpt.read_rank(path, j, arrays=False)[2]
         owned += int(st.get("bad_samples", {}).get("owned", 0))
     if "bad_samples" in state:
         state["bad_samples"] = {**state["bad_samples"], "owned": owned}
