@@ -334,29 +334,36 @@ def test_the_two_level_allreduce_sends_fewer_bytes_across_nodes(tmp_path, tiny_d
         assert sent["node"] < 0.9 * sent["none"], sent
 
 
-def test_hierarchical_asgd_resumes_on_more_ranks_from_the_master(tmp_path, tiny_data, prefix):
-    """A-SGD with ``--hierarchy node`` on 2 nodes x 2 (the server alone, a worker group of 1 and
-    one of 2) resumed on 2 nodes x 3 (groups of 2 and 3): every new worker continues a saved
-    group leader's state (a member's is not the method's) and starts from the master; at lr 0 the
-    pushes are zero, so every replica and the master in the final checkpoint equal the saved
-    master."""
+@pytest.mark.parametrize("method", ["asgd", "localsgd"])
+def test_hierarchical_runs_resume_on_more_ranks_from_the_saved_leaders(tmp_path, tiny_data, prefix, method):
+    """``--hierarchy node`` on 2 nodes x 2 resumed on 2 nodes x 3: every new worker continues a
+    saved group leader's state (a member's is not the method's).  A-SGD (the server alone, worker
+    groups of 1 and 2, then 2 and 3): the workers start from the master; local SGD (groups of 2,
+    then 3): from the mean of the saved leaders' replicas.  At lr 0 nothing moves them (zero
+    pushes; averaging equal replicas), so the final checkpoint holds exactly that on every rank."""
     from helpers import final_arrays
     env = {"OMP_NUM_THREADS": "1", "SCALESGD_DATA": str(tmp_path / "digits")}
-    run_dir = tmp_path / "asgd"
+    run_dir = tmp_path / method
     with nc.NetCluster(2, rate="1gbit", prefix=prefix, ranks_per_node=2, cpus_per_node=1) as c:
         res = c.run([sys.executable, "-m", "src.main", "--data", str(tiny_data), *TINY, "--batch-size", "4",
-                     "--method", "asgd", "--hierarchy", "node", "--progress", "off", "--run-dir",
+                     "--method", method, "--hierarchy", "node", "--progress", "off", "--run-dir",
                      str(run_dir)], env=env, cwd=ROOT, capture=True, timeout=120)
         assert res.returncode == 0, f"rc={res.returncode}\n{res.stdout}\n{res.stderr}"
-        master = final_arrays(run_dir)["rank-00000/params"]
+        saved = final_arrays(run_dir)
+        if method == "asgd":
+            want = saved["rank-00000/params"]                                  # the master
+        else:
+            want = ((saved["rank-00000/params"].astype(np.float64) + saved["rank-00002/params"]) / 2
+                    ).astype(np.float32)
         res = c.run([sys.executable, "-m", "src.main", "--resume", str(run_dir), "--epochs", "2", "--lr", "0"],
                     env=env, cwd=ROOT, capture=True, timeout=120, layout=[3, 3])
         assert res.returncode == 0, f"rc={res.returncode}\n{res.stdout}\n{res.stderr}"
-    assert "written by 4 ranks, on 6" in res.stderr and "3 group(s) of 1/2/3 rank(s)" in res.stderr, res.stderr
-    assert "master moves" not in res.stderr, res.stderr     # 2 worker groups push, as before
+    groups = "3 group(s) of 1/2/3 rank(s)" if method == "asgd" else "2 group(s) of 3 rank(s)"
+    assert "written by 4 ranks, on 6" in res.stderr and groups in res.stderr, res.stderr
+    assert "master moves" not in res.stderr, res.stderr     # (asgd: 2 worker groups push, as before)
     got = final_arrays(run_dir)
     for r in range(6):
-        np.testing.assert_array_equal(got[f"rank-{r:05d}/params"], master, err_msg=f"rank {r}")
+        np.testing.assert_array_equal(got[f"rank-{r:05d}/params"], want, err_msg=f"rank {r}")
 
 
 def test_hierarchical_gossip_keeps_a_nodes_replicas_identical_and_resumes(tmp_path, tiny_data, prefix):
