@@ -90,3 +90,22 @@ def test_asgd_with_a_hierarchy_serves_one_group_per_node(tmp_path, data):
     rows = [json.loads(x) for x in (run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()]
     served = [r for r in rows if r["kind"] == "server"]
     assert served and served[-1]["served"] > 0, served
+
+
+def test_a_reshaped_resume_continues_each_node_group_from_one_saved_leader():
+    """``resuming.source_rank`` for a checkpoint of node groups: every rank of new worker group g
+    (its leader's rank among the leaders, less the servers) continues saved worker leader g mod
+    their count, so the new groups take distinct saved leaders in order and a member never takes a
+    state of its own; servers continue themselves.  Saved: a server (rank 0) and worker groups led by
+    ranks 1 and 2 (2 x 2 nodes); new: 2 x 3 nodes, groups {1, 2} and {3, 4, 5}; and 3 groups of 2."""
+    from types import SimpleNamespace as NS
+
+    from scalesgd.train.resuming import source_rank
+
+    def src(rank, group_index, servers=1, leaders=(0, 1, 2)):
+        s = NS(topo=NS(rank=rank, size=6), roles=NS(num_servers=servers, is_server=rank < servers),
+               method=NS(group_index=group_index))
+        return source_rank(s, 4, leaders=list(leaders))
+    assert [src(r, g) for r, g in [(0, 0), (1, 1), (2, 1), (3, 2), (4, 2), (5, 2)]] == [0, 1, 1, 2, 2, 2]
+    # gossip (no server), saved leaders 0 and 2; new: 3 nodes of 2, groups 0, 1, 2
+    assert [src(r, r // 2, servers=0, leaders=(0, 2)) for r in range(6)] == [0, 0, 2, 2, 0, 0]

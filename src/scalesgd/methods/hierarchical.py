@@ -43,10 +43,12 @@ class NodeGroup(Method):
         self.name = inner_cls.name
         self.node = comm.node_split(alone=roles.is_server)  # collective on the job
         self.is_leader = self.node.rank == 0               # (a server rank is its own group)
-        head = np.array([roles.rank], np.int64)
+        self.leaders = leaders = comm.split(0 if self.is_leader else 1, roles.rank)  # (members: theirs)
+        head = np.array([roles.rank, leaders.rank], np.int64)
         self.node.broadcast(head, 0)
         self.group = [int(head[0]), self.node.size]        # (its leader's job rank, its size)
-        self.leaders = leaders = comm.split(0 if self.is_leader else 1, roles.rank)  # (members: theirs)
+        self.group_index = int(head[1])                    # its leader's rank among the leaders
+                                                           # (servers: 0..K-1, then worker groups)
         count = comm.allreduce_sum_host(np.array([1 if self.is_leader else 0], np.int64))
         self.num_nodes = int(count[0])
         sizes, _ = comm.allgather_int64(np.array([self.node.size if self.is_leader else 0], np.int64))

@@ -92,16 +92,21 @@ def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
     rest of this rank's JSON state)."""
     m, ps, xp = s.method, s.model.ps, s.backend.xp
     old_p = ckpt.read_meta(path)["ranks"]
-    leaders = saved_leaders(s, path, old_p) if old_p != s.topo.size else None
+    leaders = None
+    if old_p != s.topo.size and s.cfg.dist.hierarchy == "node" and hasattr(m, "group_index"):
+        leaders = saved_leaders(s, path, old_p)      # (node groups: NodeGroup; all-reduce: flat)
+        if leaders is None:
+            raise CheckpointError(f"{path}: written by a --hierarchy node run before checkpoints "
+                                  f"recorded node groups: resume it on the same {old_p} ranks")
     source = source_rank(s, old_p, leaders)          # another rank count: the rank it continues
     meta, arrays, state = ckpt.read_rank(path, source)
     if old_p != s.topo.size:                         # (--hierarchy node: new node groups, by design)
         state["method"].pop("node_group", None)
     if old_p != s.topo.size and m.name == "gossip":  # every rank: the average of the saved replicas
-        total = average_replicas(s, path, old_p)
+        total = average_replicas(s, path, old_p, leaders)
         m.load_reshaped(ps, state.pop("method"), total)
     elif old_p != s.topo.size and m.name == "localsgd":   # the average; SlowMo's state is shared
-        average_replicas(s, path, old_p)
+        average_replicas(s, path, old_p, leaders)
         m.load_state(ps, {k: v for k, v in arrays.items() if k not in ("params", "momentum", "buffers")},
                      state.pop("method"))
     elif old_p != s.topo.size and s.roles.num_servers and not s.roles.is_server:
@@ -130,14 +135,15 @@ def source_rank(s, old_p: int, leaders: list[int] | None = None) -> int:
     """The saved rank whose state this rank continues: itself on the same rank count; else a
     replica (rank mod p_old), and for the server methods shard k for shard k and saved worker
     (w mod W_old) for worker w (the shard count cannot change: ``dist.servers`` defines the run).
-    A checkpoint of node groups (``leaders``: its saved leaders, ``saved_leaders``): worker w
-    continues saved worker leader w mod their count (a member's state is not its method's)."""
+    A checkpoint of node groups (``leaders``: its saved leaders, ``saved_leaders``): every rank of
+    worker group g (``NodeGroup.group_index`` - K) continues saved worker leader g mod their count
+    (a member's state is not its method's; the groups keep their saved order)."""
     if old_p == s.topo.size:
         return s.topo.rank
     k = s.roles.num_servers
     if leaders is not None and not s.roles.is_server:
         workers = [j for j in leaders if j >= k]
-        return workers[(s.topo.rank - k) % len(workers)]
+        return workers[(s.method.group_index - k) % len(workers)]
     if not k:
         return s.topo.rank % old_p
     return s.topo.rank if s.roles.is_server else k + s.roles.worker_index % (old_p - k)
@@ -169,11 +175,11 @@ def saved_center(s, path: Path):
     return np.concatenate(parts)
 
 
-def average_replicas(s, path: Path, old_p: int) -> int:
+def average_replicas(s, path: Path, old_p: int, leaders: list[int] | None = None) -> int:
     """Collective: rank 0 reads every saved replica and averages params, momentum and BN buffers
     (push-sum: ``sum w_i x_i / sum w_i``, the de-biased average the weights conserve; pull: the
-    plain mean), in float64; every rank gets them by broadcast.  Node groups: the leaders' replicas
-    only (a member's is its leader's copy).  Returns the saved global count
+    plain mean), in float64; every rank gets them by broadcast.  Node groups: the saved
+    ``leaders``' replicas only (a member's is its leader's copy).  Returns the saved global count
     (the sample counter's value on saved rank 0)."""
     ps, opt = s.model.ps, s.opt
     flats = (ps.params, opt.momentum, ps.buffers)
@@ -181,11 +187,8 @@ def average_replicas(s, path: Path, old_p: int) -> int:
     total = np.zeros(1, np.int64)
     if s.topo.is_root:
         weights = 0.0
-        for j in range(old_p):
+        for j in (range(old_p) if leaders is None else leaders):
             _, arrays, st = ckpt.read_rank(path, j)
-            group = st["method"].get("node_group")
-            if group is not None and group[0] != j:          # a member: a copy of its leader's
-                continue
             w = float(st["method"].get("weight", 1.0))      # push-sum's weight; pull: 1
             for acc, key in zip(sums, ("params", "momentum", "buffers")):
                 acc += w * arrays[key].astype(np.float64)
