@@ -9,8 +9,8 @@ Each variant (``push-ov``: gossip push-sum, overlapped, exponential graph; ``pus
 same on the uniform graph, as the generated ImageNet jobs; ``push-ov-uniform-1eval``: the same
 evaluated only at the end, so that the bytes are the training exchanges' (each evaluation averages
 the replicas, moving about as many bytes with the hierarchy as without under a node-aware
-all-reduce); ``pull``: the authors' blocking pull;
-``allreduce``) trains ``jobs/experiments.toml`` (ResNet-20 on the built-in digits,
+all-reduce); ``pull``: the authors' blocking pull; ``allreduce``; ``easgd`` (its server rank is a
+group of its own, so node 0's other rank is a worker group of one); ``localsgd``, tau 4) trains ``jobs/experiments.toml`` (ResNet-20 on the built-in digits,
 batch 16 per rank) on NODES emulated nodes of RANKS_PER_NODE ranks (``benchmarks/netcluster.py``;
 root needed), once flat and once with ``--hierarchy node``, per seed.  Recorded per run: the
 bytes every node sent and received over its link (the tc counters) per training sample, the
@@ -35,7 +35,9 @@ VARIANTS = {"push-ov": [*PUSH_OV, "--gossip-graph", "exponential"],
             "push-ov-uniform": [*PUSH_OV, "--gossip-graph", "uniform"],       # the flagship jobs' graph
             "push-ov-uniform-1eval": [*PUSH_OV, "--gossip-graph", "uniform", "--eval-every", "1000"],  # end only
             "pull": ["--method", "gossip", "--gossip", "pull"],
-            "allreduce": ["--method", "allreduce"]}
+            "allreduce": ["--method", "allreduce"],
+            "easgd": ["--method", "easgd"],                                     # a server rank alone
+            "localsgd": ["--method", "localsgd", "--tau", "4"]}
 
 
 def first_reach(history: list[dict], target: float) -> float | None:
