@@ -10,7 +10,8 @@ same on the uniform graph, as the generated ImageNet jobs; ``push-ov-uniform-1ev
 evaluated only at the end, so that the bytes are the training exchanges' (each evaluation averages
 the replicas, moving about as many bytes with the hierarchy as without under a node-aware
 all-reduce); ``pull``: the authors' blocking pull; ``allreduce``; ``easgd`` (its server rank is a
-group of its own, so node 0's other rank is a worker group of one); ``localsgd``, tau 4) trains ``jobs/experiments.toml`` (ResNet-20 on the built-in digits,
+group of its own, so node 0's other rank is a worker group of one); ``asgd`` (the same, at the job's
+rate over those who push); ``localsgd``, tau 4) trains ``jobs/experiments.toml`` (ResNet-20 on the built-in digits,
 batch 16 per rank) on NODES emulated nodes of RANKS_PER_NODE ranks (``benchmarks/netcluster.py``;
 root needed), once flat and once with ``--hierarchy node``, per seed.  Recorded per run: the
 bytes every node sent and received over its link (the tc counters) per training sample, the
@@ -37,7 +38,18 @@ VARIANTS = {"push-ov": [*PUSH_OV, "--gossip-graph", "exponential"],
             "pull": ["--method", "gossip", "--gossip", "pull"],
             "allreduce": ["--method", "allreduce"],
             "easgd": ["--method", "easgd"],                                     # a server rank alone
+            "asgd": ["--method", "asgd"],          # + its rate per layout (layout_flags)
             "localsgd": ["--method", "localsgd", "--tau", "4"]}
+
+
+def layout_flags(variant: str, hier: str, nodes: int, per_node: int) -> list[str]:
+    """A-SGD's rate, the job's 0.1 over those who push (the default ``fit_to_world`` would give
+    without the job's explicit lr): the workers flat, the worker node groups with the hierarchy
+    (node 0 holds the server alone and, with more than one rank per node, a group of the rest)."""
+    if variant != "asgd":
+        return []
+    pushers = nodes * per_node - 1 if hier == "none" else nodes - (per_node == 1)
+    return ["--lr", f"{0.1 / pushers:.6g}"]
 
 
 def first_reach(history: list[dict], target: float) -> float | None:
@@ -48,7 +60,8 @@ def first_reach(history: list[dict], target: float) -> float | None:
 
 def one(cluster, variant: str, hier: str, seed: int, args, out: Path) -> dict:
     run_dir = out / f"{variant}-{hier}-s{seed}"
-    cmd = [sys.executable, "-m", "scalesgd", "--config", str(JOB), *VARIANTS[variant], "--hierarchy", hier,
+    cmd = [sys.executable, "-m", "scalesgd", "--config", str(JOB), *VARIANTS[variant],
+           *layout_flags(variant, hier, args.nodes, args.ranks_per_node), "--hierarchy", hier,
            "--seed", str(seed), "--epochs", str(args.epochs), "--run-dir", str(run_dir), "--progress", "off"]
     r = cluster.run(cmd, capture=True, timeout=3600, env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
     if r.returncode != 0:
