@@ -328,11 +328,8 @@ def fit_to_world(cfg: Config, ranks: int, worker_nodes: int | None = None) -> Co
 
     * ``data.batch_size``: the demo's global batch of 64 split over the workers, at least 8 per
       worker (4 workers: 16, as jobs/digits-*.toml), so an epoch keeps the step count of one rank.
-    * ``schedule.lr`` for ``asgd``: the base rate / workers: the server adds every worker's update,
-      so each one must be a worker's share of a single-rank step (jobs/digits-asgd.toml: 0.033).
-      With ``dist.hierarchy = node`` only the node groups' leaders push (each the average gradient
-      of its node's larger batch), so the rate is divided by the worker nodes (``worker_nodes``,
-      ``Topology.worker_nodes``) instead.
+    * ``schedule.lr`` for ``asgd``: the base rate / the pushers (workers; ``dist.hierarchy = node``:
+      node groups), since the server adds every update (jobs/digits-asgd.toml: 0.033).
     """
     workers = workers_of(cfg.train.method, ranks, cfg.dist.servers)
     log = logging.getLogger("scalesgd")
@@ -343,9 +340,8 @@ def fit_to_world(cfg: Config, ranks: int, worker_nodes: int | None = None) -> Co
             log.info("data.batch_size not set: %d per worker (global batch %d over %d workers); "
                      "--batch-size sets it", batch, batch * workers, workers)
             data = dataclasses.replace(data, batch_size=batch)
-    pushers, who = workers, "worker"
-    if cfg.dist.hierarchy == "node" and worker_nodes is not None:
-        pushers, who = worker_nodes, "worker node group"
+    grouped = cfg.dist.hierarchy == "node" and worker_nodes is not None
+    pushers, who = (worker_nodes, "worker node group") if grouped else (workers, "worker")
     if cfg.train.method == "asgd" and "schedule.lr" not in cfg.explicit and pushers > 1:
         lr = sched.lr / pushers
         log.info("schedule.lr not set: asgd uses %g / %d %ss = %.4g (its server adds every "

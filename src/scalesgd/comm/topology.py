@@ -39,15 +39,14 @@ class Topology:
         """Collective: the nodes holding ranks ``num_servers..size-1`` (the workers), which are the
         worker node groups of ``dist.hierarchy = node`` (``methods/hierarchical.py``: a server rank
         is a group of its own).  The world's size where there is no MPI (a virtual rank)."""
-        if self.comm is None or self.node_comm is None:
+        if self.comm is None:
             return self.size
         import numpy as np  # noqa: PLC0415
-        MPI = _load_mpi()
-        first = np.array([self.rank if self.rank >= num_servers else self.size], np.int64)
-        self.node_comm.Allreduce(MPI.IN_PLACE, first, op=MPI.MIN)   # the node's first worker
-        count = np.array([int(first[0] == self.rank)], np.int64)
-        self.comm.Allreduce(MPI.IN_PLACE, count, op=MPI.SUM)
-        return int(count[0])
+        serving = self.rank < num_servers
+        node = self.transport.node_split(alone=serving)          # the groups NodeGroup forms
+        leads = np.array([int(node.rank == 0 and not serving)], np.int64)
+        node.free()
+        return int(self.transport.allreduce_sum_host(leads)[0])
 
     def roles(self, num_servers: int) -> "Roles":
         """Collective when ``num_servers`` > 0 (splits off the workers' communicator)."""
