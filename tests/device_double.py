@@ -17,6 +17,12 @@ staging, transport, timing and self-check code (issue 25):
 - **Events carry the time they ran** (``get_elapsed_time``, in ms, as CuPy's), so work that takes
   time on "the device" shows between two events, not on the host clock of the call that queued it.
 
+- **NCCL as CuPy 14 has it** (``Nccl``, also ``cuda.nccl``): ``get_unique_id()`` returns 128
+  ``bytes`` and ``NcclCommunicator(ndev, commId, rank)`` refuses any other ``commId`` with
+  ``TypeError``, as ``cupy_backends/cuda/libs/nccl.pyx`` does since CuPy 14.0 (``bytes commId``);
+  its ``allReduce`` is queued work on the stream, summing the registered arrays of the communicators
+  made from one id (one process: ``ndev`` must be 1, the sum is the array itself).
+
 Installed as the module ``cupy`` (``install``), so ``backend.get_array_module`` and
 ``sys.modules["cupy"]`` hand it to the code under test exactly as they would hand CuPy.  Arithmetic
 is modelled only for what the self-check's transport case uses (``array``, ``zeros_like``,
@@ -169,8 +175,56 @@ def get_elapsed_time(start: Event, end: Event) -> float:
     return (end.time - start.time) * 1000.0
 
 
+NCCL_UNIQUE_ID_BYTES = 128
+
+
+class Nccl:
+    """``cupy.cuda.nccl`` of CuPy 14, for the calls ``comm/device.py`` makes; ``live`` counts the
+    communicators made and not destroyed, ``arrays`` maps a device address to its NumPy memory."""
+
+    NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM = 7, 8, 0
+    available = True
+    live = 0
+    arrays: dict = {}
+
+    @staticmethod
+    def get_unique_id() -> bytes:
+        """128 bytes, some above 127 (a signed-char conversion would change them)."""
+        return bytes((37 * i + 200) % 256 for i in range(NCCL_UNIQUE_ID_BYTES))
+
+    @staticmethod
+    def get_version() -> int:
+        return 22703
+
+    class NcclCommunicator:
+        def __init__(self, ndev, commId, rank):  # noqa: N803 - CuPy's parameter name
+            if not isinstance(commId, bytes):      # Cython's message for a typed ``bytes`` argument
+                raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got "
+                                f"{type(commId).__name__})")
+            if len(commId) != NCCL_UNIQUE_ID_BYTES:
+                raise ValueError(f"commId length {len(commId)} != {NCCL_UNIQUE_ID_BYTES}.")
+            self.args = (ndev, commId, rank)
+            self.destroyed = False
+            Nccl.live += 1
+
+        def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
+            if self.destroyed:
+                raise RuntimeError("NCCL_ERROR_INVALID_ARGUMENT: the communicator was destroyed")
+            assert self.args[0] == 1, "the double sums in one process only (ndev 1)"
+            src, dst = Nccl.arrays[sendbuf], Nccl.arrays[recvbuf]
+
+            def run():
+                dst[:count] = src[:count]
+            enqueue(run)
+
+        def destroy(self):
+            if not self.destroyed:
+                self.destroyed = True
+                Nccl.live -= 1
+
+
 cuda = types.SimpleNamespace(get_current_stream=lambda: _CURRENT, Stream=Stream, Event=Event,
-                             get_elapsed_time=get_elapsed_time)
+                             get_elapsed_time=get_elapsed_time, nccl=Nccl)
 
 
 # ----------------------------------------------------------------------------- queued arithmetic

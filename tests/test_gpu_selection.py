@@ -91,7 +91,7 @@ def test_overlap_not_honoured_is_said(caplog):
     assert caplog.text == "", "NumPy buffers: no line, as before"
 
 
-DEVICE_CHECKS = 10            # the checks tests/mpi/device_check.py runs
+DEVICE_CHECKS = 11            # the checks tests/mpi/device_check.py runs
 
 
 @uses_mpi

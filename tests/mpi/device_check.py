@@ -164,24 +164,38 @@ def buckets_start_before_the_barrier_however_far_each_device_got(comm):
         assert method.any_diverged and np.all(flat.data == comm.size * (comm.size + 1) / 2)
 
 
-class FakeNccl:
-    """Stands in for cupy.cuda.nccl (not runnable here): records the communicator's unique id and
-    counts communicators created against destroyed (``live``)."""
+class FakeNccl(dd.Nccl):
+    """Stands in for cupy.cuda.nccl of CuPy 14 (not runnable here: tests/device_double.py's
+    ``Nccl``, whose id is ``bytes`` and whose communicator refuses any other id with TypeError):
+    records the communicator's unique id and counts communicators created against destroyed."""
 
-    NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM = 7, 8, 0
     live = 0
 
-    @staticmethod
-    def get_unique_id():
-        return tuple(range(-64, 64))             # signed chars, as CuPy returns them
-
-    class NcclCommunicator:
+    class NcclCommunicator(dd.Nccl.NcclCommunicator):
         def __init__(self, size, uid, rank):
-            self.args = (size, uid, rank)
+            super().__init__(size, uid, rank)
             FakeNccl.live += 1
 
         def destroy(self):
             FakeNccl.live -= 1
+
+
+class Cupy13Nccl(FakeNccl):
+    """CuPy 13's NCCL: the id a tuple of 128 signed chars, and only a tuple accepted."""
+
+    @staticmethod
+    def get_unique_id():
+        return tuple(int(v) for v in np.frombuffer(dd.Nccl.get_unique_id(), np.int8))
+
+    class NcclCommunicator:
+        def __init__(self, size, uid, rank):
+            if not isinstance(uid, tuple):
+                raise TypeError("Argument 'commId' has incorrect type (expected tuple, got "
+                                f"{type(uid).__name__})")
+            self.args = (size, uid, rank)
+
+        def destroy(self):
+            pass
 
 
 class SlowNccl(FakeNccl):
@@ -282,12 +296,25 @@ def nccl_is_not_chosen_when_ranks_share_a_gpu(comm):
 
 
 def nccl_reducer_gets_rank0_id_and_does_not_overlap(comm):
+    """Issue 38, defect 1: since CuPy 14 ``get_unique_id()`` returns ``bytes`` and
+    ``NcclCommunicator`` takes only ``bytes``; the id used to be turned into a tuple of ints, which
+    CuPy 14 refuses with TypeError on every rank (so ``auto``, which prefers NCCL, died at attach).
+    Every rank now gets rank 0's 128 bytes unchanged (bytes above 127 included)."""
     flat = dd.ndarray(np.zeros(layout().size, np.float32))
     red = device.NcclAllreduce(comm, flat, layout(), 4000, overlap=True, nccl=FakeNccl)
-    assert red.nccl_comm.args == (comm.size, tuple(range(-64, 64)), comm.rank)
+    assert red.nccl_comm.args == (comm.size, dd.Nccl.get_unique_id(), comm.rank)
     assert red.overlap is False and red.transport == "nccl"
     red.ready([s.name for s in layout().specs])
     assert red.requests == [], "nccl: nothing started during backward"
+    red.close()
+
+
+def nccl_id_of_cupy13_is_passed_as_its_tuple(comm):
+    """A machine's preinstalled CuPy 13: its tuple of signed chars reaches every rank as that tuple."""
+    flat = dd.ndarray(np.zeros(layout().size, np.float32))
+    red = device.NcclAllreduce(comm, flat, layout(), 4000, overlap=True, nccl=Cupy13Nccl)
+    assert red.nccl_comm.args == (comm.size, Cupy13Nccl.get_unique_id(), comm.rank)
+    assert min(red.nccl_comm.args[1]) < 0 <= max(red.nccl_comm.args[1])
 
 
 if __name__ == "__main__":
@@ -295,6 +322,7 @@ if __name__ == "__main__":
     dd.install()
     run_checks(choice_is_the_same_on_every_rank, named_transport_some_rank_cannot_use_fails_everywhere,
                numpy_buffers_use_host_directly, device_buffers_staged_per_bucket_with_overlap,
-               nccl_reducer_gets_rank0_id_and_does_not_overlap, nccl_lifecycle_every_communicator_is_destroyed,
+               nccl_reducer_gets_rank0_id_and_does_not_overlap, nccl_id_of_cupy13_is_passed_as_its_tuple,
+               nccl_lifecycle_every_communicator_is_destroyed,
                nccl_id_failure_on_rank0_ends_every_rank, nccl_is_not_chosen_when_ranks_share_a_gpu,
                nccl_time_is_measured_on_the_device, buckets_start_before_the_barrier_however_far_each_device_got)

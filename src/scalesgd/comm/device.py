@@ -198,8 +198,9 @@ class CudaAwareAllreduce(BucketedAllreduce):
 class NcclAllreduce(BucketedAllreduce):
     """The whole flat CuPy buffer summed by one NCCL all-reduce on the current stream in
     ``finish()`` (so no overlap with backward); the NCCL communicator comes from a unique id that
-    rank 0 broadcasts over MPI as int64 numbers (not pickled).  ``finish()`` only enqueues the sum,
-    so its time is measured on the device, between two CUDA events (``device_seconds``)."""
+    rank 0 broadcasts over MPI as raw bytes (``nccl_id_bytes``, not pickled).  ``finish()`` only
+    enqueues the sum, so its time is measured on the device, between two CUDA events
+    (``device_seconds``)."""
 
     transport = "nccl"
     can_overlap = False
@@ -208,22 +209,23 @@ class NcclAllreduce(BucketedAllreduce):
         super().__init__(comm, flat, layout, bucket_bytes, overlap)
         self.nccl = nccl or nccl_module()
         self.nccl_comm = None
-        uid, why = None, ""
+        (uid, as_bytes), why = (b"", True), ""
         if comm.Get_rank() == 0:
             try:
-                uid = tuple(int(v) for v in self.nccl.get_unique_id())
+                uid, as_bytes = nccl_id_bytes(self.nccl.get_unique_id())
             except Exception as exc:  # noqa: BLE001 - told to every rank below, then raised
                 why = f"{type(exc).__name__}: {exc}"
         why = bcast_text(comm, why)             # rank 0's failure ends every rank, with its reason
         if why:
             raise BackendError(f"nccl: rank 0 could not create the communicator id ({why}); "
                                "use --allreduce-transport host")
-        n = np.array([len(uid) if uid is not None else 0], np.int64)
-        comm.Bcast(n, root=0)
-        buf = np.array(uid if uid is not None else [0] * int(n[0]), dtype=np.int64)
+        head = np.array([len(uid), int(as_bytes)], np.int64)       # the id's length and its type
+        comm.Bcast(head, root=0)
+        root = comm.Get_rank() == 0
+        buf = np.frombuffer(uid, np.uint8).copy() if root else np.empty(int(head[0]), np.uint8)
         comm.Bcast(buf, root=0)
-        self.nccl_comm = self.nccl.NcclCommunicator(comm.Get_size(), tuple(int(v) for v in buf),
-                                                    comm.Get_rank())
+        uid = nccl_id_for(buf.tobytes(), bool(head[1]))
+        self.nccl_comm = self.nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
         self.timer = DeviceTimer(flat)
 
     def device_seconds(self, wait: bool = False) -> float:
@@ -246,6 +248,21 @@ class NcclAllreduce(BucketedAllreduce):
         self.nccl_comm.allReduce(a.data.ptr, a.data.ptr, a.size, dtype, n.NCCL_SUM,
                                  cupy.cuda.get_current_stream().ptr)
         self.timer.stop(began)
+
+
+def nccl_id_bytes(uid) -> tuple[bytes, bool]:
+    """(NCCL's unique id as its raw bytes, whether this CuPy passes ids as ``bytes``): CuPy >= 14
+    returns and takes ``bytes`` (its constructor refuses anything else with TypeError; upgrade guide,
+    "Change in get_unique_id Return Type"); CuPy 13 used a tuple of C ``char`` values (-128..127)."""
+    if isinstance(uid, (bytes, bytearray)):
+        return bytes(uid), True
+    return np.array([int(v) for v in uid], np.int64).astype(np.int8).tobytes(), False
+
+
+def nccl_id_for(raw: bytes, as_bytes: bool):
+    """The id in the form ``NcclCommunicator`` takes: the bytes themselves (CuPy >= 14), or CuPy
+    13's tuple of signed chars."""
+    return raw if as_bytes else tuple(int(v) for v in np.frombuffer(raw, np.int8))
 
 
 ALLREDUCERS = {"host": BucketedAllreduce, "cuda_aware_mpi": CudaAwareAllreduce, "nccl": NcclAllreduce}
