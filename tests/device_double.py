@@ -243,6 +243,9 @@ def array(data, dtype=None) -> ndarray:
     return ndarray(np.array(data._a if isinstance(data, ndarray) else data, dtype=dtype))
 
 
+asarray = array
+
+
 def zeros_like(a) -> ndarray:
     return _queued(a.shape, a.dtype, lambda: 0)
 

@@ -66,6 +66,40 @@ def test_transfer_not_tried_unless_mpi_says_yes():
     assert not tried
 
 
+def test_named_cuda_aware_mpi_is_not_probed_where_the_mpi_says_it_is_not_cuda_aware():
+    """Issue 38, defect 3: by name, ``cuda_aware_mpi`` handed a device buffer to MPI whatever its
+    library said; an MPI built without CUDA (the mpich wheel's: "CUDA not enabled") crashes on it
+    with SIGSEGV, which no ``try`` catches.  A library that says no is now an error, unprobed."""
+    tried = []
+    with pytest.raises(MethodError, match="says it is not CUDA-aware") as info:
+        device.resolve(SELF, "cuda_aware_mpi", True, Probes(False, False), lambda: tried.append(1) or True)
+    assert not tried and "\n" not in str(info.value)
+
+
+def test_the_parity_script_probes_cuda_aware_mpi_only_where_every_mpi_claims_cuda(monkeypatch, capsys):
+    """Issue 38, defect 3: tests/gpu/allreduce_parity.py (gpu_check's all-reduce section) asked for
+    ``cuda_aware_mpi`` by name, so the device pointer reached an MPI that never claimed CUDA support
+    (here: a library without the query).  Run in-process on one rank with the device double as
+    CuPy: host staging is summed, ``cuda_aware_mpi`` is named skipped and never probed."""
+    import importlib.util
+
+    import device_double
+    device_double.install(monkeypatch)
+    spec = importlib.util.spec_from_file_location("allreduce_parity", ROOT / "tests/gpu/allreduce_parity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "BACKEND", "cupy")
+    monkeypatch.setattr(mod, "TIME", False)
+    probed = []
+    monkeypatch.setattr(device, "transfer_works", lambda comm: probed.append(1) or False)
+    monkeypatch.setattr(device, "mpi_cuda_query", lambda: None)       # an MPI without the query
+    mod.transports_sum_to_the_closed_form(SELF)
+    out = capsys.readouterr().out
+    assert not probed, "a device buffer was handed to an MPI that never claimed CUDA support"
+    assert "transport host: sums agree" in out and "skipped transport cuda_aware_mpi: the MPI" in out, out
+    assert "skipped transport nccl:" in out
+
+
 def test_factory_table_and_one_rank():
     assert set(device.ALLREDUCERS) == {"host", "cuda_aware_mpi", "nccl"}
     assert [device.ALLREDUCERS[n].transport for n in ("host", "cuda_aware_mpi", "nccl")] == \

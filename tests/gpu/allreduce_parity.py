@@ -3,7 +3,10 @@
 on NumPy buffers (the only one there is); double: the host transport's device path (side-stream
 copies, events) on tests/device_double.py's arrays, whose values are still being written by queued
 work when the transport starts; cupy: host staging, CUDA-aware MPI and NCCL on CuPy buffers, each
-one that ``comm/device.py`` can use here (the others are named as skipped)."""
+one that ``comm/device.py`` can use here (the others are named as skipped).  ``cuda_aware_mpi`` is
+probed only when every rank's MPI reports CUDA support (``MPIX_Query_cuda_support``): a device
+pointer handed to an MPI built without CUDA (the mpich wheel's says "CUDA not enabled") is a
+SIGSEGV, which would end the check instead of naming the transport skipped."""
 import sys
 from pathlib import Path
 
@@ -22,6 +25,8 @@ from scalesgd.nn.params import Layout, TensorSpec  # noqa: E402
 BACKEND = sys.argv[1] if len(sys.argv) > 1 else "numpy"
 TIME = "--time" in sys.argv          # also time one all-reduce of a ResNet-50-sized gradient
 RESNET50_PARAMS = 25_557_032
+NOT_CUDA_AWARE = ("the MPI library does not report CUDA support on every rank (MPIX_Query_cuda_support "
+                  "is 0 or absent), so no device buffer is handed to it (that would be a SIGSEGV)")
 
 
 def transports_sum_to_the_closed_form(comm):
@@ -40,6 +45,10 @@ def transports_sum_to_the_closed_form(comm):
     want = base.astype(np.float64) * p + p * (p - 1) / 2
     names = ("host",) if BACKEND != "cupy" else ("host", "cuda_aware_mpi", "nccl")
     for name in names:
+        if name == "cuda_aware_mpi" and not device.every_rank(comm, device.mpi_cuda_query() is True):
+            if comm.rank == 0:
+                print(f"skipped transport {name}: {NOT_CUDA_AWARE}", flush=True)
+            continue
         try:
             device.resolve(comm, name, BACKEND != "numpy")
         except MethodError as exc:              # every rank alike: this machine cannot run it

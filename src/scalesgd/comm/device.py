@@ -17,7 +17,8 @@ backward) starts each bucket whose tensors are all final, ``finish()`` completes
 rank and no two ranks of a node use the same GPU (NCCL refuses that); else ``cuda_aware_mpi`` when every rank's MPI library says it is CUDA-aware
 (``MPIX_Query_cuda_support``, looked up in the loaded libmpi) AND a small device all-reduce gives the
 right sum; else ``host``.  Without the query answering yes no device pointer is handed to MPI (a
-non-CUDA-aware MPI may crash) unless ``cuda_aware_mpi`` is asked for by name.  NumPy buffers always
+non-CUDA-aware MPI crashes: SIGSEGV) unless ``cuda_aware_mpi`` is asked for by name, and never when
+some rank's query answers no (then that name is an error).  NumPy buffers always
 take ``host`` (the only transport that exists for them).  A transport asked for by name that some rank
 cannot use is an error on every rank, never a silent fallback, and ``dist.overlap`` that the chosen
 transport cannot honour (``nccl``) is said in a warning line.  Every decision is a collective (a MIN
@@ -159,10 +160,17 @@ def resolve(comm, requested: str, on_device: bool, probes: Probes | None = None,
 
 
 def _cuda_aware_or_host(comm, requested, probes, transfer_ok) -> tuple[str, str]:
-    """The CUDA-aware MPI test (by name: always tried; auto: only when every MPI says yes)."""
+    """The CUDA-aware MPI test (auto: only when every MPI says yes; by name: unless some rank's
+    MPI says no, since a device pointer handed to an MPI built without CUDA is a SIGSEGV, which no
+    ``try`` catches; a library without the query is the user's call)."""
     says_yes = every_rank(comm, probes.mpi_cuda_query is True)
+    says_no = not every_rank(comm, probes.mpi_cuda_query is not False)
     if requested == "auto" and not says_yes:
         return "host", "MPI not CUDA-aware on every rank (MPIX_Query_cuda_support unavailable or 0)"
+    if says_no:
+        raise MethodError("dist.allreduce_transport = cuda_aware_mpi: the MPI library of at least one "
+                          "rank says it is not CUDA-aware (MPIX_Query_cuda_support() = 0), and a device "
+                          "buffer handed to it would crash the process; use auto, nccl or host")
     transfer_ok = transfer_ok if transfer_ok is not None else (lambda: transfer_works(comm))
     if every_rank(comm, transfer_ok()):
         return "cuda_aware_mpi", ("MPI reports CUDA support" if says_yes else "asked for by name") + \
