@@ -31,6 +31,10 @@ tensor_reordering = types.SimpleNamespace(NONE="NONE")
 handles = {"created": 0, "streams": 0}
 
 
+class cudnnGraphNotSupportedError(RuntimeError):  # noqa: N801 - the bindings' name
+    """What ``check_support`` raises when no engine supports a graph."""
+
+
 def create_handle():
     handles["created"] += 1
     return handles["created"]
@@ -67,6 +71,8 @@ class Tensor:
 
 
 class pygraph:  # noqa: N801 - the module's own name
+    no_engine = None            # module(no_engine=...): which graphs no engine supports
+
     def __init__(self, name="test_graph", io_data_type=NOT_SET, intermediate_data_type=NOT_SET,
                  compute_data_type=NOT_SET, handle=None, sm_count=None, sm_version=None,
                  kernel_cache=None, device_property=None, is_dynamic_shape_enabled=False,
@@ -133,6 +139,10 @@ class pygraph:  # noqa: N801 - the module's own name
 
     def check_support(self):
         self.calls.append(("check_support", {}))
+        why = type(self).no_engine(self) if type(self).no_engine else None
+        if why:
+            raise cudnnGraphNotSupportedError(
+                f"[cudnn_frontend] Error: No execution plans support the graph. ({why})")
 
     def build_plans(self, policy=None):
         self.calls.append(("build_plans", {}))
@@ -218,9 +228,20 @@ class HostXP:
         return getattr(np, name)
 
 
-def module():
-    """A fresh stand-in ``cudnn`` module (its handle counters reset)."""
+def module(no_engine=None):
+    """A fresh stand-in ``cudnn`` module (its handle counters reset).  ``no_engine(graph)``: a
+    reason when no engine supports ``graph`` (its ``op``: (kind, arguments, outputs), and its
+    ``io_data_type``), so ``check_support`` raises ``cudnnGraphNotSupportedError`` as the bindings
+    do; plan support is otherwise not modelled (every graph is supported)."""
     handles.update(created=0, streams=0)
-    return types.SimpleNamespace(pygraph=pygraph, data_type=data_type, heur_mode=heur_mode,
+    graph = pygraph if no_engine is None else \
+        type("pygraph", (pygraph,), {"no_engine": staticmethod(no_engine)})
+    return types.SimpleNamespace(pygraph=graph, data_type=data_type, heur_mode=heur_mode,
                                  numerical_note=numerical_note, convolution_mode=convolution_mode,
-                                 create_handle=create_handle, set_stream=set_stream)
+                                 create_handle=create_handle, set_stream=set_stream,
+                                 cudnnGraphNotSupportedError=cudnnGraphNotSupportedError)
+
+
+def wgrad_dw_type(graph) -> str | None:
+    """DW's data type of a wgrad graph, None for another graph (for ``no_engine`` rules)."""
+    return graph.op[2][0].data_type if graph.op and graph.op[0] == "conv_wgrad" else None

@@ -216,10 +216,41 @@ def test_build_conv_call_sequence(op):
     assert b.tensors[out].is_output
     if op == "dgrad":
         assert b.tensors["DX"].dim == [2, 16, 9, 9]
-    if op == "wgrad":
-        assert b.tensors["DW"].dim == [32, 16, 3, 3] and b.tensors["DW"].data_type == "FLOAT"
+    if op == "wgrad":              # bf16 I/O: DW in bf16 too, as every Frontend sample has it
+        assert b.tensors["DW"].dim == [32, 16, 3, 3] and b.tensors["DW"].data_type == "BFLOAT16"
     if op != "wgrad":
         assert b.tensors["W"].stride == CC.filter_desc((3, 3, 16, 32), "krsc")[1]
+
+
+@pytest.mark.parametrize("refused,built", [("FLOAT", "BFLOAT16"), ("BFLOAT16", "FLOAT")])
+def test_bf16_wgrad_has_an_engine_or_falls_back_for_that_graph_alone(monkeypatch, refused, built):
+    """Issue 38, defect 4: bf16 wgrad graphs took bf16 X/dY and wrote a FLOAT dW, which no Frontend
+    sample does; with no engine for it the graph raised, the self-check failed the layer, and bf16
+    fell back to float32 im2col for the whole model.  dW is now written in bf16 (cast into the
+    float32 gradient view in the transpose), and a graph no engine takes that way is built with a
+    FLOAT dW instead, that graph alone.  The stand-in refuses ``refused`` dW from bf16 inputs;
+    float16 stands in for bf16 arrays (NumPy has no bf16 without ml_dtypes)."""
+    def no_engine(g):
+        if g.io_data_type == "BFLOAT16" and cudnn_stub.wgrad_dw_type(g) == refused:
+            return f"bf16 X/dY with a {refused} dW"
+        return None
+    monkeypatch.setattr(CC, "_io_dtype", lambda xp, p: np.float16 if p == "bf16" else np.float32)
+    engine = CC.CudnnEngine(cudnn_stub.module(no_engine), cudnn_stub.HostXP(), "bf16")
+    fast, ref = CC.conv_check(engine, (2, 9, 9, 8), (3, 3, 8, 16), 2, 1)
+    got, want = fast(), ref()
+    for name, a, b in zip(("y", "dx", "dw"), got, want):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert np.linalg.norm(a - b) / np.linalg.norm(b) < 5e-3, name
+    assert got[2].dtype == np.float32                      # the master gradient view stays float32
+    key = CC.graph_key("wgrad", (2, 9, 9, 8), (3, 3, 8, 16), 2, 1, "bf16")
+    assert engine.cache._graphs[key].out_type == built
+    both = CC.CudnnEngine(cudnn_stub.module(lambda g: cudnn_stub.wgrad_dw_type(g) and "none"),
+                          cudnn_stub.HostXP(), "bf16")
+    with pytest.raises(RuntimeError, match="no engine for dW BFLOAT16 .*; dW FLOAT"):
+        CC.conv_check(both, (2, 9, 9, 8), (3, 3, 8, 16), 2, 1)[0]()
+    fp32 = cudnn_stub.module(lambda g: cudnn_stub.wgrad_dw_type(g) and "none")
+    with pytest.raises(cudnn_stub.cudnnGraphNotSupportedError):      # fp32: no other type to try
+        CC.build_wgrad(fp32, None, (2, 9, 9, 8), (3, 3, 8, 16), 2, 1, "fp32")
 
 
 @pytest.mark.parametrize("op", ["fwd", "bwd"])

@@ -11,8 +11,10 @@ Layout decisions (cuDNN describes every tensor by dims in N,C,H,W order plus str
   **KRSC shadow** per conv layer, in the compute dtype (float32, or bf16 for ``precision=bf16``),
   refreshed by one transpose(+cast) at each training forward (the weights change once per step;
   ResNet-50's 25.5 M weights are ~100 MB, ~50 us of copy at H200 bandwidth, vs GBs of activations).
-  The shadow serves fprop and dgrad.  wgrad writes into a KRSC float32 scratch, then one transpose
-  lands it in the HWIO gradient view (master gradients stay float32, in the flat buffer).
+  The shadow serves fprop and dgrad.  wgrad writes into a KRSC scratch (float32; with bf16 I/O a
+  bf16 one, as every Frontend sample keeps dW in the I/O type, float32 where no engine takes that:
+  ``build_wgrad``), then one transpose(+cast) lands it in the HWIO gradient view (master gradients
+  stay float32, in the flat buffer).
   ``filter_desc(.., "hwio")`` (the buffer described through strides, zero copies) is kept as the
   first thing to try on a device: if cuDNN's heuristics support it, the shadow can go.
 - graphs are built once per (op, shapes, stride, pad, dtypes, layout) -> :class:`GraphCache`.
@@ -59,13 +61,17 @@ def channel_desc(c: int) -> tuple[list[int], list[int]]:
 
 
 def type_names(precision: str, param_dtype: str = "float32") -> dict:
-    """cuDNN data-type names (``cudnn.data_type.<NAME>``) for io, compute and filter-gradient."""
+    """cuDNN data-type names (``cudnn.data_type.<NAME>``) for io, compute and the filter gradient
+    (``wgrad_out``, and ``wgrad_alt`` to try when no engine takes it, or None)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
     if param_dtype == "float64":
         raise ValueError("cudnn path: float64 is not supported (use conv_impl=im2col)")
     io = "BFLOAT16" if precision == "bf16" else "FLOAT"
-    return {"io": io, "compute": "FLOAT", "wgrad_out": "FLOAT", "tf32": precision == "tf32"}
+    # wgrad's dW: bf16 X/dY write a bf16 dW, as every cudnn-frontend sample keeps dW in the I/O type
+    # (and PyTorch's autocast does); a FLOAT dW is the per-graph fallback (``build_wgrad``)
+    return {"io": io, "compute": "FLOAT", "wgrad_out": io, "wgrad_alt": "FLOAT" if io != "FLOAT" else None,
+            "tf32": precision == "tf32"}
 
 
 def graph_key(op: str, x_shape, w_shape, stride: int, pad: int, precision: str,
@@ -126,6 +132,7 @@ class Built:
     graph: object
     tensors: dict
     workspace: int
+    out_type: str = ""            # wgrad: the data type its DW is written in
 
 
 # ----------------------------------------------------------------------------- graph building
@@ -148,8 +155,9 @@ def _graph(cudnn, handle, types):
 
 
 def build_conv(cudnn, handle, op: str, x_shape, w_shape, stride: int, pad: int, precision: str,
-               layout: str = "krsc") -> Built:
-    """One of fprop (X, W -> Y), dgrad (DY, W -> DX), wgrad (X, DY -> DW) for NHWC / HWIO shapes."""
+               layout: str = "krsc", wgrad_out: str | None = None) -> Built:
+    """One of fprop (X, W -> Y), dgrad (DY, W -> DX), wgrad (X, DY -> DW) for NHWC / HWIO shapes;
+    ``wgrad_out``: DW's data type (default ``type_names``' ``wgrad_out``)."""
     types = type_names(precision)
     dt, g = _graph(cudnn, handle, types)
     io = getattr(dt, types["io"])
@@ -178,9 +186,33 @@ def build_conv(cudnn, handle, op: str, x_shape, w_shape, stride: int, pad: int, 
         X = g.tensor(name="X", dim=xd[0], stride=xd[1], data_type=io)
         DY = g.tensor(name="DY", dim=yd[0], stride=yd[1], data_type=io)
         DW = g.conv_wgrad(image=X, loss=DY, name="wgrad", **conv)
-        DW.set_output(True).set_dim(wd[0]).set_stride(wd[1]).set_data_type(dt.FLOAT)
-        return _finish(cudnn, g, {"X": X, "DY": DY, "DW": DW}, strict)
+        out = wgrad_out or types["wgrad_out"]
+        DW.set_output(True).set_dim(wd[0]).set_stride(wd[1]).set_data_type(getattr(dt, out))
+        built = _finish(cudnn, g, {"X": X, "DY": DY, "DW": DW}, strict)
+        built.out_type = out
+        return built
     raise ValueError(f"conv op: expected fprop, dgrad or wgrad, got {op!r}")
+
+
+def build_wgrad(cudnn, handle, x_shape, w_shape, stride: int, pad: int, precision: str) -> Built:
+    """The wgrad graph, its DW in ``type_names``' ``wgrad_out``, else (no engine for that graph,
+    bf16 only) in ``wgrad_alt``: the fallback is per graph, never the whole model to im2col.  The
+    engine casts DW into the float32 gradient view in its transpose (``Built.out_type``)."""
+    types = type_names(precision)
+    tried = []
+    for out in (types["wgrad_out"], types["wgrad_alt"]):
+        if out is None:
+            continue
+        try:
+            return build_conv(cudnn, handle, "wgrad", x_shape, w_shape, stride, pad, precision,
+                              wgrad_out=out)
+        except Exception as exc:  # noqa: BLE001 - cudnnGraphNotSupportedError or a failed build
+            tried.append((out, exc))
+            log.debug("cudnn wgrad %s %s with dW %s: %s", x_shape, w_shape, out, exc)
+    if len(tried) == 1:
+        raise tried[0][1]
+    raise RuntimeError("cudnn wgrad: no engine for " + "; ".join(
+        f"dW {out} ({type(exc).__name__}: {exc})" for out, exc in tried)) from tried[-1][1]
 
 
 def build_bn(cudnn, handle, op: str, x_shape, precision: str) -> Built:
@@ -251,6 +283,9 @@ class CudnnEngine:
 
     def _conv(self, op, x_shape, w_shape, stride, pad):
         key = graph_key(op, x_shape, w_shape, stride, pad, self.precision)
+        if op == "wgrad":
+            return self.cache.get(key, lambda: build_wgrad(self.cudnn, self.handle, x_shape, w_shape,
+                                                           stride, pad, self.precision))
         return self.cache.get(key, lambda: build_conv(self.cudnn, self.handle, op, x_shape, w_shape,
                                                       stride, pad, self.precision))
 
@@ -273,10 +308,10 @@ class CudnnEngine:
         x, krsc, w_shape = cache
         dout = xp.ascontiguousarray(dout, dtype=self.io_dtype)
         r, s, c, k = w_shape
-        dw_krsc = xp.empty((k, r, s, c), dtype=xp.float32)
-        self._run(self._conv("wgrad", x.shape, w_shape, mod.stride, mod.pad),
-                  {"X": x, "DY": dout, "DW": dw_krsc})
-        mod.dw[...] = dw_krsc.transpose(1, 2, 3, 0)
+        built = self._conv("wgrad", x.shape, w_shape, mod.stride, mod.pad)
+        dw_krsc = xp.empty((k, r, s, c), dtype=xp.float32 if built.out_type == "FLOAT" else self.io_dtype)
+        self._run(built, {"X": x, "DY": dout, "DW": dw_krsc})
+        mod.dw[...] = dw_krsc.transpose(1, 2, 3, 0)          # (bf16 DW: cast into the float32 view)
         if not need_dx:
             return None
         dx = xp.empty(x.shape, dtype=self.io_dtype)
@@ -356,74 +391,5 @@ def attach(model, conv_impl: str, precision: str, backend, dtype: str = "float32
     return engine
 
 
-# ----------------------------------------------------------------------------- start-up checks
-# Small-input runners for the self-check (fastpaths/): ``engine`` is the run's CudnnEngine (or any
-# object with its conv_/bn_ methods, ``xp`` and ``io_dtype``); the reference is the im2col / xp
-# layers on the same values in float32.  Inputs are random (never zeros), the same on every rank;
-# gradient outputs are poisoned with NaN first, so an output cuDNN never writes cannot pass.
-def _stub(**kw):
-    """A stand-in for a Conv / BatchNorm module: the attributes the engine reads and writes."""
-    from types import SimpleNamespace  # noqa: PLC0415
-    return SimpleNamespace(**kw)
-
-
-def conv_check(engine, x_shape, w_shape, stride: int, pad: int, seed: int = 0, need_dx: bool = True):
-    """(fast, reference) runners of one conv geometry, x: (N, H, W, C) and w: HWIO (R, S, C, K);
-    each returns (y, dx, dw): fprop, dgrad and wgrad of the same x, w and dy ((y, dw) without
-    ``need_dx``: the stem's dgrad graph is never built by a run)."""
-    from . import layers as L  # noqa: PLC0415
-    xp = engine.xp
-    rng = np.random.default_rng([seed, *x_shape, *w_shape, stride, pad])
-    x = rng.standard_normal(x_shape).astype(np.float32)
-    w = (rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[:3]))).astype(np.float32)
-    ho, wo = out_hw(x_shape[1], x_shape[2], w_shape[0], w_shape[1], stride, pad)
-    dy = rng.standard_normal((x_shape[0], ho, wo, w_shape[3])).astype(np.float32)
-    io = engine.io_dtype                  # the reference sees the values the engine sees
-
-    def fast():
-        mod = _stub(w=xp.asarray(w), dw=xp.full(w_shape, np.nan, xp.float32), stride=stride, pad=pad)
-        y, cache = engine.conv_forward(mod, xp.asarray(x).astype(io), True)
-        dx = engine.conv_backward(mod, xp.asarray(dy).astype(io), cache, need_dx)
-        return (y, dx, mod.dw) if need_dx else (y, mod.dw)
-
-    def reference():
-        xr, wr, dyr = (xp.asarray(a).astype(io).astype(xp.float32) for a in (x, w, dy))
-        y, cache = L.conv2d_forward(xr, wr, stride, pad)
-        dw = xp.empty(w_shape, xp.float32)
-        dx = L.conv2d_backward(dyr, cache, dw, need_dx)
-        return (y, dx, dw) if need_dx else (y, dw)
-    return fast, reference
-
-
-def bn_check(engine, x_shape, relu: bool, seed: int = 0):
-    """(fast, reference) runners of training BN (+ReLU) over x: (N, H, W, C); each returns
-    (y, dx, dgamma, dbeta, running_mean, running_var) after one forward and backward."""
-    from . import layers as L  # noqa: PLC0415
-    xp, c = engine.xp, x_shape[-1]
-    rng = np.random.default_rng([seed, *x_shape, relu])
-    x = (rng.standard_normal(x_shape) * 2 + 0.5).astype(np.float32)
-    gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
-    dy = rng.standard_normal(x_shape).astype(np.float32)
-    io = engine.io_dtype
-
-    def module():
-        nan = lambda: xp.full(c, np.nan, xp.float32)  # noqa: E731
-        return _stub(gamma=xp.asarray(gamma), beta=xp.asarray(beta), rmean=xp.zeros(c, xp.float32),
-                     rvar=xp.ones(c, xp.float32), dgamma=nan(), dbeta=nan(), relu=relu)
-
-    def fast():
-        mod = module()
-        y, cache = engine.bn_forward(mod, xp.asarray(x).astype(io), True)
-        dx = engine.bn_backward(mod, xp.asarray(dy).astype(io), cache)
-        return y, dx, mod.dgamma, mod.dbeta, mod.rmean, mod.rvar
-
-    def reference():
-        mod = module()
-        xr, dyr = (xp.asarray(a).astype(io).astype(xp.float32) for a in (x, dy))
-        y, cache = L.batchnorm_forward(xr, mod.gamma, mod.beta, mod.rmean, mod.rvar, True)
-        if relu:
-            y = xp.maximum(y, 0)
-            dyr = dyr * (y > 0)
-        dx = L.batchnorm_backward(dyr, cache, mod.dgamma, mod.dbeta)
-        return y, dx, mod.dgamma, mod.dbeta, mod.rmean, mod.rvar
-    return fast, reference
+# the start-up check's runners (fastpaths/) live in cudnn_checks.py; callers use CC.conv_check etc.
+from .cudnn_checks import bn_check, conv_check  # noqa: E402,F401 - re-exported
