@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from ..errors import RunDirError
+from .timetape import Stamp
 
 
 class MetricsWriter:
@@ -18,9 +19,17 @@ class MetricsWriter:
             self._fh = self.path.open("a", buffering=1)
         except OSError as exc:
             raise RunDirError(f"{self.path}: cannot write metrics ({exc.strerror or exc})") from None
+        self.rows = 0               # rows written by this writer
 
     def write(self, kind: str, **values) -> None:
+        """A virtual rank's times are stamps: its tape learns which row and field each is
+        (``io/timetape.py``), so the row can be re-timed."""
+        for v in values.values():
+            if isinstance(v, Stamp):
+                v.tape.metrics_row(self.rows, values)
+                break
         self._fh.write(json.dumps({"kind": kind, **values}) + "\n")
+        self.rows += 1
 
     def close(self) -> None:
         self._fh.close()

@@ -20,21 +20,33 @@ a user's own) with these keys:
 ``ranks_per_node``   consecutive ranks share a node (and its NIC)
 ``intra_gbps``       bandwidth between ranks of one node, Gbit/s
 ``mem_gbps``         device memory bandwidth, GB/s (a server's update, a gossip mix: 3 passes)
-``jitter_cv``        every step's compute x max(0.5, 1 + cv N(0, 1)) (0: none)
+``jitter_cv``        every step's compute x max(0.5, 1 + cv N(0, 1)) (0: none); a shorthand for a
+                     condition with normal noise, used when the condition has no noise of its own
 ``stands_for``       ``{"model": "resnet18", "image_size": 224, "batch_size": 32}``: time the job
                      as if it were that workload (a small proxy task standing in for a real one):
                      a step costs that workload's step (its batch at ``images_per_second``, scaled
                      by MACs from ``reference``), and every byte the job sends or mixes costs that
                      model's parameter bytes over the job's (1000 classes); needs
                      ``images_per_second``.  The statistics stay the job's own
+``allreduce_progress`` how the gradient all-reduce progresses: ``async`` (default; NCCL, or an MPI
+                     with a progress thread): it runs under backward, and only what does not fit
+                     there is exposed; ``host`` (host MPI over TCP without a progress thread): it
+                     moves only while the rank is inside MPI, so it starts after backward and costs
+                     its whole time, ``host_allreduce_factor`` x the ring formula
+``host_allreduce_factor`` ``host`` only: measured all-reduce seconds over the ring formula's (the
+                     algorithm, per-message and TCP costs the formula leaves out; 1 by default)
+``variability``      the condition the profile runs under unless ``--condition`` names another: a
+                     shipped condition's name (``none``, ``typical``, ``stragglers``), a JSON
+                     file, or an inline object (``variability.py``); default ``none``
+``variability_note`` why the profile's default condition is what it is
 ``rma_progress``     ``target`` (default): a one-sided call to a rank on another node completes
                      only once that rank is next inside MPI (not computing a step), as MPICH and
                      Open MPI do across nodes without a progress thread (docs/cluster.md);
                      ``async``: at once (an asynchronous progress engine)
 ===================  ==========================================================================
 
-Stragglers come from the job's own ``dist.straggler`` (the same option as a real run; the virtual
-rank's clock advances by the delay instead of sleeping).
+Stragglers also come from the job's own ``dist.straggler`` (the same option as a real run; the
+virtual rank's clock advances by the delay instead of sleeping).
 """
 from __future__ import annotations
 
@@ -45,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from . import variability as V
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
@@ -65,6 +78,10 @@ class Profile:
     jitter_cv: float = 0.0
     rma_progress: str = "target"
     stands_for: dict | None = None
+    allreduce_progress: str = "async"
+    host_allreduce_factor: float = 1.0
+    variability: str | dict = "none"
+    variability_note: str = ""
 
     @property
     def measured(self) -> bool:
@@ -102,6 +119,10 @@ def load(spec: str) -> Profile:
             raise ConfigError(f"--profile {path}: {key} must be > 0")
     if prof.rma_progress not in ("target", "async"):
         raise ConfigError(f"--profile {path}: rma_progress is 'target' or 'async'")
+    if prof.allreduce_progress not in ("async", "host") or not prof.host_allreduce_factor > 0:
+        raise ConfigError(f"--profile {path}: allreduce_progress is 'async' or 'host', "
+                          "host_allreduce_factor > 0")
+    V.load(prof.variability, f"--profile {path}: variability")
     if prof.ranks_per_node < 1 or prof.latency_us < 0 or prof.jitter_cv < 0:
         raise ConfigError(f"--profile {path}: ranks_per_node >= 1, latency_us >= 0, jitter_cv >= 0")
     if prof.step_seconds is not None:
@@ -155,13 +176,27 @@ def model_macs(model: str, image_size: int, num_classes: int = 1000, width: floa
     return total[0] + int(np.prod(head.w.shape))
 
 
-class Compute:
-    """Simulated seconds of one local step: from the profile (scaled by MACs and batch, with its
-    jitter), or the real seconds it took (``measured``)."""
+def condition_of(prof: Profile, spec=None) -> V.Condition:
+    """The condition a run uses: ``spec`` (``--condition``) or the profile's ``variability``; a
+    profile's ``jitter_cv`` is its normal noise when the condition has none."""
+    cond = V.load(spec if spec is not None else prof.variability,
+                  "--condition" if spec is not None else f"--profile {prof.name}: variability")
+    if prof.jitter_cv and not cond.noise.get("cv"):
+        cond = V.Condition(**{**cond.to_dict(), "noise": {"dist": "normal", "cv": prof.jitter_cv}})
+    return cond
 
-    def __init__(self, prof: Profile, cfg, num_classes: int, seed: int = 0):
+
+class Compute:
+    """Simulated seconds of one local step: from the profile (scaled by MACs and batch), or the
+    real seconds it took (``measured``), then disturbed as the condition says (noise, delays, slow
+    nodes: ``variability.Variability``).  ``workers``: the world ranks that compute steps,
+    ``node_of``: a rank's node."""
+
+    def __init__(self, prof: Profile, cfg, num_classes: int, seed: int = 0,
+                 condition: V.Condition | None = None, workers=(), node_of=lambda r: r):
         self.prof = prof
-        self.rng = np.random.default_rng([seed, 0xC0FE])
+        self.condition = condition if condition is not None else condition_of(prof)
+        self.vary = None if self.condition.none else V.Variability(self.condition, seed, workers, node_of)
         self.seconds = None
         if prof.step_seconds is not None:
             self.seconds = prof.step_seconds
@@ -178,6 +213,4 @@ class Compute:
 
     def __call__(self, rank: int, step: int, real: float) -> float:
         t = real if self.seconds is None else self.seconds
-        if self.prof.jitter_cv:
-            t *= max(0.5, 1.0 + self.prof.jitter_cv * self.rng.standard_normal())
-        return t
+        return t if self.vary is None else self.vary(rank, t)

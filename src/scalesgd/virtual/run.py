@@ -4,7 +4,9 @@ Each virtual rank runs the program's own composition root and loop (``train.asse
 ``train.loop.train``: the method from ``methods.create``, the control plane) against an
 ``InProcessTransport``; only the clock is simulated.  Timelines: ``model`` (the default: a hardware ``--profile``) and ``replay``
 (``--replay RUN_DIR``: the order a real MPI run recorded; afterwards its events and final
-checkpoint are compared with the run's).
+checkpoint are compared with the run's).  A run of a method whose arithmetic ignores the clock also
+writes its timeline tape (``RUN_DIR/timeline``), so ``python -m scalesgd.virtual retime`` can time it
+under another profile or condition without computing it again (``retime.py``).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from .. import choices
 from .. import config as C
 from ..errors import ConfigError, UserError
 from . import profile as P
+from . import variability as V
 
 log = logging.getLogger("scalesgd")
 
@@ -32,6 +35,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                    "--servers shards as ranks of their own); with --replay: the run's")
     g.add_argument("--profile", help="hardware profile: a shipped name (--list-profiles) or a JSON "
                    "file (docs/virtual.md); default a100-100gbit; with --replay: ignored for the order")
+    g.add_argument("--condition", help="the cluster's variability: a shipped condition (none, typical, "
+                   "stragglers; --list-profiles) or a JSON file; default: the profile's own")
     g.add_argument("--replay", metavar="RUN_DIR", help="replay the event order a real MPI run "
                    "recorded in RUN_DIR/trace (its config is used; flags may not change it), then "
                    "compare its events and final checkpoint with the run's")
@@ -47,10 +52,13 @@ def ranks_for(cfg: C.Config, workers: int) -> int:
 
 
 def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = None,
-        threads: int | None = None) -> dict:
-    """Trains ``workers`` virtual workers; returns rank 0's summary (also in RUN_DIR/summary.json)."""
+        threads: int | None = None, condition=None) -> dict:
+    """Trains ``workers`` virtual workers; returns rank 0's summary (also in RUN_DIR/summary.json).
+    ``condition``: the variability (``variability.Condition``; default: the profile's)."""
     from ..io.files import write_json_atomic  # noqa: PLC0415
+    from ..io.timetape import Tape  # noqa: PLC0415
     from .replay import Replay, first_difference  # noqa: PLC0415
+    from .retime import RETIMEABLE, write_tapes  # noqa: PLC0415
     from .transport import Cluster  # noqa: PLC0415
     from .world import World  # noqa: PLC0415
 
@@ -58,18 +66,25 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
     cfg = C.fit_to_world(cfg, size)
     run_dir, resume, data_root, splits = _prepare(cfg, workers, size)
     backend = backend_mod.select("cpu", 0)
-    backend_mod.set_blas_threads(threads or backend_mod.blas_threads_for(1))
+    threads = threads or backend_mod.blas_threads_for(1)
+    backend_mod.set_blas_threads(threads)
     replay = Replay(replay_dir, size, size - workers) if replay_dir is not None else None
     world = World(size)
     cluster = Cluster(world, prof, replay)
+    condition = condition if condition is not None else P.condition_of(prof)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", cfg.to_dict())
-    virtual = dict(workers=workers, ranks=size, profile=prof.to_dict(),
-                   timeline="replay" if replay else "model",
-                   replay_of=str(replay_dir) if replay else None, time="simulated seconds")
+    num_classes = splits[0].num_classes
+    virtual = dict(workers=workers, ranks=size, profile=prof.to_dict(), condition=condition.to_dict(),
+                   timeline="replay" if replay else "model", num_classes=num_classes,
+                   blas_threads=threads, replay_of=str(replay_dir) if replay else None,
+                   time="simulated seconds")
     write_json_atomic(run_dir / "virtual.json", virtual)
-    cluster.compute = P.Compute(prof, cfg, splits[0].num_classes, cfg.train.seed)
-    cluster.net.scale = P.byte_scale(prof, cfg, splits[0].num_classes)
+    cluster.compute = P.Compute(prof, cfg, num_classes, cfg.train.seed, condition,
+                                range(size - workers, size), cluster.net.node)
+    cluster.net.scale = P.byte_scale(prof, cfg, num_classes)
+    if cfg.train.method in RETIMEABLE and resume is None:
+        cluster.tapes = [Tape() for _ in range(size)]
     setups, summaries = [None] * size, [None] * size
     rank_main = _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, setups, summaries)
     t0 = time.perf_counter()
@@ -77,6 +92,9 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
         world.run([rank_main(r) for r in range(size)])
     real = time.perf_counter() - t0
     summary = summaries[0]
+    if cluster.tapes is not None:
+        cluster.tapes[0].summary(summary)
+        write_tapes(run_dir, cluster.tapes)
     summary["virtual"] = dict(virtual, real_seconds=real, switches=world.switches,
                               simulated_seconds=max(world.clock), node_bytes_sent=cluster.net.bytes_sent,
                               worker_steps=sum(n.steps for n in _transports(setups)))
@@ -166,6 +184,10 @@ def _transports(setups):
 def main(argv: list[str] | None = None) -> int:
     from ..cli import EXIT_STOPPED, make_parser, resolve_config  # noqa: PLC0415
     from ..train.phases import Stopped  # noqa: PLC0415
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["retime"]:
+        from .retime import main as retime_main  # noqa: PLC0415
+        return retime_main(argv[1:])
     ap = make_parser()
     ap.prog = "python -m scalesgd.virtual"
     ap.description = ("Train a virtual cluster of p workers in one process (the real method code; "
@@ -178,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
             for name in P.available():
                 prof = P.load(name)
                 print(f"{name:24s} {prof.description}")
+            print("conditions (--condition):")
+            for name in V.available():
+                print(f"{name:24s} {V.load(name).description}")
             return 0
         replay_dir = Path(args.replay) if getattr(args, "replay", None) else None
         if replay_dir is not None:
@@ -197,10 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         if workers < 1:
             raise ConfigError(f"--workers {workers}: need at least 1")
         prof = P.load(getattr(args, "profile", None) or "a100-100gbit")
+        condition = P.condition_of(prof, getattr(args, "condition", None))
         threads = getattr(args, "threads", None)
         if threads is not None and threads < 1:
             raise ConfigError(f"--threads {threads}: need at least 1")
-        run(cfg, workers, prof, replay_dir, threads)
+        run(cfg, workers, prof, replay_dir, threads, condition)
     except Stopped:
         print(f"scalesgd: stopped; checkpoint written; continue with --resume "
               f"{cfg.train.run_dir or 'RUN_DIR'}", file=sys.stderr)

@@ -13,9 +13,13 @@ receiver's NIC for bytes / link rate (FIFO per node: a server's NIC serialises i
 pushes), plus the latency; ranks on one node (``ranks_per_node``) exchange at the intra-node
 rate.  Collectives cost the ring all-reduce time (2 (n-1)/n bytes / rate + 2 (n-1) latencies over
 n nodes) once the last rank has arrived.  A one-sided read is a round trip; an accumulate and the
-counter update wait for their completion at the target (as the flushed MPI calls do).  Not
-modelled: one-sided calls waiting for a busy target to enter MPI (docs/cluster.md) — the virtual
-ranks behave as if MPI progressed asynchronously.
+counter update wait for their completion at the target (as the flushed MPI calls do).  The
+gradient all-reduce hides under backward or not by the profile's ``allreduce_progress``; one-sided
+calls wait for a busy target by its ``rma_progress`` (docs/virtual.md).
+
+With a tape (``Cluster.tapes``, ``io/timetape.py``) every action that moves a rank's clock is
+recorded with its cost's kind and bytes (``cost_seconds``), and the clock's reads are stamps, so
+``virtual/retime.py`` can replay the clock under another profile.
 """
 from __future__ import annotations
 
@@ -112,6 +116,8 @@ class Cluster:
         self.progressing: set = set()          # ranks whose communication thread keeps MPI going
         self.compute = None          # (world rank, its step, real seconds it took) -> simulated
                                      # compute seconds (the timeline's)
+        self.last_compute = [0.0] * world.size  # each rank's last step's compute (simulated)
+        self.tapes = None            # [io.timetape.Tape] per rank: recording for a re-timing
 
 
 class InProcessTransport:
@@ -125,26 +131,54 @@ class InProcessTransport:
         self.world = cluster.world
         self.rank, self.size = self.group.index(wr), len(self.group)
         self.steps = 0
-        self.last_compute = 0.0
         self._real = 0.0                 # real seconds of this step before a straggler's sleep
+        self.tape = cluster.tapes[wr] if cluster.tapes is not None else None
 
     # identity and time ------------------------------------------------------
     def clock(self) -> float:
+        """The calling participant's clock; on a taped rank, a stamp (``io/timetape.py``)."""
+        me = self.world.me()
+        t = self.world.clock[me]
+        return self.tape.read(t) if self.tape is not None and me == self.wr else t
+
+    def _now(self) -> float:
         return self.world.clock[self.world.me()]
+
+    @property
+    def last_compute(self) -> float:
+        return self.c.last_compute[self.wr]
 
     def step_done(self) -> None:
         """A step's compute: the timeline's seconds for it pass on this rank's clock."""
         real = self._real + time.perf_counter() - self.world.resumed[self.world.me()]
         self._real = 0.0
-        self.last_compute = self.c.compute(self.wr, self.steps, real)
+        if self.tape is not None:
+            self.tape.op("c", real)
+        self.compute(real)
+
+    def compute(self, real: float) -> None:
+        """This rank's next step's compute passes (its real seconds: ``real``)."""
+        seconds = self.c.last_compute[self.wr] = self.c.compute(self.wr, self.steps, real)
         self.steps += 1
-        self.c.busy_until[self.wr] = self.clock() + self.last_compute
-        self.advance(self.last_compute)
+        self.c.busy_until[self.wr] = self._now() + seconds
+        self.advance(seconds)
 
     def sleep(self, seconds: float) -> None:
         self._real += time.perf_counter() - self.world.resumed[self.world.me()]   # (the step so far)
-        self.c.busy_until[self.wr] = self.clock() + seconds
+        if self.tape is not None:
+            self.tape.op("s", seconds)
+        self.pause(seconds)
+
+    def pause(self, seconds: float) -> None:
+        """This rank sleeps ``seconds`` (not inside MPI)."""
+        self.c.busy_until[self.wr] = self._now() + seconds
         self.advance(seconds)
+
+    def untimed(self, what: str) -> None:
+        """Notes on the tape an action whose timing depends on the order of events (the re-timing
+        refuses such runs)."""
+        if self.tape is not None:
+            self.tape.op("x", what)
 
     def advance(self, seconds: float) -> None:
         """The calling participant (this rank, or its communication thread) spends ``seconds``."""
@@ -167,7 +201,7 @@ class InProcessTransport:
     def split(self, color: int, key: int) -> "InProcessTransport":
         def combine(vals):
             return vals
-        everyone = self._collective((color, key, self.wr), combine, 0.0, "splitting the communicator")
+        everyone = self._collective((color, key, self.wr), combine, ("none", 0), "splitting the communicator")
         mine = sorted((k, wr) for c, k, wr in everyone if c == color)
         return InProcessTransport(self.c, tuple(wr for _, wr in mine), self.wr)
 
@@ -178,19 +212,53 @@ class InProcessTransport:
         return self.world.block(self.world.me(), cond, doing)
 
     # collectives -----------------------------------------------------------
-    def _collective(self, value, combine, seconds: float, doing: str):
+    def cost_seconds(self, kind: str, nbytes: int) -> float:
+        """Seconds a collective of ``kind`` over ``nbytes`` takes after its last rank arrived."""
+        net = self.c.net
+        if kind == "small":
+            return self._small()
+        if kind == "bcast":
+            return self._small() + net.wire_seconds(nbytes)
+        if kind == "avg":
+            return net.collective_seconds(nbytes, self.group)
+        if kind == "funnel":
+            return net.wire_seconds(nbytes)
+        if kind in ("grad", "grad-overlap"):
+            return self.gradient_seconds(nbytes, kind == "grad-overlap")
+        if kind == "none":
+            return 0.0
+        raise ValueError(f"unknown collective cost {kind!r}")
+
+    def gradient_seconds(self, nbytes: int, overlap: bool) -> float:
+        """The gradient all-reduce after the last rank's backward, by the profile's
+        ``allreduce_progress``: ``async`` hides the part that fits under this rank's backward (two
+        thirds of its step's compute) with ``overlap``, down to an eighth; ``host`` moves only
+        inside MPI, so all of it is exposed, ``host_allreduce_factor`` times the ring formula."""
+        prof = self.c.profile
+        seconds = self.c.net.collective_seconds(nbytes, self.group)
+        if prof.allreduce_progress == "host":
+            return seconds * prof.host_allreduce_factor
+        if overlap:
+            backward = 2 / 3 * self.c.last_compute[self.wr]
+            seconds = max(seconds - backward, seconds / 8)
+        return seconds
+
+    def _collective(self, value, combine, cost: tuple[str, int], doing: str):
         """Every rank of the group deposits ``value``; once all have, each gets ``combine(values in
         rank order)`` (computed once, while every other rank still waits in it), at the last arrival
-        + ``seconds``.  Ranks entering different collectives (``doing``) is a bug MPI would hang on:
-        raised."""
+        + ``cost_seconds(*cost)``.  Ranks entering different collectives (``doing``) is a bug MPI
+        would hang on: raised."""
         c, key = self.c, self.group
+        seconds = self.cost_seconds(*cost)
+        if self.tape is not None:
+            self.tape.op("k", list(key), cost[0], int(cost[1]), doing)
         n = c.seq[(key, self.wr)] = c.seq.get((key, self.wr), 0) + 1
         slot = c.slots.setdefault((key, n), {"v": {}, "t": {}, "left": self.size, "kind": doing})
         if slot["kind"] != doing:
             raise RuntimeError(f"virtual rank {self.wr} entered collective {n} of its group "
                                f"{'in' if doing.startswith('in') else 'as'} '{doing}' while another "
                                f"rank is '{slot['kind']}': mismatched collectives")
-        slot["v"][self.rank], slot["t"][self.rank] = value, self.clock()
+        slot["v"][self.rank], slot["t"][self.rank] = value, self._now()
 
         def ready():
             return max(slot["t"].values()) + seconds if len(slot["v"]) == self.size else None
@@ -210,30 +278,30 @@ class InProcessTransport:
 
     def broadcast(self, arr, root: int = 0) -> None:
         mine = np.array(arr, copy=True) if self.rank == root else None
-        got = self._collective(mine, lambda v: v[root], self._small() + self.c.net.wire_seconds(arr.nbytes),
+        got = self._collective(mine, lambda v: v[root], ("bcast", arr.nbytes),
                                f"in a broadcast from rank {root}")
         if self.rank != root:
             arr[...] = got
 
     def bcast_text(self, text, root: int = 0) -> str:
         return self._collective(text if self.rank == root else None, lambda v: v[root] or "",
-                                self._small(), "in a broadcast")
+                                ("small", 0), "in a broadcast")
 
     def allgather_text(self, text: str) -> list[str]:
-        return list(self._collective(text, list, self._small(), "in an all-gather"))
+        return list(self._collective(text, list, ("small", 0), "in an all-gather"))
 
     def allgather_int64(self, a):
-        vals = self._collective(np.asarray(a, dtype=np.int64).copy(), list, self._small(),
+        vals = self._collective(np.asarray(a, dtype=np.int64).copy(), list, ("small", 0),
                                 "in an all-gather")
         out = np.concatenate(vals) if vals else np.zeros(0, np.int64)
         return out, np.repeat(np.arange(self.size), [v.size for v in vals])
 
     def allreduce_sum_host(self, a):
-        return self._collective(np.array(a, copy=True), tree_sum, self._small(), "in a sum").copy()
+        return self._collective(np.array(a, copy=True), tree_sum, ("small", 0), "in a sum").copy()
 
     def allreduce_max_host(self, a):
         return self._collective(np.array(a, copy=True), lambda v: np.maximum.reduce(v),
-                                self._small(), "in a maximum").copy()
+                                ("small", 0), "in a maximum").copy()
 
     def iallreduce_max_host(self, a, poll=None):
         if poll is not None:
@@ -241,14 +309,13 @@ class InProcessTransport:
         return self.allreduce_max_host(a)
 
     def allreduce_mean(self, arr) -> None:
-        total = self._collective(np.array(arr, copy=True), tree_sum,
-                                 self.c.net.collective_seconds(arr.nbytes, self.group),
+        total = self._collective(np.array(arr, copy=True), tree_sum, ("avg", arr.nbytes),
                                  "in an average")
         arr[...] = total
         arr /= self.size
 
     def barrier(self) -> None:
-        self._collective(None, lambda v: None, self._small(), "in a barrier")
+        self._collective(None, lambda v: None, ("small", 0), "in a barrier")
 
     def funnel(self, arrays: dict, text: str, sink, root: int = 0) -> None:
         """Root's ``sink`` sees every rank's arrays in rank order, by reference (no copies: the
@@ -258,27 +325,33 @@ class InProcessTransport:
         def combine(vals):
             for r, (arrs, txt, _) in enumerate(vals):
                 vals[root][2](r, arrs, txt)
-        self._collective((arrays, text, sink), combine, self.c.net.wire_seconds(nbytes * self.size),
+        self._collective((arrays, text, sink), combine, ("funnel", nbytes * self.size),
                          "in the checkpoint funnel")
 
     # endpoints and windows --------------------------------------------------
     def worker_port(self, servers, bounds=None):
+        self.untimed("a parameter-server port")
         return VirtualWorkerPort(self, [self.group[s] for s in servers], bounds)
 
     def server_port(self):
+        self.untimed("a parameter-server port")
         return VirtualServerPort(self)
 
     def published_vector(self, n: int, dtype):
+        self.untimed("a one-sided window")
         return VirtualPublishedVector(self, n, dtype)
 
     def inbox(self, n: int, dtype):
+        self.untimed("a one-sided window")
         return VirtualInbox(self, n, dtype)
 
     def sample_counter(self, root: int = 0):
+        self.untimed("a one-sided counter")
         return VirtualSampleCounter(self, root)
 
     def courier(self):
         """Overlapped gossip's communication thread: a helper participant of the world."""
+        self.untimed("a communication thread")
         self.c.progressing.add(self.wr)
         return VirtualCourier(self)
 
@@ -293,6 +366,7 @@ class InProcessTransport:
         from ..comm.progress import NoProgress  # noqa: PLC0415
         if plan.mechanism not in ("thread", "mpi"):
             return NoProgress()
+        self.untimed("a progress thread")
         self.c.progressing.add(self.wr)
         return VirtualProgress(self)
 
@@ -319,9 +393,8 @@ class VirtualProgress:
 
 
 class VirtualAllreducer:
-    """The gradient sum of the ``allreduce`` method: the whole flat buffer in MPICH's order, at the
-    ring all-reduce time once every rank finished backward; with ``dist.overlap`` the part of it
-    that fits under backward (two thirds of the step's compute) is hidden."""
+    """The gradient sum of the ``allreduce`` method: the whole flat buffer in MPICH's order, once
+    every rank finished backward, at ``InProcessTransport.gradient_seconds``."""
 
     overlap = False                    # nothing to do during backward: no hook
     transport = "virtual"
@@ -346,10 +419,7 @@ class VirtualAllreducer:
         """The sum starts in ``finish`` (the MPI transports' interface)."""
 
     def finish(self) -> None:
-        n = self.net
-        seconds = n.c.net.collective_seconds(self.flat.nbytes, n.group)
-        if self.dist.overlap:
-            backward = 2 / 3 * n.last_compute
-            seconds = max(seconds - backward, seconds / 8)
-        total = n._collective(self.flat, tree_sum, seconds, "in the gradient all-reduce")
+        kind = "grad-overlap" if self.dist.overlap else "grad"
+        total = self.net._collective(self.flat, tree_sum, (kind, self.flat.nbytes),
+                                     "in the gradient all-reduce")
         self.flat[...] = total

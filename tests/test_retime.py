@@ -1,0 +1,196 @@
+"""The virtual cluster as an instrument: exact re-timing of a recorded run under another profile and
+condition (``python -m scalesgd.virtual retime``), the conditions' variability (noise, delays, slow
+nodes), and the gradient all-reduce's progress model.  In-process: the virtual cluster needs no MPI."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from helpers import TINY
+from synth import make_dataset
+
+from scalesgd.errors import ConfigError, RunDirError
+from scalesgd.io.timetape import Stamp, Tape, evaluate
+from scalesgd.virtual import profile as P
+from scalesgd.virtual import retime as R
+from scalesgd.virtual import run as VR
+from scalesgd.virtual import variability as V
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("rdata"), n=96, n_val=16, num_classes=4)
+
+
+def vrun(args, run_dir, data):
+    assert VR.main([*args, "--data", str(data), *TINY, "--epochs", "2", "--threads", "1",
+                    "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+def same_run(a, b, ranks):
+    """Every metrics row equal (times included, bit for bit), and the summaries but for the fields
+    that say how each was made."""
+    for r in range(ranks):
+        rows_a = (a / "metrics" / f"rank-{r}.jsonl").read_text().splitlines()
+        rows_b = (b / "metrics" / f"rank-{r}.jsonl").read_text().splitlines()
+        assert rows_a == rows_b, (r, next((x, y) for x, y in zip(rows_a, rows_b) if x != y))
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    va, vb = sa.pop("virtual"), sb.pop("virtual")
+    assert sa == sb
+    for key in ("simulated_seconds", "worker_steps", "node_bytes_sent", "profile", "condition"):
+        assert va[key] == vb[key], key
+
+
+HOST = {"name": "host-tcp", "description": "two ranks a node, host MPI", "step_seconds": 0.02,
+        "link_gbps": 1.0, "latency_us": 30, "ranks_per_node": 2, "intra_gbps": 50, "mem_gbps": 20,
+        "allreduce_progress": "host", "host_allreduce_factor": 1.7, "variability": "typical"}
+
+CASES = {"allreduce": ["--method", "allreduce", "--workers", "4"],
+         "allreduce-overlap": ["--method", "allreduce", "--workers", "3", "--overlap"],
+         "localsgd-slowmo": ["--method", "localsgd", "--workers", "4", "--tau", "2", "--slowmo-beta", "0.5"],
+         "single": ["--method", "single", "--workers", "1"]}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_retimed_run_equals_a_full_run_under_that_profile(case, data, tmp_path):
+    """One run under the default profile, re-timed under two others (a stand-in profile with Jin's
+    stragglers; a host-MPI profile of two ranks a node with typical noise): each equals a full
+    virtual run under that profile and condition, every metrics row and the summary, bit for bit."""
+    args = CASES[case]
+    src = vrun([*args, "--profile", "a100-100gbit"], tmp_path / "src", data)
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps(HOST))
+    ranks = json.loads((src / "virtual.json").read_text())["ranks"]
+    for prof, cond in (("titanx-fdr-resnet18", "stragglers"), (str(host), None)):
+        out = tmp_path / f"rt-{P.load(prof).name}"
+        assert VR.main(["retime", str(src), "--profile", prof, *(["--condition", cond] if cond else []),
+                        "--run-dir", str(out)]) == 0
+        full = vrun([*args, "--profile", prof, *(["--condition", cond] if cond else [])],
+                    tmp_path / f"full-{P.load(prof).name}", data)
+        same_run(out, full, ranks)
+        rt = json.loads((out / "virtual.json").read_text())
+        assert rt["timeline"] == "retime" and rt["retimed_from"] == str(src)
+        a, b = (json.loads((d / "summary.json").read_text()) for d in (src, out))
+        assert a["history"][-1]["val_top1_accuracy"] == b["history"][-1]["val_top1_accuracy"]
+        assert a["train_seconds"] != b["train_seconds"]            # (another clock, the same numbers)
+
+
+def test_retime_refuses_what_it_cannot_time_exactly(data, tmp_path, capsys):
+    gossip = vrun(["--method", "gossip", "--workers", "2"], tmp_path / "gossip", data)
+    assert VR.main(["retime", str(gossip), "--profile", "a100-100gbit"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a gossip run cannot be re-timed: its arithmetic depends on the order" in err[0]
+    with pytest.raises(RunDirError, match="not a virtual run"):
+        (tmp_path / "real").mkdir()
+        (tmp_path / "real" / "config.json").write_text(json.dumps({"train": {"method": "allreduce"}}))
+        R.check(tmp_path / "real")
+    ckpt = vrun(["--method", "allreduce", "--workers", "2", "--checkpoint-minutes", "1e-9"],
+                tmp_path / "ckpt", data)
+    with pytest.raises(ConfigError, match="checkpoints every .* minutes of the clock"):
+        R.check(ckpt)
+    ok = vrun(["--method", "allreduce", "--workers", "2"], tmp_path / "ok", data)
+    (ok / "timeline" / "rank-1.json.gz").unlink()
+    with pytest.raises(RunDirError, match="no timeline tape"):
+        R.retime(ok, P.load("a100-100gbit"), V.load("none"))
+    one = vrun(["--method", "single", "--workers", "1"], tmp_path / "one", data)
+    with pytest.raises(RunDirError, match="already holds a run"):
+        R.retime(one, P.load("a100-100gbit"), V.load("none"), ckpt)
+
+
+def test_stamps_record_the_arithmetic_and_evaluate_it_again():
+    tape = Tape()
+    a, b = tape.read(1.5), tape.read(4.0)
+    total = 0.0
+    total += b - a                        # the loop's "time += clock() - t"
+    x = (10 + total) * 2 / b - a
+    assert isinstance(x, Stamp) and x == (10 + 2.5) * 2 / 4.0 - 1.5
+    assert not isinstance(float(x), Stamp) and type(json.loads(json.dumps({"t": x}))["t"]) is float
+    vals = evaluate(json.loads(json.dumps(tape.nodes)), [2.0, 7.0])
+    assert vals[x.node] == (10 + (7.0 - 2.0)) * 2 / 7.0 - 2.0
+    neg = -a
+    assert neg == -1.5 and evaluate(tape.nodes, [3.0, 1.0])[neg.node] == -3.0
+
+
+def test_conditions_load_and_bad_ones_are_refused(tmp_path):
+    assert {"none", "typical", "stragglers"} <= set(V.available())
+    for name in V.available():
+        c = V.load(name)
+        assert c.name == name and c.source and c.description
+    assert V.load("none").none and not V.load("typical").none
+    bad = tmp_path / "bad.json"
+    for raw, needle in (({"name": "x", "noise": {"dist": "cauchy", "cv": 1}}, "noise is"),
+                        ({"name": "x", "delays": {"dist": "weibull", "prob": 0.1}}, "delays.dist"),
+                        ({"name": "x", "delays": {"dist": "uniform", "prob": 0.1, "low": 2}}, "take prob"),
+                        ({"name": "x", "delays": {"dist": "pareto", "prob": 0.1, "scale": 1, "alpha": 1}},
+                         "alpha > 1"),
+                        ({"name": "x", "slow_nodes": {"fraction": 2, "factor": 2}}, "slow_nodes is"),
+                        ({"name": "x", "jitter": 1}, "unknown key")):
+        bad.write_text(json.dumps(raw))
+        with pytest.raises(ConfigError, match=needle):
+            V.load(str(bad))
+    with pytest.raises(ConfigError, match="no such condition"):
+        V.load("sunny")
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"name": "p", "variability": "sunny"}))
+    with pytest.raises(ConfigError, match="variability"):
+        P.load(str(prof))
+    prof.write_text(json.dumps({"name": "p", "allreduce_progress": "maybe"}))
+    with pytest.raises(ConfigError, match="allreduce_progress"):
+        P.load(str(prof))
+
+
+def test_variability_draws_what_the_condition_states():
+    n = 20000
+    logn = V.Variability(V.Condition("x", noise={"dist": "lognormal", "cv": 0.2}), 0, range(1), lambda r: r)
+    t = np.array([logn(0, 1.0) for _ in range(n)])
+    assert abs(t.mean() - 1) < 0.01 and abs(t.std() / t.mean() - 0.2) < 0.01
+    assert np.mean(t > 1.5) > 0.01              # heavy right tail: ~2% beyond +2.5 sd (normal: 0.6%)
+    jin = V.load("stragglers")
+    v = V.Variability(jin, 3, range(1, 33), lambda r: r)   # 32 workers: 2 delayed every step
+    assert len(v.delayed) == 2 and not v.slow
+    delayed = [v(r, 0.1) for r in sorted(v.delayed) for _ in range(2000)]
+    assert 0.1 + 0.1 * 0.85 < np.mean(delayed) < 0.1 + 0.1 * 1.05     # + U(0, 1.9) steps: 0.95 mean
+    quiet = [v(r, 0.1) for r in range(1, 33) if r not in v.delayed for _ in range(50)]
+    assert max(quiet) < 0.1 * 1.5
+    slow = V.Variability(V.Condition("s", slow_nodes={"fraction": 0.25, "factor": 3.0}), 0, range(16),
+                         lambda r: r // 2)     # 8 nodes of 2: 2 slow nodes = 4 slow ranks
+    assert len(slow.slow) == 4 and {r // 2 for r in slow.slow}.__len__() == 2
+    assert slow(min(slow.slow), 0.1) == pytest.approx(0.3)
+    rare = V.Variability(V.Condition("r", delays={"prob": 0.01, "dist": "exponential", "mean": 5.0}), 0,
+                         range(1), lambda r: r)
+    t = np.array([rare(0, 1.0) for _ in range(n)]) - 1.0
+    assert 0.005 < np.mean(t > 0) < 0.015 and 3.5 < t[t > 0].mean() < 6.5
+
+
+def test_a_ranks_draws_do_not_depend_on_the_order_ranks_ask():
+    c = V.load("typical")
+    a, b = (V.Variability(c, 7, range(4), lambda r: r) for _ in range(2))
+    first = [[a(r, 1.0) for _ in range(5)] for r in range(4)]
+    second = [[None] * 5 for _ in range(4)]
+    for k in range(5):
+        for r in reversed(range(4)):
+            second[r][k] = b(r, 1.0)
+    assert first == second
+
+
+def test_host_progress_exposes_the_whole_all_reduce_and_async_hides_it(data, tmp_path):
+    """The same job under two progress models: comm + wait per step with host MPI is the whole
+    all-reduce (x the profile's factor); with NCCL-like progress and --overlap most of it hides."""
+    base = {k: v for k, v in HOST.items() if k not in ("allreduce_progress", "host_allreduce_factor")}
+    base.update(ranks_per_node=1, variability="none", link_gbps=0.5)
+    per = {}
+    for mode in ("async", "host"):
+        prof = tmp_path / f"{mode}.json"
+        prof.write_text(json.dumps({**base, "name": mode, "allreduce_progress": mode}))
+        d = vrun(["--method", "allreduce", "--workers", "2", "--overlap", "--profile", str(prof)],
+                 tmp_path / mode, data)
+        rows = [json.loads(x) for x in (d / "metrics" / "rank-1.jsonl").read_text().splitlines()
+                if '"kind": "step"' in x]
+        per[mode] = (rows[-1]["train_seconds"] - rows[0]["train_seconds"]) / (len(rows) - 1)
+    params = json.loads((tmp_path / "host" / "summary.json").read_text())["num_params"]
+    ring = 2 * 0.5 * params * 4 / (0.5e9 / 8) + 2 * 30e-6
+    assert per["host"] == pytest.approx(0.02 + ring, rel=0.05)
+    assert per["async"] == pytest.approx(0.02 + max(ring - 2 / 3 * 0.02, ring / 8), rel=0.05)
+    assert math.isclose(per["host"] - per["async"], min(2 / 3 * 0.02, 7 / 8 * ring), rel_tol=0.1)
