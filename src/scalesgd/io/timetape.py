@@ -6,8 +6,8 @@ other profile without computing a gradient again (``virtual/retime.py``).  That 
 per rank, both kept here:
 
 - **ops**: every action that moves the rank's clock, in order: a step's compute (with the real
-  seconds it took), a sleep, a collective (its group, its cost's kind and bytes), a read of the
-  clock.  Replaying them through the simulator under another profile gives the clock's new reads.
+  seconds it took), a sleep, a collective (its group, an index into ``groups``, its cost's kind
+  and bytes), a read of the clock.  Replaying them through the simulator under another profile gives the clock's new reads.
 - **nodes**: the arithmetic on the reads.  ``Tape.read`` returns a :class:`Stamp`, a float that
   remembers how it was made; every +, -, *, / on stamps adds a node.  The training loop is
   unchanged: it subtracts and adds clock readings as always, and what it writes (a metrics row's
@@ -85,10 +85,19 @@ class Tape:
         self.nodes: list[list] = []
         self.rows: list[list] = []
         self.paths: list[list] = []
+        self.groups: list[list] = []          # the collectives' groups (ops name them by index)
+        self._group_index: dict = {}
         self.reads = 0
 
     def op(self, *entry) -> None:
         self.ops.append(list(entry))
+
+    def group(self, ranks: tuple) -> int:
+        """The index of a collective's group (world ranks) in ``groups``."""
+        if ranks not in self._group_index:
+            self._group_index[ranks] = len(self.groups)
+            self.groups.append(list(ranks))
+        return self._group_index[ranks]
 
     def read(self, value: float) -> Stamp:
         self.ops.append(["r"])
@@ -119,7 +128,7 @@ class Tape:
         walk(summary, [])
 
     def to_dict(self) -> dict:
-        return dict(ops=self.ops, nodes=self.nodes, rows=self.rows, paths=self.paths)
+        return dict(ops=self.ops, nodes=self.nodes, rows=self.rows, paths=self.paths, groups=self.groups)
 
 
 def evaluate(nodes: list, reads: list[float]) -> list[float]:

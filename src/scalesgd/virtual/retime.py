@@ -126,7 +126,7 @@ def play(tapes: list[dict], cfg, virtual: dict, prof, condition):
                 elif op[0] == "s":
                     me.pause(op[1])
                 elif op[0] == "k":
-                    net(op[1])._collective(None, _nothing, (op[2], op[3]), op[4])
+                    net(tapes[r]["groups"][op[1]])._collective(None, _nothing, (op[2], op[3]), op[4])
                 else:
                     raise ConfigError(f"rank {r}'s tape holds {op[1] if len(op) > 1 else op[0]}, whose "
                                       "timing depends on the order of events: it cannot be re-timed")

@@ -251,7 +251,7 @@ class InProcessTransport:
         c, key = self.c, self.group
         seconds = self.cost_seconds(*cost)
         if self.tape is not None:
-            self.tape.op("k", list(key), cost[0], int(cost[1]), doing)
+            self.tape.op("k", self.tape.group(key), cost[0], int(cost[1]), doing)
         n = c.seq[(key, self.wr)] = c.seq.get((key, self.wr), 0) + 1
         slot = c.slots.setdefault((key, n), {"v": {}, "t": {}, "left": self.size, "kind": doing})
         if slot["kind"] != doing:
