@@ -17,8 +17,8 @@ from scalesgd import doctor as D
 from scalesgd.doctor.gpu import _ranges
 
 FAST = ["--allreduce-mb", "2", "--busy-seconds", "0.3"]
-GPU_ROWS = ("cupy / cuda", "rank -> gpu", "nccl", "cuda-aware mpi", "cudnn frontend", "gpu fast paths",
-            "dali gpu decode")
+GPU_ROWS = ("cupy / cuda", "cuda stack", "rank -> gpu", "nccl", "cuda-aware mpi", "cudnn frontend",
+            "gpu fast paths", "dali gpu decode")
 ROW = re.compile(r"^(\S.*?)\s{2,}(ok|warn|fail|n/a)\s{2,}(.*)$")
 LAUNCH_VARS = ("PMI", "OMPI_", "PMIX", "SLURM", "MPI4PY", "MPIR_CVAR", "MPI_LOCAL", "HYDRA")
 
@@ -201,6 +201,40 @@ def test_pure_parts_and_usage_errors():
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.strip() == \
         "scalesgd doctor: error: unrecognized arguments: --bogus (see --help)", p.stderr
+
+
+def test_the_cuda_stack_row_names_each_part_s_cuda_and_a_mix(monkeypatch):
+    """Issue 38: which CUDA CuPy, cuDNN, NCCL and DALI were built for, against the driver's, from
+    made-up facts (``installed()`` and ``loaded()`` as a CUDA 13 node would report them); and a
+    cuDNN frontend whose library does not load is a reported error, not the row's end."""
+    from types import SimpleNamespace
+
+    from scalesgd.doctor import stack
+    from scalesgd.doctor.gpu import _backend
+
+    def wheel(comp, cuda):
+        name = {"cupy": f"cupy-cuda{cuda}x", "cudnn": f"nvidia-cudnn-cu{cuda}",
+                "nccl": f"nvidia-nccl-cu{cuda}", "dali": f"nvidia-dali-cuda{cuda}0"}[comp]
+        return [{"wheel": name, "version": "1.0", "cuda": cuda}]
+    lib = {"driver": 13000, "runtime": 13000, "cupy": "14.2.0", "cudnn": 92700, "nccl": 22703}
+    same = {c: wheel(c, 13) for c in ("cupy", "cudnn", "nccl", "dali")}
+    status, text, fix = stack.verdict(same, lib)
+    assert status == "ok" and fix == "" and text.startswith("CUDA driver 13.0; CuPy 14.2.0 (CUDA 13), "
+                                                            "cuDNN 9.27.0 (CUDA 13), NCCL 2.27.3 (CUDA 13)")
+    status, text, fix = stack.verdict({**same, "dali": wheel("dali", 12)}, lib)    # the old default
+    assert status == "warn" and "CUDA 12: DALI (nvidia-dali-cuda120)" in text and ".[cuda13]" in fix
+    status, text, fix = stack.verdict(same, {**lib, "driver": 12080})               # too old a driver
+    assert status == "fail" and "needs CUDA 13, the driver runs up to 12.8" in text and ".[cuda12]" in fix
+    assert stack.verdict({"cupy": wheel("cupy", 12) + wheel("cupy", 13)}, {})[0] == "warn"
+    status, text, _ = stack.verdict({"dali": wheel("dali", 12)}, {})                 # this CPU machine
+    assert status == "ok" and text.startswith("CuPy absent, cuDNN absent, NCCL absent, DALI 1.0 (CUDA 12)")
+
+    def broken():
+        raise OSError("libcudnn.so.9: cannot open shared object file")
+    assert _backend(SimpleNamespace(backend_version=broken)) == "backend not loaded: OSError"
+    monkeypatch.setattr("scalesgd.nn.cudnn_conv.probe_cudnn",
+                        lambda: SimpleNamespace(backend_version=broken))
+    assert "libcudnn.so.9" in stack.loaded(None)["cudnn_error"]
 
 
 @uses_mpi

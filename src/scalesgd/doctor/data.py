@@ -65,8 +65,8 @@ def _decode_row(name: str, nodes: list[dict], what: str, fix: str) -> Check:
 def check_dali_cpu_decode(ctx: Ctx, name: str) -> Check:
     nodes = ctx.on_leaders(lambda: _decode_on_node(None))
     return _decode_row(name, nodes, "the loader's CPU decoder reads a 64x48 JPEG as Pillow does",
-                       "install DALI into this environment: pip install nvidia-dali-cuda120 (its CPU "
-                       "decoder needs no GPU)")
+                       "install DALI into this environment: pip install -e '.[cpu]' (nvidia-dali-cuda120, "
+                       "whose CPU decoder needs no GPU), or the cuda13 / cuda12 extra on GPU nodes")
 
 
 def check_dali_gpu_decode(ctx: Ctx, name: str) -> Check:
@@ -74,7 +74,7 @@ def check_dali_gpu_decode(ctx: Ctx, name: str) -> Check:
         return _no_gpu(name, "; DALI decodes on the CPU")
     nodes = ctx.on_leaders(lambda: _decode_on_node(ctx.gpus[ctx.rank]["device"]))
     return _decode_row(name, nodes, "GPU decode of a 64x48 JPEG matches the CPU decode",
-                       "install the DALI wheel for the node's CUDA (nvidia-dali-cuda120 for CUDA 12); "
+                       "install the extra of the node's CUDA (cuda13: nvidia-dali-cuda130, cuda12: -120); "
                        "a training run falls back to the CPU decoder by itself")
 
 

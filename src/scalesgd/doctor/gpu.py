@@ -1,5 +1,6 @@
-"""The GPU rows: CuPy and the driver, rank -> GPU, NCCL, CUDA-aware MPI, cuDNN Frontend, fast paths
-(never run on a GPU: on a machine without one they read n/a with the reason)."""
+"""The GPU rows: CuPy and the driver, the CUDA majors of the stack, rank -> GPU, NCCL, CUDA-aware
+MPI, cuDNN Frontend, fast paths (never run on a GPU: on a machine without one they read n/a with
+the reason)."""
 from __future__ import annotations
 
 from .base import FAIL, NA, OK, WARN, Check, Ctx
@@ -44,8 +45,8 @@ def check_cupy_cuda(ctx: Ctx, name: str) -> Check:
     ctx.gpus = ctx.gather(gpu_facts(ctx.local_rank))
     without = [r for r, g in enumerate(ctx.gpus) if "count" not in g]
     if len(without) == ctx.size:
-        return Check(name, NA, f"no GPU: {ctx.gpus[0]['reason']}", "on GPU nodes install the CuPy "
-                     "extra: .venv/bin/pip install -e '.[cupy]' (a CuPy built for the node's CUDA driver)")
+        return Check(name, NA, f"no GPU: {ctx.gpus[0]['reason']}", "on GPU nodes install the extra of "
+                     "the driver's CUDA: .venv/bin/pip install -e '.[cuda13]' (or '.[cuda12]'; docs/gpu.md)")
     if without:
         return Check(name, FAIL, f"ranks {_ranges(without)} have no usable GPU "
                      f"({ctx.gpus[without[0]]['reason']}) while the others have one",
@@ -86,8 +87,8 @@ def check_nccl(ctx: Ctx, name: str) -> Check:
     return _on_every_rank(
         name, ctx.gather(_nccl_version(nccl.get_version()) if nccl else ""),
         "no NCCL bindings in CuPy on ranks {}: the allreduce method falls back to CUDA-aware MPI or "
-        "host copies", "install NCCL where CuPy finds it: python -m cupyx.tools.install_library "
-        "--library nccl --cuda 12.x", "NCCL {} on every rank (allreduce_transport auto uses it)")
+        "host copies", "install NCCL for CuPy's CUDA: the cuda13 / cuda12 extra has nvidia-nccl-cu13 / "
+        "-cu12", "NCCL {} on every rank (allreduce_transport auto uses it)")
 
 
 def _on_every_rank(name: str, found: list[str], missing_msg: str, fix: str, ok_msg: str) -> Check:
@@ -130,12 +131,38 @@ def check_cudnn_frontend(ctx: Ctx, name: str) -> Check:
         return _no_gpu(name, "; convolutions use im2col + GEMM")
     from ..nn.cudnn_conv import probe_cudnn
     cudnn = probe_cudnn()
-    found = ctx.gather(f"{getattr(cudnn, '__version__', '?')} (cuDNN {cudnn.backend_version()})"
-                       if cudnn else "")
+    found = ctx.gather(f"{getattr(cudnn, '__version__', '?')} (cuDNN {_backend(cudnn)})" if cudnn else "")
     return _on_every_rank(
         name, found, "'import cudnn' fails on ranks {}: conv_impl auto uses im2col + GEMM there "
-        "(slower)", "pip install nvidia-cudnn-frontend (with a cuDNN 9 runtime, e.g. nvidia-cudnn-cu12)",
+        "(slower)", "install the cuda13 / cuda12 extra (nvidia-cudnn-frontend, nvidia-cudnn-cu13 / -cu12)",
         "cuDNN Frontend {} on every rank (conv_impl auto uses it)")
+
+
+def _backend(cudnn) -> str:
+    """cuDNN's backend version, or why it is unknown (the frontend imports without a libcudnn it
+    can load; then backend_version raises, which must not end the row: issue 38, defect 5)."""
+    try:
+        return str(cudnn.backend_version())
+    except Exception as exc:  # noqa: BLE001
+        return f"backend not loaded: {type(exc).__name__}"
+
+
+def check_cuda_stack(ctx: Ctx, name: str) -> Check:
+    """Which CUDA major each part of the GPU stack (CuPy, cuDNN, NCCL, DALI) was built for, against
+    the driver's (doctor/stack.py); without a GPU the wheels found, as n/a."""
+    from ..backend import _try_cupy
+    from . import stack
+    cupy = _try_cupy()[0] if ctx.gpus and "count" in ctx.gpus[ctx.rank] else None
+    facts = ctx.gather({"wheels": stack.installed(), "lib": stack.loaded(cupy)})
+    _, text, _ = stack.verdict(facts[0]["wheels"], facts[0]["lib"])
+    if not _gpu_ranks(ctx):
+        return Check(name, NA, f"no GPU; {text}", NO_GPU_FIX, {"ranks": facts})
+    status, text, fix = stack.verdict(facts[0]["wheels"], facts[0]["lib"])
+    differ = [r for r, f in enumerate(facts) if f["wheels"] != facts[0]["wheels"]]
+    if differ:
+        return Check(name, FAIL if status == FAIL else WARN, f"{text}; ranks {_ranges(differ)} have other "
+                     "wheels", fix or "install the same extra on every node", {"ranks": facts})
+    return Check(name, {"ok": OK, "warn": WARN, "fail": FAIL}[status], text, fix, {"ranks": facts})
 
 
 def check_fast_paths(ctx: Ctx, name: str) -> Check:

@@ -14,6 +14,7 @@ from .base import FAIL, NA, OK, WARN, Check, Ctx
 from .data import check_dali_cpu_decode, check_dali_gpu_decode, check_data, check_run_dir
 from .gpu import (
     check_cuda_aware_mpi,
+    check_cuda_stack,
     check_cudnn_frontend,
     check_cupy_cuda,
     check_fast_paths,
@@ -172,6 +173,7 @@ CHECKS = (
     ("one-sided progress", check_one_sided_progress),
     ("progress mechanism", check_progress_mechanism),
     ("cupy / cuda", check_cupy_cuda),
+    ("cuda stack", check_cuda_stack),
     ("rank -> gpu", check_gpu_mapping),
     ("nccl", check_nccl),
     ("cuda-aware mpi", check_cuda_aware_mpi),
