@@ -8,6 +8,7 @@ Scripts import it as a sibling module (``python benchmarks/X.py`` puts ``benchma
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
@@ -136,6 +137,26 @@ def synthetic_batch(batch: int, size: int, classes: int, seed: int = 1234) -> tu
     return x, rng.integers(0, classes, batch, dtype=np.int64)
 
 
+class DeviceMemory:
+    """One runner's device memory: a CuPy memory pool of its own, used for every allocation made
+    inside ``active()``, and the peak of its bytes in use (what ``torch.cuda.max_memory_allocated``
+    counts for the PyTorch twin).  The default pool's ``total_bytes()`` also held the blocks cached
+    by earlier sections and by the other runners, while PyTorch's peak is reset per runner: a
+    spurious "missed" on the memory ratio (issue 38, defect 6)."""
+
+    def __init__(self, xp):
+        self.xp, self.pool, self.peak = xp, xp.cuda.MemoryPool(), 0
+
+    def malloc(self, nbytes: int):
+        mem = self.pool.malloc(nbytes)
+        self.peak = max(self.peak, self.pool.used_bytes())
+        return mem
+
+    def active(self):
+        """Context manager: CuPy allocates from this pool inside it (``cupy.cuda.using_allocator``)."""
+        return self.xp.cuda.using_allocator(self.malloc)
+
+
 class OursRunner:
     """Training steps of one scalesgd ResNet on one fixed synthetic batch: a step is forward (train
     mode) + softmax cross-entropy + backward + Nesterov SGD (``SGDConfig`` defaults: momentum 0.9,
@@ -145,15 +166,24 @@ class OursRunner:
     def __init__(self, name: str, classes: int, size: int, batch: int, xp=np, engine=None,
                  seed: int = 0, lr: float = 0.01, width: float = 1.0, conv_algo: str = "auto"):
         self.xp, self.batch, self.lr = xp, batch, lr
-        self.model = ResNet(name, classes, width, xp=xp, dtype="float32", seed=seed, conv_algo=conv_algo)
-        if engine is not None:
-            self.model.set_engine(engine)
-        self.opt = SGD(self.model.ps.params, SGDConfig(), self.model.ps.decay_mask())
-        x, y = synthetic_batch(batch, size, classes)
-        self.x, self.y = xp.asarray(x), xp.asarray(y)
+        self.memory = DeviceMemory(xp) if xp is not np else None
+        with self._memory():
+            self.model = ResNet(name, classes, width, xp=xp, dtype="float32", seed=seed, conv_algo=conv_algo)
+            if engine is not None:
+                self.model.set_engine(engine)
+            self.opt = SGD(self.model.ps.params, SGDConfig(), self.model.ps.decay_mask())
+            x, y = synthetic_batch(batch, size, classes)
+            self.x, self.y = xp.asarray(x), xp.asarray(y)
         self._loss = float("nan")            # a device scalar on the GPU: read only when asked
 
+    def _memory(self):
+        return self.memory.active() if self.memory is not None else contextlib.nullcontext()
+
     def step(self) -> None:
+        with self._memory():
+            self._step()
+
+    def _step(self) -> None:
         m = self.model
         logits, cache = m.forward(self.x, True)
         self._loss, dlogits, _ = L.softmax_cross_entropy(logits, self.y)   # via the module: profilable
@@ -173,7 +203,9 @@ class OursRunner:
             self.xp.cuda.get_current_stream().synchronize()
 
     def peak_bytes(self) -> int | None:
-        return None if self.xp is np else self.xp.get_default_memory_pool().total_bytes()
+        """The most device bytes this runner held at once (its model, optimizer, batch and every
+        step's temporaries), None on NumPy."""
+        return None if self.memory is None else self.memory.peak
 
 
 def timed(runner, nsteps: int) -> list[float]:

@@ -6,6 +6,9 @@ on 2 ranks.  Here (no GPU) the NumPy cases and the doubles' cases (the real cuDN
 Frontend stand-in, the host transport's device path on tests/device_double.py) run, and the others
 are skipped with the reason."""
 import io
+import os
+import subprocess
+import sys
 from pathlib import Path as FsPath
 
 import numpy as np
@@ -138,3 +141,18 @@ def test_device_allreduce_two_ranks(backend):
     """Every transport this machine can run sums a bucketed buffer to the closed form on 2 ranks."""
     out = check(run_mpi(2, [str(HERE / "allreduce_parity.py"), backend], timeout=120))
     assert "transports_sum_to_the_closed_form: ok" in out, out
+
+
+@pytest.mark.parametrize("backend", [pytest.param("double"), pytest.param("cupy", marks=NEEDS_GPU)])
+def test_nccl_one_rank_create_allreduce_destroy(backend):
+    """A NCCL communicator's whole life through comm/device.py on one rank (gpu_check's ``nccl``
+    case: one GPU cannot run the 2-rank NCCL test): created from CuPy 14's ``bytes`` id (the
+    double refuses anything else, as CuPy 14 does: issue 38, defect 1), one all-reduce, destroyed."""
+    proc = subprocess.run([sys.executable, str(HERE / "nccl_one_rank.py"), backend], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env=dict(os.environ, PYTHONPATH=str(HERE.parents[1] / "src")))
+    if "nccl skipped:" in proc.stdout:
+        pytest.skip(proc.stdout.strip())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for step in ("nccl create: ok", "nccl allreduce: sums agree", "nccl destroy: ok"):
+        assert step in proc.stdout, proc.stdout

@@ -1,0 +1,170 @@
+"""The time budget of ``gpu_check.py``: what a cold first run on one GPU costs, case by case, and
+which cases fit.
+
+A first GPU contact is one short attempt on a fresh machine: every cuDNN graph is built cold and every
+CuPy kernel is compiled by NVRTC on first use (no kernel cache survives from another machine).
+**Nothing here has been measured on a GPU**: the unit costs are estimates, taken on the slow side,
+and the check records each case's real seconds beside its estimate (``plan`` in the JSON), so the
+first run calibrates them.
+
+Graph counts come from the model (``fastpaths.model_layers``; ``tests/test_gpu_check.py`` checks
+them): ResNet-50 at 224 px has 23 distinct conv geometries and 12 distinct BN shapes per batch, so a
+training step builds 3 x 23 - 1 (the stem has no dgrad) + 2 x 12 = 92 graphs per batch size.  The
+strict self-check builds them at two batch sizes (its per-layer checks at batch 2, the whole model at
+the training batch 64) plus one forward graph per conv at each of its 2 evaluation batches (46);
+``results`` builds them at its own batch; parity builds 3 x 3 conv + 2 BN graphs.  Per precision:
+230 + 92 + 11 = 333 graphs, 666 for fp32 and bf16.
+
+The cases run in priority order: the environment, the strict self-check (fp32), parity (fp32), the
+fp32 results, the one-rank NCCL test, the 2-rank all-reduce, DALI, then bf16 (parity, results, the
+self-check: cheapest first).  A case is *planned* while the estimates so far fit ``TARGET_FRACTION``
+of the budget (8 minutes, with room for estimates a third too low); the others run only if time is
+left: before each case, the time left is compared with its estimate scaled by how far the cases so
+far overran theirs (``Clock``).  A case that does not fit is recorded as not run, with why.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+BUDGET_S = 480.0              # 8 minutes: gpu_check.sh leaves the rest of a 10-minute call to the rest
+TARGET_FRACTION = 0.75        # planned cases fit 360 s of the 480
+
+# Unit costs, cold, on one H200 (ESTIMATES, not measured; seconds)
+UNIT = {
+    "conv_graph": 0.25,       # one conv graph: validate, heuristics A + fallback, check_support, first plan
+    "bn_graph": 1.0,          # one BN graph (cuDNN 9 normalization engines may be runtime-compiled)
+    "kernel": 0.35,           # one CuPy elementwise/reduction kernel through NVRTC, cold cache
+    "raw_module": 2.0,        # nn/kernels.py's fused CUDA module, once per dtype pair
+    "cupy_start": 8.0,        # import CuPy, create the context, nvidia-smi, import the cuDNN frontend
+    "torch_start": 10.0,      # import torch and create its context (first results case)
+    "torch_autotune": 15.0,   # cudnn.benchmark's algorithm search in the first steps, per case
+    "step_fp32": 0.12,        # a ResNet-50 training step at batch 128, float32 without TF32 (~1.6 TFLOP)
+    "step_bf16": 0.05,        # the same in bf16
+    "selfcheck_compute": 10.0,  # the self-check's whole-model steps, references included (im2col)
+    "nccl": 10.0,             # a subprocess: CuPy, NCCL init, one all-reduce, destroy
+    "allreduce": 25.0,        # mpiexec -n 2: CuPy twice, each transport's sums, 102 MB timed
+    "dali": 20.0,             # DALI's import, a CPU and a mixed pipeline, 256 JPEGs each
+}
+KERNELS = {"selfcheck": 80, "parity": 15, "results": 20}     # distinct CuPy kernels a case compiles
+RESNET50_GRAPHS = {"conv": 23, "bn": 12, "stems": 1}        # distinct per batch (fastpaths.model_layers)
+EVAL_BATCHES = 2              # the self-check's evaluation batches (ten-crop 160 rows, partial 40)
+PARITY_GRAPHS = {"conv": 9, "bn": 2}
+
+
+def train_graphs(g=RESNET50_GRAPHS) -> tuple[int, int]:
+    """(conv graphs, BN graphs) of one training step at one batch size: fprop, dgrad, wgrad per conv
+    geometry (no dgrad for the stem), forward and backward per BN shape."""
+    return 3 * g["conv"] - g["stems"], 2 * g["bn"]
+
+
+def graph_seconds(conv: int, bn: int) -> float:
+    return conv * UNIT["conv_graph"] + bn * UNIT["bn_graph"]
+
+
+@dataclass
+class Case:
+    """One unit of the check: ``section`` (selfcheck, parity, results, nccl, allreduce, dali) with
+    its precision and batch where it has them; ``estimate_s``; ``planned`` (fits the target)."""
+
+    section: str
+    precision: str | None = None
+    batch: int | None = None
+    estimate_s: float = 0.0
+    planned: bool = True
+    outcome: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return " ".join(str(v) for v in (self.section, self.precision, self.batch) if v is not None)
+
+
+def estimate(case: Case, first_results: bool = False, steps_per_runner: int = 18) -> float:
+    """Seconds of ``case`` on a cold machine (``first_results``: torch starts in this case)."""
+    conv, bn = train_graphs()
+    if case.section == "selfcheck":
+        raw = UNIT["raw_module"] * (2 if case.precision == "bf16" else 1)
+        return (2 * graph_seconds(conv, bn) + graph_seconds(EVAL_BATCHES * RESNET50_GRAPHS["conv"], 0)
+                + KERNELS["selfcheck"] * UNIT["kernel"] + raw + UNIT["selfcheck_compute"])
+    if case.section == "parity":
+        return graph_seconds(PARITY_GRAPHS["conv"], PARITY_GRAPHS["bn"]) + KERNELS["parity"] * UNIT["kernel"]
+    if case.section == "results":
+        step = UNIT[f"step_{'bf16' if case.precision == 'bf16' else 'fp32'}"] * (case.batch or 128) / 128
+        return (graph_seconds(conv, bn) + KERNELS["results"] * UNIT["kernel"] + UNIT["torch_autotune"]
+                + (UNIT["torch_start"] if first_results else 0.0) + 2 * steps_per_runner * step)
+    return UNIT[case.section]
+
+
+def cases(precisions, batches, sections) -> list[Case]:
+    """Every case of a run, in priority order (see the module docstring)."""
+    first = [p for p in precisions if p != "bf16"][:1] or list(precisions)[:1]
+    rest = [p for p in precisions if p not in first]
+    out = []
+
+    def add(section, precision=None, batch=None):
+        if section in sections:
+            out.append(Case(section, precision, batch))
+    for p in first:
+        add("selfcheck", p)
+        add("parity", p)
+        for b in batches:
+            add("results", p, b)
+    for s in ("nccl", "allreduce", "dali"):
+        add(s)
+    for p in rest:                               # cheapest first: parity, results, the self-check
+        add("parity", p)
+        for b in batches:
+            add("results", p, b)
+        add("selfcheck", p)
+    return out
+
+
+def plan(precisions, batches, sections, budget_s: float = BUDGET_S, steps_per_runner: int = 18,
+         env_s: float = UNIT["cupy_start"]) -> tuple[list[Case], float]:
+    """The run's cases with their estimates, planned while the running total (the environment's
+    ``env_s`` first) fits ``TARGET_FRACTION * budget_s``; returns (cases, that target)."""
+    target = TARGET_FRACTION * budget_s
+    total, seen_results = env_s, False
+    out = cases(precisions, batches, sections)
+    for c in out:
+        first = c.section == "results" and not seen_results
+        c.estimate_s = round(estimate(c, first, steps_per_runner), 1)
+        seen_results |= c.section == "results"
+        c.planned = total + c.estimate_s <= target
+        total += c.estimate_s if c.planned else 0.0
+    return out, target
+
+
+def plan_lines(out: list[Case], target: float, budget_s: float,
+               env_s: float = UNIT["cupy_start"]) -> list[str]:
+    """The plan as printed at the start of a run (one line per case)."""
+    planned = env_s + sum(c.estimate_s for c in out if c.planned)
+    lines = [f"plan: budget {budget_s:.0f} s; planned cases fit {target:.0f} s (estimates for a cold "
+             f"H200, not measured); env {env_s:.0f} s"]
+    lines += [f"plan {c.name:22s} {c.estimate_s:6.1f} s  {'planned' if c.planned else 'if time is left'}"
+              for c in out]
+    every = env_s + sum(c.estimate_s for c in out)
+    lines.append(f"plan: planned {planned:.0f} s of {target:.0f} s; all cases {every:.0f} s")
+    return lines
+
+
+class Clock:
+    """The run's budget while it runs: ``fits(case)`` when the time left covers the case's
+    estimate, scaled up by how far the finished cases overran their estimates (never down)."""
+
+    def __init__(self, budget_s: float, start: float | None = None):
+        self.budget_s, self.start = budget_s, time.perf_counter() if start is None else start
+        self.estimated = self.spent = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def scale(self) -> float:
+        return max(1.0, self.spent / self.estimated) if self.estimated > 0 else 1.0
+
+    def fits(self, case: Case) -> bool:
+        return self.elapsed() + case.estimate_s * self.scale() <= self.budget_s
+
+    def done(self, case: Case, seconds: float) -> None:
+        self.estimated += case.estimate_s
+        self.spent += seconds

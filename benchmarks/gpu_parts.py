@@ -1,0 +1,436 @@
+"""The cases of ``gpu_check.py``, one function each; every one returns a JSON-able dict and prints
+its rows as it makes them.  A case guards each of its parts (a cuDNN graph no engine supports, a
+runner that cannot be built), so one failure is recorded beside the results already made instead of
+discarding them (issue 38, defect 7)."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from benchlib import OursRunner, mpi_launcher
+
+from scalesgd.nn import cudnn_conv as CC
+from scalesgd.nn import kernels as K
+from scalesgd.nn import layers as L
+
+ROOT = Path(__file__).resolve().parents[1]
+RESNET50 = ("resnet50", 1000, 224, 25_557_032)      # model, classes, image side, parameter count
+TOL = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 3e-2}    # cuDNN graphs against the xp layers
+KERNEL_TOL = 1e-5
+TARGET_SPEED, TARGET_MEM = 0.8, 1.5                 # ours against PyTorch: images/s, peak memory
+HEADER = ["| precision | batch | path | images/s | vs torch | peak MiB | vs torch | targets |",
+          "|---|---|---|---|---|---|---|---|"]
+
+
+def err_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+
+
+def guarded(fn, *args):
+    """``fn(*args)``, or ``{"error": ...}`` when it raises (any one probe or part)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - recorded, never fatal
+        return {"error": err_text(exc)}
+
+
+# ----------------------------------------------------------------------------- environment
+def _version(mod_name: str):
+    try:
+        import importlib  # noqa: PLC0415
+        mod = importlib.import_module(mod_name)
+        return getattr(mod, "__version__", "?")
+    except Exception as exc:  # noqa: BLE001
+        return f"absent ({type(exc).__name__})"
+
+
+def _cmd(argv) -> list[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+    except Exception as exc:  # noqa: BLE001
+        return [f"unavailable ({type(exc).__name__})"]
+
+
+def env_report(xp) -> dict:
+    """Versions of everything the check uses; each probe guarded on its own (a cuDNN whose library
+    does not load used to end the whole check here, before any section: issue 38, defect 5)."""
+    from scalesgd.doctor.stack import installed  # noqa: PLC0415
+    rep = {"python": platform.python_version(), "numpy": np.__version__,
+           "cupy": _version("cupy"), "cudnn_frontend": _version("cudnn"), "torch": _version("torch"),
+           "mpi4py": _version("mpi4py"), "dali": _version("nvidia.dali"),
+           "nvcc": _cmd(["nvcc", "--version"])[-1:],
+           "nvidia_smi": _cmd(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                               "--format=csv,noheader"]),
+           "wheels": guarded(installed)}
+    rep.update(guarded(_mpi_facts, xp))
+    cudnn = CC.probe_cudnn()
+    if cudnn is not None:
+        rep["cudnn_backend"] = guarded(cudnn.backend_version)
+    if xp is not np:
+        rep.update(guarded(_device_facts, xp))
+    return rep
+
+
+def _mpi_facts(xp) -> dict:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    from scalesgd.comm import device  # noqa: PLC0415
+    return {"mpi_library": MPI.Get_library_version().splitlines()[0],
+            "mpi_cuda_query": device.mpi_cuda_query(),
+            "nccl": device.nccl_module() is not None if xp is not np else None}
+
+
+def _device_facts(xp) -> dict:
+    props = xp.cuda.runtime.getDeviceProperties(0)
+    return {"gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+            "cuda_driver": xp.cuda.runtime.driverGetVersion(),
+            "cuda_runtime": xp.cuda.runtime.runtimeGetVersion()}
+
+
+# ----------------------------------------------------------------------------- parity
+def relerr(a, ref) -> float:
+    a, ref = (np.asarray(to_host(v), dtype=np.float64) for v in (a, ref))
+    if not np.all(np.isfinite(a)):
+        return float("inf")                      # unwritten (NaN-poisoned) or overflowed output
+    return float(np.linalg.norm(a - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def to_host(a):
+    return a if isinstance(a, np.ndarray) else a.get()
+
+
+def kernel_parity(xp, rng, dtype="float32") -> dict:
+    """fast (CuPy kernel; on NumPy the twin) vs float64 NumPy reference, fresh random inputs."""
+    dev = lambda a: xp.asarray(a.astype(dtype))  # noqa: E731
+    out = {}
+    x = rng.standard_normal((4, 7, 5, 24))
+    sc, sh = rng.standard_normal(24), rng.standard_normal(24)
+    out["bn_apply+relu"] = relerr(K.bn_apply(dev(x), dev(sc), dev(sh), True), K.bn_apply_ref(x, sc, sh, True))
+    h, s = rng.standard_normal(x.shape), rng.standard_normal(x.shape)
+    out["add_relu"] = relerr(K.add_relu(dev(h), dev(s)), K.add_relu_ref(h.copy(), s))
+    n = 1_000_003
+    p, g, buf = rng.standard_normal(n), rng.standard_normal(n), rng.standard_normal(n)
+    mask = (rng.random(n) < 0.7).astype(np.float64)
+    pd, bd = dev(p), dev(buf)
+    K.sgd_update(pd, dev(g), bd, dev(mask), 0.1, 0.9, 1e-4, True)
+    K.sgd_update_ref(p, g, buf, mask, 0.1, 0.9, 1e-4, True)
+    out["sgd_update(nesterov)"] = max(relerr(pd, p), relerr(bd, buf))
+    return out
+
+
+CONV_CASES = [(8, 14, 64, 128, 3, 1), (8, 28, 64, 256, 1, 2), (4, 56, 3, 64, 7, 2)]   # n, hw, c, k, r, s
+
+
+def cudnn_parity(xp, rng, precision: str, cudnn=None) -> tuple[dict, dict]:
+    """cuDNN conv fprop/dgrad/wgrad and BN fwd/bwd vs the im2col/xp layers (float32): ({name:
+    relative error}, {case: error of a case that raised}); each geometry guarded on its own."""
+    eng = CC.CudnnEngine(cudnn or CC.probe_cudnn(), xp, precision)
+    errs, raised = {}, {}
+    for geom in CONV_CASES:
+        n, hw, c, k, r, stride = geom
+        tag = f"conv{r}x{r}/s{stride} {c}->{k}"
+        try:
+            errs.update(_conv_parity(xp, rng, eng, tag, n, hw, c, k, r, stride))
+        except Exception as exc:  # noqa: BLE001 - this geometry alone (e.g. no engine supports it)
+            raised[tag] = err_text(exc)
+    try:
+        errs.update(_bn_parity(xp, rng, eng))
+    except Exception as exc:  # noqa: BLE001
+        raised["bn"] = err_text(exc)
+    return errs, raised
+
+
+def _conv_parity(xp, rng, eng, tag, n, hw, c, k, r, stride) -> dict:
+    mod = type("M", (), {})()
+    mod.w = xp.asarray(rng.standard_normal((r, r, c, k)).astype(np.float32) * 0.1)
+    mod.dw = xp.full(mod.w.shape, np.nan, dtype=xp.float32)
+    mod.stride, mod.pad = stride, r // 2
+    x = xp.asarray(rng.standard_normal((n, hw, hw, c)).astype(np.float32))
+    y, cache = eng.conv_forward(mod, x, True)
+    y_ref, rc = L.conv2d_forward(x, mod.w, stride, r // 2)
+    dy = xp.asarray(rng.standard_normal(y_ref.shape).astype(np.float32))
+    dx = eng.conv_backward(mod, dy, cache, True)
+    dw_ref = xp.empty_like(mod.w)
+    dx_ref = L.conv2d_backward(dy, rc, dw_ref, True)
+    return {f"{tag} fprop": relerr(y, y_ref), f"{tag} dgrad": relerr(dx, dx_ref),
+            f"{tag} wgrad": relerr(mod.dw, dw_ref)}
+
+
+def _bn_parity(xp, rng, eng) -> dict:
+    c = 64
+    mod = type("B", (), {})()
+    mod.relu = True
+    mod.gamma, mod.beta = (xp.asarray(rng.standard_normal(c).astype(np.float32)) for _ in range(2))
+    mod.rmean, mod.rvar = xp.zeros(c, xp.float32), xp.ones(c, xp.float32)
+    mod.dgamma, mod.dbeta = xp.full(c, np.nan, xp.float32), xp.full(c, np.nan, xp.float32)
+    x = xp.asarray(rng.standard_normal((8, 14, 14, c)).astype(np.float32) * 2 + 0.5)
+    y, cache = eng.bn_forward(mod, x, True)
+    rm, rv = xp.zeros(c, xp.float32), xp.ones(c, xp.float32)
+    y_ref, rc = L.batchnorm_forward(x, mod.gamma, mod.beta, rm, rv, True)
+    y_ref = xp.maximum(y_ref, 0)
+    dy = xp.asarray(rng.standard_normal(x.shape).astype(np.float32))
+    dx = eng.bn_backward(mod, dy.copy(), cache)
+    dg, db = xp.empty(c, xp.float32), xp.empty(c, xp.float32)
+    dx_ref = L.batchnorm_backward(dy * (y_ref > 0), rc, dg, db)
+    return {"bn fwd": relerr(y, y_ref), "bn running_var": relerr(mod.rvar, rv),
+            "bn bwd dx": relerr(dx, dx_ref), "bn bwd dgamma": relerr(mod.dgamma, dg)}
+
+
+def parity_case(args, xp, precision: str) -> dict:
+    """The fused kernels (first precision only) and this precision's cuDNN graphs."""
+    rng = np.random.default_rng(int(time.time()))            # fresh inputs every run
+    errs, raised = {}, {}
+    if precision == args.precisions[0]:
+        errs.update(guarded(kernel_parity, xp, rng))
+        if "error" in errs:
+            raised["kernels"] = errs.pop("error")
+    if not args.dry_run and CC.probe_cudnn() is not None:
+        e, r = cudnn_parity(xp, rng, precision)
+        errs.update({f"{k} [{precision}]": v for k, v in e.items()})
+        raised.update({f"{k} [{precision}]": v for k, v in r.items()})
+    bad = [k for k, v in errs.items() if not v <= (TOL[precision] if "[" in k else KERNEL_TOL)]
+    for k, v in errs.items():
+        print(f"parity {k:40s} rel.err {v:.2e} {'FAIL' if k in bad else 'ok'}", flush=True)
+    for k, v in raised.items():
+        print(f"parity {k:40s} RAISED {v}", flush=True)
+    return {"errors": errs, "failed": bad + list(raised), "raised": raised}
+
+
+# ----------------------------------------------------------------------------- self-check
+TARGET_CHECK_S = 6.0            # 10% of the first minute of a ResNet-50 epoch
+
+
+def selfcheck_case(args, xp, precision: str) -> dict:
+    """fastpaths.check in strict mode, as a run on ResNet-50 would call it (dry run: ResNet-20 at
+    32 px on NumPy posing as a GPU, so every model-level component runs on the reference)."""
+    import types  # noqa: PLC0415
+
+    from scalesgd import config as C  # noqa: PLC0415
+    from scalesgd import fastpaths as F  # noqa: PLC0415
+    from scalesgd.errors import BackendError  # noqa: PLC0415
+    from scalesgd.nn.resnet import ResNet  # noqa: PLC0415
+    name, classes, size, _ = ("resnet20", 10, 32, 0) if args.dry_run else RESNET50
+    model = ResNet(name, classes, 1.0, xp=xp, seed=0)
+    if not args.dry_run and CC.probe_cudnn() is not None:
+        model.set_engine(CC.CudnnEngine(CC.probe_cudnn(), xp, precision, model.kernels))
+    cfg = C.build(None, {"data": {"image_size": size, "batch_size": 64, "scale": [size, size * 1.15]},
+                         "model": {"fast_paths": "strict", "precision": precision}})
+    val = types.SimpleNamespace(train=False, batch_size=16, crops=10, indices=lambda e: range(20),
+                                device_id=None)       # (no decode check: no shards here)
+    gpu = types.SimpleNamespace(is_gpu=True, xp=xp)
+    topo = types.SimpleNamespace(size=1, comm=None, is_root=True)
+    t0 = time.perf_counter()
+    try:
+        rep, err = F.check(cfg, topo, model, gpu, (None, val), None).to_dict(), None
+    except BackendError as exc:
+        rep, err = {}, str(exc)
+    took = time.perf_counter() - t0
+    print(f"selfcheck {precision}: {len(rep.get('components', {}))} components in {took:.2f} s "
+          f"({rep.get('gflops', 0):.0f} GFLOPs){' FAILED: ' + err if err else ''}", flush=True)
+    del model
+    _free_device_memory(xp)
+    return {"model": name, "budget_s": TARGET_CHECK_S, "seconds": round(took, 3), "gflops": rep.get("gflops"),
+            "error": err, "within_budget": took <= TARGET_CHECK_S, "components": rep.get("components", {})}
+
+
+# ----------------------------------------------------------------------------- results
+def bench(runners: dict, steps: int, warmup: int, blocks: int) -> tuple[dict, dict]:
+    """Interleaved blocks of ``steps`` timed steps per runner; median images/s and peak memory.
+    A runner that raises is dropped with its error; the others go on: (runs, errors)."""
+    errors = {}
+    for k, r in list(runners.items()):
+        try:
+            for _ in range(warmup):
+                r.step()
+            r.sync()
+        except Exception as exc:  # noqa: BLE001 - this path alone
+            errors[k] = err_text(exc)
+            del runners[k]
+    times = {k: [] for k in runners}
+    for _ in range(blocks):
+        for k, r in list(runners.items()):
+            try:
+                r.sync()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    r.step()
+                r.sync()
+            except Exception as exc:  # noqa: BLE001
+                errors[k] = err_text(exc)
+                del runners[k], times[k]
+                continue
+            times[k].append((time.perf_counter() - t0) / steps)
+    runs = {k: {"img_s": r.batch / float(np.median(times[k])), "step_s": times[k],
+                "peak_bytes": r.peak_bytes()} for k, r in runners.items()}
+    return runs, errors
+
+
+def results_case(args, xp, precision: str, batch: int, emit=print) -> dict:
+    """One (precision, batch) of ResNet-50 (dry run: ResNet-20 at batch 2) on each path; each
+    runner guarded; ``emit`` gets the table rows as soon as they exist."""
+    batch = 2 if args.dry_run else batch
+    runners, errors = _runners(args, xp, batch, precision)
+    n = (lambda v: 1 if args.dry_run else v)      # noqa: E731 - a dry run: one of each
+    runs, failed = bench(runners, n(args.steps), n(args.warmup), n(args.blocks))
+    res = {"precision": precision, "batch": batch, "runs": runs, "errors": {**errors, **failed}}
+    for row in table_rows([res]):
+        emit(row)
+    for k, v in res["errors"].items():
+        emit(f"results {precision} {batch} {k}: FAILED {v}")
+    del runners
+    _free_device_memory(xp)
+    return res
+
+
+def _runners(args, xp, batch, precision) -> tuple[dict, dict]:
+    if args.dry_run:      # CPU: a tiny ResNet-20 through the same runner class
+        return {"im2col": OursRunner("resnet20", 10, 32, batch)}, {}
+    name, classes, size, nparams = RESNET50
+    runners, errors = {}, {}
+    for path in args.paths:
+        try:
+            if path == "cudnn" and CC.probe_cudnn() is None:
+                errors[path] = "skipped: the cudnn frontend does not import"
+            elif path in ("cudnn", "im2col"):
+                engine = CC.CudnnEngine(CC.probe_cudnn(), xp, precision) if path == "cudnn" else None
+                runners[path] = OursRunner(name, classes, size, batch, xp=xp, engine=engine)
+                assert runners[path].model.num_params == nparams
+            elif path == "torch":
+                from torch_resnet import TorchRunner, torch  # noqa: PLC0415  (imports torch: only here)
+                if torch is not None and torch.cuda.is_available():
+                    runners["torch"] = TorchRunner(name, classes, size, batch, nparams, precision=precision,
+                                                   device="cuda")
+        except Exception as exc:  # noqa: BLE001 - this path alone
+            errors[path] = err_text(exc)
+    return runners, errors
+
+
+def _free_device_memory(xp) -> None:
+    """Between cases: CuPy's cached blocks and torch's cache go back to the device."""
+    if xp is not np:
+        xp.get_default_memory_pool().free_all_blocks()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def table_rows(results: list[dict]) -> list[str]:
+    """The throughput table's rows (no header) of ``results``: one per path of each case."""
+    rows = []
+    for res in results:
+        t = res.get("runs", {}).get("torch")
+        for k, v in res.get("runs", {}).items():
+            sp = v["img_s"] / t["img_s"] if t else None
+            mem = (v["peak_bytes"] / t["peak_bytes"]) if t and v["peak_bytes"] and t["peak_bytes"] else None
+            ok = "" if k == "torch" or sp is None else (
+                "met" if sp >= TARGET_SPEED and (mem is None or mem <= TARGET_MEM) else "MISSED")
+            mib = f"{v['peak_bytes'] / 2**20:.0f}" if v["peak_bytes"] else "-"
+            rows.append(f"| {res.get('precision', '-')} | {res['batch']} | {k} | {v['img_s']:.1f} | "
+                        f"{'-' if sp is None else f'{sp:.2f}x'} | {mib} | "
+                        f"{'-' if mem is None else f'{mem:.2f}x'} | {ok} |")
+    return rows
+
+
+# ----------------------------------------------------------------------------- transports, DALI
+def allreduce_case(args, xp) -> dict:
+    """$MPIEXEC $MPIEXEC_ARGS -n 2 tests/gpu/allreduce_parity.py (cupy | numpy for a dry run)
+    --time (benchlib.mpi_launcher, as every benchmark launches: issue 38, defect 8): the lines
+    ``transport NAME: sums agree`` / ``skipped transport NAME: why`` / ``time NAME: MS ms ...``."""
+    try:
+        launcher = mpi_launcher(2)
+    except SystemExit as exc:                     # benchlib's "no mpiexec found" message
+        return {"skipped": str(exc)}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([*launcher, sys.executable, str(ROOT / "tests/gpu/allreduce_parity.py"),
+                           "numpy" if args.dry_run else "cupy", "--time"], capture_output=True, text=True,
+                          timeout=240, env=env, stdin=subprocess.DEVNULL)
+    out: dict = {"rc": proc.returncode, "launcher": launcher, "transports": {}}
+    for line in proc.stdout.splitlines():
+        words = line.split()
+        if line.startswith("transport "):
+            out["transports"].setdefault(words[1].rstrip(":"), {})["sums"] = "agree"
+        elif line.startswith("skipped transport "):
+            out["transports"][words[2].rstrip(":")] = {"skipped": line.split(": ", 1)[1]}
+        elif line.startswith("time "):
+            t = out["transports"].setdefault(words[1].rstrip(":"), {})
+            t.update(ms=float(words[2]), mb=float(words[5]))
+    if proc.returncode != 0:
+        out["error"] = (proc.stdout + proc.stderr)[-800:]
+    print(f"allreduce: {json.dumps(out['transports'])}", flush=True)
+    return out
+
+
+def nccl_case(args, xp) -> dict:
+    """One rank's NCCL communicator through comm/device.py (tests/gpu/nccl_one_rank.py, a
+    subprocess so that a crash in NCCL is this case's error, not the check's end): created from a
+    unique id, one all-reduce checked, destroyed.  A dry run uses the CuPy 14 NCCL double."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(ROOT / "tests/gpu/nccl_one_rank.py"),
+                           "double" if args.dry_run else "cupy"], capture_output=True, text=True,
+                          timeout=120, env=env, stdin=subprocess.DEVNULL)
+    out: dict = {"rc": proc.returncode, "steps": {}}
+    for line in proc.stdout.splitlines():
+        if line.startswith("nccl "):
+            step, _, what = line[5:].partition(": ")
+            out["steps"][step] = what
+            print(line, flush=True)
+    if proc.returncode != 0:
+        out["error"] = (proc.stdout + proc.stderr)[-800:]
+    return out
+
+
+def dali_case(args, xp) -> dict:
+    """DALI decode + resize (shorter side 256) + crop/normalize (224) of 256 JPEGs of 500x375,
+    batch 64, on the CPU and (GPU) "mixed"; images/s each (median of 3 passes after one warm-up)."""
+    try:
+        from nvidia.dali import Pipeline, fn, types  # noqa: PLC0415
+    except Exception as exc:  # noqa: BLE001
+        why = os.environ.get("GPU_CHECK_DALI_SKIPPED", "")
+        return {"skipped": f"nvidia.dali does not import ({type(exc).__name__}: {exc})"
+                           + (f"; install: {why}" if why else "")}
+    import io  # noqa: PLC0415
+
+    from PIL import Image  # noqa: PLC0415
+    rng = np.random.default_rng(0)
+    jpegs = []
+    for _ in range(16):                      # smooth random images (real JPEG work, not noise)
+        small = rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(small).resize((500, 375), Image.BILINEAR).save(buf, "JPEG", quality=90)
+        jpegs.append(np.frombuffer(buf.getvalue(), np.uint8))
+    batch, n = (8, 32) if args.dry_run else (64, 256)
+    files = [jpegs[i % len(jpegs)] for i in range(batch)]
+
+    def rate(device: str) -> float:
+        pipe = Pipeline(batch_size=batch, num_threads=4, device_id=None if device == "cpu" else 0,
+                        prefetch_queue_depth=2)
+        with pipe:
+            enc = fn.external_source(source=lambda: files, batch=True, dtype=types.UINT8)
+            img = fn.decoders.image(enc, device=device, output_type=types.RGB)
+            img = fn.resize(img, resize_shorter=256)
+            pipe.set_outputs(fn.crop_mirror_normalize(img, crop=(224, 224), dtype=types.FLOAT,
+                                                      output_layout="HWC"))
+        pipe.build()
+        pipe.run()
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(n // batch):
+                (o,) = pipe.run()
+                if device != "cpu":
+                    o.as_tensor()            # the batch exists on the device
+            times.append(time.perf_counter() - t0)
+        return n / float(np.median(times))
+    out = {"cpu_img_s": rate("cpu")}
+    if not args.dry_run:
+        out.update(guarded(lambda: {"gpu_img_s": rate("mixed")}))
+        if "gpu_img_s" in out:
+            out["gpu_vs_cpu"] = out["gpu_img_s"] / out["cpu_img_s"]
+    print(f"dali: {json.dumps(out)}", flush=True)
+    return out

@@ -1,0 +1,399 @@
+"""benchmarks/gpu_check.sh and gpu_check.py, the one check a lent GPU runs (issue 38): on CPU, as CI
+runs them (--dry-run: every case, doubles for the device), and the defects a second reading found
+(each test names its defect and fails on the code before the fix).  Nothing here needs a GPU."""
+import configparser
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import types
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpirun import ROOT, mpiexec, uses_mpi
+
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import benchlib  # noqa: E402
+import gpu_budget as B  # noqa: E402
+import gpu_parts as G  # noqa: E402
+
+
+def sh_env(tmp_path, **extra) -> dict:
+    """gpu_check.sh's environment: this Python, a prefix and a wheel directory of the test's own."""
+    return {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+            "GPU_CHECK_PREFIX": str(tmp_path / "prefix"), "GPU_CHECK_WHEELS": str(tmp_path / "wheels"),
+            "GPU_CHECK_OFFLINE": "1", **extra}
+
+
+# ----------------------------------------------------------------------------- the whole check, as CI runs it
+@uses_mpi
+def test_gpu_check_sh_dry_run_runs_every_case_and_keeps_everything_under_out(tmp_path):
+    """The acceptance run: ``bash benchmarks/gpu_check.sh --dry-run`` on this CPU: the plan with its
+    estimates, every case in order (the strict self-check first, parity, fp32, the one-rank NCCL
+    test on the CuPy 14 double, the 2-rank all-reduce, DALI, then bf16), and the JSON, the table,
+    the log and the install record in $OUT."""
+    proc = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "--dry-run"], env=sh_env(tmp_path),
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    out = tmp_path / "out"
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout
+    assert "parity sgd_update(nesterov)" in text and "| fp32 | 2 | im2col |" in text
+    assert "nccl create: ok" in text and "nccl allreduce: sums agree" in text and "nccl destroy: ok" in text
+    assert "all-reduce host: sums agree" in text and "failures: none" in text
+    assert "plan selfcheck bf16" in text and "if time is left" in text
+    rep = json.loads((out / "gpu_check.json").read_text())
+    ran = [c["case"] for c in rep["plan"]["cases"]]
+    assert ran == ["selfcheck fp32", "parity fp32", "results fp32 128", "nccl", "allreduce", "dali",
+                   "parity bf16", "results bf16 128", "selfcheck bf16"]
+    assert all(c["ran"] for c in rep["plan"]["cases"])
+    assert set(rep["seconds"]) == {"env", *G_SECTIONS, "total"}
+    for prec in ("fp32", "bf16"):           # the self-check in strict mode, whole-model checks included
+        sc = rep["selfcheck"]["precisions"][prec]
+        assert sc["error"] is None and sc["gflops"] > 0, sc
+        assert sum(k.startswith("model ") for k in sc["components"]) == 3
+    log = (out / "gpu_check.log").read_text()
+    assert "failures: none" in log and not (tmp_path / "out.log").exists()
+    assert (out / "gpu_check.md").exists()
+    assert "tests/gpu not run: a dry run" in (out / "gpu_tests.log").read_text()
+    tsv = (out / "install.tsv").read_text()
+    assert "mpi\tpreinstalled" in tsv and "device\tskipped\tdry run" in tsv
+
+
+@uses_mpi
+def test_a_check_stopped_at_its_limit_keeps_its_log_and_json_in_out(tmp_path):
+    """Issue 38, defect 8 (and deliverable 3): the log was written to "$OUT.log", beside $OUT, and
+    moved in only at the end, and the JSON was written only at the end: a check killed at its
+    limit (the device tool's SIGKILL) returned nothing.  Killed after its first case here."""
+    proc = subprocess.Popen(["bash", str(BENCH / "gpu_check.sh"), "--dry-run", "--sections", "parity",
+                             "allreduce", "dali"], env=sh_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("allreduce: "):        # the parity case is done and was recorded
+                break
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert any(line.startswith("allreduce: ") for line in seen), "".join(seen)[-2000:]
+    out = tmp_path / "out"
+    assert (out / "gpu_check.log").exists(), f"the log is not under $OUT: {sorted(os.listdir(tmp_path))}"
+    assert "parity sgd_update(nesterov)" in (out / "gpu_check.log").read_text()
+    rep = json.loads((out / "gpu_check.json").read_text())
+    assert rep["parity"]["errors"]["sgd_update(nesterov)"] < 1e-5 and rep["parity"]["failed"] == []
+
+
+@uses_mpi
+def test_the_allreduce_case_launches_through_MPIEXEC_and_MPIEXEC_ARGS(tmp_path):
+    """Issue 38, defect 8: the all-reduce section ran "$MPIEXEC -n 2" without $MPIEXEC_ARGS, and
+    Open MPI refuses to run as root without them; it now launches as every benchmark does
+    (benchlib.mpi_launcher).  A wrapper launcher logs its argv and drops a marker argument."""
+    log, wrapper = tmp_path / "argv.log", tmp_path / "mpiexec-wrapper"
+    wrapper.write_text("#!/bin/bash\n"
+                       f'echo "$*" >> {log}\n'
+                       'args=(); for a in "$@"; do [ "$a" = --check-marker ] || args+=("$a"); done\n'
+                       f'exec {mpiexec()} "${{args[@]}}"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    env = dict(os.environ, MPIEXEC=str(wrapper), PYTHONPATH=str(ROOT / "src"),
+               MPIEXEC_ARGS=f"--check-marker {os.environ.get('MPIEXEC_ARGS', '')}")
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--dry-run", "--sections",
+                           "allreduce", "--out", str(tmp_path / "out")], env=env, capture_output=True,
+                          text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    argv = log.read_text().split()
+    assert argv[0] == "--check-marker" and argv[argv.index("-n") + 1] == "2", argv
+    assert "all-reduce host: sums agree" in proc.stdout
+
+
+def _bare_python(tmp_path) -> Path:
+    """A Python with this one's packages but no MPI: a venv whose site-packages links every entry
+    of ours except the mpich wheel's (so mpi4py finds no MPI library, nothing is beside it, and
+    pip does not take the mpich wheel as installed), as on the lent GPU machine."""
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    ours = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()))
+    (site,) = venv.glob("lib/python*/site-packages")
+    for entry in ours.iterdir():
+        if not entry.name.lower().startswith("mpich") and not (site / entry.name).exists():
+            (site / entry.name).symlink_to(entry)
+    return venv / "bin"
+
+
+def _repack_mpich(dest: Path) -> Path:
+    """The installed mpich wheel packed again (its launcher, libmpi.so.12 and the libraries that
+    library loads, as the wheel's data files: bin/ and lib/), so the test needs no network."""
+    dist = metadata.distribution("mpich")
+    base = Path(sys.prefix)
+    files = {}
+    for f in dist.files:
+        path = Path(dist.locate_file(f)).resolve()
+        try:
+            rel = Path(os.path.normpath(Path(dist.locate_file(f)))).relative_to(base)
+        except ValueError:
+            continue
+        if rel.parts[0] == "bin" or rel.as_posix() == "lib/libmpi.so.12" or rel.parts[:2] == ("lib", "mpich"):
+            files[f"mpich-{dist.version}.data/data/{rel.as_posix()}"] = path
+    name = f"mpich-{dist.version}"
+    info = {f"{name}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: mpich\nVersion: {dist.version}\n",
+            f"{name}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\n"
+                                        "Tag: py3-none-manylinux_2_28_x86_64\n"}
+    dest.mkdir(parents=True, exist_ok=True)
+    whl = dest / f"{name}-py3-none-manylinux_2_28_x86_64.whl"
+    record = []
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_STORED) as z:
+        for arc, path in files.items():
+            zi = zipfile.ZipInfo(arc)
+            zi.external_attr = (path.stat().st_mode & 0xFFFF) << 16
+            z.writestr(zi, path.read_bytes())
+            record.append(f"{arc},,")
+        for arc, text in info.items():
+            z.writestr(arc, text)
+            record.append(f"{arc},,")
+        z.writestr(f"{name}.dist-info/RECORD", "\n".join(record + [f"{name}.dist-info/RECORD,,"]) + "\n")
+    return whl
+
+
+@uses_mpi
+@pytest.mark.skipif(sys.platform != "linux", reason="the mpich wheel is Linux's")
+def test_gpu_check_sh_installs_an_mpi_that_works_into_a_prefix(tmp_path):
+    """Issue 38, defect 2: ``pip install --target`` leaves out a wheel's data files (the mpich
+    wheel's lib/libmpi.so.12) and put its mpiexec nowhere on PATH, so mpi4py found no MPI, the
+    all-reduce section said "no mpiexec" and the check passed having tested no transport.  On a
+    Python without MPI (a copy of the repository holding the mpich wheel in .whl/, as the docs tell
+    a lent machine to), the script now installs it into a prefix and the 2-rank all-reduce runs."""
+    try:
+        metadata.distribution("mpich")
+    except metadata.PackageNotFoundError:
+        pytest.skip("the mpich wheel is not installed here (nothing to pack again)")
+    repo = tmp_path / "repo"
+    for part in ("src", "benchmarks", "tests"):
+        shutil.copytree(ROOT / part, repo / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    _repack_mpich(repo / ".whl")
+    bare = _bare_python(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MPI4PY", "MPIEXEC", "PYTHON"))}
+    env.update(PATH=f"{bare}:/usr/bin:/bin", OUT=str(tmp_path / "out"),
+               GPU_CHECK_PREFIX=str(tmp_path / "prefix"), GPU_CHECK_OFFLINE="1")
+    probe = subprocess.run([str(bare / "python3"), "-c", "from mpi4py import MPI"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode != 0, "the bare Python must find no MPI to begin with"
+    proc = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_check.sh"), "--dry-run", "--sections",
+                           "allreduce"], env=env, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "all-reduce host: sums agree" in proc.stdout, proc.stdout[-3000:]
+    tsv = (tmp_path / "out" / "install.tsv").read_text()
+    assert re.search(r"^mpich\tinstalled\t.*into .*prefix", tsv, re.M) and "mpi\tusable\tMPICH" in tsv, tsv
+    rep = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert rep["allreduce"]["launcher"][0] == str(tmp_path / "prefix" / "bin" / "mpiexec")
+
+
+# ----------------------------------------------------------------------------- the cases' defects
+def test_a_cudnn_whose_library_does_not_load_ends_no_case(monkeypatch, tmp_path):
+    """Issue 38, defect 5: ``cudnn.backend_version()`` was called unguarded while the environment
+    was read, so a frontend that imports without a loadable libcudnn ended the check before any
+    section ran.  Now that probe records its error and every case runs."""
+    import gpu_check
+
+    from scalesgd.nn import cudnn_conv as CC
+
+    def broken():
+        raise RuntimeError("cudnnGetVersion: libcudnn.so.9: cannot open shared object file")
+    monkeypatch.setattr(CC, "probe_cudnn", lambda: types.SimpleNamespace(backend_version=broken,
+                                                                         __version__="1.32.0"))
+    assert gpu_check.main(["--dry-run", "--sections", "parity", "--out", str(tmp_path)]) == 0
+    rep = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert "libcudnn.so.9" in rep["env"]["cudnn_backend"]["error"]
+    assert rep["parity"]["failed"] == [] and rep["parity"]["errors"]
+
+
+def test_one_unsupported_graph_loses_that_case_only(monkeypatch):
+    """Issue 38, defect 7: in ``cudnn_parity`` one graph no engine supports raised out of the
+    section, discarding every result already computed (the same in the results section).  Each
+    geometry is now guarded: the 7x7 stem's fprop is refused here, the others are measured."""
+    import cudnn_stub
+
+    from scalesgd.nn import cudnn_conv as CC
+
+    def no_engine(g):
+        return "no engine" if g.op and g.op[0] == "conv_fprop" and g.op[1]["padding"] == [3, 3] else None
+    monkeypatch.setattr(CC, "probe_cudnn", lambda: cudnn_stub.module(no_engine))
+    monkeypatch.setattr(G, "CONV_CASES", [(2, 8, 8, 16, 3, 1), (2, 12, 3, 8, 7, 2)])
+    errs, raised = G.cudnn_parity(cudnn_stub.HostXP(), np.random.default_rng(0), "fp32")
+    assert list(raised) == ["conv7x7/s2 3->8"] and "No execution plans" in raised["conv7x7/s2 3->8"]
+    assert errs["conv3x3/s1 8->16 wgrad"] < 1e-4 and errs["bn bwd dx"] < 1e-4, errs
+    args = types.SimpleNamespace(dry_run=False, paths=["cudnn", "torch"], steps=1, warmup=1, blocks=1)
+
+    class Runner:
+        batch = 4
+
+        def __init__(self, fail):
+            self.fail = fail
+
+        def step(self):
+            if self.fail:
+                raise RuntimeError("cudnnGraphNotSupportedError: No execution plans support the graph")
+
+        def sync(self):
+            pass
+
+        def peak_bytes(self):
+            return None
+    monkeypatch.setattr(G, "_runners",
+                        lambda a, xp, b, p: ({"cudnn": Runner(True), "torch": Runner(False)}, {}))
+    rows = []
+    res = G.results_case(args, np, "bf16", 128, emit=rows.append)
+    assert list(res["runs"]) == ["torch"] and "No execution plans" in res["errors"]["cudnn"]
+    assert any(r.startswith("| bf16 | 128 | torch |") for r in rows)
+    assert any("cudnn: FAILED" in r for r in rows)
+
+
+class FakeCupy:
+    """CuPy's memory pools as far as the runner's accounting goes: a pool keeps freed blocks cached
+    (``total_bytes``) and counts the live ones (``used_bytes``); arrays take memory from the
+    allocator in force (``cuda.using_allocator``), the default pool otherwise."""
+
+    class MemoryPool:
+        def __init__(self):
+            self.used, self.cached = 0, 0
+
+        def malloc(self, n):
+            self.cached -= min(self.cached, n)
+            self.used += n
+            return (self, n)
+
+        def used_bytes(self):
+            return self.used
+
+        def total_bytes(self):
+            return self.used + self.cached
+
+    class Array:
+        def __init__(self, xp, n):
+            self.mem = xp.allocator(n)
+
+        def __del__(self):
+            pool, n = self.mem
+            pool.used -= n
+            pool.cached += n
+
+    def __init__(self):
+        import contextlib
+        self.default = FakeCupy.MemoryPool()
+        self.allocator = self.default.malloc
+        outer = self
+
+        @contextlib.contextmanager
+        def using_allocator(fn):
+            before, outer.allocator = outer.allocator, fn
+            try:
+                yield
+            finally:
+                outer.allocator = before
+        stream = types.SimpleNamespace(synchronize=lambda: None)
+        self.cuda = types.SimpleNamespace(MemoryPool=FakeCupy.MemoryPool, using_allocator=using_allocator,
+                                          get_current_stream=lambda: stream)
+
+    def get_default_memory_pool(self):
+        return self.default
+
+    def empty(self, n):
+        return FakeCupy.Array(self, n)
+
+    def asarray(self, a):
+        return FakeCupy.Array(self, np.asarray(a).nbytes)
+
+
+def test_peak_memory_counts_the_runner_not_what_earlier_sections_left_cached(monkeypatch):
+    """Issue 38, defect 6: our peak was the default CuPy pool's ``total_bytes()``, which holds the
+    blocks cached by earlier sections and the other runners, while PyTorch's peak is reset per
+    runner: a spurious "missed" on the memory ratio.  Each runner now allocates from a pool of its
+    own and reports the most bytes it held at once."""
+    xp = FakeCupy()
+    junk = [xp.empty(10**9)]                        # an earlier section's arrays, freed: cached
+    del junk
+
+    class Model:
+        def __init__(self, *a, xp, **k):
+            self.ps = types.SimpleNamespace(params=xp.empty(1000), grads=xp.empty(1000),
+                                            decay_mask=lambda: None)
+            self.xp = xp
+
+        def forward(self, x, train):
+            return self.xp.empty(5000), None        # activations: 5000 bytes, freed after the step
+
+        def backward(self, d, cache):
+            pass
+    monkeypatch.setattr(benchlib, "ResNet", Model)
+    monkeypatch.setattr(benchlib, "SGD", lambda *a: types.SimpleNamespace(step=lambda *a: None))
+    monkeypatch.setattr(benchlib, "synthetic_batch",
+                        lambda *a: (np.zeros(100, np.uint8), np.zeros(4, np.uint8)))
+    monkeypatch.setattr(benchlib, "L",
+                        types.SimpleNamespace(softmax_cross_entropy=lambda lg, y: (0.0, None, None)))
+    runner = benchlib.OursRunner("resnet50", 1000, 224, 4, xp=xp)
+    for _ in range(3):
+        runner.step()
+    assert runner.peak_bytes() == 1000 + 1000 + 100 + 4 + 5000
+
+
+# ----------------------------------------------------------------------------- the budget
+def test_graph_counts_of_the_budget_are_the_model_s():
+    """The cost model's ResNet-50 counts (23 conv geometries, 12 BN shapes, one stem without dgrad:
+    92 graphs per batch size, 333 per precision) are what the self-check builds."""
+    from scalesgd import fastpaths
+    from scalesgd.nn.resnet import ResNet
+    convs, bns = fastpaths.model_layers(ResNet("resnet50", 1000, 1.0, seed=0), 2, 224)
+    stems = sum(1 for mods in convs.values() if not any(m.need_dx for m in mods))
+    assert {"conv": len(convs), "bn": len(bns), "stems": stems} == B.RESNET50_GRAPHS
+    conv, bn = B.train_graphs()
+    assert conv + bn == 92 and 2 * 92 + B.EVAL_BATCHES * 23 + 92 + 11 == 333
+
+
+def test_the_plan_fits_eight_minutes_with_room_and_keeps_bf16_for_the_time_left():
+    cases, target = B.plan(["fp32", "bf16"], [128], G_SECTIONS)
+    assert target == 360
+    assert [c.name for c in cases][:3] == ["selfcheck fp32", "parity fp32", "results fp32 128"]
+    planned = B.UNIT["cupy_start"] + sum(c.estimate_s for c in cases if c.planned)
+    assert planned <= target < B.UNIT["cupy_start"] + sum(c.estimate_s for c in cases)
+    assert not {c.name: c for c in cases}["selfcheck bf16"].planned
+    assert all(c.planned for c in cases if c.precision != "bf16")
+    more, _ = B.plan(["fp32", "bf16"], [64, 128, 256], G_SECTIONS)       # more batches: more cut
+    assert [c.name for c in more if not c.planned][0] == "results fp32 256"
+    clock = B.Clock(100.0, start=0.0)
+    clock.elapsed = lambda: 50.0
+    assert clock.fits(B.Case("parity", estimate_s=50.0)) and not clock.fits(B.Case("parity", estimate_s=51.0))
+    clock.done(B.Case("parity", estimate_s=10.0), 20.0)        # ran twice as long as estimated
+    assert clock.scale() == 2.0 and not clock.fits(B.Case("parity", estimate_s=26.0))
+
+
+G_SECTIONS = ("selfcheck", "parity", "results", "nccl", "allreduce", "dali")
+
+
+# ----------------------------------------------------------------------------- packaging
+def test_the_cuda_extras_do_not_mix_cuda_majors_and_the_default_install_keeps_its_cpu_dali():
+    """Issue 38, defect 8: setup.cfg required ``nvidia-dali-cuda120`` of every install, so a CUDA
+    13 machine got the CUDA 12 DALI beside its CUDA 13 CuPy.  DALI now comes with the extra of the
+    CUDA in use; ``.[mpi,test]`` (make test, make demo) keeps the CPU machine's DALI."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    def req(text):
+        return {re.split(r"[<>=!\[;]", ln.strip())[0] for ln in text.splitlines() if ln.strip()}
+    extras = {k: req(v) for k, v in cfg["options.extras_require"].items()}
+    assert not any(r.startswith("nvidia-dali") for r in req(cfg["options"]["install_requires"]))
+    for major, other in (("12", "13"), ("13", "12")):
+        want = {f"cupy-cuda{major}x", f"nvidia-dali-cuda{major}0", "nvidia-cudnn-frontend",
+                f"nvidia-cudnn-cu{major}", f"nvidia-nccl-cu{major}", "ml_dtypes"}
+        assert want <= extras[f"cuda{major}"], extras[f"cuda{major}"]
+        assert not [r for r in extras[f"cuda{major}"] if re.search(rf"cu(da)?{other}", r)]
+    assert "nvidia-dali-cuda120" in extras["mpi"] | extras["test"]
+    assert extras["cpu"] == {"nvidia-dali-cuda120"}
