@@ -345,6 +345,7 @@ def allreduce_case(args, xp) -> dict:
     try:
         launcher = mpi_launcher(2)
     except SystemExit as exc:                     # benchlib's "no mpiexec found" message
+        print(f"allreduce: skipped ({exc})", flush=True)
         return {"skipped": str(exc)}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([*launcher, sys.executable, str(ROOT / "tests/gpu/allreduce_parity.py"),
@@ -392,8 +393,10 @@ def dali_case(args, xp) -> dict:
         from nvidia.dali import Pipeline, fn, types  # noqa: PLC0415
     except Exception as exc:  # noqa: BLE001
         why = os.environ.get("GPU_CHECK_DALI_SKIPPED", "")
-        return {"skipped": f"nvidia.dali does not import ({type(exc).__name__}: {exc})"
-                           + (f"; install: {why}" if why else "")}
+        out = {"skipped": f"nvidia.dali does not import ({type(exc).__name__}: {exc})"
+                          + (f"; install: {why}" if why else "")}
+        print(f"dali: skipped ({out['skipped']})", flush=True)
+        return out
     import io  # noqa: PLC0415
 
     from PIL import Image  # noqa: PLC0415
