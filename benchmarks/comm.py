@@ -96,7 +96,8 @@ _WINDOWS: list = []      # freed (collectively) when the measurements are done
 def gossip_ops(comm, buf) -> dict:
     """gossip: every rank pulls a peer's published copy (seqlock Get), or pushes half its push-sum
     state with Accumulate and drains its own inbox, at the same time."""
-    from scalesgd.comm.window import Inbox, PublishedVector
+    from scalesgd.comm.inbox import Inbox
+    from scalesgd.comm.window import PublishedVector
     pub = PublishedVector(comm, buf.size, buf.dtype)
     pub.publish(buf)
     inbox = Inbox(comm, buf.size + 1, buf.dtype)

@@ -10,7 +10,7 @@ from synth import make_dataset
 pytestmark = [pytest.mark.mpi, needs_mpi]
 
 
-GOSSIP_CHECKS = 7             # the checks tests/mpi/gossip_check.py runs (at 2 ranks as at 4)
+GOSSIP_CHECKS = 8             # the checks tests/mpi/gossip_check.py runs (at 2 ranks as at 4)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

@@ -3,8 +3,9 @@
 protocol (ranks 0 and 1 act, P >= 2): no RMA call waits for a target busy outside MPI; a pull reader
 never sees a torn vector while the writer republishes as fast as it can, neither reading itself nor
 through a courier thread (overlap's request-based, polled reads); every window also works with each
-rank as its own target (``windows_on_oneself``, which runs at P = 1 too); the courier runs its jobs
-and keeps MPI progressing while idle.
+rank as its own target (``windows_on_oneself``, which runs at P = 1 too); a push-sum drain takes
+whole messages and names the order they were added in, while every other rank pushes at once; the
+courier runs its jobs and keeps MPI progressing while idle.
 method: pull and push gossip with gradients off, blocking and overlapped, drive the consensus
 distance to ~0; push-sum conserves sum w_i x_i and sum w_i (overlapped: once ``quiesce`` flushed the
 pushes in flight); the global sample counter is exact; evaluation averages exactly; an overlapped
@@ -26,7 +27,8 @@ from mpi4py import MPI
 
 from scalesgd import config as C
 from scalesgd.comm import topology
-from scalesgd.comm.window import POLL_SECONDS, Courier, Inbox, PublishedVector, SampleCounter, Window
+from scalesgd.comm.inbox import Inbox
+from scalesgd.comm.window import POLL_SECONDS, Courier, PublishedVector, SampleCounter, Window
 from scalesgd.methods import mixing
 from scalesgd.methods import create, evaluated
 from scalesgd.train.control import Signals
@@ -128,7 +130,7 @@ def rma_calls_do_not_wait_for_a_busy_target(comm):
     if comm.rank == 0:                                   # the push arrived while it was away
         back = np.empty(1001, np.float32)
         inbox.drain(back)
-        left = inbox.win.view(0, inbox.n, inbox.dtype)   # rank 0's own inbox memory
+        left = inbox.memory()                            # rank 0's own inbox memory
         expect(np.all(back == 1.0) and np.all(left == 0), "inbox not drained exactly")
         expect(counter.add(0)[0] == 7, "counter")
         for f in (away, done):
@@ -235,10 +237,10 @@ def windows_on_oneself(comm):
     inbox.push(comm.rank, np.arange(10.0))
     inbox.push(comm.rank, np.ones(10))
     back = np.empty(10)
-    inbox.drain(back)
-    expect(np.array_equal(back, np.arange(10.0) + 1), back)
-    inbox.drain(back)
-    expect(not back.any(), f"a second drain found {back}")
+    order = inbox.drain(back)
+    expect(np.array_equal(back, np.arange(10.0) + 1) and order == [comm.rank] * 2, (back, order))
+    order = inbox.drain(back)
+    expect(not back.any() and order == [], f"a second drain found {back} from {order}")
     p = comm.size
     counter.add(comm.rank + 1, [comm.rank, 2 * comm.rank])
     comm.Barrier()
@@ -252,6 +254,57 @@ def windows_on_oneself(comm):
     expect(total == 40 and seen.tolist() == [p - 1, 2 * (p - 1)], f"after set: {total} {seen}")
     for w in (pub, inbox, counter):
         w.free()
+
+
+def message(sender: int, k: int, n: int) -> np.ndarray:
+    """Sender's k-th message to rank 0: float32 values whose sums round differently in every
+    order (so a drain's sum shows the order it was added in), a count in the sender's slot."""
+    out = np.random.default_rng([sender, k]).standard_normal(n + 8).astype(np.float32) * 1e3
+    out[n:] = 0
+    out[n + sender] = 1
+    return out
+
+
+@soft
+def inbox_drains_whole_messages_in_a_known_order(comm):
+    """Every other rank pushes 24 messages of 2 MB into rank 0's inbox as fast as it can (every
+    second one from a courier thread, request-based and polled, as overlapped push-sum), while
+    rank 0 drains again and again: each drain must equal the sum, from zero and in the order the
+    drain names, of whole messages (each sender's next ones), and all of them arrive once."""
+    n, per = 512 * 1024, 24
+    inbox = Inbox(comm, n + 8, np.float32)
+    comm.Barrier()
+    if comm.rank == 0:
+        got, sums, out, drains = {s: 0 for s in range(1, comm.size)}, 0, np.empty(n + 8, np.float32), 0
+        t = time.monotonic()
+        while sum(got.values()) < per * (comm.size - 1) and time.monotonic() - t < GUARD:
+            order = inbox.drain(out)
+            want = np.zeros(n + 8, np.float32)
+            for s in order:
+                want += message(s, got[s], n)
+                got[s] += 1
+            expect(np.array_equal(out, want), f"drain {drains} (from {order}) is not the ordered sum "
+                   f"of whole messages (max difference {np.abs(out - want).max():.3g})")
+            sums += len(order) > 1
+            drains += 1
+            if not order:
+                time.sleep(0.0005)                       # (2 cores: leave them to the senders)
+        expect(sum(got.values()) == per * (comm.size - 1), f"got {got} of {per} each")
+        say(comm, f"inbox: {drains} drains took {per * (comm.size - 1)} messages, {sums} drains "
+                  "summed more than one")
+    else:
+        courier = Courier()
+        for k in range(per):
+            msg = message(comm.rank, k, n)
+            if k % 2:
+                courier.submit(inbox.push, 0, msg, POLL_SECONDS)
+                courier.wait()
+            else:
+                inbox.push(0, msg)
+        courier.close()
+    comm.Barrier()
+    expect(not inbox.memory().any() or comm.rank != 0, "messages left behind")
+    inbox.free()
 
 
 @soft
@@ -494,7 +547,8 @@ if __name__ == "__main__":
     if "protocol" in which:
         assert MPI.COMM_WORLD.size >= 2
         checks += [rma_calls_do_not_wait_for_a_busy_target, pull_reader_never_sees_a_torn_vector,
-                   windows_on_oneself, courier_runs_one_job_at_a_time_and_progresses_when_idle]
+                   windows_on_oneself, inbox_drains_whole_messages_in_a_known_order,
+                   courier_runs_one_job_at_a_time_and_progresses_when_idle]
     if "method" in which:
         checks += [pull_gossip_reaches_consensus, push_sum_conserves_mass_and_reaches_consensus,
                    overlapped_pull_mixes_the_copy_one_exchange_older]

@@ -121,7 +121,7 @@ class MPITransport:
         return PublishedVector(self.comm, n, dtype)
 
     def inbox(self, n: int, dtype):
-        from .window import Inbox
+        from .inbox import Inbox
         return Inbox(self.comm, n, dtype)
 
     def sample_counter(self, root: int = 0):

@@ -13,19 +13,18 @@ averages the parameters, which those calls do not touch.
 
 ``MODE_NOCHECK`` means MPI does not serialise readers and writers: consistency comes from the
 protocols below, where each rank writes only its own memory with local stores (``PublishedVector``)
-or all writers use accumulate operations, which are element-wise atomic w.r.t. each other (``Inbox``,
-``SampleCounter``).
+or all writers use accumulate operations, which are element-wise atomic w.r.t. each other
+(``SampleCounter``; push-sum's ``inbox.Inbox`` builds whole-message turns from them).
 
 - ``PublishedVector``: a seqlock over two halves; the owner publishes, anyone reads a consistent copy.
-- ``Inbox``: others ``Accumulate(SUM)`` into it; the owner empties it with an atomic fetch-and-replace.
 - ``SampleCounter``: one int64 on a root rank, ``Fetch_and_op(SUM)``.
+- ``comm/inbox.py: Inbox`` (push-sum): others add whole messages, the owner drains them, in turns.
 
-Each of the three counts ``waited``: cumulative seconds its calls were blocked on another rank
-rather than moving their own data (what the methods report as ``wait_seconds``): a
-``PublishedVector`` read's failed tries (the owner was publishing that half), and the whole of a
-``SampleCounter`` update (16 bytes: its time is the atomics' serialisation at the root, and across
-nodes the root's progress).  An ``Inbox`` push or drain moves a parameter-sized message; MPI cannot
-tell a blocked part apart inside it, so it counts none (see docs/methods.md).
+Each counts ``waited``: cumulative seconds its calls were blocked on another rank rather than
+moving their own data (what the methods report as ``wait_seconds``): a ``PublishedVector`` read's
+failed tries (the owner was publishing that half), the whole of a ``SampleCounter`` update (16
+bytes: its time is the atomics' serialisation at the root, and across nodes the root's progress),
+and an ``Inbox`` push's or drain's wait for its turn (see docs/methods.md).
 
 Overlap (gossip's ``dist.gossip_overlap``): a ``Courier`` is a communication thread that runs one
 exchange at a time while the caller computes.  Its calls are request-based (``Rget`` /
@@ -223,35 +222,6 @@ class PublishedVector:
         now = time.perf_counter()
         self.waited += now - since
         return now
-
-    def free(self) -> None:
-        self.win.free()
-
-
-class Inbox:
-    """``n`` items of ``dtype`` per rank that any rank adds into (``Accumulate(SUM)``) and the owner
-    empties with ``Get_accumulate(REPLACE)`` of zeros on itself: an atomic fetch-and-replace per
-    element, so a concurrent push is either in this drain or stays for the next one, never lost or
-    counted twice."""
-
-    def __init__(self, comm, n: int, dtype):
-        self.n, self.dtype = int(n), np.dtype(dtype)
-        self.win = Window(comm, self.n * self.dtype.itemsize, disp_unit=self.dtype.itemsize)
-        self._zeros = np.zeros(self.n, self.dtype)
-        self.waited = 0.0                  # stays 0: a push or drain is all transfer (module doc)
-
-    def push(self, target: int, msg: np.ndarray, poll: float | None = None) -> None:
-        """Adds ``msg`` into ``target``'s inbox; with ``poll`` (a courier) it returns once ``msg``
-        may be reused, and ``flush`` completes it at the target."""
-        self.win.accumulate(msg, target, 0, MPI.SUM, poll)
-
-    def flush(self) -> None:
-        """Every push this rank started has been added at its target when this returns."""
-        self.win.flush_all()
-
-    def drain(self, out: np.ndarray) -> None:
-        """Moves everything accumulated so far into ``out`` and leaves zeros behind."""
-        self.win.get_accumulate(self._zeros, out, self.win.rank, 0, MPI.REPLACE)
 
     def free(self) -> None:
         self.win.free()

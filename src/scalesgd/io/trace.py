@@ -17,7 +17,9 @@ per line; ``e`` names the event:
 ``count``  a gossip rank    ``x`` exchange number, ``old`` the global count before this
                             rank's ``Fetch_and_op``, ``add`` the samples added
 ``push``   push-sum         ``x`` exchange number, ``peer`` the rank the half was sent to
-``drain``  push-sum         ``k`` drain number, ``got`` [[sender, messages of it folded]]
+``drain``  push-sum         ``k`` drain number, ``got`` [[sender, messages of it folded]],
+                            ``order`` the senders in the order their messages were added
+                            (absent where the drain could not know it: ``comm/inbox.py``)
 =========  ===============  =============================================================
 
 Every rank also records ``checkpoint`` (``reason``: scheduled, end, stop, clock; ``boundary``)

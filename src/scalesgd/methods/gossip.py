@@ -13,8 +13,8 @@ rank + 2^k with k cycling; ``ring``, rank + 1) and exchanges with it by one of t
   optimizer's update of x_i is carried into the numerator because the numerator is always
   w_i * params after the local step.  Rank i sends half, ((w_i/2) x_i, w_i/2), with
   ``Accumulate(SUM)`` into j's inbox (x_i unchanged, w_i halves), then drains its own inbox
-  atomically and folds it: x_i <- (w_i x_i + S)/(w_i + W), w_i <- w_i + W.  Picking itself:
-  nothing is sent.
+  (whole messages, in turns: ``comm/inbox.py``) and folds it: x_i <- (w_i x_i + S)/(w_i + W),
+  w_i <- w_i + W.  Picking itself: nothing is sent.
 
 The global sample count lives in an int64 on rank 0 (``SampleCounter``: ``Fetch_and_op(SUM)``, added
 once per exchange, with the signals max-merged beside it); between exchanges ``after_update``
@@ -350,13 +350,16 @@ class PushGossip(Gossip):
     """Push-sum: sends half its (numerator, weight) into the peer's ``Inbox``, folds its own.
 
     A message is n + 1 + p items: the numerator share, the weight share, then a count per sender
-    (1 in the sender's slot), so a drain also says how many messages of each sender it folded
-    (recorded in the trace: what a replay must fold in that drain; the fold ignores them)."""
+    (1 in the sender's slot), so a drain also says how many messages of each sender it folded.  A
+    drain takes whole messages and knows their senders in the order they were added
+    (``comm/inbox.py``); both are recorded in the trace: what a replay must fold in that drain, and
+    in which order (the fold ignores the counts)."""
 
     def open_windows(self, n: int, dtype) -> list:
         self.weight = 1.0
         self.n, p = n, self.roles.size
         self.inbox = self.comm.inbox(n + 1 + p, dtype)
+        self.inbox.check_alive = self._check_alive
         self.msg = np.zeros(n + 1 + p, dtype)
         self.msg[n + 1 + self.roles.rank] = 1
         self.recv = np.empty(n + 1 + p, dtype)
@@ -371,15 +374,24 @@ class PushGossip(Gossip):
         self.trace.record("push", x=self.exchanges, peer=peer)
         return functools.partial(self.inbox.push, peer, mixing.push_message(x, sent, self.msg), poll)
 
-    def finish(self, x) -> None:
+    def _check_alive(self) -> None:
+        """(The loop sets ``check_alive`` after the windows open.)"""
+        if self.check_alive is not None:
+            self.check_alive()
+
+    def finish(self, x, locked: bool = True) -> None:
         """Drains this rank's inbox and folds it into (w_i x_i, w_i), in place on ``x`` (a push
-        started earlier has left: ``msg`` is free again)."""
-        self.inbox.drain(self.recv)
+        started earlier has left: ``msg`` is free again).  ``locked=False``: without waiting for a
+        turn (``abandon``: a dead rank may hold one)."""
+        order = self.inbox.drain(self.recv, locked)
         self.weight = mixing.push_fold(x, self.weight, self.recv)
         if self.trace.active:
             counts = self.recv[self.n + 1:]
-            self.trace.record("drain", k=self.drains, got=[[int(s), int(counts[s])]
-                                                          for s in np.flatnonzero(counts)])
+            got = [[int(s), int(counts[s])] for s in np.flatnonzero(counts)]
+            if order is None:
+                self.trace.record("drain", k=self.drains, got=got)
+            else:                      # (the senders in the order their messages were added)
+                self.trace.record("drain", k=self.drains, got=got, order=order)
         self.drains += 1
 
     def quiesce(self, ps) -> None:
@@ -400,7 +412,7 @@ class PushGossip(Gossip):
         super().abandon(ps)
         try:
             x = self.stage.to_host()
-            self.finish(x)
+            self.finish(x, locked=False)
             self.stage.to_device()
         except Exception:  # noqa: BLE001 - (a window the library gave up on: its mass is lost)
             pass

@@ -3,7 +3,8 @@ ranks, and the comparison that names the first event where a replay differs from
 
 What is imposed: each server shard serves the workers' pushes in the recorded order; each gossip
 read sees the recorded version of its peer's copy (a publisher waits until every recorded read of
-its current version happened); the sample counter is updated in the recorded order.  The rest of
+its current version happened); the sample counter is updated in the recorded order; each push-sum
+drain folds the recorded messages, added in the recorded order.  The rest of
 the run is deterministic, so the replay redoes the same arithmetic.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ class Replay:
         self.reads = [[(e["peer"], e["version"]) for e in ev if e["e"] == "read"] for ev in self.events]
         self.counts = [[e["old"] for e in ev if e["e"] == "count"] for ev in self.events]
         self.pending = Counter(pv for reads in self.reads for pv in reads)   # (peer, version) reads
-        self.drains = [[{s: c for s, c in e["got"]} for e in ev if e["e"] == "drain"]
+        self.drains = [[({s: c for s, c in e["got"]}, e.get("order")) for e in ev if e["e"] == "drain"]
                        for ev in self.events]
         ckpts = [e for e in self.events[0] if e["e"] == "checkpoint"]
         extra = sorted({e["reason"] for e in ckpts if e["reason"] in ("stop", "clock")} |
@@ -61,8 +62,9 @@ class Replay:
     def reads_left(self, peer: int, version: int) -> int:
         return max(0, self.pending[(peer, version)])
 
-    def next_drain(self, rank: int, k: int) -> dict | None:
-        """{sender: messages} that rank ``rank``'s k-th drain folded (None: past the end)."""
+    def next_drain(self, rank: int, k: int) -> tuple[dict, list | None] | None:
+        """({sender: messages}, the senders in the order their messages were added, or None where
+        the trace does not say) of rank ``rank``'s k-th drain (None: past the end)."""
         d = self.drains[rank]
         return d[k] if k < len(d) else None
 

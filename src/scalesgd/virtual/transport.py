@@ -253,17 +253,23 @@ class InProcessTransport:
         if self.tape is not None:
             self.tape.op("k", self.tape.group(key), cost[0], int(cost[1]), doing)
         n = c.seq[(key, self.wr)] = c.seq.get((key, self.wr), 0) + 1
-        slot = c.slots.setdefault((key, n), {"v": {}, "t": {}, "left": self.size, "kind": doing})
+        slot = c.slots.setdefault((key, n), {"v": {}, "left": self.size, "kind": doing})
         if slot["kind"] != doing:
             raise RuntimeError(f"virtual rank {self.wr} entered collective {n} of its group "
                                f"{'in' if doing.startswith('in') else 'as'} '{doing}' while another "
                                f"rank is '{slot['kind']}': mismatched collectives")
-        slot["v"][self.rank], slot["t"][self.rank] = value, self._now()
-
-        def ready():
-            return max(slot["t"].values()) + seconds if len(slot["v"]) == self.size else None
-        if self.size > 1:
-            self._wait(ready, doing)
+        now = self._now()
+        slot["v"][self.rank] = value
+        slot["last"] = max(slot.get("last", now), now)     # the last arrival (O(1) for the scheduler)
+        if self.size > 1:                   # the last arrival wakes the others (World.park)
+            me = self.world.me()
+            if len(slot["v"]) < self.size:
+                slot.setdefault("parked", []).append((me, seconds))
+                self.world.park(me, doing)
+            else:
+                for q, their in slot.pop("parked", ()):
+                    self.world.wake(q, slot["last"] + their)
+                self.world.wait_until(me, slot["last"] + seconds, doing)
         if "r" not in slot:
             slot["r"] = combine([slot["v"][i] for i in range(self.size)])
         out = slot["r"]

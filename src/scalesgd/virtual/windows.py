@@ -120,8 +120,13 @@ class VirtualPublishedVector:
 
 
 class VirtualInbox:
-    """Push-sum inboxes: messages (copies) with their arrival times; a drain sums those that have
-    arrived, in arrival order, from zeros (as Accumulate into a zeroed window would)."""
+    """Push-sum inboxes: messages (copies) with the times they become drainable; a drain sums
+    those that are, in that order, from zeros (as ``comm/inbox.py``'s whole messages, added turn
+    by turn into a zeroed sum), and returns their senders in that order.  A push costs, besides
+    its transfer, the two round trips of its turn at the target (the ticket, and passing the turn
+    on after the flushed message: ``Inbox.push``); the waits for a turn held by another sender
+    are the target NIC's queue.  A replay drains the messages the run's drain took, in the order
+    it recorded (an older trace without the order: each sender's oldest, by arrival)."""
 
     def __init__(self, net: InProcessTransport, n: int, dtype):
         self.net, self.n, self.dtype = net, int(n), np.dtype(dtype)
@@ -131,37 +136,45 @@ class VirtualInbox:
         self.drains = 0
 
     def push(self, target: int, msg, poll=None) -> None:
-        n = self.net
-        arrival = n.c.net.send(n.wr, n.group[target], msg.nbytes,
-                               n.target_ready(n.group[target], n.clock()))
-        self.shared[target].append((arrival, n.rank, msg.copy()))
-        n._wait(lambda: arrival, f"pushing to rank {target}")
+        n, dst = self.net, self.net.group[target]
+        rt = 2 * n.c.net.lat if n.c.net.node(n.wr) != n.c.net.node(dst) else 0.0
+        turn = n.target_ready(dst, n.clock()) + rt               # the ticket: a round trip
+        arrival = n.c.net.send(n.wr, dst, msg.nbytes, turn)
+        self.shared[target].append((arrival + rt / 2, n.rank, msg.copy()))   # the turn passed on
+        n._wait(lambda: arrival + rt, f"pushing to rank {target}")
 
     def flush(self) -> None:
         pass
 
-    def drain(self, out) -> None:
+    def drain(self, out, locked: bool = True) -> list[int] | None:
         n = self.net
         box = self.shared[n.rank]
         want = n.c.replay.next_drain(n.wr, self.drains) if n.c.replay is not None else None
         self.drains += 1
         if want is not None:           # replay: exactly the messages the run's drain folded
+            got, order = want
+
             def arrived():
                 times = []
-                for s, c in want.items():
-                    got = [m[0] for m in box if m[1] == s][:c]
-                    if len(got) < c:
+                for s, c in got.items():
+                    have = [m[0] for m in box if m[1] == s][:c]
+                    if len(have) < c:
                         return None
-                    times += got
+                    times += have
                 return max(times, default=0.0)
-            n._wait(arrived, f"draining the inbox (replay: {want})")
-            here, left = [], dict(want)
-            for m in box:              # each sender's oldest messages (MPI keeps one origin's order)
-                if left.get(m[1], 0) > 0:
-                    here.append(m)
-                    left[m[1]] -= 1
+            n._wait(arrived, f"draining the inbox (replay: {got})")
+            here = []
+            if order is None:          # each sender's oldest messages (one origin's order holds)
+                left = dict(got)
+                for m in box:
+                    if left.get(m[1], 0) > 0:
+                        here.append(m)
+                        left[m[1]] -= 1
+                here.sort(key=lambda m: (m[0], m[1]))
+            else:                      # in the recorded order, each sender's oldest first
+                for s in order:
+                    here.append(next(m for m in box if m[1] == s and not any(m is h for h in here)))
             box[:] = [m for m in box if not any(m is h for h in here)]
-            here.sort(key=lambda m: (m[0], m[1]))
         else:
             now = n.clock()
             here = sorted((m for m in box if m[0] <= now), key=lambda m: (m[0], m[1]))
@@ -170,6 +183,9 @@ class VirtualInbox:
         for _, _, msg in here:
             out += msg
         n.advance(n.c.net.apply_seconds(out.nbytes))      # the fold
+        if want is not None and want[1] is None:
+            return None                # (as the older trace it replays: no order recorded)
+        return [m[1] for m in here]
 
     def free(self) -> None:
         pass

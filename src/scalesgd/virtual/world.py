@@ -9,10 +9,14 @@ overlapped gossip); a helper has its own clock, runs under the same baton, and d
 world alive (daemon).
 
 Time: every participant has a clock (simulated seconds).  It advances when it computes
-(``advance``: a step's compute, from the timeline) and when it waits (``block``: until a condition
-of the shared state holds, e.g. a message has arrived, at the time it holds).  The scheduler always
-runs the participant whose next action is earliest: a runnable one at its clock, a blocked one at
-the time its condition became true (ties: the lower index).  So every action happens when no other
+(``advance``: a step's compute, from the timeline) and when it waits: ``block`` (until a condition
+of the shared state holds, e.g. a message has arrived, at the time it holds), or ``park`` (until
+another participant ``wake``s it at a time it names: a collective's last arrival wakes the others,
+so p waiting ranks cost the scheduler nothing until then).  The scheduler always runs the
+participant whose next action is earliest: a runnable one at its clock, a blocked one at the time
+its condition became true, a woken one at its wake time (ties: the lower index).  Runnable and
+woken participants sit in a heap; only blocked ones' conditions are evaluated at each hand-over,
+so a hand-over costs O(log p) plus the conditions, not O(p).  So every action happens when no other
 participant can still produce an earlier event (conservative discrete-event simulation): a message
 is matched to the earliest send that reached it, a read sees the publications made before it, in
 simulated time.  ``me()`` is the participant the calling thread runs as.
@@ -24,8 +28,11 @@ the first error.
 """
 from __future__ import annotations
 
+import heapq
 import threading
 import time
+
+PARKED = "parked"                               # waiting for a wake(), not scanned
 
 
 class Aborted(BaseException):
@@ -40,7 +47,8 @@ class World:
     def __init__(self, size: int):
         self.size = size                        # ranks; helpers are numbered from size on
         self.clock = [0.0] * size
-        self.waiting: list = [None] * size      # None: runnable; else cond() -> time | None
+        self.waiting: list = [None] * size      # None: runnable; cond() -> time | None; PARKED;
+                                                # or a float: woken for that time
         self.done = [False] * size
         self.daemon = [False] * size
         self.doing = ["starting"] * size
@@ -53,6 +61,11 @@ class World:
         self._local = threading.local()
         self._released_main = False
         self.switches = 0
+        self._heap: list = []                   # (time, index, generation): runnable or woken
+        self._gen = [0] * size                  # an entry is live while its generation is current
+        self._conds: set = set()                # participants blocked on a condition
+        for r in range(size):
+            self._push(r, 0.0)
 
     # ------------------------------------------------------------------ driver
     def run(self, bodies, name: str = "vrank") -> None:
@@ -80,6 +93,8 @@ class World:
             self.doing.append("starting")
             self.resumed.append(0.0)
             self._sem.append(threading.Semaphore(0))
+            self._gen.append(0)
+            self._push(i, self.clock[i])
         self._start(i, fn, name)
         return i
 
@@ -109,6 +124,8 @@ class World:
             with self._lock:
                 self.done[r] = True
                 self.waiting[r] = None
+                self._gen[r] += 1
+                self._conds.discard(r)
                 self._hand_over(r)
 
     # ------------------------------------------------------------------ participants
@@ -127,8 +144,43 @@ class World:
         self._yield(r)
         return self.clock[r]
 
+    def park(self, r: int, doing: str = "") -> float:
+        """Participant r waits until another one ``wake``s it; returns its clock, max(clock, the
+        wake time)."""
+        if doing:
+            self.doing[r] = doing
+        self.waiting[r] = PARKED
+        self._yield(r)
+        return self.clock[r]
+
+    def wake(self, q: int, t: float) -> None:
+        """From the running participant: parked ``q`` may go on from time ``t``."""
+        self.waiting[q] = t
+        self._push(q, max(t, self.clock[q]))
+
+    def wait_until(self, r: int, t: float, doing: str = "") -> float:
+        """Participant r waits until time ``t`` (as if woken for it: ``block`` with a constant)."""
+        if doing:
+            self.doing[r] = doing
+        self.waiting[r] = t
+        self._push(r, max(t, self.clock[r]))
+        self._yield(r)
+        return self.clock[r]
+
+    def _push(self, q: int, t: float) -> None:
+        self._gen[q] += 1
+        heapq.heappush(self._heap, (t, q, self._gen[q]))
+
     def _yield(self, r: int) -> None:
         with self._lock:
+            w = self.waiting[r]
+            if w is None:                       # still runnable: at its clock
+                self._push(r, self.clock[r])
+            elif callable(w):
+                self._gen[r] += 1
+                self._conds.add(r)
+            elif w is PARKED:
+                self._gen[r] += 1
             nxt = self._hand_over(r)
         if nxt != r and self.error is None:
             self._sem[r].acquire()
@@ -138,19 +190,16 @@ class World:
 
     # ------------------------------------------------------------------ scheduling
     def _pick(self):
-        best = None
-        for q in range(len(self.clock)):
-            if self.done[q]:
+        heap, gen = self._heap, self._gen
+        while heap and (heap[0][2] != gen[heap[0][1]] or self.done[heap[0][1]]):
+            heapq.heappop(heap)                 # stale: it ran, blocked or finished since
+        best = (heap[0][0], heap[0][1]) if heap else None
+        for q in self._conds:
+            t = self.waiting[q]()
+            if t is None:
                 continue
-            cond = self.waiting[q]
-            if cond is None:
-                t = self.clock[q]
-            else:
-                t = cond()
-                if t is None:
-                    continue
-                t = max(t, self.clock[q])
-            if best is None or t < best[0]:
+            t = max(t, self.clock[q])
+            if best is None or (t, q) < best:
                 best = (t, q)
         return best
 
@@ -174,6 +223,8 @@ class World:
             return None
         t, q = best
         self.clock[q], self.waiting[q] = t, None
+        self._gen[q] += 1                       # running: its heap entries are stale
+        self._conds.discard(q)
         if q != r:
             self.switches += 1
             self._sem[q].release()
