@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import types
 import zipfile
 from importlib import metadata
@@ -78,13 +79,17 @@ def test_a_check_stopped_at_its_limit_keeps_its_log_and_json_in_out(tmp_path):
                              "allreduce", "dali"], env=sh_env(tmp_path), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     seen = []
+    guard = threading.Timer(240, lambda: os.killpg(proc.pid, signal.SIGKILL))    # never hang here
+    guard.start()
     try:
         for line in proc.stdout:
             seen.append(line)
             if line.startswith("allreduce: "):        # the parity case is done and was recorded
                 break
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        guard.cancel()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     assert any(line.startswith("allreduce: ") for line in seen), "".join(seen)[-2000:]
     out = tmp_path / "out"
