@@ -169,6 +169,20 @@ def test_a_stop_ends_a_deadlocked_job_naming_where_it_hung(tmp_path, data):
                          for ln in lines), err
 
 
+def test_the_summary_names_the_blas_threads_only_when_every_allocation_agreed():
+    from scalesgd.train.checkpointing import LoopState
+    st = LoopState()
+    st.add_blas_threads((2, 2))
+    assert st.blas_summary() == {"blas_threads": 2}
+    st = LoopState.from_dict(json.loads(json.dumps(st.to_dict())))     # a resume
+    st.add_blas_threads((1, 2))
+    assert st.blas_summary() == {"blas_threads": None, "blas_threads_range": [1, 2]}
+    older = LoopState.from_dict({"step": 3})                           # a checkpoint without them
+    older.add_blas_threads((2, 2))
+    assert older.blas_summary() == {"blas_threads": None}
+    assert LoopState().blas_summary() == {}                            # not recorded (virtual)
+
+
 def test_allreduce_resumes_on_fewer_and_more_ranks(tmp_path, data):
     """Issue 26, item 2: a 4-rank all-reduce run resumes on 2 ranks and then on 6 and trains on; the
     data position continues from the global sample count, every boundary is evaluated once, and
@@ -185,6 +199,11 @@ def test_allreduce_resumes_on_fewer_and_more_ranks(tmp_path, data):
         assert "not bitwise: the data order depends on the rank count" in p.stderr, p.stderr
     s = json.loads((run_dir / "summary.json").read_text())
     assert (s["ranks"], s["allocations"]) == (6, 3)
+    threads = {max(1, len(os.sched_getaffinity(0)) // p) for p in (4, 2, 6)}   # (cli: cores / ranks)
+    if len(threads) == 1:                   # every allocation's BLAS threads: what a replay needs
+        assert s["blas_threads"] == threads.pop(), s
+    else:
+        assert s["blas_threads"] is None and s["blas_threads_range"] == [min(threads), max(threads)], s
     workers = [h["workers"] for h in s["history"]]
     assert workers[0] == 4 and 2 in workers and workers[-1] == 6, workers
     gs = [h["global_samples"] for h in s["history"]]

@@ -68,8 +68,10 @@ def test_replay_of_a_real_run_is_bit_identical(case, dtype, data, tmp_path):
     assert sorted(real) == sorted(again)
     for name in real:                  # params, momentum, BN statistics, method state: every bit
         assert np.array_equal(real[name], again[name]), name
-    assert json.loads((run / "summary.json").read_text())["history"][-1]["val_top1_accuracy"] == \
-        summary["history"][-1]["val_top1_accuracy"]
+    real_summary = json.loads((run / "summary.json").read_text())
+    assert real_summary["history"][-1]["val_top1_accuracy"] == summary["history"][-1]["val_top1_accuracy"]
+    # the ranks' BLAS threads (cli: the cores over the ranks), which a replay's GEMMs need
+    assert real_summary["blas_threads"] == max(1, len(os.sched_getaffinity(0)) // RANKS)
 
 
 @pytest.mark.mpi

@@ -207,6 +207,7 @@ class StopRelay:
 
 
 def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
+    import numpy as np
     from .io.files import write_json_atomic
     from .train import loop
     from .train.assemble import assemble
@@ -227,6 +228,8 @@ def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
     data_root = _data_root(cfg, topo)
     setup = assemble(cfg, topo, backend, data_root, cfg.data.data_threads or threads, resume,
                      settle=lambda: together(topo))
+    most = topo.transport.allreduce_max_host(np.array([threads, -threads], np.int64))
+    setup.blas_threads = (-int(most[1]), int(most[0]))   # (collective) recorded in summary.json
     control = setup.control
     run_dir = _run_dir(cfg, topo)
     with together(topo):

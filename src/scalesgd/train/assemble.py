@@ -48,6 +48,8 @@ class Setup:
     fast_paths: fastpaths.Report = field(default_factory=fastpaths.Report)   # set by fastpaths.check
     splits: tuple = ()             # the (train, val) ShardSets the loaders read (a shrunk job's new
     data_threads: int = 1          # loaders read them too: train/survive.py)
+    blas_threads: tuple | None = None   # (fewest, most) BLAS threads of this allocation's ranks
+                                        # (None: not recorded, the virtual cluster's)
 
     @property
     def roles(self):

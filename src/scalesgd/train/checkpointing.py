@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..backend import to_numpy
@@ -33,6 +33,8 @@ class LoopState:
     compute_seconds: float = 0.0   # step, exchange and update (timers of the method included)
     wall_seconds: float = 0.0      # as of the last checkpoint, earlier allocations included
     allocations: int = 1           # Slurm allocations (runs) this training has taken
+    blas_threads: list | None = field(default_factory=list)   # [fewest, most] BLAS threads of a
+    # rank in any allocation so far ([]: none recorded; None: an earlier one's are not known)
 
     def to_dict(self, **extra) -> dict:
         return {**asdict(self), **extra}
@@ -44,7 +46,30 @@ class LoopState:
         st = cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
         if "wall_seconds" not in d:
             st.wall_seconds = st.train_seconds + st.eval_seconds
+        if "blas_threads" not in d:
+            st.blas_threads = None
         return st
+
+    def add_blas_threads(self, fewest_most: tuple | None) -> None:
+        """This allocation's (fewest, most) BLAS threads per rank (None: not recorded)."""
+        if fewest_most is None or self.blas_threads is None:
+            return
+        seen = [*self.blas_threads, *fewest_most]
+        self.blas_threads = [min(seen), max(seen)]
+
+    def blas_summary(self) -> dict:
+        """``summary.json``'s ``blas_threads``: the BLAS threads every rank of every allocation ran
+        with (what ``--replay`` needs to redo the run's GEMMs bit for bit), or None with
+        ``blas_threads_range`` [fewest, most] when they differed or an earlier allocation's are
+        not known; nothing when not recorded."""
+        bt = self.blas_threads
+        if bt == []:
+            return {}
+        if bt is None:
+            return {"blas_threads": None}
+        if bt[0] == bt[1]:
+            return {"blas_threads": bt[0]}
+        return {"blas_threads": None, "blas_threads_range": bt}
 
 
 def layout_signature(ps) -> str:

@@ -99,6 +99,7 @@ class Run:
         self.straggle = Straggler(s.cfg.dist.straggler, s.topo.rank, s.cfg.train.seed, self.net.sleep)
         self.fault = _fault_spec()
         self.st = LoopState()
+        self.st.add_blas_threads(s.blas_threads)
         # time of this allocation: a resumed run adds its checkpoint's train and wall seconds
         self.t_start, self.t_excluded = self.clock(), 0.0
         self.train_offset = self.wall_offset = 0.0
@@ -209,6 +210,7 @@ class Run:
         meta, self.st, rest = resuming.restore(s, path)
         self.train_offset, self.wall_offset = self.st.train_seconds, self.st.wall_seconds
         self.st.allocations += 1
+        self.st.add_blas_threads(s.blas_threads)
         self.straggle.rng.bit_generator.state = rest["straggler"]
         self.bad.restore(rest.get("bad_samples"))     # counted and warned about once per job
         self.history = meta["history"]
@@ -355,7 +357,7 @@ class Run:
             bad_samples=last["bad_samples"], time_to_targets=time_to_targets(self.history),
             images_per_second=g / max(st.train_seconds, 1e-9),
             train_seconds=st.train_seconds, eval_seconds=st.eval_seconds, wall_seconds=wall,
-            allocations=st.allocations, failures=self.failures,
+            allocations=st.allocations, failures=self.failures, **st.blas_summary(),
             fast_paths=s.fast_paths.to_dict(),
             time_split_rank0=dict(data=st.data_seconds,   # (a server computes nothing: its timers)
                                   compute=0.0 if s.roles.is_server else

@@ -50,7 +50,8 @@ def rebuilt(old: Setup, topo: Topology) -> Setup:
             loader.close()
     train, val = loaders(old.cfg, old.splits, method.roles, old.backend, old.data_threads)
     s = Setup(old.cfg, topo, old.backend, method, control, old.model, old.opt, train, val,
-              old.data_root, old.train_samples, old.fast_paths, old.splits, old.data_threads)
+              old.data_root, old.train_samples, old.fast_paths, old.splits, old.data_threads,
+              old.blas_threads)
     s.model.set_grad_hook(None)                  # (the old all-reducer's; attach sets its own)
     method.attach(s.model)
     old_red, new_red = getattr(old.method, "reducer", None), getattr(method, "reducer", None)
