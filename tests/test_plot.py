@@ -1,12 +1,17 @@
-"""Figures from two tiny real runs (single, allreduce -n 2), and time-to-target from val records."""
+"""Figures from two tiny real runs (single, allreduce -n 2) and virtual ones, and time-to-target
+from val records."""
 import json
+import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from mpirun import mpi_launcher, uses_mpi
 from synth import make_dataset
-from helpers import TINY, run_cli
+from helpers import ROOT, TINY, run_cli
 
 from scalesgd.io.runs import load_run, sliding_mean, training_curve
 from scalesgd.io.summary import time_to_targets
@@ -136,3 +141,40 @@ def test_plot_without_output_writes_next_to_the_first_run(two_runs, tmp_path, mo
     assert fig.exists() and split.exists()
     assert f"wrote {fig}" in capsys.readouterr().out
     assert not list(tmp_path.glob("*.png"))
+
+
+def virtual_cli(args, tmp):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "scalesgd.virtual", *args], cwd=ROOT, env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+@uses_mpi
+def test_virtual_replayed_and_retimed_runs_are_marked_in_the_legend(two_runs, tmp_path, capsys):
+    """A virtual run's label names its profile, a replay says so, a re-timed run names the profile
+    it was re-timed to; a real run's label is unchanged, and a label given is used as it is."""
+    ar = two_runs[1]
+    data = ar.parent / "data"
+    model, replay, retimed = tmp_path / "virtual", tmp_path / "replay", tmp_path / "retimed"
+    virtual_cli(["--method", "allreduce", "--workers", "2", "--profile", "a100-100gbit", "--data",
+                 str(data), *TINY, "--epochs", "2", "--eval-every", "0.5", "--run-dir", str(model)],
+                tmp_path)
+    virtual_cli(["--replay", str(ar), "--run-dir", str(replay)], tmp_path)
+    # a re-timed run is a virtual run's directory with virtual.json's timeline "retime" and the
+    # profile it was re-timed to (what `python -m scalesgd.virtual retime` writes)
+    shutil.copytree(model, retimed)
+    meta = json.loads((retimed / "virtual.json").read_text())
+    meta.update(timeline="retime", profile=dict(meta["profile"], name="titanx-fdr-resnet18"))
+    (retimed / "virtual.json").write_text(json.dumps(meta))
+    res = plot_runs([ar, model, replay, retimed], tmp_path / "fig.png")
+    want = ["allreduce \u00d72", "allreduce \u00d72 (virtual, a100-100gbit)", "allreduce \u00d72 (replay)",
+            "allreduce \u00d72 (re-timed, titanx-fdr-resnet18)"]
+    assert [s.label for s in res.panels["val_time"]] == want
+    assert [t.get_text() for t in res.figures[0].legends[0].get_texts()] == want
+    res = plot_runs([ar, model], tmp_path / "fig2.png", labels=["real", "simulated"])
+    assert [s.label for s in res.panels["val_time"]] == ["real", "simulated"]
+    (retimed / "virtual.json").write_text("{not json")
+    assert plot_main([str(retimed), "-o", str(tmp_path / "f.png")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "virtual.json: not JSON" in err[0], err

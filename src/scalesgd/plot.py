@@ -60,9 +60,27 @@ class PlotResult:
     figures: list = field(default_factory=list)    # the matplotlib Figures drawn (curves, split)
 
 
+def kind_mark(virtual: dict | None) -> str:
+    """How a run's times were made, for its label: "" (real ranks), ``virtual, PROFILE``,
+    ``re-timed, PROFILE`` (a profile's and, when not ``none``, a variability condition's names)
+    or ``replay`` (a real run's recorded order, redone)."""
+    if virtual is None:
+        return ""
+    timeline = virtual.get("timeline", "model")
+    if timeline == "replay":
+        return "replay"
+    names = [d.get("name") if isinstance(d, dict) else d
+             for d in (virtual.get("profile"), virtual.get("condition"))]
+    names = [str(n) for n in names if n and n != "none"]
+    return ", ".join(["re-timed" if timeline == "retime" else "virtual", *names])
+
+
 def assign_labels(runs: list[RunData], labels: list[str] | None = None) -> None:
-    """``method ×ranks``; runs that would share a label get their directory name appended."""
-    base = [f"{r.method} \u00d7{r.ranks}" for r in runs]
+    """``method ×ranks``, with ``(virtual, PROFILE)``, ``(re-timed, PROFILE)`` or ``(replay)`` for
+    a virtual cluster's run (``kind_mark``); runs that would share a label get their directory name
+    appended.  A label given in ``labels`` is used as it is."""
+    base = [f"{r.method} \u00d7{r.ranks}" + (f" ({kind_mark(r.virtual)})" if r.virtual else "")
+            for r in runs]
     for i, r in enumerate(runs):
         if labels and i < len(labels):
             r.label = labels[i]

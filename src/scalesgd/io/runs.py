@@ -34,6 +34,7 @@ class RunData:
     steps: dict[int, list[dict]]          # worker rank -> its step records, in order
     val: list[dict]                       # the evaluations (from the lowest rank that has them)
     label: str = ""
+    virtual: dict | None = None           # a virtual cluster's run: its virtual.json (None: real)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -64,7 +65,25 @@ def load_run(run_dir: str | Path) -> RunData:
             steps[int(f.stem.split("-")[1])] = rank_steps
         if not val:
             val = [r for r in recs if r.get("kind") == "val"]
-    return RunData(run_dir, method, len(files), steps, val)
+    return RunData(run_dir, method, len(files), steps, val, virtual=read_virtual(run_dir))
+
+
+def read_virtual(run_dir: Path) -> dict | None:
+    """What a virtual cluster wrote about the run (``virtual.json``, else ``summary.json``'s
+    ``virtual``: workers, profile, timeline ``model`` / ``replay`` / ``retime``); None for a run
+    of real ranks.  A file that is not JSON is a ``ValueError`` naming it."""
+    for name, key in (("virtual.json", None), ("summary.json", "virtual")):
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        try:
+            found = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON ({exc})") from None
+        found = found.get(key) if key and isinstance(found, dict) else found
+        if isinstance(found, dict):
+            return found
+    return None
 
 
 def sliding_mean(values: np.ndarray, window: int) -> np.ndarray:
