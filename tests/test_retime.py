@@ -194,3 +194,31 @@ def test_host_progress_exposes_the_whole_all_reduce_and_async_hides_it(data, tmp
     assert per["host"] == pytest.approx(0.02 + ring, rel=0.05)
     assert per["async"] == pytest.approx(0.02 + max(ring - 2 / 3 * 0.02, ring / 8), rel=0.05)
     assert math.isclose(per["host"] - per["async"], min(2 / 3 * 0.02, 7 / 8 * ring), rel_tol=0.1)
+
+
+BLOCK_DALI = """
+import sys
+class NoDali:
+    def find_spec(self, name, path=None, target=None):
+        if name == "nvidia.dali" or name.startswith("nvidia.dali."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+sys.meta_path.insert(0, NoDali())
+"""
+
+
+@pytest.mark.parametrize("entry", ["scalesgd.virtual.run", "scalesgd.cli"])
+def test_without_dali_training_stops_at_start_with_one_line_and_writes_nothing(entry, tmp_path):
+    """DALI comes from an extra (cpu, cuda12, cuda13), not the base install: without it a run says
+    what to install, in one line, before a run directory exists."""
+    import subprocess
+    import sys
+    from helpers import ROOT
+    run_dir = tmp_path / "run"
+    code = BLOCK_DALI + (f"from {entry} import main; sys.exit(main(['--method', 'single', '--epochs', '1', "
+                         f"'--run-dir', {str(run_dir)!r}]))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "SCALESGD_DATA": str(tmp_path / "digits")})
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith(("scalesgd: error", "Traceback"))]
+    assert p.returncode != 0 and len(lines) == 1, p.stderr[-2000:]
+    assert "DALI" in lines[0] and "pip install -e '.[cpu]'" in lines[0]
+    assert not run_dir.exists()

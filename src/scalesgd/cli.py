@@ -216,8 +216,10 @@ def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
         nodes = topo.worker_nodes(servers_of(cfg.train.method, cfg.dist.servers))
     cfg = C.fit_to_world(cfg, topo.size, nodes)  # rank-count defaults of unset keys (rank 0 logs)
     with together(topo):
+        from .data.pipeline import require_dali
         from .methods import check_ranks
         check_ranks(cfg, topo.size)              # a wrong rank count is refused before anything
+        require_dali()                           # (from an extra: one line, nothing written)
         if cfg.train.on_failure == "continue":   # refused at start where MPI cannot survive a death
             from .comm import failures
             failures.require(topo, cfg)

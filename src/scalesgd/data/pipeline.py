@@ -28,6 +28,20 @@ TEN_CROPS = 10
 
 
 # ----------------------------------------------------------------------------- index math
+def require_dali() -> None:
+    """A one-line error, before anything is written, when NVIDIA DALI (the data path) is missing:
+    it comes from exactly one extra (cpu, cuda12, cuda13), not from the base install."""
+    import importlib.util  # noqa: PLC0415
+    try:
+        found = importlib.util.find_spec("nvidia.dali") is not None
+    except ImportError:                          # (no 'nvidia' namespace at all)
+        found = False
+    if not found:
+        raise DataError("NVIDIA DALI (the data path) is not installed: pip install -e '.[cpu]' on a "
+                        "machine without a GPU, '.[cuda13]' or '.[cuda12]' on a GPU node (the "
+                        "driver's CUDA, nvidia-smi; docs/gpu.md)")
+
+
 def train_steps(n: int, batch_size: int, world: int) -> int:
     """Training steps per epoch, the same on every rank: whole global batches of ``world`` x
     ``batch_size`` in ``n`` samples (the rest of the split is not read that epoch).  The one place
