@@ -64,6 +64,8 @@ def test_replay_of_a_real_run_is_bit_identical(case, dtype, data, tmp_path):
     summary = json.loads((replay / "summary.json").read_text())
     assert summary["virtual"]["timeline"] == "replay"
     assert summary["virtual"]["replay_first_difference"] is None
+    recorded = json.loads((run / "summary.json").read_text())["blas_threads"]   # (cores // 4 ranks)
+    assert summary["virtual"]["blas_threads"] == recorded     # the replay computes with as many
     real, again = final_arrays(run), final_arrays(replay)
     assert sorted(real) == sorted(again)
     for name in real:                  # params, momentum, BN statistics, method state: every bit

@@ -41,7 +41,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                    "recorded in RUN_DIR/trace (its config is used; flags may not change it), then "
                    "compare its events and final checkpoint with the run's")
     g.add_argument("--threads", type=int, help="BLAS threads of the process (default: every core "
-                   "it may use; 1 when several virtual runs share a machine: OpenBLAS threads "
+                   "it may use, and with --replay the real run's ranks' count, summary.json's "
+                   "blas_threads; 1 when several virtual runs share a machine: OpenBLAS threads "
                    "spin between calls, and two runs of 2 threads on 2 cores run ~8x slower)")
     g.add_argument("--list-profiles", action="store_true", help="list the shipped profiles and exit")
 
@@ -159,6 +160,22 @@ def _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, 
     return rank_main
 
 
+def _recorded_threads(replay_dir: Path, summary: dict) -> int | None:
+    """The BLAS threads the real run's ranks computed with (``summary.json["blas_threads"]``): a
+    replay computes with as many, since a GEMM on another count of threads rounds differently.
+    None (with a warning) where the run does not say, or its ranks differed."""
+    n = summary.get("blas_threads")
+    if isinstance(n, int) and n >= 1:
+        log.info("replay: %d BLAS thread(s), as the run's ranks computed (summary.json)", n)
+        return n
+    spread = summary.get("blas_threads_range")
+    log.warning("replay: %s does not say with how many BLAS threads its ranks computed%s; the "
+                "replay uses --threads or every core, and a GEMM on another count of threads rounds "
+                "differently (give --threads N)", replay_dir,
+                f" (they differed: {spread[0]} to {spread[1]})" if spread else "")
+    return None
+
+
 @contextlib.contextmanager
 def _stop_on_sigint(setups):
     """Ctrl-C asks every virtual rank to checkpoint at its next phase and stop (a second one
@@ -217,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
                                             "checkpoint_minutes": 0.0}})
             ranks = summary.get("ranks") or len(list((replay_dir / "metrics").glob("rank-*.jsonl")))
             workers = ranks - (ranks_for(cfg, 0))
+            recorded = _recorded_threads(replay_dir, summary)
         else:
             cfg = resolve_config(args)
             workers = getattr(args, "workers", None) or 4
+            recorded = None
         if workers < 1:
             raise ConfigError(f"--workers {workers}: need at least 1")
         prof = P.load(getattr(args, "profile", None) or "a100-100gbit")
@@ -227,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         threads = getattr(args, "threads", None)
         if threads is not None and threads < 1:
             raise ConfigError(f"--threads {threads}: need at least 1")
-        run(cfg, workers, prof, replay_dir, threads, condition)
+        run(cfg, workers, prof, replay_dir, threads or recorded, condition)
     except Stopped:
         print(f"scalesgd: stopped; checkpoint written; continue with --resume "
               f"{cfg.train.run_dir or 'RUN_DIR'}", file=sys.stderr)
