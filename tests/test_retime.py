@@ -194,6 +194,15 @@ def test_host_progress_exposes_the_whole_all_reduce_and_async_hides_it(data, tmp
     assert per["host"] == pytest.approx(0.02 + ring, rel=0.05)
     assert per["async"] == pytest.approx(0.02 + max(ring - 2 / 3 * 0.02, ring / 8), rel=0.05)
     assert math.isclose(per["host"] - per["async"], min(2 / 3 * 0.02, 7 / 8 * ring), rel_tol=0.1)
+    prof = tmp_path / "hidden.json"                 # host MPI whose bucket launches move 60% of it
+    prof.write_text(json.dumps({**base, "name": "hidden", "allreduce_progress": "host",
+                                "host_allreduce_factor": 1.5, "host_hidden_fraction": 0.6}))
+    d = vrun(["--method", "allreduce", "--workers", "2", "--overlap", "--profile", str(prof)],
+             tmp_path / "hidden", data)
+    rows = [json.loads(x) for x in (d / "metrics" / "rank-1.jsonl").read_text().splitlines()
+            if '"kind": "step"' in x]
+    step = (rows[-1]["train_seconds"] - rows[0]["train_seconds"]) / (len(rows) - 1)
+    assert step == pytest.approx(0.02 + 1.5 * (1 - 0.6) * ring, rel=0.05)
 
 
 BLOCK_DALI = """

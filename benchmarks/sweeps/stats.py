@@ -57,7 +57,33 @@ def exchange_costs(res: Result) -> dict:
     net = res.data.path / "netcluster.json"
     if net.exists():
         out["net"] = json.loads(net.read_text())
+    out["compute_spread"] = compute_spread(res)
     return out
+
+
+def compute_spread(res: Result) -> dict:
+    """How a worker's compute (+ data) seconds vary from step to step and between workers, from
+    the step records (cumulative ``compute_seconds`` and ``data_seconds``; the first step, which
+    builds the data pipeline, left out): ``cv`` the median over workers of each one's coefficient
+    of variation; ``p50``, ``p90``, ``p99``, ``max`` of every step over its own worker's mean (the
+    shape: a log-normal's right tail); ``rank_ratio`` the slowest worker's mean over the fastest's
+    (a persistently slow node); ``mean`` the seconds per step over all workers."""
+    per, rel, cvs = [], [], []
+    for recs in res.data.steps.values():
+        c = np.array([r.get("compute_seconds", 0.0) + r.get("data_seconds", 0.0) for r in recs])
+        d = np.diff(c)[1:]
+        if len(d) < 3:
+            continue
+        m = float(d.mean())
+        per.append(m)
+        cvs.append(float(d.std() / m))
+        rel.extend(d / m)
+    if not per:
+        return {}
+    rel = np.array(rel)
+    return dict(mean=float(np.mean(per)), cv=float(np.median(cvs)), p50=float(np.percentile(rel, 50)),
+                p90=float(np.percentile(rel, 90)), p99=float(np.percentile(rel, 99)),
+                max=float(rel.max()), rank_ratio=float(max(per) / min(per)), workers=len(per))
 
 
 def read_rank0_server(res: Result) -> list[dict]:
@@ -102,6 +128,9 @@ def aggregate(results: list[Result], target: float | None = None) -> dict:
     ms = [measures(r, target) for r in results]
     out = {k: mean_spread([m.get(k) for m in ms]) for k in MEASURE_KEYS}
     out["split_per_step"] = mean_split(ms)
+    spreads = [m["compute_spread"] for m in ms if m.get("compute_spread")]
+    if spreads:                       # (means over seeds)
+        out["compute_spread"] = {k: float(np.mean([sp[k] for sp in spreads])) for k in spreads[0]}
     nets = [m["net"] for m in ms if "net" in m]
     if nets:                          # the proof the traffic crossed the links: least bytes per node
         out["net"] = dict(rate_bits=nets[0]["rate_bits"], nodes=nets[0]["nodes"],

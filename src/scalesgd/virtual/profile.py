@@ -35,6 +35,9 @@ a user's own) with these keys:
                      its whole time, ``host_allreduce_factor`` x the ring formula
 ``host_allreduce_factor`` ``host`` only: measured all-reduce seconds over the ring formula's (the
                      algorithm, per-message and TCP costs the formula leaves out; 1 by default)
+``host_hidden_fraction`` ``host`` with ``--overlap``: the share of the all-reduce that the rank's
+                     own MPI calls during backward (each bucket's launch) still move, measured
+                     (``benchmarks/buckets.py``: exposed over pure transfer); 0 by default
 ``variability``      the condition the profile runs under unless ``--condition`` names another: a
                      shipped condition's name (``none``, ``typical``, ``stragglers``), a JSON
                      file, or an inline object (``variability.py``); default ``none``
@@ -80,6 +83,7 @@ class Profile:
     stands_for: dict | None = None
     allreduce_progress: str = "async"
     host_allreduce_factor: float = 1.0
+    host_hidden_fraction: float = 0.0
     variability: str | dict = "none"
     variability_note: str = ""
 
@@ -119,9 +123,10 @@ def load(spec: str) -> Profile:
             raise ConfigError(f"--profile {path}: {key} must be > 0")
     if prof.rma_progress not in ("target", "async"):
         raise ConfigError(f"--profile {path}: rma_progress is 'target' or 'async'")
-    if prof.allreduce_progress not in ("async", "host") or not prof.host_allreduce_factor > 0:
+    if prof.allreduce_progress not in ("async", "host") or not prof.host_allreduce_factor > 0 \
+            or not 0 <= prof.host_hidden_fraction < 1:
         raise ConfigError(f"--profile {path}: allreduce_progress is 'async' or 'host', "
-                          "host_allreduce_factor > 0")
+                          "host_allreduce_factor > 0, 0 <= host_hidden_fraction < 1")
     V.load(prof.variability, f"--profile {path}: variability")
     if prof.ranks_per_node < 1 or prof.latency_us < 0 or prof.jitter_cv < 0:
         raise ConfigError(f"--profile {path}: ranks_per_node >= 1, latency_us >= 0, jitter_cv >= 0")

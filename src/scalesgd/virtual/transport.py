@@ -233,11 +233,13 @@ class InProcessTransport:
         """The gradient all-reduce after the last rank's backward, by the profile's
         ``allreduce_progress``: ``async`` hides the part that fits under this rank's backward (two
         thirds of its step's compute) with ``overlap``, down to an eighth; ``host`` moves only
-        inside MPI, so all of it is exposed, ``host_allreduce_factor`` times the ring formula."""
+        inside MPI: ``host_allreduce_factor`` times the ring formula, of which only the measured
+        ``host_hidden_fraction`` hides under backward with ``overlap`` (the buckets' launches)."""
         prof = self.c.profile
         seconds = self.c.net.collective_seconds(nbytes, self.group)
         if prof.allreduce_progress == "host":
-            return seconds * prof.host_allreduce_factor
+            seconds *= prof.host_allreduce_factor
+            return seconds * (1.0 - prof.host_hidden_fraction) if overlap else seconds
         if overlap:
             backward = 2 / 3 * self.c.last_compute[self.wr]
             seconds = max(seconds - backward, seconds / 8)
