@@ -67,7 +67,10 @@ def compute_spread(res: Result) -> dict:
     builds the data pipeline, left out): ``cv`` the median over workers of each one's coefficient
     of variation; ``p50``, ``p90``, ``p99``, ``max`` of every step over its own worker's mean (the
     shape: a log-normal's right tail); ``rank_ratio`` the slowest worker's mean over the fastest's
-    (a persistently slow node); ``mean`` the seconds per step over all workers."""
+    (a persistently slow node); ``mean`` the seconds per step over all workers, ``fastest`` the
+    fastest worker's, ``slow_share`` the share of workers more than 25% slower than it and
+    ``slow_factor`` their mean over it (on 2 cores: the workers that share a core with another
+    rank)."""
     per, rel, cvs = [], [], []
     for recs in res.data.steps.values():
         c = np.array([r.get("compute_seconds", 0.0) + r.get("data_seconds", 0.0) for r in recs])
@@ -83,7 +86,9 @@ def compute_spread(res: Result) -> dict:
     rel = np.array(rel)
     return dict(mean=float(np.mean(per)), cv=float(np.median(cvs)), p50=float(np.percentile(rel, 50)),
                 p90=float(np.percentile(rel, 90)), p99=float(np.percentile(rel, 99)),
-                max=float(rel.max()), rank_ratio=float(max(per) / min(per)), workers=len(per))
+                max=float(rel.max()), rank_ratio=float(max(per) / min(per)), workers=len(per),
+                fastest=float(min(per)), slow_share=float(np.mean(np.array(per) > 1.25 * min(per))),
+                slow_factor=float(np.mean([m for m in per if m > 1.25 * min(per)] or [min(per)]) / min(per)))
 
 
 def read_rank0_server(res: Result) -> list[dict]:
