@@ -142,7 +142,8 @@ def test_survival_pushsum_loses_root_then_another(survive):
     rank 3 (one recovery or two, as the deaths are noticed); each reports the weight lost; afterwards the survivors' weights sum to
     their count (renormalised mass), the global count went on from the survivors'."""
     p, run_dir = survive(["--method", "gossip", "--gossip", "push", "--gossip-overlap"],
-                         "0:8:kill,3:14:kill")
+                         "0:8:kill,3:11:kill")     # (3 at 14 came, when rank 3 ran ahead, after the
+                                                   # last evaluation: 1 Open MPI run in 8 failed)
     ok(p)
     s = check_survived(run_dir, [0, 3], 2)
     assert s["failures"][-1]["workers"] == 2
