@@ -150,9 +150,18 @@ def main() -> int:
             row[f"{k}_error"] = None if p is None or m is None else (p - m) / m
         row.update(comm_wait_goal(row["predicted_split"], row["measured_split"]))
         rows.append(row)
+        write(a, measured, target, seeds, rows, skipped)      # after every row: a piece at a time
         print(f"{key:22s} epoch s: {row['predicted_epoch_seconds']:7.2f} vs {row['measured_epoch_seconds']:7.2f}"
               f"  ({_pct(row['epoch_seconds_error'])})   to target: {_f(row['predicted_time_to_target'])} vs "
               f"{_f(row['measured_time_to_target'])} ({_pct(row['time_to_target_error'])})", flush=True)
+    summary = write(a, measured, target, seeds, rows, skipped, done=True)
+    print(json.dumps(summary))
+    return 0
+
+
+def write(a, measured: dict, target: float, seeds: int, rows: list, skipped: list, done: bool = False) -> dict:
+    """The JSON (rewritten after every row: an interrupted validation keeps what it finished, and
+    a rerun reuses the finished virtual runs); returns its summary."""
     summary = dict(comm_wait=dict(met=sum(r["comm_wait_ok"] for r in rows), n=len(rows)))
     for k in ("epoch_seconds", "time_to_target"):
         errs = [abs(r[f"{k}_error"]) for r in rows if r[f"{k}_error"] is not None]
@@ -160,10 +169,10 @@ def main() -> int:
                           worst=float(np.max(errs)) if errs else None, n=len(errs))
     a.json.write_text(json.dumps(dict(experiment="virtual-validation", measured=str(a.measured.relative_to(ROOT)),
                                       target_error=target, seeds=seeds, latency_us=LATENCY_US,
-                                      jitter_cv=a.jitter_cv, terms=not a.no_terms,
+                                      jitter_cv=a.jitter_cv, terms=not a.no_terms, complete=done,
+                                      measured_date=measured.get("date"),
                                       rows=rows, skipped=skipped, summary=summary), indent=1) + "\n")
-    print(json.dumps(summary))
-    return 0
+    return summary
 
 
 def comm_wait_goal(pred: dict, meas: dict) -> dict:
