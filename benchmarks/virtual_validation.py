@@ -121,6 +121,7 @@ def main() -> int:
         a.out = a.out.with_name(f"{a.out.name}-noterms")
         a.json = a.json.with_name(a.json.name.replace(".json", "-noterms.json"))
     host = None if a.no_terms else host_allreduce(json.loads((ROOT / "benchmarks/results/buckets.json").read_text()))
+    a.measured = a.measured.resolve()
     measured = json.loads(a.measured.read_text())
     target, seeds = measured["target_error"], a.seeds or measured["seeds"]
     rows, skipped = [], []
