@@ -63,3 +63,18 @@ def check(proc, expect_ok: bool = True) -> str:
     else:
         assert proc.returncode != 0, report
     return proc.stdout
+
+
+def logging_launcher(tmp_path: Path, marker: str) -> tuple[Path, Path, dict]:
+    """A wrapper of the real launcher that appends its argv to a log and drops ``marker``: (the
+    wrapper, the log, the environment that makes a benchmark launch through it with the marker in
+    MPIEXEC_ARGS), to check that something launches through $MPIEXEC and $MPIEXEC_ARGS."""
+    log, wrapper = tmp_path / "argv.log", tmp_path / "mpiexec-wrapper"
+    wrapper.write_text("#!/bin/bash\n"
+                       f'echo "$*" >> {log}\n'
+                       f'args=(); for a in "$@"; do [ "$a" = {marker} ] || args+=("$a"); done\n'
+                       f'exec {mpiexec()} "${{args[@]}}"\n')
+    wrapper.chmod(wrapper.stat().st_mode | 0o100)
+    env = dict(os.environ, MPIEXEC=str(wrapper),
+               MPIEXEC_ARGS=f"{marker} {os.environ.get('MPIEXEC_ARGS', '')}")
+    return wrapper, log, env

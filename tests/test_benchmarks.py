@@ -5,13 +5,12 @@ import math
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 
 import pytest
 
-from mpirun import ROOT, mpiexec, uses_mpi
+from mpirun import ROOT, logging_launcher, uses_mpi
 
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -84,14 +83,7 @@ def test_benchmarks_launch_mpi_through_MPIEXEC_and_MPIEXEC_ARGS(tmp_path):
     """comm.py starts its ranks with $MPIEXEC and $MPIEXEC_ARGS before -n, as the tests do (so Open
     MPI or a site launcher works): a wrapper launcher logs its argv, drops a marker argument and
     runs the real launcher."""
-    log, wrapper = tmp_path / "argv.log", tmp_path / "mpiexec-wrapper"
-    wrapper.write_text("#!/bin/bash\n"
-                       f'echo "$*" >> {log}\n'
-                       'args=(); for a in "$@"; do [ "$a" = --bench-marker ] || args+=("$a"); done\n'
-                       f'exec {mpiexec()} "${{args[@]}}"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    env = dict(os.environ, MPIEXEC=str(wrapper),
-               MPIEXEC_ARGS=f"--bench-marker {os.environ.get('MPIEXEC_ARGS', '')}")
+    _, log, env = logging_launcher(tmp_path, "--bench-marker")
     proc = subprocess.run([sys.executable, str(BENCH / "comm.py"), "--ranks", "2", "--floats", "10000",
                            "--repeats", "1", "--warmup", "0"], env=env, capture_output=True, text=True,
                           timeout=180, stdin=subprocess.DEVNULL)

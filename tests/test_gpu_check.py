@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpirun import ROOT, mpiexec, uses_mpi
+from mpirun import ROOT, logging_launcher, uses_mpi
 
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -104,14 +103,8 @@ def test_the_allreduce_case_launches_through_MPIEXEC_and_MPIEXEC_ARGS(tmp_path):
     """Issue 38, defect 8: the all-reduce section ran "$MPIEXEC -n 2" without $MPIEXEC_ARGS, and
     Open MPI refuses to run as root without them; it now launches as every benchmark does
     (benchlib.mpi_launcher).  A wrapper launcher logs its argv and drops a marker argument."""
-    log, wrapper = tmp_path / "argv.log", tmp_path / "mpiexec-wrapper"
-    wrapper.write_text("#!/bin/bash\n"
-                       f'echo "$*" >> {log}\n'
-                       'args=(); for a in "$@"; do [ "$a" = --check-marker ] || args+=("$a"); done\n'
-                       f'exec {mpiexec()} "${{args[@]}}"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    env = dict(os.environ, MPIEXEC=str(wrapper), PYTHONPATH=str(ROOT / "src"),
-               MPIEXEC_ARGS=f"--check-marker {os.environ.get('MPIEXEC_ARGS', '')}")
+    _, log, env = logging_launcher(tmp_path, "--check-marker")
+    env["PYTHONPATH"] = str(ROOT / "src")
     proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--dry-run", "--sections",
                            "allreduce", "--out", str(tmp_path / "out")], env=env, capture_output=True,
                           text=True, timeout=180, stdin=subprocess.DEVNULL)

@@ -53,13 +53,13 @@ virtual rank's clock advances by the delay instead of sleeping).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ConfigError
+from . import jsonfile
 from . import variability as V
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -101,22 +101,9 @@ def available() -> dict[str, Path]:
 
 def load(spec: str) -> Profile:
     """``spec``: a shipped profile's name or a JSON file's path."""
-    path = Path(spec)
-    if not path.suffix == ".json":
-        shipped = available()
-        if spec not in shipped:
-            raise ConfigError(f"--profile {spec}: no such profile (shipped: {', '.join(shipped)}; "
-                              "or give a JSON file, see docs/virtual.md)")
-        path = shipped[spec]
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--profile {path}: cannot read the profile ({exc})") from None
-    known = {f.name for f in fields(Profile)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"--profile {path}: unknown key(s) {', '.join(unknown)} (known: "
-                          f"{', '.join(sorted(known))})")
+    raw, origin = jsonfile.read(spec, available(), "profile", "--profile")
+    path = origin.split(" ", 1)[1]
+    jsonfile.refuse_unknown(raw, Profile, origin)
     prof = Profile(**raw)
     for key in ("link_gbps", "intra_gbps", "mem_gbps"):
         if not getattr(prof, key) > 0:

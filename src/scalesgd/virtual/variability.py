@@ -29,7 +29,6 @@ exactly what a full run under the same profile and condition draws.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -37,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from . import jsonfile
 
 CONDITION_DIR = Path(__file__).parent / "conditions"
 DELAY_KEYS = {"exponential": {"mean"}, "fixed": {"mean"}, "uniform": {"low", "high"},
@@ -68,26 +68,12 @@ def available() -> dict[str, Path]:
 def load(spec, where: str = "--condition") -> Condition:
     """``spec``: a shipped condition's name, a JSON file's path, or an inline dict."""
     if isinstance(spec, dict):
-        raw, origin = spec, f"{where}"
+        raw, origin = spec, where
     else:
-        path = Path(spec)
-        if path.suffix != ".json":
-            shipped = available()
-            if spec not in shipped:
-                raise ConfigError(f"{where} {spec}: no such condition (shipped: {', '.join(shipped)}; "
-                                  "or give a JSON file, see docs/virtual.md)")
-            path = shipped[spec]
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{where} {path}: cannot read the condition ({exc})") from None
-        origin = f"{where} {path}"
+        raw, origin = jsonfile.read(spec, available(), "condition", where)
     if not isinstance(raw, dict) or "name" not in raw:
         raise ConfigError(f"{origin}: a condition is a JSON object with at least a name")
-    known = {f.name for f in fields(Condition)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{origin}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    jsonfile.refuse_unknown(raw, Condition, origin)
     cond = Condition(**raw)
     _check(cond, origin)
     return cond
