@@ -120,8 +120,10 @@ def proxy(a) -> int:
                   f"(set-up included), peak {kib / 2 ** 20:.2f} GiB", flush=True)
         med = {k: float(np.median(v)) for k, v in rate.items()}
         base_name = f"baseline {a.baseline}"
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
         out = dict(experiment="virtual-speed", date=time.strftime("%Y-%m-%d"), cores=os.cpu_count(),
-                   baseline=a.baseline, proxy="jobs/glyphs.toml, allreduce", reps=a.reps,
+                   baseline=a.baseline, commit=head, proxy="jobs/glyphs.toml, allreduce", reps=a.reps,
                    worker_steps_per_second_p128={k: dict(median=med[k], all=v) for k, v in rate.items()},
                    speedup_p128=med["this tree"] / med[base_name], p1024=big,
                    speedup_p1024=big[base_name]["ms_per_worker_step"] / big["this tree"]["ms_per_worker_step"])
