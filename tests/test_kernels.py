@@ -10,6 +10,7 @@ import pytest
 
 import cuda_host
 import cudnn_stub
+from scalesgd.nn import cudnn_checks as CK
 from scalesgd.nn import cudnn_conv as CC
 from scalesgd.nn import kernels as K
 from scalesgd.nn import layers as L
@@ -236,7 +237,7 @@ def test_bf16_wgrad_has_an_engine_or_falls_back_for_that_graph_alone(monkeypatch
         return None
     monkeypatch.setattr(CC, "_io_dtype", lambda xp, p: np.float16 if p == "bf16" else np.float32)
     engine = CC.CudnnEngine(cudnn_stub.module(no_engine), cudnn_stub.HostXP(), "bf16")
-    fast, ref = CC.conv_check(engine, (2, 9, 9, 8), (3, 3, 8, 16), 2, 1)
+    fast, ref = CK.conv_check(engine, (2, 9, 9, 8), (3, 3, 8, 16), 2, 1)
     got, want = fast(), ref()
     for name, a, b in zip(("y", "dx", "dw"), got, want):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -247,7 +248,7 @@ def test_bf16_wgrad_has_an_engine_or_falls_back_for_that_graph_alone(monkeypatch
     both = CC.CudnnEngine(cudnn_stub.module(lambda g: cudnn_stub.wgrad_dw_type(g) and "none"),
                           cudnn_stub.HostXP(), "bf16")
     with pytest.raises(RuntimeError, match="no engine for dW BFLOAT16 .*; dW FLOAT"):
-        CC.conv_check(both, (2, 9, 9, 8), (3, 3, 8, 16), 2, 1)[0]()
+        CK.conv_check(both, (2, 9, 9, 8), (3, 3, 8, 16), 2, 1)[0]()
     fp32 = cudnn_stub.module(lambda g: cudnn_stub.wgrad_dw_type(g) and "none")
     with pytest.raises(cudnn_stub.cudnnGraphNotSupportedError):      # fp32: no other type to try
         CC.build_wgrad(fp32, None, (2, 9, 9, 8), (3, 3, 8, 16), 2, 1, "fp32")

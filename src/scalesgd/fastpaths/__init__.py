@@ -5,7 +5,7 @@ use, and is compared with its reference twin (docs/gpu.md):
 
 - cuDNN: one check per distinct conv geometry of the model (input H, W, C; filter; stride; pad) at
   batch ``CHECK_BATCH``: fprop, dgrad and wgrad against the im2col layers; one per distinct BN shape
-  (with or without ReLU): forward and backward against the xp layers (``cudnn_conv.conv_check``);
+  (with or without ReLU): forward and backward against the xp layers (``cudnn_checks.conv_check``);
 - each fused kernel of ``nn/kernels.py`` in the run's dtypes against its ``_ref`` twin;
 - DALI's GPU ("mixed") decode of a few crops of the training shards against its CPU decode;
 - the all-reduce transport the ``allreduce`` method chose (``nccl``, ``cuda_aware_mpi``) against

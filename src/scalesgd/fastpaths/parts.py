@@ -29,7 +29,7 @@ def cudnn_components(model, engine, hw: int, n: int = CHECK_BATCH) -> list[Compo
     """One component per distinct conv geometry and BN shape of ``model`` (``model_layers``) on
     ``engine`` (its precision's tolerance).  Falling back moves those layers to the xp layers;
     with bf16 activations the whole model (bf16 tensors need cuDNN in every layer)."""
-    from ..nn import cudnn_conv as CC  # noqa: PLC0415
+    from ..nn import cudnn_checks as CC  # noqa: PLC0415
     precision = getattr(engine, "precision", "fp32")
     convs, bns = model_layers(model, n, hw)
     out = []

@@ -390,6 +390,3 @@ def attach(model, conv_impl: str, precision: str, backend, dtype: str = "float32
     model.set_engine(engine)
     return engine
 
-
-# the start-up check's runners (fastpaths/) live in cudnn_checks.py; callers use CC.conv_check etc.
-from .cudnn_checks import bn_check, conv_check  # noqa: E402,F401 - re-exported
