@@ -44,6 +44,8 @@ FLAGS = {"allreduce": ["--method", "allreduce"], "easgd": ["--method", "easgd"],
          "gossip-pull-ov": ["--method", "gossip", "--gossip", "pull", "--gossip-overlap"],
          "gossip-push-ov": ["--method", "gossip", "--gossip", "push", "--gossip-overlap"]}
 LATENCY_US = 50.0
+COMMIT = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                        text=True).stdout.strip()      # the code the virtual runs ran (run records)
 
 
 def first_reach(history: list[dict], target: float) -> float | None:
@@ -171,6 +173,7 @@ def write(a, measured: dict, target: float, seeds: int, rows: list, skipped: lis
     a.json.write_text(json.dumps(dict(experiment="virtual-validation", measured=str(a.measured.relative_to(ROOT)),
                                       target_error=target, seeds=seeds, latency_us=LATENCY_US,
                                       jitter_cv=a.jitter_cv, terms=not a.no_terms, complete=done,
+                                      commit=COMMIT,
                                       measured_date=measured.get("date"),
                                       rows=rows, skipped=skipped, summary=summary), indent=1) + "\n")
     return summary

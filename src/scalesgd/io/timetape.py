@@ -27,6 +27,15 @@ import operator
 OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 
 
+def _binary(op: str, reflected: bool = False):
+    """A stamp's ``op`` with a number (``reflected``: the number on the left)."""
+    def method(self, o):
+        if not isinstance(o, (int, float)):
+            return NotImplemented
+        return self._op(op, o, self) if reflected else self._op(op, self, o)
+    return method
+
+
 class Stamp(float):
     """A time read from a virtual clock or computed from such reads (see the module doc)."""
 
@@ -46,29 +55,10 @@ class Stamp(float):
     def _op(self, op: str, a, b):
         return Stamp(OPS[op](float(a), float(b)), self.tape, self.tape.node(op, self._ref(a), self._ref(b)))
 
-    def __add__(self, o):
-        return self._op("+", self, o) if isinstance(o, (int, float)) else NotImplemented
-
-    def __radd__(self, o):
-        return self._op("+", o, self) if isinstance(o, (int, float)) else NotImplemented
-
-    def __sub__(self, o):
-        return self._op("-", self, o) if isinstance(o, (int, float)) else NotImplemented
-
-    def __rsub__(self, o):
-        return self._op("-", o, self) if isinstance(o, (int, float)) else NotImplemented
-
-    def __mul__(self, o):
-        return self._op("*", self, o) if isinstance(o, (int, float)) else NotImplemented
-
-    def __rmul__(self, o):
-        return self._op("*", o, self) if isinstance(o, (int, float)) else NotImplemented
-
-    def __truediv__(self, o):
-        return self._op("/", self, o) if isinstance(o, (int, float)) else NotImplemented
-
-    def __rtruediv__(self, o):
-        return self._op("/", o, self) if isinstance(o, (int, float)) else NotImplemented
+    __add__, __radd__ = _binary("+"), _binary("+", reflected=True)
+    __sub__, __rsub__ = _binary("-"), _binary("-", reflected=True)
+    __mul__, __rmul__ = _binary("*"), _binary("*", reflected=True)
+    __truediv__, __rtruediv__ = _binary("/"), _binary("/", reflected=True)
 
     def __neg__(self):
         return self._op("*", self, -1.0)
