@@ -10,7 +10,7 @@ interleaved rounds of a few steps so that drift hits every setting alike:
 
 - ``no all-reduce``: the same step without communication, the baseline;
 - ``25 MB``: the former default (ResNet-20 and -18 in one bucket or two: nothing overlaps);
-- ``auto``: the default now, ``collectives.auto_bucket_bytes`` (about 8 buckets, at least ranks x
+- ``auto``: the default now, ``buckets.auto_bucket_bytes`` (about 8 buckets, at least ranks x
   64 KiB, at most 25 MB);
 - ``0.25 MB``: small fixed buckets.
 
@@ -34,7 +34,7 @@ SETTINGS = ("no all-reduce", "25 MB", "auto", "0.25 MB")
 
 
 def bucket_bytes(setting: str, nbytes: int, ranks: int) -> int | None:
-    from scalesgd.comm.collectives import auto_bucket_bytes
+    from scalesgd.comm.buckets import auto_bucket_bytes
     return {"no all-reduce": None, "25 MB": 25_000_000, "auto": auto_bucket_bytes(nbytes, ranks),
             "0.25 MB": 250_000}[setting]
 

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from scalesgd import config as C
-from scalesgd.comm import topology
+from scalesgd.comm import start
 from scalesgd.methods import graphs, mixing
 from scalesgd.methods import create
 from scalesgd.train.control import Signals
@@ -82,7 +82,7 @@ def main() -> int:
     ap.add_argument("--floats", type=int, default=100_000)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    topo = topology.init()
+    topo = start.init()
     curves, drifts = [], []
     for rep in range(a.repeats):
         d, drift = one_repeat(topo, a.variant, a.rounds, a.floats, rep, a.graph)

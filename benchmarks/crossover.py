@@ -3,7 +3,7 @@
 
     python benchmarks/crossover.py run [--minutes 55] [--jobs 2]   # one resumable piece
     python benchmarks/crossover.py status                           # what is done, what is left
-    python benchmarks/crossover.py report                           # crossover.json + the figure
+    python benchmarks/crossover_report.py                           # crossover.json + the figure
 
 Task: the procedural glyphs (``benchmarks/glyphs.py``: 51,200 training images, 10 classes,
 16x16), ``jobs/glyphs.toml`` (ResNet-8 at half width, batch 8 per worker: 50 steps per epoch at
@@ -320,7 +320,7 @@ def status() -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("run", "status", "report"))
+    ap.add_argument("what", choices=("run", "status"))
     ap.add_argument("--minutes", type=float, default=55.0, help="a piece's wall-time budget")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one core each)")
     ap.add_argument("--data", type=Path, default=ROOT / "data" / "glyphs")
@@ -328,10 +328,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.what == "run":
         return piece(a.minutes, a.jobs, a.data, a.scratch)
-    if a.what == "status":
-        return status()
-    from crossover_report import report  # noqa: PLC0415
-    return report()
+    return status()
 
 
 if __name__ == "__main__":

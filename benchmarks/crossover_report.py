@@ -1,5 +1,5 @@
 """The crossover study's analysis: ``benchmarks/results/crossover/**/*.json`` -> ``crossover.json``
-and ``docs/figures/crossover.png`` (``python benchmarks/crossover.py report``).
+and ``docs/figures/crossover.png`` (``python benchmarks/crossover_report.py``).
 
 Per method and p: samples (epochs) to the target error over the seeds (statistical efficiency),
 seconds per training sample under each profile (the timing runs: goodput), their product (time to
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -343,3 +344,7 @@ def report() -> int:
     print(f"noise scale: {res['noise_scale']}")
     print(f"missing runs: {len(res['missing'])}; machine hours so far: {res['machine_hours']}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(report())

@@ -126,7 +126,7 @@ class Reader:
         self.req, self.half = None, 0
 
     def step(self) -> None:
-        from scalesgd.comm.window import POLL_SECONDS
+        from scalesgd.comm.jobs import POLL_SECONDS
         pub, peer = self.pub, self.peer
         if self.mode == "blocking":
             pub.read(peer, self.out)

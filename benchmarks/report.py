@@ -368,7 +368,7 @@ def crossover_summary(results: Path) -> str:
     it is fastest or tied, and where all-reduce overtakes the asynchronous methods."""
     p = results / "crossover.json"
     if not p.exists():
-        return "(no crossover.json yet: python benchmarks/crossover.py report)"
+        return "(no crossover.json yet: python benchmarks/crossover_report.py)"
     d = json.loads(p.read_text())
     runs, profiles = d["runs"], list(d["winners"])
     rows = ["| p | " + " | ".join(f"{prof}: fastest, s to target [95% interval]" for prof in profiles) + " |",

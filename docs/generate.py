@@ -7,7 +7,7 @@ A block is the text between ``<!-- generated: NAME ... -->`` and ``<!-- end gene
 (HTML comments: invisible on a rendered page); everything outside the blocks is left as it is.
 NAME is a key of ``BLOCKS``:
 
-- ``protocol``: the parameter-server tags and header layouts, from ``scalesgd.comm.protocol``;
+- ``protocol``: the parameter-server tags and header layouts, from ``scalesgd.comm.wire``;
 - ``imports``: which part of the package imports which (read from the source with ``ast``, nothing
   imported), in dependency order.
 """
@@ -28,8 +28,8 @@ NAMESPACES = {"nvidia"}              # shown with their second component: nvidia
 def protocol_block(src: Path) -> str:
     import mpi4py                    # noqa: PLC0415 - the tables need no MPI: do not initialise it
     mpi4py.rc.initialize = False
-    from scalesgd.comm import protocol  # noqa: PLC0415
-    return protocol.reference_markdown()
+    from scalesgd.comm import wire  # noqa: PLC0415
+    return wire.reference_markdown()
 
 
 # ---------------------------------------------------------------------------- the import table

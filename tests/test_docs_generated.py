@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scalesgd.comm import protocol as P
+from scalesgd.comm import wire as P
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATE = ROOT / "docs" / "generate.py"

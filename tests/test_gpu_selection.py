@@ -13,7 +13,7 @@ from helpers import TINY, launch, one_line_error, run_cli
 from mpirun import check, run_mpi, uses_mpi
 from synth import make_dataset
 from scalesgd import backend
-from scalesgd.comm import collectives, device
+from scalesgd.comm import buckets, device, staging
 from scalesgd.comm.device import Probes
 from scalesgd.errors import MethodError
 from scalesgd.nn.params import Layout, TensorSpec
@@ -106,7 +106,7 @@ def test_factory_table_and_one_rank():
     flat = np.arange(7.0)
     d = types.SimpleNamespace(allreduce_transport="nccl", bucket_mb=0.0, overlap=True)
     red = device.create_allreducer(SELF, flat, lay, d)     # one rank: host, nothing probed
-    assert type(red) is collectives.BucketedAllreduce and red.buf is flat and red.overlap
+    assert type(red) is buckets.BucketedAllreduce and red.buf is flat and red.overlap
 
 
 def test_overlap_not_honoured_is_said(caplog):
@@ -152,10 +152,10 @@ def test_probes_on_this_machine():
 
 def test_host_stage_is_the_array_itself_on_numpy():
     a = np.arange(5.0)
-    st = collectives.HostStage(a)
+    st = staging.HostStage(a)
     assert st.host is a and st.to_host() is a
     st.to_device()
-    device.sync_stream(a)                       # no-op on NumPy
+    staging.sync_stream(a)                       # no-op on NumPy
 
 
 def test_set_precision(monkeypatch):
@@ -189,7 +189,7 @@ def test_host_stage_to_device_leaves_the_host_buffer_free(monkeypatch):
     import device_double
     cp = device_double.install(monkeypatch)
     dev = cp.ndarray(np.zeros(6, np.float32))
-    st = collectives.HostStage(dev)
+    st = staging.HostStage(dev)
     assert st.host is not dev
     st.host[...] = np.arange(6)
     st.to_device()

@@ -282,7 +282,8 @@ def test_multiply_accumulates_match_the_published_counts():
 
 def test_mismatched_collectives_are_an_error_not_a_silent_combine():
     from scalesgd.virtual.profile import load
-    from scalesgd.virtual.transport import Cluster, InProcessTransport
+    from scalesgd.virtual.cluster import Cluster
+    from scalesgd.virtual.transport import InProcessTransport
     w = World(2)
     c = Cluster(w, load("a100-100gbit"))
     nets = [InProcessTransport(c, (0, 1), r) for r in range(2)]

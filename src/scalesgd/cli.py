@@ -268,11 +268,11 @@ def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
 def _launched_world():
     """For an error found before MPI started (a bad flag): the topology when a launcher started
     several ranks, so that the error is printed once (by rank 0) instead of once per rank."""
-    from .comm import topology
-    if max(topology.launched_size(), 1) == 1:
+    from .comm import library, start
+    if max(library.launched_size(), 1) == 1:
         return None
     try:
-        return topology.init()
+        return start.init()
     except Exception:                     # a broken launch: every rank reports on its own
         return None
 
@@ -293,9 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "dry_run", False):
             dry_run(cfg)
             return 0
-        from .comm import progress, topology
+        from .comm import progress, start
         progress.prepare(cfg.dist.mpi_progress, cfg.train.method)   # (mpi: before MPI_Init)
-        topo = topology.init()
+        topo = start.init()
         if not topo.is_root:
             logging.getLogger().setLevel(logging.WARNING)
         run(cfg, topo, stop)

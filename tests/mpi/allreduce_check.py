@@ -4,7 +4,7 @@ from harness import run_checks
 from mpi4py import MPI
 
 from scalesgd import config as C
-from scalesgd.comm import collectives, topology
+from scalesgd.comm import buckets, start
 from scalesgd.methods import create, evaluated
 from scalesgd.nn.layers import softmax_cross_entropy
 from scalesgd.nn.params import Layout, TensorSpec
@@ -12,7 +12,7 @@ from scalesgd.nn.resnet import ResNet
 from scalesgd.optim.sgd import SGD
 from scalesgd.train.control import Control, Signals
 
-TOPO = topology.init()
+TOPO = start.init()
 
 
 def cfg(**dist):
@@ -26,7 +26,7 @@ def closed_form_buckets(comm):
     for bucket_bytes in (0, 4000, 20000, 10**9):
         for overlap in (True, False):
             flat = np.full(layout.size, comm.rank + 1.0, dtype=np.float64)
-            red = collectives.BucketedAllreduce(comm, flat, layout, bucket_bytes, overlap=overlap)
+            red = buckets.BucketedAllreduce(comm, flat, layout, bucket_bytes, overlap=overlap)
             for spec in reversed(layout.specs):        # the order backward reports them
                 red.ready([spec.name])
             red.finish()

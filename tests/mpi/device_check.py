@@ -10,7 +10,7 @@ from harness import run_checks
 from mpi4py import MPI
 
 from scalesgd.comm import device
-from scalesgd.comm.collectives import BucketedAllreduce
+from scalesgd.comm.buckets import BucketedAllreduce
 from scalesgd.comm.device import Probes
 from scalesgd.comm.transport import MPITransport
 from scalesgd.errors import MethodError

@@ -11,7 +11,7 @@ from harness import run_checks
 from mpi4py import MPI
 
 from scalesgd import fastpaths as F
-from scalesgd.comm import collectives, device
+from scalesgd.comm import buckets, device
 from scalesgd.errors import BackendError
 from scalesgd.methods.allreduce import AllReduce
 from scalesgd.nn.resnet import ResNet
@@ -66,7 +66,7 @@ def strict_fails_every_rank_alike(comm):
     assert comm.allgather(msg) == [msg] * comm.size
 
 
-class Broken(collectives.BucketedAllreduce):
+class Broken(buckets.BucketedAllreduce):
     """A wrong transport: the host sum, plus one."""
 
     transport = "broken"
@@ -92,7 +92,7 @@ def a_broken_transport_falls_back_to_host(comm):
     out = F.validate([comp], "auto", F.agree_over(comm), speak=comm.rank == 0)
     assert out["allreduce broken"]["status"] == "fell back", out
     red = method.reducer
-    assert type(red) is collectives.BucketedAllreduce and red.flat is model.ps.grads and red.overlap
+    assert type(red) is buckets.BucketedAllreduce and red.flat is model.ps.grads and red.overlap
     assert red.buckets == comp_buckets                    # the same buckets as the device reducer had
     model.ps.grads[...] = comm.rank + 1.0                 # the new reducer sums the real gradients
     red.finish()
@@ -106,7 +106,7 @@ def a_sound_transport_is_used(comm):
     assert out["allreduce cuda_aware_mpi"]["status"] == "used", out
     assert out["allreduce cuda_aware_mpi"]["rel_error"] < 1e-6
     assert type(method.reducer) is device.CudaAwareAllreduce
-    host, _ = method_with(comm, collectives.BucketedAllreduce)
+    host, _ = method_with(comm, buckets.BucketedAllreduce)
     assert F.transport_components(host) == []      # host is the reference: nothing to check
 
 

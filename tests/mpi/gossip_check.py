@@ -26,14 +26,15 @@ from harness import run_checks
 from mpi4py import MPI
 
 from scalesgd import config as C
-from scalesgd.comm import topology
+from scalesgd.comm import start
 from scalesgd.comm.inbox import Inbox
-from scalesgd.comm.window import POLL_SECONDS, Courier, PublishedVector, SampleCounter, Window
+from scalesgd.comm.jobs import POLL_SECONDS
+from scalesgd.comm.window import Courier, PublishedVector, SampleCounter, Window
 from scalesgd.methods import mixing
 from scalesgd.methods import create, evaluated
 from scalesgd.train.control import Signals
 
-TOPO = topology.init()
+TOPO = start.init()
 BIG = 4 * 1024 * 1024                       # 4M float32 = 16 MB per copy: a wrong protocol would tear
 GUARD = 30.0        # seconds before a rank gives up waiting for its peer's progress: a hang guard only
 

@@ -5,13 +5,13 @@ from harness import run_checks
 from mpi4py import MPI
 
 from scalesgd import config as C
-from scalesgd.comm import topology
+from scalesgd.comm import start
 from scalesgd.methods import create, evaluated
 from scalesgd.nn.layers import softmax_cross_entropy
 from scalesgd.optim.sgd import SGD
 from scalesgd.train.control import Signals
 
-TOPO = topology.init()
+TOPO = start.init()
 LR = 0.05
 
 

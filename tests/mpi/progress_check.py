@@ -7,13 +7,13 @@ import sys
 
 from mpi4py import MPI
 
-from scalesgd.comm import probe, progress, topology
+from scalesgd.comm import library, probe, progress, start
 
 BUSY = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
 
-topo = topology.init()
+topo = start.init()
 out = {"library": MPI.Get_library_version().splitlines()[0],
-       "spans_nodes": topo.transport.spans_nodes, "thread_level": probe.thread_level()}
+       "spans_nodes": topo.transport.spans_nodes, "thread_level": library.thread_level()}
 for mode in ("none", "thread"):
     pump = topo.transport.keep_progressing(progress.Plan(mode, 0.005, "the test"))
     try:

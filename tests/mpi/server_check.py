@@ -12,15 +12,16 @@ from harness import run_checks
 from mpi4py import MPI
 
 from scalesgd import config as C
-from scalesgd.comm import topology
-from scalesgd.comm.protocol import PushHeader, ServerPort, Tag, WorkerPort, header, shard_bounds
+from scalesgd.comm import start
+from scalesgd.comm.protocol import ServerPort, WorkerPort
+from scalesgd.comm.wire import PushHeader, Tag, header, shard_bounds
 from scalesgd.methods import create, evaluated
 from scalesgd.methods.asgd import ASGD
 from scalesgd.methods.easgd import EASGD
 from scalesgd.train.control import Control
 from scalesgd.train.phases import Phases
 
-TOPO = topology.init()
+TOPO = start.init()
 N = 1000                                   # parameters of the fake replica
 
 

@@ -3,10 +3,10 @@
 ``create_allreducer(comm, grads, layout, dist)`` is the one entry (a collective, on every rank): it
 resolves ``dist.allreduce_transport`` to a transport every rank can use, logs the choice once (rank 0,
 device buffers only) and returns that transport's all-reducer.  Every all-reducer has the interface of
-:class:`collectives.BucketedAllreduce`: ``start(i)`` starts bucket ``i``, ``ready(names)`` (from
+:class:`buckets.BucketedAllreduce`: ``start(i)`` starts bucket ``i``, ``ready(names)`` (from
 backward) starts each bucket whose tensors are all final, ``finish()`` completes the sum in place.
 
-- ``host`` (``collectives.BucketedAllreduce``): MPI on host memory, NumPy buffers directly, device
+- ``host`` (``buckets.BucketedAllreduce``): MPI on host memory, NumPy buffers directly, device
   buffers through a pinned host copy (each bucket copied down as it starts); overlaps backward;
 - ``cuda_aware_mpi`` (``CudaAwareAllreduce``): MPI on the device buffer itself, after a stream sync;
   blocking all-reduces after backward (what its probe tests), so no overlap;
@@ -38,7 +38,9 @@ from mpi4py import MPI
 
 from ..choices import ALLREDUCE_TRANSPORTS
 from ..errors import BackendError, MethodError
-from .collectives import BucketedAllreduce, DeviceTimer, auto_bucket_bytes, bcast_text, sync_stream  # noqa: F401 - sync_stream: re-exported
+from .buckets import BucketedAllreduce, auto_bucket_bytes
+from .collectives import bcast_text
+from .staging import DeviceTimer, sync_stream
 
 log = logging.getLogger("scalesgd")
 
@@ -278,7 +280,7 @@ ALLREDUCERS = {"host": BucketedAllreduce, "cuda_aware_mpi": CudaAwareAllreduce, 
 
 def bucket_bytes_of(dist, grads, ranks: int) -> int:
     """``dist.bucket_mb`` in bytes: -1 (the default) derives it from the gradient bytes and the rank
-    count (``collectives.auto_bucket_bytes``); 0 is one bucket."""
+    count (``buckets.auto_bucket_bytes``); 0 is one bucket."""
     if dist.bucket_mb < 0:
         return auto_bucket_bytes(grads.size * grads.dtype.itemsize, ranks)
     return int(dist.bucket_mb * 1e6)

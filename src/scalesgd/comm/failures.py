@@ -29,11 +29,13 @@ never uses any of this.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import weakref
 
 from ..errors import MethodError
+from .library import library_family, library_name
 
 _TRACKED: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 _SURVIVORS = []            # the communicator of the survivors, once a rank died (the last shrink's)
@@ -51,7 +53,6 @@ def _mpi():
 def unsupported(env=os.environ) -> str:
     """Why this MPI job cannot survive a lost rank ("" when it can): ULFM is Open MPI's, and only
     when ``mpiexec --with-ft ulfm`` (which sets OMPI_MCA_mpi_ft_enable=1) started the job."""
-    from .topology import library_family, library_name  # noqa: PLC0415
     MPI = _mpi()
     library = MPI.Get_library_version()
     if library_family(library) != "openmpi" or not hasattr(MPI.Comm, "Shrink"):
@@ -158,9 +159,9 @@ def current(topo):
     must end the job through (the world's communicator is revoked)."""
     if not _SURVIVORS or topo is None:
         return topo
-    from .topology import Topology  # noqa: PLC0415
     c = _SURVIVORS[0]
-    return Topology(c.Get_rank(), c.Get_size(), 0, 1, c, None)
+    return dataclasses.replace(topo, rank=c.Get_rank(), size=c.Get_size(), local_rank=0, local_size=1,
+                               comm=c, node_comm=None, transport=None)
 
 
 def is_root(topo) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .collectives import BucketedAllreduce
+from .buckets import BucketedAllreduce
 
 STAGES = ("reduce", "leaders", "bcast")   # a bucket's stages, in order; then done
 

@@ -1,7 +1,7 @@
 """The MPI side of ``scalesgd doctor`` (comm/ is the only mpi4py importer): start MPI without refusing
 a broken launch, and measure what the methods rely on.
 
-- ``start()``: ``topology.init()`` with its launch checks turned into a report: a launch that makes
+- ``start()``: ``start.init()`` with its launch checks turned into a report: a launch that makes
   every rank a singleton (or mixes two MPI libraries) gives ``Start.problem`` instead of an exception,
   and the world is still returned whenever MPI_Init could run, so the other checks go on.
 - ``allreduce_seconds``: timed in-place SUM all-reduces of one float32 buffer, checked for the sum.
@@ -12,8 +12,8 @@ a broken launch, and measure what the methods rely on.
   ``scalesgd doctor``, ``benchmarks/rma_progress.py`` and the tests use it.
 
 Everything travels as buffers; nothing here prints.  Importing this module does not import
-``mpi4py.MPI`` (that would initialise MPI before ``topology.check_library`` could refuse a launch
-that MPI_Init cannot survive): MPI is taken from ``topology._load_mpi()`` inside each function.
+``mpi4py.MPI`` (that would initialise MPI before ``library.check_library`` could refuse a launch
+that MPI_Init cannot survive): MPI is taken from ``library.load_mpi()`` inside each function.
 """
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import topology
+from ..errors import TopologyError
+from . import start as starting
+from .library import load_mpi
+from .topology import Topology
 
 RMA_OPS = ("Get", "Accumulate", "Fetch_and_op")
 
@@ -34,48 +37,31 @@ class Start:
     sound); ``quiet``: this process is one of a broken launch that the launcher did not number 0, so
     (as the training program does) it reports nothing and exits 1."""
 
-    topo: topology.Topology | None
+    topo: Topology | None
     library: str                 # MPI_Get_library_version, '' when mpi4py loads no library
     problem: str = ""
     quiet: bool = False
 
 
 def start() -> Start:
-    """Initialises MPI as ``topology.init`` does, reporting instead of refusing a broken launch."""
+    """Initialises MPI as ``start.init`` does, reporting instead of refusing a broken launch."""
     try:
-        mpi = topology._load_mpi()
+        mpi = load_mpi()
         library = mpi.Get_library_version()
     except Exception as exc:     # noqa: BLE001 - no MPI library: reported as the first check
         return Start(None, "", f"mpi4py cannot load an MPI library ({type(exc).__name__}: {exc})")
     try:
-        return Start(topology.init(), library)
-    except topology.TopologyError as exc:
+        return Start(starting.init(), library)
+    except TopologyError as exc:
         problem, quiet = str(exc), False
-    except SystemExit:           # topology._refuse on a rank the launcher did not number 0
+    except SystemExit:           # library._refuse on a rank the launcher did not number 0
         problem, quiet = "a broken launch (reported by the process the launcher numbered 0)", True
     if not mpi.Is_initialized():  # refused before MPI_Init: initialising would abort or hang
         return Start(None, library, problem, quiet)
-    return Start(_world(), library, problem, quiet)
+    return Start(starting.of_comm(mpi.COMM_WORLD), library, problem, quiet)
 
 
-def _world() -> topology.Topology:
-    """The topology of an initialised MPI whose launch check failed (each process its own world)."""
-    MPI = topology._load_mpi()
-    world = MPI.COMM_WORLD
-    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
-    return topology.Topology(world.Get_rank(), world.Get_size(), node.Get_rank(), node.Get_size(),
-                             world, node)
-
-
-def thread_level() -> str:
-    """The thread support MPI was initialised with ('single' ... 'multiple')."""
-    MPI = topology._load_mpi()
-    levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
-              MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
-    return levels.get(MPI.Query_thread(), "unknown")
-
-
-def node_ids(topo: topology.Topology) -> np.ndarray:
+def node_ids(topo: Topology) -> np.ndarray:
     """Collective: (size,) int64, for every rank the world rank of its node's local rank 0, so ranks
     with equal ids share a node (the same shared-memory split the program uses)."""
     leader = np.array([topo.rank], dtype=np.int64)
@@ -85,9 +71,9 @@ def node_ids(topo: topology.Topology) -> np.ndarray:
     return out
 
 
-def leaders(topo: topology.Topology):
+def leaders(topo: Topology):
     """Collective: a communicator of one rank per node (local rank 0), None on the other ranks."""
-    MPI = topology._load_mpi()
+    MPI = load_mpi()
     color = 0 if topo.local_rank == 0 else MPI.UNDEFINED
     comm = topo.comm.Split(color, topo.rank)
     return None if comm == MPI.COMM_NULL else comm
@@ -97,7 +83,7 @@ def allreduce_seconds(comm, nbytes: int, repeats: int) -> tuple[list[float], boo
     """Collective on ``comm``: the time of each of ``repeats`` in-place float32 SUM all-reduces of
     ``nbytes`` (each the slowest rank's: a collective is done when its last rank is), and whether
     every element of the last one came out as 1 + 2 + ... + size."""
-    MPI = topology._load_mpi()
+    MPI = load_mpi()
     p, rank = comm.Get_size(), comm.Get_rank()
     buf = np.empty(max(1, nbytes // 4), dtype=np.float32)          # (n,)
     times, took = [], np.zeros(1, dtype=np.float64)
@@ -186,7 +172,7 @@ def rma_latencies(comm, origin: int, target: int, busy_s: float, compute=busy) -
     return {op: t for op, t in out.items() if t is not None}
 
 
-def bcast_int(topo: topology.Topology, value: int, root: int = 0) -> int:
+def bcast_int(topo: Topology, value: int, root: int = 0) -> int:
     """Collective: ``root``'s integer on every rank."""
     buf = np.array([value], dtype=np.int64)
     topo.comm.Bcast(buf, root=root)

@@ -10,7 +10,7 @@ what keeps the target progressing (``plan``):
   one-sided calls (gossip), a **progress thread**: a Python thread that calls ``MPI_Iprobe`` every
   ``dist.mpi_progress_ms`` (2 ms) and sleeps in between (the GIL and the core are free while it
   sleeps; NumPy and CuPy release the GIL while they compute).  Overlapped gossip already has such
-  a thread, its courier, which polls every 5 ms while idle (``window.IDLE_POLL_SECONDS``; its
+  a thread, its courier, which polls every 5 ms while idle (``jobs.IDLE_POLL_SECONDS``; its
   calls, not the step, wait): no second thread.
 - ``thread``: the progress thread wherever ranks use one-sided calls, on one node too.
 - ``mpi``: the MPI library's own asynchronous progress, switched on before ``MPI_Init``

@@ -145,7 +145,7 @@ class MPITransport:
 
     @staticmethod
     def thread_level() -> str:
-        from .probe import thread_level
+        from .library import thread_level
         return thread_level()
 
     def allreducer(self, grads, layout, dist):

@@ -12,12 +12,12 @@ from .base import FAIL, INTRA_MIN_FRACTION, NA, NETWORK_MIN_GBS, OK, RMA_WAITED,
 
 # ----------------------------------------------------------------------------- MPI and the launch
 def check_mpi_library(ctx: Ctx, name: str) -> Check:
-    from ..comm import topology
+    from ..comm import library
     lib = ctx.start.library
     if not lib:
         return Check(name, FAIL, ctx.start.problem, "install an MPI where mpi4py finds it: "
                      "pip install mpich (or load the cluster's MPI module and reinstall mpi4py)")
-    lib_name = topology.library_name(lib)
+    lib_name = library.library_name(lib)
     device = next((ln.split(":", 1)[1].strip() for ln in lib.splitlines()
                    if ln.startswith("MPICH Device")), "")                 # MPICH's netmods
     names = sorted(set(ctx.gather(lib_name)))
@@ -25,17 +25,17 @@ def check_mpi_library(ctx: Ctx, name: str) -> Check:
         return Check(name, FAIL, f"the ranks load different MPI libraries: {', '.join(names)}",
                      "use the same environment (venv, MPI module) on every node")
     from ..comm import probe
-    level = f"thread level {probe.thread_level()}" if ctx.topo else "MPI not started"
+    level = f"thread level {library.thread_level()}" if ctx.topo else "MPI not started"
     return Check(name, OK, f"{lib_name}{f' ({device})' if device else ''} through mpi4py "
                  f"{probe.mpi4py_version()}, {level}",
                  data={"library": lib.strip().splitlines()[0], "thread_level": level})
 
 
 def check_launcher(ctx: Ctx, name: str) -> Check:
-    from ..comm import topology
-    promise = next(((var, os.environ[var], who) for var, _, who, _ in topology.LAUNCHER_VARS
+    from ..comm import library
+    promise = next(((var, os.environ[var], who) for var, _, who, _ in library.LAUNCHER_VARS
                     if os.environ.get(var)), None)
-    data = {"mpi_size": ctx.size, "launcher_size": topology.launched_size(),
+    data = {"mpi_size": ctx.size, "launcher_size": library.launched_size(),
             "launcher_var": promise[0] if promise else None}
     if ctx.start.problem:
         result, _, fix = ctx.start.problem.partition("; ")
@@ -258,12 +258,12 @@ def check_progress_mechanism(ctx: Ctx, name: str) -> Check:
     and, across nodes, the one-sided probe again with it running: ok when nothing waited."""
     if ctx.topo is None:
         return _no_mpi(name)
-    from ..comm import probe, progress
-    from ..comm.window import IDLE_POLL_SECONDS
+    from ..comm import library, probe, progress
+    from ..comm.jobs import IDLE_POLL_SECONDS
     from ..config import DistConfig
     d = DistConfig()
     plan = progress.plan(d.mpi_progress, d.mpi_progress_ms, IDLE_POLL_SECONDS, one_sided=True,
-                         spans_nodes=ctx.num_nodes > 1, overlap=False, thread_level=probe.thread_level())
+                         spans_nodes=ctx.num_nodes > 1, overlap=False, thread_level=library.thread_level())
     data = {"mechanism": plan.mechanism, "interval_s": plan.interval, "why": plan.why}
     result = f"blocking gossip would use {plan.describe()}; overlapped gossip its courier"
     if plan.warning:

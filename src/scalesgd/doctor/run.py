@@ -60,7 +60,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _launcher_rank() -> int:
     """The rank the launcher's environment gives this process (0 without a launcher)."""
-    from ..comm.topology import LAUNCHER_VARS
+    from ..comm.library import LAUNCHER_VARS
     for _, rank_var, _, _ in LAUNCHER_VARS:
         if os.environ.get(rank_var, "").isdigit():
             return int(os.environ[rank_var])

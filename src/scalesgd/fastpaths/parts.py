@@ -147,7 +147,7 @@ def transport_components(method, size: int = 10_007) -> list[Component]:
     if red is None or red.transport == "host":
         return []
     from ..backend import get_array_module  # noqa: PLC0415
-    from ..comm.collectives import BucketedAllreduce  # noqa: PLC0415
+    from ..comm.buckets import BucketedAllreduce  # noqa: PLC0415
     from ..nn.params import Layout, TensorSpec  # noqa: PLC0415
     comm, xp, dtype = red.comm, get_array_module(red.flat), red.flat.dtype
     lay = Layout([TensorSpec(f"t{i}", (size // 4 + i,)) for i in range(4)])

@@ -28,8 +28,8 @@ large; an unset ``schedule.lr`` is the base rate / W (``config.fit_to_world``, l
 from __future__ import annotations
 
 from ..backend import get_array_module
-from ..comm.collectives import HostStage
-from ..comm.protocol import Kind
+from ..comm.staging import HostStage
+from ..comm.wire import Kind
 from .server import ServerMethod
 
 

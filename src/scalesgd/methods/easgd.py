@@ -15,8 +15,8 @@ updates by other workers since this worker's previous exchange.
 """
 from __future__ import annotations
 
-from ..comm.collectives import HostStage
-from ..comm.protocol import Kind
+from ..comm.staging import HostStage
+from ..comm.wire import Kind
 from .server import ServerMethod
 
 

@@ -11,19 +11,31 @@ checkpoint reads anything.  The exchange protocol itself is gossip.py's module d
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ..comm.window import POLL_SECONDS
+from ..comm.jobs import POLL_SECONDS
 
-if TYPE_CHECKING:
-    from .gossip import Gossip
+
+class Exchanges(Protocol):
+    """What an exchanger uses of its gossip method (``gossip.Gossip`` is the one implementation)."""
+
+    comm: object          # the transport (``barrier``)
+    signals: object       # this rank's signals (``raised``: int64 flags for the counter update)
+    counter: object       # the global sample counter (``add``)
+    windows: list         # every window this rank opened (``waited``, ``flush_all``)
+    exchanges: int        # exchanges done by this rank
+
+    def begin(self, x, peer: int | None, poll: float | None): ...
+    def land(self, got, x: int, peer: int | None) -> None: ...
+    def finish(self, x) -> None: ...
+    def counted(self, total: int, sig, samples: int, x: int) -> None: ...
 
 
 class Exchanger(abc.ABC):
     """When a gossip exchange's communication runs (``begin``'s job), relative to its effect
     (``finish``) and the counter update; what the exchange leaves in flight, in checkpoints."""
 
-    def __init__(self, g: Gossip):
+    def __init__(self, g: Exchanges):
         self.g = g
 
     @abc.abstractmethod
@@ -74,7 +86,7 @@ class Overlapped(Exchanger):
     e-1 started (its counter update: the global count, one exchange old; pull: the peer's copy,
     one exchange older), finishes it, then starts e's job and counter update on the courier."""
 
-    def __init__(self, g: Gossip, courier):
+    def __init__(self, g: Exchanges, courier):
         super().__init__(g)
         self.courier = courier
         self.in_flight_peer = None        # the peer of the exchange in flight (None: none)

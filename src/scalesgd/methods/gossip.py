@@ -49,8 +49,9 @@ import logging
 
 import numpy as np
 
-from ..comm import collectives, progress
-from ..comm.window import IDLE_POLL_SECONDS
+from ..comm import progress
+from ..comm.staging import HostStage
+from ..comm.jobs import IDLE_POLL_SECONDS
 from ..io.trace import digest
 from . import graphs, mixing
 from .base import Method, MethodError
@@ -103,7 +104,7 @@ class Gossip(Method, metaclass=abc.ABCMeta):
     def start(self, ps) -> None:
         """Identical replicas (base), then the windows (collective, once) and the first publication."""
         super().start(ps)
-        self.stage = collectives.HostStage(ps.params)
+        self.stage = HostStage(ps.params)
         self.counter = self.comm.sample_counter(root=0)
         self.windows = [self.counter, *self.open_windows(ps.params.size, ps.params.dtype)]
         if self.cfg.dist.gossip_overlap:         # idle, its courier keeps this rank's MPI progressing

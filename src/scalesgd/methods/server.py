@@ -2,7 +2,7 @@
 default 1), the other ranks are workers (``roles``: worker w is rank ``roles.worker_rank(w)``).
 
 Shards: shard s holds elements ``bounds[s]:bounds[s+1]`` of the flat parameter buffer
-(``protocol.shard_bounds``: contiguous, equal bytes) and applies the method's rule to that slice
+(``wire.shard_bounds``: contiguous, equal bytes) and applies the method's rule to that slice
 only; the update rules are element-wise, so the shards together apply exactly the unsharded rule
 (bit for bit with one worker; with several, each shard serves pushes in its own arrival order).
 Each shard keeps its own version, staleness statistics and ``told``/``fetched`` vectors.  K = 1 is
@@ -38,8 +38,8 @@ from collections import Counter
 import numpy as np
 
 from ..comm import watchdog
-from ..comm.collectives import HostStage
-from ..comm.protocol import PushHeader, ReplyHeader, Tag, header, shard_bounds
+from ..comm.staging import HostStage
+from ..comm.wire import PushHeader, ReplyHeader, Tag, header, shard_bounds
 from ..io.trace import digest
 from .base import Method, PhaseError
 
@@ -50,7 +50,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
     slices; the hooks work on those."""
 
     min_ranks = 2
-    kind = None                        # protocol.Kind of the pushes
+    kind = None                        # wire.Kind of the pushes
 
     def __init__(self, cfg, roles, comm, signals):
         super().__init__(cfg, roles, comm, signals)

@@ -165,7 +165,7 @@ def saved_leaders(s, path: Path, old_p: int) -> list[int] | None:
 def saved_center(s, path: Path):
     """The server methods' center (easgd) or master weights (asgd) of checkpoint ``path``, whole:
     shard k's slice from saved rank k (the first ``dist.servers`` ranks)."""
-    from ..comm.protocol import shard_bounds  # noqa: PLC0415
+    from ..comm.wire import shard_bounds  # noqa: PLC0415
     k = s.roles.num_servers
     parts = []
     for j in range(k):

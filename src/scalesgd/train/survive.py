@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from ..comm import failures, topology, watchdog
+from ..comm import failures, start, watchdog
 from ..comm.topology import Topology
 from ..errors import LostRankError, MethodError
 from ..methods import create, method_class
@@ -89,7 +89,7 @@ def survive(run, cause: BaseException):
     if comm.Get_rank() == 0:
         log.warning("warning: rank(s) %s of the job died (%s); %d ranks train on (on_failure = "
                     "continue)", dead, _describe(cause), comm.Get_size())
-    topo = topology.of_comm(comm)
+    topo = start.of_comm(comm)
     s = rebuilt(old, topo)
     s.method.start(ps)                               # new windows / ports; replicas = rank 0's
     gs = int(s.control.max_over_ranks([m_old.global_samples])[0])

@@ -2,14 +2,10 @@
 ``ServerPort`` between buffers of one process (see ``transport.py`` for the timing)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from ..comm.protocol import PushHeader, ReplyHeader, Tag, header
-
-if TYPE_CHECKING:
-    from .transport import InProcessTransport
+from ..comm.wire import PushHeader, ReplyHeader, Tag, header
+from .cluster import Endpoint
 
 
 class Push:
@@ -22,7 +18,7 @@ class Push:
 
 
 class VirtualWorkerPort:
-    def __init__(self, net: InProcessTransport, servers: list, bounds):
+    def __init__(self, net: Endpoint, servers: list, bounds):
         self.net, self.servers, self.bounds = net, servers, bounds
         net.c.ports[net.wr] = self
         self.replies = np.zeros((len(servers), ReplyHeader.SIZE), dtype=np.int64)
@@ -83,7 +79,7 @@ class VirtualServerPort:
     """A shard's end.  ``next_message`` picks the push or notice that arrived first (``model``) or
     the push the real run's shard served next (``replay``)."""
 
-    def __init__(self, net: InProcessTransport):
+    def __init__(self, net: Endpoint):
         self.net = net
         self.push_hdr = header(PushHeader.SIZE)
         self.reply = header(ReplyHeader.SIZE)

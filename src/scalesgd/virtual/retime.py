@@ -96,7 +96,8 @@ def play(tapes: list[dict], cfg, virtual: dict, prof, condition):
     """Replays every rank's actions under ``prof``/``condition``: (world, cluster, each rank's new
     clock reads, worker steps)."""
     from . import profile as P  # noqa: PLC0415
-    from .transport import Cluster, InProcessTransport  # noqa: PLC0415
+    from .cluster import Cluster  # noqa: PLC0415
+    from .transport import InProcessTransport  # noqa: PLC0415
     from .world import World  # noqa: PLC0415
     size, workers = virtual["ranks"], virtual["workers"]
     world = World(size)

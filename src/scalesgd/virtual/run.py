@@ -60,7 +60,7 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
     from ..io.timetape import Tape  # noqa: PLC0415
     from .replay import Replay, first_difference  # noqa: PLC0415
     from .retime import RETIMEABLE, write_tapes  # noqa: PLC0415
-    from .transport import Cluster  # noqa: PLC0415
+    from .cluster import Cluster  # noqa: PLC0415
     from .world import World  # noqa: PLC0415
 
     size = ranks_for(cfg, workers)

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from .cluster import Cluster
 from .ports import VirtualServerPort, VirtualWorkerPort
 from .windows import VirtualCourier, VirtualInbox, VirtualPublishedVector, VirtualSampleCounter
 
@@ -44,80 +45,6 @@ def tree_sum(arrays: list) -> np.ndarray:
     while len(vals) > 1:
         vals = [vals[i] + vals[i + 1] for i in range(0, len(vals), 2)]
     return vals[0]
-
-
-class Net:
-    """Link and NIC timing of the virtual cluster (see the module doc)."""
-
-    def __init__(self, profile, size: int):
-        self.p = profile
-        self.rpn = max(1, int(profile.ranks_per_node))
-        nodes = -(-size // self.rpn)
-        self.out_free = [0.0] * nodes
-        self.in_free = [0.0] * nodes
-        self.bps = profile.link_gbps * 1e9 / 8
-        self.intra_bps = profile.intra_gbps * 1e9 / 8
-        self.lat = profile.latency_us * 1e-6
-        self.bytes_sent = [0] * nodes
-        self.scale = 1.0        # bytes on the wire per byte sent (a profile's stands_for: its model's)
-
-    def node(self, r: int) -> int:
-        return r // self.rpn
-
-    def send(self, src: int, dst: int, nbytes: int, t: float) -> float:
-        """Arrival time at ``dst`` of ``nbytes`` sent by ``src`` at ``t`` (NICs updated)."""
-        a, b = self.node(src), self.node(dst)
-        nbytes = nbytes * self.scale
-        if a == b:
-            return t + nbytes / self.intra_bps + self.lat * 0.1
-        tx = nbytes / self.bps
-        start = max(t, self.out_free[a])
-        self.out_free[a] = start + tx
-        into = max(start, self.in_free[b])
-        self.in_free[b] = into + tx
-        self.bytes_sent[a] += int(nbytes)
-        return into + tx + self.lat
-
-    def collective_seconds(self, nbytes: int, group) -> float:
-        """Ring all-reduce of ``nbytes`` over the nodes of ``group`` (within a node: its rate)."""
-        nodes = len({self.node(r) for r in group})
-        nbytes = nbytes * self.scale
-        if len(group) == 1:
-            return 0.0
-        if nodes == 1:
-            n = len(group)
-            return 2 * (n - 1) / n * nbytes / self.intra_bps
-        return 2 * (nodes - 1) / nodes * nbytes / self.bps + 2 * (nodes - 1) * self.lat
-
-    def apply_seconds(self, nbytes: int) -> float:
-        """Arithmetic over a flat buffer on the device (a server's update, a gossip mix): three
-        passes at the profile's memory rate."""
-        return 3 * nbytes * self.scale / (self.p.mem_gbps * 1e9)
-
-    def wire_seconds(self, nbytes: int) -> float:
-        """Seconds of ``nbytes`` at the link rate (no NIC queueing: collectives' own terms)."""
-        return nbytes * self.scale / self.bps
-
-
-class Cluster:
-    """The shared state of p virtual ranks: the world (clocks, scheduler), the network, the
-    collectives in progress, mailboxes and windows, and the replay's recorded order."""
-
-    def __init__(self, world, profile, replay=None):
-        self.world, self.profile, self.replay = world, profile, replay
-        self.net = Net(profile, world.size)
-        self.seq: dict = {}          # (group, world rank) -> collectives entered
-        self.slots: dict = {}        # (group, seq) -> a collective in progress
-        self.pushes: dict = {}       # world rank of a shard -> [Push] not yet taken
-        self.notices: dict = {}      # world rank of a shard -> [(arrival, counts)]
-        self.windows: dict = {}      # (kind, group) -> per-rank state
-        self.ports: dict = {}        # world rank of a worker -> its VirtualWorkerPort
-        self.busy_until = [0.0] * world.size   # end of each rank's last compute (not in MPI)
-        self.progressing: set = set()          # ranks whose communication thread keeps MPI going
-        self.compute = None          # (world rank, its step, real seconds it took) -> simulated
-                                     # compute seconds (the timeline's)
-        self.last_compute = [0.0] * world.size  # each rank's last step's compute (simulated)
-        self.tapes = None            # [io.timetape.Tape] per rank: recording for a re-timing
 
 
 class InProcessTransport:

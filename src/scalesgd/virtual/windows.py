@@ -3,14 +3,10 @@
 ``transport.py`` for the timing, ``replay.py`` for the recorded order they follow)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from ..comm.window import CourierJobs
-
-if TYPE_CHECKING:
-    from .transport import InProcessTransport
+from ..comm.jobs import CourierJobs
+from .cluster import Endpoint
 
 
 class VirtualCourier(CourierJobs):
@@ -20,7 +16,7 @@ class VirtualCourier(CourierJobs):
     idle it counts as progressing MPI (``Cluster.progressing``: no one-sided call to this rank
     waits for its compute)."""
 
-    def __init__(self, net: InProcessTransport):
+    def __init__(self, net: Endpoint):
         self.net, self.world = net, net.world
         self.busy_seconds = self.exposed_seconds = 0.0
         self.jobs = 0
@@ -68,7 +64,7 @@ class VirtualCourier(CourierJobs):
 class VirtualPublishedVector:
     """Every rank's latest publication (a copy) and its version; a read copies the target's."""
 
-    def __init__(self, net: InProcessTransport, n: int, dtype):
+    def __init__(self, net: Endpoint, n: int, dtype):
         self.net, self.n, self.dtype = net, int(n), np.dtype(dtype)
         self.shared = net.c.windows.setdefault(("pub", net.group), {})
         self.shared[net.rank] = {"version": 0, "t": 0.0, "data": np.zeros(self.n, self.dtype)}
@@ -128,7 +124,7 @@ class VirtualInbox:
     are the target NIC's queue.  A replay drains the messages the run's drain took, in the order
     it recorded (an older trace without the order: each sender's oldest, by arrival)."""
 
-    def __init__(self, net: InProcessTransport, n: int, dtype):
+    def __init__(self, net: Endpoint, n: int, dtype):
         self.net, self.n, self.dtype = net, int(n), np.dtype(dtype)
         self.shared = net.c.windows.setdefault(("inbox", net.group), {})
         self.shared[net.rank] = []
@@ -197,7 +193,7 @@ class VirtualInbox:
 class VirtualSampleCounter:
     """The global sample count and the signals, on ``root``; an update is a round trip to it."""
 
-    def __init__(self, net: InProcessTransport, root: int = 0):
+    def __init__(self, net: Endpoint, root: int = 0):
         self.net, self.root = net, root
         self.shared = net.c.windows.setdefault(("counter", net.group),
                                                {"total": 0, "t": 0.0, "sig": np.zeros(2, np.int64)})

@@ -1,0 +1,184 @@
+"""What docs/architecture.md says of the code's structure, checked on the code itself.
+
+- No import circle between files of the package, lazy imports (inside functions) included.
+- The methods, the training loop and the virtual cluster import no mpi4py, directly or through what
+  they import: they import with mpi4py blocked, and a virtual run trains with it blocked.
+- CuPy is imported in the files the document names, and nowhere else.
+"""
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+PKG = SRC / "scalesgd"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+# Run before anything else in a fresh interpreter: an import of mpi4py (or a submodule) fails.
+BLOCK_MPI4PY = """
+import sys
+class _Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mpi4py" or name.startswith("mpi4py."):
+            raise ImportError("mpi4py is blocked in this test")
+sys.meta_path.insert(0, _Blocked())
+"""
+
+
+def module_of(path: Path) -> str:
+    rel = path.relative_to(SRC).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The package's modules that ``path`` imports, lazily or not (``from . import x`` names the
+    module x when it is one, else the package)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    me = module_of(path)
+    pkg = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            cands = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = (pkg[:len(pkg) - node.level + 1] if node.level else []) + (node.module or "").split(".")
+            base = ".".join(p for p in base if p)
+            cands = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for name in cands:
+            while name and name not in known:          # scalesgd.comm.window.Courier -> ...window
+                name = name.rpartition(".")[0]
+            if name and name != me:
+                out.add(name)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_of(p): p for p in PKG.rglob("*.py")}
+    known = set(files)
+    return {m: imported_modules(p, known) for m, p in files.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), packages' ``__init__``
+    imports left out (a package importing its own modules is not a circle of files)."""
+    edges = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_between_files():
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_one_through_a_lazy_import(tmp_path, monkeypatch):
+    pkg = tmp_path / "scalesgd"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("from . import x\n")
+    (pkg / "a" / "x.py").write_text("from .y import f\n")
+    (pkg / "a" / "y.py").write_text("def f():\n    from .x import g\n")
+    (pkg / "b.py").write_text("from .a import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PKG", pkg)
+    assert circles(import_graph()) == [["scalesgd.a.x", "scalesgd.a.y"]]
+
+
+def _python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-c", BLOCK_MPI4PY + code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_methods_training_and_the_virtual_cluster_import_without_mpi4py():
+    code = """
+import importlib, pkgutil
+import scalesgd.methods, scalesgd.train, scalesgd.virtual
+names = []
+for pkg in (scalesgd.methods, scalesgd.train, scalesgd.virtual):
+    for m in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
+        importlib.import_module(m.name)
+        names.append(m.name)
+assert not [m for m in sys.modules if m.startswith("mpi4py")]
+print(len(names), "modules")
+"""
+    p = _python(code)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert int(p.stdout.split()[0]) >= 30, p.stdout
+
+
+def test_the_blocker_blocks():
+    p = _python("import scalesgd.comm.collectives")
+    assert p.returncode != 0 and "mpi4py is blocked" in p.stderr
+
+
+def test_a_virtual_run_trains_without_mpi4py(tmp_path):
+    from synth import make_dataset
+    data = make_dataset(tmp_path / "data", n=32, n_val=8, num_classes=4)
+    run = tmp_path / "run"
+    code = f"""
+import runpy
+sys.argv = ["scalesgd.virtual", "--method", "gossip", "--workers", "3", "--model", "resnet8",
+            "--width", "0.25", "--image-size", "16", "--scale", "16,20", "--batch-size", "4",
+            "--epochs", "1", "--data", {str(data)!r}, "--run-dir", {str(run)!r}]
+try:
+    runpy.run_module("scalesgd.virtual", run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    assert not e.code, e.code
+assert not [m for m in sys.modules if m.startswith("mpi4py")]
+"""
+    p = _python(code, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert (run / "summary.json").exists()
+
+
+def cupy_importers() -> set[str]:
+    out = set()
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n.split(".")[0] in ("cupy", "cupyx") for n in names):
+                out.add(path.relative_to(PKG).as_posix())
+    return out
+
+
+def test_cupy_is_imported_only_where_the_architecture_says():
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    para = re.search(r"CuPy is imported, always lazily, in (\w+) files: (.*?)\. `nn/", text, re.S)
+    assert para, "architecture.md: the paragraph naming CuPy's importers is gone"
+    named = set(re.findall(r"`([\w/]+\.py)`", para.group(2)))
+    words = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+    assert words[para.group(1)] == len(named), para.group(0)
+    assert cupy_importers() == named
