@@ -50,7 +50,7 @@ needs_ulfm = pytest.mark.skipif(not _ulfm(), reason="needs Open MPI 5 built with
 RANKS = 4
 ARGS = ["--width", "0.25", "--image-size", "16", "--scale", "16,20", "--batch-size", "4",
         "--epochs", "3", "--checkpoint-every", "0.5", "--keep-checkpoints", "20", "--log-every", "1",
-        "--progress", "off", "--on-failure", "continue"]
+        "--on-failure", "continue"]
 # 96 training samples, 4 ranks x batch 4: 6 steps per epoch, the first checkpoint after step 3
 
 
@@ -65,10 +65,10 @@ def survive(data, tmp_path, monkeypatch):
     returns (the CompletedProcess, its run directory)."""
     monkeypatch.setenv("MPIEXEC_ARGS", os.environ.get("MPIEXEC_ARGS", "") + " --with-ft ulfm")
 
-    def launch(method_args: list[str], faults: str, timeout: float = 150):
+    def launch(method_args: list[str], faults: str, timeout: float = 150, progress: str = "off"):
         run_dir = tmp_path / "run"
         p = run_mpi(RANKS, ["-m", "scalesgd", "--data", str(data), "--run-dir", str(run_dir),
-                            *method_args, *ARGS], timeout=timeout,
+                            *method_args, *ARGS, "--progress", progress], timeout=timeout,
                     env={"SCALESGD_INJECT_FAULT": faults})
         return p, run_dir
     return launch
@@ -140,11 +140,14 @@ def test_survival_allreduce(survive):
 def test_survival_pushsum_loses_root_then_another(survive):
     """Overlapped push-sum loses rank 0 (the sample counter's host and the summary's writer), then
     rank 3 (one recovery or two, as the deaths are noticed); each reports the weight lost; afterwards the survivors' weights sum to
-    their count (renormalised mass), the global count went on from the survivors'."""
+    their count (renormalised mass), the global count went on from the survivors'.  The step
+    lines, which the first worker prints, go on from the new first worker after rank 0 died."""
     p, run_dir = survive(["--method", "gossip", "--gossip", "push", "--gossip-overlap"],
-                         "0:8:kill,3:11:kill")     # (3 at 14 came, when rank 3 ran ahead, after the
-                                                   # last evaluation: 1 Open MPI run in 8 failed)
+                         "0:8:kill,3:11:kill",     # (3 at 14 came, when rank 3 ran ahead, after the
+                         progress="lines")         # last evaluation: 1 Open MPI run in 8 failed)
     ok(p)
+    steps = [int(ln.split()[1]) for ln in p.stdout.splitlines() if ln.startswith("step ")]
+    assert steps and max(steps) > 8, p.stdout[-3000:]
     s = check_survived(run_dir, [0, 3], 2)
     assert s["failures"][-1]["workers"] == 2
     counts = [f["global_samples"] for f in s["failures"]]

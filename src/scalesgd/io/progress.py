@@ -157,8 +157,19 @@ class TrainLog:
     def __init__(self, steps: bool, evaluations: bool, every: int, epochs: float, mode: str = "auto",
                  stream: TextIO | None = None):
         self.stream = stream if stream is not None else sys.stdout
-        self.bar = ProgressLine(epochs, every=every, mode=mode, stream=self.stream) if steps else None
+        self.epochs, self.every, self.mode = epochs, every, mode
+        self.bar = None
+        self.show_steps(steps)
         self.enabled = evaluations
+
+    def show_steps(self, steps: bool) -> None:
+        """Whether this rank shows the step line from now on: after a lost rank the new first
+        worker takes it over (and a rank that is no longer the first worker ends its line)."""
+        if steps and self.bar is None:
+            self.bar = ProgressLine(self.epochs, every=self.every, mode=self.mode, stream=self.stream)
+        elif not steps and self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     def step(self, epoch, step, loss, err, lr, ips):
         if self.bar is not None:

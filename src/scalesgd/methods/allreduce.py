@@ -5,9 +5,10 @@ the replicas stay identical (initial weights broadcast from rank 0 in ``start``)
 BN running statistics stay per replica during training (each rank normalises its own minibatch, as
 in PyTorch DDP); they are averaged over ranks when the model is evaluated.
 
-Timers: ``wait`` is one barrier after backward (a one-number all-reduce that also says whether any
-rank's loss was not finite), i.e. the time until the slowest rank has finished
-its backward pass (a straggler shows here); ``comm`` is starting and progressing the buckets'
+Timers: ``wait`` is one barrier after backward (a three-number all-reduce: whether any rank's loss
+was not finite, and the stop and checkpoint signals; the step's only small collective), i.e. the
+time until the slowest rank has finished its backward pass (a straggler shows here); ``comm`` is
+starting and progressing the buckets'
 all-reduces during backward, and completing them after the barrier (the transfer not hidden
 behind backward); for NCCL, whose call only enqueues the sum, the sum's device time between two
 CUDA events (``settle``).  The barrier costs one small-message latency per step.
@@ -61,19 +62,30 @@ class AllReduce(Method):
             with self.timed("comm"):
                 self.reducer.progress()
 
+    check_after = "backward"      # the gradients' sum is checked before the update uses it
+
     def after_backward(self, step: int, ps) -> None:
-        """The barrier is a one-number all-reduce of "this rank's loss was not finite", so every
-        rank learns at once whether any diverged (identical replicas: all stop, one message)."""
+        """The barrier is one all-reduce (maximum) of "this rank's loss was not finite" and this
+        rank's signals, so every rank learns at once whether any diverged (identical replicas: all
+        stop, one message) and, after the same step, of every stop or checkpoint request."""
         if self.roles.size == 1:
             self.any_diverged = not self.loss_finite
             return
         with self.timed("comm"):
             self.reducer.launch_all()      # (before the next collective: the same order everywhere)
+        flags = np.array([0 if self.loss_finite else 1, *self.signals.raised], np.int64)
         with self.timed("wait"):           # every rank has finished backward: the rest is transfer
-            bad = self.comm.allreduce_max_host(np.array([0 if self.loss_finite else 1], np.int64))
+            flags = self.comm.allreduce_max_host(flags)
         with self.timed("comm"):
             self.reducer.finish()          # (completed even when stopping: no request left open)
-        self.any_diverged = bool(bad[0])
+        self.any_diverged = bool(flags[0])
+        self.seen_now = flags[1:]
+
+    def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
+        """The signals came with the barrier after backward: no collective here."""
+        self.global_samples += samples * self.roles.num_workers
+        self.signals.merge(self.seen_now if self.roles.size > 1 else self.signals.raised)
+        return self.global_samples
 
     def settle(self, wait: bool = False) -> None:
         """NCCL's sum is only enqueued in ``finish``: its device time (CUDA events) is comm."""

@@ -31,6 +31,8 @@ class Method:
     replicas_identical = False     # every replica holds the same weights after each step (allreduce)
     lockstep = False               # when the collectives come depends on the step count (localsgd)
     check_alive = None             # on_failure = continue: raises if a rank died (set by the loop)
+    check_after = "update"         # the step's hook after which the loop checks, once, for a dead
+                                   # rank: the one after the step's last collective
     loss_finite = True             # replicas_identical: this rank's loss of the step (set by the loop),
     any_diverged = False           # and whether any rank's was not finite (set in after_backward)
 
@@ -92,13 +94,11 @@ class Method:
         the global count.
 
         Synchronous methods advance in lockstep; a stop request anywhere is known everywhere after
-        the same step (one tiny all-reduce per step)."""
+        the same step (one tiny all-reduce per step; a rank that died inside it is noticed by the
+        loop's check after this hook, before the result is used)."""
         self.global_samples += samples * self.roles.num_workers
         if self.roles.size > 1:
-            seen = self.comm.allreduce_max_host(self.signals.raised)
-            if self.check_alive is not None:     # (a rank died inside it: the result is garbage)
-                self.check_alive()
-            self.signals.merge(seen)
+            self.signals.merge(self.comm.allreduce_max_host(self.signals.raised))
         else:
             self.signals.merge(self.signals.raised)
         return self.global_samples

@@ -92,6 +92,7 @@ class Run:
                         "world_ranks", "failures"):
                 setattr(self, key, getattr(carried, key))
             self.progress.enabled = s.topo.is_root
+            self.progress.show_steps(s.roles.worker_index == 0)     # (the first worker may have died)
             self.pending_recovery, self.saving = None, False
             self.bad = BadSamples(s.topo.transport, s.topo.rank, s.train_data, s.val_data, s.train_samples)
             self.bad.restore(carried.bad.state())
@@ -241,8 +242,8 @@ class Run:
                 self.straggle()
                 self.net.step_done()                 # (virtual: the step's compute time passes)
                 m.after_backward(st.step, ps)
-                if self.detector is not None:        # a collective a rank died in may complete
-                    self.detector.check()            # with garbage (Open MPI over TCP): not used
+                if m.check_after == "backward":
+                    self.check_alive()
                 if m.replicas_identical and m.any_diverged:
                     raise self.diverged(loss, gs, lr)
                 s.opt.step(ps.params, ps.grads, lr)
@@ -253,8 +254,8 @@ class Run:
                 st.compute_seconds += self.clock() - tc
                 self.log_step(gs, loss, errors / len(y), lr)
                 self.inject_fault(st.step)
-                if self.detector is not None:        # (after_update's count and signals too)
-                    self.detector.check()
+                if m.check_after == "update":
+                    self.check_alive()
                 if self.phases.check(gs, seen):
                     return
                 td = self.clock()
@@ -285,6 +286,13 @@ class Run:
                 self.s.method.progress()
                 time.sleep(50e-6)
         return float(loss), int(errors)
+
+    def check_alive(self) -> None:
+        """Once per step, after the step's last collective (``Method.check_after``): a rank that
+        died raises here (``on_failure = continue``), before what a collective it died in returned
+        (garbage, under Open MPI over TCP) is used."""
+        if self.detector is not None:
+            self.detector.check()
 
     def diverged(self, loss: float, gs: int, lr: float) -> Diverged:
         """The error for a non-finite loss.  Where the replicas are identical (all-reduce), every
