@@ -142,3 +142,20 @@ def test_an_error_only_some_ranks_hit_names_them_and_ends_the_job(world, tmp_pat
                        timeout=60, env=dict(os.environ, OMP_NUM_THREADS="1"))
     one_line_error(p, "ranks 1,2/3:", "nowhere")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("gossip", [["pull"], ["push", "--gossip-overlap"]], ids=["pull", "push-overlap"])
+def test_a_shared_error_in_training_frees_the_windows_before_mpi_finalize(world, tmp_path, gossip):
+    """Every rank hits the same user error at step 3 of a gossip run (SCALESGD_INJECT_FAULT=*:3:shared),
+    with its one-sided windows open (and, overlapped, its courier): one line, exit 1, and nothing from
+    MPI_Finalize about what was left (MPICH's "pending references", UCX's "was not returned to mpool"
+    and "destroying inuse region": the windows were not freed on that path)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", SCALESGD_INJECT_FAULT="*:3:shared")
+    p = subprocess.run([*mpi_launcher(3), sys.executable, "-m", "src.main", "--data", str(world["data"]),
+                        "--method", "gossip", "--gossip", *gossip, *TINY, "--batch-size", "4", "--epochs", "2",
+                        "--run-dir", str(tmp_path / "run")], cwd=ROOT, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=120, env=env)
+    one_line_error(p, "injected shared fault")
+    assert p.returncode == 1, p.stderr
+    for leak in ("pending", "not returned", "inuse region", "MPI_Abort"):   # (UCX writes to stdout)
+        assert leak not in p.stdout + p.stderr, p.stdout[-3000:] + p.stderr

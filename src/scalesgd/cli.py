@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         fail(topo, str(exc), exc.code, shared=True)
     except UserError as exc:                # errors.py: bad input, one line; exit_code 2 for usage
         where = topo if topo is not None or not exc.shared else _launched_world()
-        fail(where, str(exc), exc.exit_code, shared=exc.shared)
+        fail(where, str(exc), exc.exit_code, shared=exc.shared, release=getattr(exc, "release", None))
     except KeyboardInterrupt:
         fail(topo, "interrupted", 130)
     except BaseException as exc:            # a bug: show the traceback, but still end every rank

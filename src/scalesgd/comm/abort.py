@@ -22,13 +22,15 @@ def _all_arrived(comm, timeout: float) -> bool:
     return True
 
 
-def fail(topo, message: str, code: int = 1, shared: bool = False) -> None:
+def fail(topo, message: str, code: int = 1, shared: bool = False, release=None) -> None:
     """Prints ``scalesgd: error: ...`` and ends the job with exit status ``code``.
 
     - one rank: print and exit.
     - ``shared`` (every rank detects this error alike: bad config, wrong rank count): the ranks
       meet in a barrier, rank 0 alone prints, every rank exits with ``code``.  If some rank does not
-      arrive within the grace period, fall through to the abort below.
+      arrive within the grace period, fall through to the abort below.  ``release`` (collective:
+      what the run holds of MPI, its windows and communicators) runs once every rank has arrived,
+      so that MPI_Finalize finds nothing left.
     - otherwise (this rank alone): print with the rank, give the launcher a moment to forward the
       line (hydra drops a dying rank's unforwarded output), then MPI_Abort ends every rank, so no
       peer is left blocked in a collective.
@@ -39,6 +41,11 @@ def fail(topo, message: str, code: int = 1, shared: bool = False) -> None:
     if several and shared and _all_arrived(topo.comm, SHARED_ERROR_GRACE_S):
         if topo.rank == 0:
             print(f"scalesgd: error: {message}", file=sys.stderr, flush=True)
+        if release is not None:
+            try:
+                release()
+            except Exception:  # noqa: BLE001 - the job ends anyway; MPI_Finalize then reports what is left
+                pass
         failures.leave(code)              # (after a survived death: no MPI_Finalize)
         sys.exit(code)
     _end(topo, message, code, "scalesgd")

@@ -21,7 +21,7 @@ import numpy as np
 from ..comm import failures, watchdog
 from ..config import parse_straggler
 from ..data.pipeline import Loader
-from ..errors import DataError, Diverged, RunDirError
+from ..errors import DataError, Diverged, MethodError, RunDirError, UserError
 from ..io.files import write_json_atomic
 from ..io.metrics import MetricsWriter
 from ..io.progress import TrainLog
@@ -315,11 +315,14 @@ class Run:
         many pushes served), to check that a failing rank ends the whole job, never a hang.  MODE
         ``raise`` (default): an exception; ``hang``: this rank blocks for ever in an MPI receive
         nobody sends (a deadlock; only a stop's deadline ends it); ``kill``: the process dies at
-        once (SIGKILL: a lost rank, ``train.on_failure``)."""
-        mode = self.fault.get((self.world_rank, step))
+        once (SIGKILL: a lost rank, ``train.on_failure``); ``shared`` (with RANK ``*``: on every
+        rank): a user error every rank hits alike, which ends the job with one line and no abort."""
+        mode = self.fault.get((self.world_rank, step), self.fault.get((-1, step)))
         if mode is None:
             return
         spec = os.environ.get("SCALESGD_INJECT_FAULT")
+        if mode == "shared":                         # an error every rank hits alike
+            raise MethodError(f"injected shared fault (SCALESGD_INJECT_FAULT={spec})")
         if mode == "kill":                           # a lost rank (train.on_failure)
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "hang":
@@ -375,11 +378,12 @@ class Run:
 
 
 def _fault_spec() -> dict[tuple[int, int], str]:
-    """``SCALESGD_INJECT_FAULT=RANK:STEP[:raise|hang|kill][,...]`` as {(rank, step): mode}."""
+    """``SCALESGD_INJECT_FAULT=RANK:STEP[:raise|hang|kill|shared][,...]`` as {(rank, step): mode}
+    (RANK ``*``: every rank, as rank -1)."""
     faults = {}
     for one in filter(None, os.environ.get("SCALESGD_INJECT_FAULT", "").split(",")):
         rank, step, *mode = one.split(":")
-        faults[int(rank), int(step)] = mode[0] if mode else "raise"
+        faults[-1 if rank == "*" else int(rank), int(step)] = mode[0] if mode else "raise"
     return faults
 
 
@@ -412,6 +416,10 @@ def train(s: Setup, run_dir: Path, resume: Path | None = None) -> dict:
         run.s.method.close()              # collective (frees windows): only on a path all ranks take
     except Stopped:
         run.s.method.close()
+        raise
+    except UserError as exc:              # every rank hit it alike: once they all know it (comm/abort),
+        if exc.shared:                    # the method frees its windows and communicators
+            exc.release = run.s.method.close
         raise
     finally:                              # local only: on an error, MPI_Abort must not be delayed
         run.metrics.close()
