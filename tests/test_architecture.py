@@ -182,3 +182,34 @@ def test_cupy_is_imported_only_where_the_architecture_says():
     words = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
     assert words[para.group(1)] == len(named), para.group(0)
     assert cupy_importers() == named
+
+
+def mpi_calls(path: Path) -> list[str]:
+    """Calls of a communicator's MPI method (``....comm.Barrier()``, ``comm.Get_rank()``: a
+    capitalised method on a name or attribute called ``comm``) in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr[:1].isupper():
+            owner = node.func.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name == "comm":
+                out.append(f"{path.relative_to(PKG)}:{node.lineno}: {ast.unparse(node.func)}")
+    return out
+
+
+# Surviving a lost rank still rebuilds the job on the survivors' communicator (ULFM's shrink).
+MPI_CALLS_ALLOWED = {"train/survive.py"}
+
+
+def test_methods_the_loop_and_the_virtual_cluster_make_no_mpi_call():
+    calls = [c for sub in ("methods", "train", "virtual") for p in sorted((PKG / sub).glob("*.py"))
+             if p.relative_to(PKG).as_posix() not in MPI_CALLS_ALLOWED for c in mpi_calls(p)]
+    assert calls == []
+    assert mpi_calls(PKG / "train" / "survive.py"), "survive.py calls no MPI any more: drop the exception"
+
+
+def test_the_mpi_call_finder_sees_a_raw_receive(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "PKG", tmp_path)
+    f = tmp_path / "loop.py"
+    f.write_text("def f(self):\n    self.s.topo.comm.Recv(buf, source=0)\n    x.Barrier()\n")
+    assert mpi_calls(f) == ["loop.py:2: self.s.topo.comm.Recv"]

@@ -334,3 +334,16 @@ def test_a_stand_in_profile_times_the_job_as_its_workload(data, tmp_path):
     bad.write_text(json.dumps(dict(profiles["standin"], stands_for={"model": "resnet18"})))
     p = virtual(["--workers", "2", "--data", str(data), *TINY, "--profile", str(bad)], tmp_path)
     assert p.returncode != 0 and "stands_for is" in p.stderr
+
+
+def test_a_rank_told_to_hang_is_a_deadlock_naming_it(data, tmp_path):
+    """SCALESGD_INJECT_FAULT=RANK:STEP:hang blocks that virtual rank for ever (the transport's
+    ``hang``, a receive nobody answers under MPI): once no rank can move, the scheduler ends the
+    run naming what each rank was doing."""
+    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1",
+               SCALESGD_INJECT_FAULT="1:2:hang")
+    p = subprocess.run([sys.executable, "-m", "scalesgd.virtual", "--method", "allreduce", "--workers", "3",
+                        "--data", str(data), *TINY, "--batch-size", "4", "--run-dir", str(tmp_path / "run")],
+                       cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "deadlock" in p.stderr and "rank 1 at" in p.stderr and "hung on purpose" in p.stderr, p.stderr[-2000:]

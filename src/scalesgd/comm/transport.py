@@ -1,8 +1,10 @@
 """The transport: everything a method and the control plane ask of the network, behind one object.
 
-A ``Method`` (``methods/``), the control plane (``train/control.py``) and the loop never call MPI
-themselves: they hold a transport and ask it for collectives on flat buffers, the
-parameter-server endpoints, the one-sided windows, the gradient all-reducer and the time.  Two
+A ``Method`` (``methods/``), the control plane (``train/control.py``) and the loop make no MPI call
+themselves (``tests/test_architecture.py`` checks it): they hold a transport and ask it for
+collectives on flat buffers, the parameter-server endpoints, the one-sided windows, the gradient
+all-reducer and the time.  The exception is surviving a lost rank (``train/survive.py``,
+``comm/failures.py``): detection and the shrink still work on the communicator.  Two
 transports implement the same surface:
 
 * ``MPITransport`` (here): one rank of a real MPI job; every call is the ``comm/`` code it always
@@ -67,6 +69,12 @@ class MPITransport:
     def split(self, color: int, key: int) -> "MPITransport":
         """Collective: the sub-transport of the ranks with the same ``color``, ordered by ``key``."""
         return MPITransport(self.comm.Split(color, key), self.spans_nodes)   # (the job's answer)
+
+    def hang(self) -> None:
+        """Blocks for ever in a receive nobody answers (a deadlock, for testing: only a stop's
+        deadline or the launcher ends it)."""
+        from .wire import Tag  # noqa: PLC0415
+        self.comm.Recv(np.empty(1), source=self.rank, tag=Tag.NEVER_SENT)
 
     def free(self) -> None:
         """Collective on this (sub-)transport: frees its communicator (one ``split`` or

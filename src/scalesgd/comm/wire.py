@@ -24,6 +24,7 @@ class Tag(IntEnum):
     PHASE_NOTICE = 0x5105
     FUNNEL_META = 0x5201
     FUNNEL_DATA = 0x5202
+    NEVER_SENT = 0x5301
 
 
 # Tag -> (sender → receiver, the message).  The one description of each tag: reference_markdown()
@@ -43,6 +44,8 @@ TAG_MESSAGES = {
                       "rank's turn), then UTF-8 JSON as uint8: a text and each array's name, dtype, "
                       "shape"),
     Tag.FUNNEL_DATA: ("rank → root", "checkpoint funnel: one announced array, as a buffer"),
+    Tag.NEVER_SENT: ("nobody", "the receive of a rank told to hang (`SCALESGD_INJECT_FAULT=RANK:STEP:hang`, "
+                     "testing): no message ever answers it"),
 }
 
 

@@ -10,8 +10,6 @@ training time that throughput and time-to-accuracy are computed from, as in Jin 
 from __future__ import annotations
 
 import math
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -19,9 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from ..comm import failures, watchdog
-from ..config import parse_straggler
 from ..data.pipeline import Loader
-from ..errors import DataError, Diverged, MethodError, RunDirError, UserError
+from ..errors import DataError, Diverged, RunDirError, UserError
 from ..io.files import write_json_atomic
 from ..io.metrics import MetricsWriter
 from ..io.progress import TrainLog
@@ -33,23 +30,9 @@ from . import checkpointing, resuming
 from .assemble import Setup
 from .bad_samples import BadSamples
 from .checkpointing import LoopState
+from .faults import Faults, Straggler
 from .phases import Phases, Stopped, eval_boundaries  # noqa: F401 - Stopped: re-exported
 from .step import eval_step, train_step
-
-
-class Straggler:
-    """Sleeps ``delay +- jitter`` ms after each backward pass on the chosen ranks (seeded)."""
-
-    def __init__(self, spec: str, rank: int, seed: int, sleep=time.sleep):
-        ranks, self.delay, self.jitter = parse_straggler(spec) if spec else ((), 0.0, 0.0)
-        self.active = rank in ranks
-        self.rng = np.random.default_rng([seed, rank, 0x57A6])
-        self.sleep = sleep                 # the transport's (virtual: simulated seconds pass)
-
-    def __call__(self) -> None:
-        if self.active:
-            ms = self.delay + (self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0.0)
-            self.sleep(ms / 1000.0)
 
 
 def evaluate_local(model, loader: Loader | None) -> np.ndarray:
@@ -87,7 +70,7 @@ class Run:
             s.method.check_alive = s.control.check_alive = self.detector.check
         s.method.trace = carried.s.method.trace if carried else TraceWriter(run_dir, s.topo.rank)
         if carried is not None:
-            for key in ("straggle", "fault", "st", "t_start", "t_excluded", "train_offset", "wall_offset",
+            for key in ("straggle", "faults", "st", "t_start", "t_excluded", "train_offset", "wall_offset",
                         "last_ckpt_clock", "metrics", "progress", "history", "world_rank",
                         "world_ranks", "failures"):
                 setattr(self, key, getattr(carried, key))
@@ -98,7 +81,7 @@ class Run:
             self.bad.restore(carried.bad.state())
             return
         self.straggle = Straggler(s.cfg.dist.straggler, s.topo.rank, s.cfg.train.seed, self.net.sleep)
-        self.fault = _fault_spec()
+        self.faults = Faults()
         self.st = LoopState()
         self.st.add_blas_threads(s.blas_threads)
         # time of this allocation: a resumed run adds its checkpoint's train and wall seconds
@@ -199,7 +182,7 @@ class Run:
         """Rank 0's clock asks for a checkpoint every ``checkpoint_minutes``.  (Server 0 calls it
         after each push it served: a fault injected on a server counts those as its steps.)"""
         if self.s.roles.is_server:
-            self.inject_fault(self.s.method.exchanges)
+            self.faults.inject(self.world_rank, self.s.method.exchanges, self.net)
         minutes = self.cfg.train.checkpoint_minutes
         if minutes and self.s.topo.is_root and self.clock() - self.last_ckpt_clock > 60 * minutes:
             self.s.control.signals.request_checkpoint()
@@ -253,7 +236,7 @@ class Run:
                 st.local_samples += len(y)
                 st.compute_seconds += self.clock() - tc
                 self.log_step(gs, loss, errors / len(y), lr)
-                self.inject_fault(st.step)
+                self.faults.inject(self.world_rank, st.step, self.net)
                 if m.check_after == "update":
                     self.check_alive()
                 if self.phases.check(gs, seen):
@@ -309,27 +292,6 @@ class Run:
         exc.shared = same
         return exc
 
-    def inject_fault(self, step: int) -> None:
-        """Testing aid: ``SCALESGD_INJECT_FAULT=RANK:STEP[:MODE]`` (read once, at start; several
-        separated by commas) acts on that rank (as launched) after that step (a server: after that
-        many pushes served), to check that a failing rank ends the whole job, never a hang.  MODE
-        ``raise`` (default): an exception; ``hang``: this rank blocks for ever in an MPI receive
-        nobody sends (a deadlock; only a stop's deadline ends it); ``kill``: the process dies at
-        once (SIGKILL: a lost rank, ``train.on_failure``); ``shared`` (with RANK ``*``: on every
-        rank): a user error every rank hits alike, which ends the job with one line and no abort."""
-        mode = self.fault.get((self.world_rank, step), self.fault.get((-1, step)))
-        if mode is None:
-            return
-        spec = os.environ.get("SCALESGD_INJECT_FAULT")
-        if mode == "shared":                         # an error every rank hits alike
-            raise MethodError(f"injected shared fault (SCALESGD_INJECT_FAULT={spec})")
-        if mode == "kill":                           # a lost rank (train.on_failure)
-            os.kill(os.getpid(), signal.SIGKILL)
-        if mode == "hang":
-            watchdog.doing(f"hung on purpose (SCALESGD_INJECT_FAULT={spec})")
-            self.s.topo.comm.Recv(np.empty(1), source=self.s.topo.rank, tag=32000)
-        raise RuntimeError(f"injected fault (SCALESGD_INJECT_FAULT={spec})")
-
     def log_step(self, gs: int, loss: float, err: float, lr: float) -> None:
         s, st, timers = self.s, self.st, self.s.method.timers
         if self.pending_recovery is not None:        # the first step after a lost rank
@@ -375,16 +337,6 @@ class Run:
                                   st.compute_seconds - sum(timers.values()),
                                   **timers),
             history=self.history)
-
-
-def _fault_spec() -> dict[tuple[int, int], str]:
-    """``SCALESGD_INJECT_FAULT=RANK:STEP[:raise|hang|kill|shared][,...]`` as {(rank, step): mode}
-    (RANK ``*``: every rank, as rank -1)."""
-    faults = {}
-    for one in filter(None, os.environ.get("SCALESGD_INJECT_FAULT", "").split(",")):
-        rank, step, *mode = one.split(":")
-        faults[-1 if rank == "*" else int(rank), int(step)] = mode[0] if mode else "raise"
-    return faults
 
 
 def epoch_from(loader: Loader, epoch: int, start_step: int):

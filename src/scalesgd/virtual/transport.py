@@ -135,6 +135,11 @@ class InProcessTransport:
     def free(self) -> None:
         """Nothing to free in one process (MPITransport.free's counterpart)."""
 
+    def hang(self) -> None:
+        """Blocks this virtual rank for ever (``MPITransport.hang``): the scheduler reports the
+        deadlock once no rank can move."""
+        self._wait(lambda: None, "hung on purpose (a receive nobody answers)")
+
     def _wait(self, cond, doing: str) -> float:
         return self.world.block(self.world.me(), cond, doing)
 
