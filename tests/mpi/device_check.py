@@ -220,12 +220,13 @@ def nccl_time_is_measured_on_the_device(comm):
     sum's time landed in the next step's compute.  Now CUDA events around it measure it, and
     ``settle`` adds it to ``comm`` once the stream has run (never waiting for it itself)."""
     from scalesgd.methods.allreduce import AllReduce
+    from scalesgd.train.control import Signals
     dd.reset()
     dd.STATE.gpu_keeps_up = False                 # the device runs only when the host waits for it
     flat = dd.ndarray(np.full(layout().size, float(comm.rank + 1), np.float32))
     SlowNccl.arrays = {flat.data.ptr: flat.data}
     method = AllReduce(types.SimpleNamespace(dist=dist(servers=1)), types.SimpleNamespace(size=comm.size),
-                       MPITransport(comm), None)
+                       MPITransport(comm), Signals())     # (after_backward's barrier carries them)
     method.reducer = device.NcclAllreduce(comm, flat, layout(), 4000, overlap=True, nccl=SlowNccl)
     for step in range(3):
         t = time.perf_counter()
