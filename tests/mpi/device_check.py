@@ -15,6 +15,7 @@ from scalesgd.comm.device import Probes
 from scalesgd.comm.transport import MPITransport
 from scalesgd.errors import MethodError
 from scalesgd.nn.params import Layout, TensorSpec
+from scalesgd.train.control import Signals
 
 
 def layout():
@@ -139,7 +140,7 @@ def buckets_start_before_the_barrier_however_far_each_device_got(comm):
     flat = dd.ndarray(np.full(lay.size, float(comm.rank + 1)))
     transport = OrderCheckingTransport(comm)
     method = AllReduce(types.SimpleNamespace(dist=dist(servers=1)), types.SimpleNamespace(size=comm.size),
-                       transport, None)
+                       transport, Signals())
     transport.method = method
     method.reducer = device.make_allreducer("host", comm, flat, lay, 4000, True)
     for spec in reversed(lay.specs):
@@ -220,7 +221,6 @@ def nccl_time_is_measured_on_the_device(comm):
     sum's time landed in the next step's compute.  Now CUDA events around it measure it, and
     ``settle`` adds it to ``comm`` once the stream has run (never waiting for it itself)."""
     from scalesgd.methods.allreduce import AllReduce
-    from scalesgd.train.control import Signals
     dd.reset()
     dd.STATE.gpu_keeps_up = False                 # the device runs only when the host waits for it
     flat = dd.ndarray(np.full(layout().size, float(comm.rank + 1), np.float32))
