@@ -10,7 +10,7 @@ writes every run directory under ``OUT/runs/`` (default ``runs/experiments``; a 
 already holds a ``summary.json`` for the same argv is reused, so an interrupted sweep continues),
 prints a table, and writes ``benchmarks/results/EXPERIMENT.json`` and ``docs/figures/EXPERIMENT.png``
 (``--quick`` or ``--no-publish``: both under ``OUT/`` instead).  ``--quick`` shrinks every sweep to a
-smoke test of the whole path (1 epoch, fewest settings); its numbers mean nothing.  ``--data``
+smoke test of the whole path (1 epoch, 16-pixel crops, fewest settings); its numbers mean nothing.  ``--data``
 (a directory made by ``python -m scalesgd.data.make_shards``), ``--image-size`` and ``--model`` are
 passed to every training run, to repeat the sweeps on your own data (their run directories then go
 to ``runs/experiments-NAME`` and the published files get ``--tag``: ``EXPERIMENT-TAG.json``).
