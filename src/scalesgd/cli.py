@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         if topo is not None and failures.is_root(topo):   # (after a lost rank 0: the new one)
             print(f"scalesgd: stopped on a signal; checkpoint written; continue with "
                   f"--resume {getattr(exc, 'run_dir', 'RUN_DIR')}", file=sys.stderr, flush=True)
-        failures.leave(EXIT_STOPPED)            # (only after a lost rank was survived)
+        failures.leave(topo, EXIT_STOPPED)      # (only after a lost rank was survived)
         return EXIT_STOPPED
     except SetupError as exc:
         fail(topo, str(exc), exc.code, shared=True)
@@ -321,5 +321,5 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         fail(topo, f"unexpected {type(exc).__name__}: {exc}", EXIT_ERROR)
     from .comm import failures
-    failures.leave(0)                           # (only after a lost rank was survived)
+    failures.leave(topo, 0)                     # (only after a lost rank was survived)
     return 0

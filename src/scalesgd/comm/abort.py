@@ -46,7 +46,7 @@ def fail(topo, message: str, code: int = 1, shared: bool = False, release=None) 
                 release()
             except Exception:  # noqa: BLE001 - the job ends anyway; MPI_Finalize then reports what is left
                 pass
-        failures.leave(code)              # (after a survived death: no MPI_Finalize)
+        failures.leave(topo, code)        # (after a survived death: no MPI_Finalize)
         sys.exit(code)
     _end(topo, message, code, "scalesgd")
     sys.exit(code)

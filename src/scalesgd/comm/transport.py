@@ -1,10 +1,11 @@
 """The transport: everything a method and the control plane ask of the network, behind one object.
 
-A ``Method`` (``methods/``), the control plane (``train/control.py``) and the loop make no MPI call
-themselves (``tests/test_architecture.py`` checks it): they hold a transport and ask it for
-collectives on flat buffers, the parameter-server endpoints, the one-sided windows, the gradient
-all-reducer and the time.  The exception is surviving a lost rank (``train/survive.py``,
-``comm/failures.py``): detection and the shrink still work on the communicator.  Two
+A ``Method`` (``methods/``), the control plane (``train/control.py``), the loop and the recovery
+from a lost rank (``train/survive.py``) make no MPI call themselves (``tests/test_architecture.py``
+checks it): they hold a transport and ask it for collectives on flat buffers, the
+parameter-server endpoints, the one-sided windows, the gradient all-reducer, the time, and, after a
+lost rank, for the failure detector and the survivors' topology (``failure_detector``, ``shrunk``;
+ULFM's part is ``comm/failures.py``).  Two
 transports implement the same surface:
 
 * ``MPITransport`` (here): one rank of a real MPI job; every call is the ``comm/`` code it always
@@ -34,6 +35,7 @@ import time
 import numpy as np
 
 from . import collectives, failures
+from .topology import Topology
 
 
 class MPITransport:
@@ -41,10 +43,13 @@ class MPITransport:
 
     name = "mpi"
 
-    def __init__(self, comm, spans_nodes: bool = False):
+    def __init__(self, comm, spans_nodes: bool = False, tracked: failures.Tracked | None = None):
         self.comm, self.spans_nodes = comm, spans_nodes
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        failures.track(comm)           # revoked with the others if a rank dies (train.on_failure)
+        self.tracked = tracked if tracked is not None else failures.Tracked()   # the job's, shared
+        self.tracked.add(comm)         # revoked with the others if a rank dies (train.on_failure)
+        self.successor = None          # the survivors' transport, once a rank died (``shrunk``)
+        self.after_failure = False     # made by ``shrunk``: the job ends without MPI_Finalize
 
     # identity and time ------------------------------------------------------
     clock = staticmethod(time.perf_counter)
@@ -64,11 +69,12 @@ class MPITransport:
         node.Allreduce(MPI.IN_PLACE, first, op=MPI.MIN)
         node.Free()
         color = self.size + self.rank if alone else int(first[0])
-        return MPITransport(self.comm.Split(color, self.rank))
+        return MPITransport(self.comm.Split(color, self.rank), tracked=self.tracked)
 
     def split(self, color: int, key: int) -> "MPITransport":
         """Collective: the sub-transport of the ranks with the same ``color``, ordered by ``key``."""
-        return MPITransport(self.comm.Split(color, key), self.spans_nodes)   # (the job's answer)
+        return MPITransport(self.comm.Split(color, key), self.spans_nodes,   # (the job's answer)
+                            tracked=self.tracked)
 
     def hang(self) -> None:
         """Blocks for ever in a receive nobody answers (a deadlock, for testing: only a stop's
@@ -80,9 +86,25 @@ class MPITransport:
         """Collective on this (sub-)transport: frees its communicator (one ``split`` or
         ``node_split`` made); the transport is unusable afterwards."""
         if self.comm is not None:
-            failures.untrack(self.comm)
+            self.tracked.remove(self.comm)
             self.comm.Free()
             self.comm = None
+
+    # lost ranks (train.on_failure = continue; ULFM: comm/failures.py) ------------
+    def failure_detector(self) -> failures.Detector:
+        """Collective: what notices a dead rank of this job at every ``check``."""
+        return failures.Detector(self.comm, self.tracked)
+
+    def shrunk(self):
+        """Collective among the survivors of a lost rank: revokes every communicator of the job,
+        shrinks this (the world's) transport's; returns (the survivors' ``Topology``, the ranks
+        of this transport that died, the shrink's seconds).  This transport's ``successor`` is
+        then the survivors' one, which errors and the job's end go through (``failures.current``)."""
+        comm, dead, seconds = failures.shrink(self.comm, self.tracked)
+        topo = topology_of(comm, self.tracked)
+        topo.transport.after_failure = True
+        self.successor = topo.transport
+        return topo, dead, seconds
 
     # collectives -----------------------------------------------------------
     def broadcast(self, arr, root: int = 0) -> None:
@@ -160,3 +182,13 @@ class MPITransport:
         """Collective: the gradient all-reducer ``dist`` asks for (``device.create_allreducer``)."""
         from .device import create_allreducer
         return create_allreducer(self.comm, grads, layout, dist)
+
+
+def topology_of(comm, tracked: failures.Tracked | None = None) -> Topology:
+    """Collective: the ``Topology`` of the job on ``comm`` (the world, or the survivors' after a
+    shrink), with its ``MPITransport``."""
+    from mpi4py import MPI  # noqa: PLC0415
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    transport = MPITransport(comm, spans_nodes=node.Get_size() < comm.Get_size(), tracked=tracked)
+    return Topology(comm.Get_rank(), comm.Get_size(), node.Get_rank(), node.Get_size(), comm, node,
+                    transport)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..comm import failures, watchdog
+from ..comm import watchdog
 from ..data.pipeline import Loader
 from ..errors import DataError, Diverged, RunDirError, UserError
 from ..io.files import write_json_atomic
@@ -64,7 +64,7 @@ class Run:
                              poll=s.method.poll_in_phase, tick=self.tick)
         self.net = s.topo.transport                      # its clock is the run's (virtual: simulated)
         self.clock = self.net.clock
-        self.detector = (failures.Detector(s.topo.comm)   # (collective) a dead rank, noticed each step
+        self.detector = (s.topo.transport.failure_detector()   # (collective) a dead rank, each step
                          if s.cfg.train.on_failure == "continue" and s.topo.size > 1 else None)
         if self.detector is not None:    # a collective a rank died in may complete with garbage
             s.method.check_alive = s.control.check_alive = self.detector.check
@@ -249,7 +249,7 @@ class Run:
         """Whether ``exc`` means a rank died and this run survives it (``train.on_failure``)."""
         if self.detector is None or isinstance(exc, (RunDirError, DataError)):
             return False                  # (the user's errors: never a consequence of a death)
-        if failures.is_failure(exc, self.detector.comm):
+        if self.detector.is_failure(exc):
             return True
         try:                              # e.g. a torn read of a dead peer's half-written vector, or
             self.detector.check()         # a "diverged" flag summed by a collective a rank died in

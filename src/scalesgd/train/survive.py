@@ -5,8 +5,8 @@ The survivors notice the failure at their next communication or at the per-step 
 
 1. **local**: the method ``abandon``s what was in flight (gossip's courier stops; push-sum folds
    its inbox) and hands over ``survivor_state``;
-2. **shrink** (collective among the survivors): every communicator is revoked and the world
-   shrunk; the ranks are renumbered in their old order, so server shards keep their ranks;
+2. **shrink** (collective among the survivors, the transport's ``shrunk``): every communicator
+   of the job is revoked and the world shrunk; the ranks are renumbered in their old order, so server shards keep their ranks;
 3. **rebuild** on the shrunk communicator what depends on it: topology, control plane, method (new
    windows, ports, buckets, graph), this worker's part of the data; the model, the optimizer and
    the run's files stay;
@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from ..comm import failures, start, watchdog
+from ..comm import watchdog
 from ..comm.topology import Topology
 from ..errors import LostRankError, MethodError
 from ..methods import create, method_class
@@ -68,28 +68,27 @@ def survive(run, cause: BaseException):
     detected = run.train_seconds()
     watchdog.doing("recovering from a lost rank (revoke, shrink)")
     if getattr(getattr(m_old, "reducer", None), "transport", "") == "nccl":
-        failures.shrink(old.topo.comm)   # (auto chose NCCL, whose kernels wait on the dead peer)
+        old.topo.transport.shrunk()      # (auto chose NCCL, whose kernels wait on the dead peer)
         raise LostRankError("a rank died and the all-reduce runs on NCCL, which cannot survive it; "
                             "--allreduce-transport host survives; --resume RUN_DIR continues")
     m_old.abandon(ps)
     arrays, scalars = m_old.survivor_state(ps)
     own = (ps.params.copy(), old.opt.momentum.copy(), ps.buffers.copy())
-    comm, dead_now, shrink_s = failures.shrink(old.topo.comm)
+    topo, dead_now, shrink_s = old.topo.transport.shrunk()
     dead = sorted(run.world_ranks[r] for r in dead_now)
     world_ranks = [run.world_ranks[r] for r in range(len(run.world_ranks)) if r not in dead_now]
     servers, method = old.roles.num_servers, old.cfg.train.method
     if any(r < servers for r in dead_now):
-        _end(comm, f"{method}: server rank(s) {dead} died, and the center "
+        _end(topo.transport, f"{method}: server rank(s) {dead} died, and the center "
                    f"{'shards are' if servers > 1 else 'is'} gone with them: a lost server cannot be "
                    "survived; --resume RUN_DIR continues from the last checkpoint")
     try:
-        method_class(old.cfg).check_ranks(comm.Get_size(), old.cfg)
+        method_class(old.cfg).check_ranks(topo.size, old.cfg)
     except MethodError as exc:
-        _end(comm, f"rank(s) {dead} died and the survivors cannot go on: {exc}")
-    if comm.Get_rank() == 0:
+        _end(topo.transport, f"rank(s) {dead} died and the survivors cannot go on: {exc}")
+    if topo.rank == 0:
         log.warning("warning: rank(s) %s of the job died (%s); %d ranks train on (on_failure = "
-                    "continue)", dead, _describe(cause), comm.Get_size())
-    topo = start.of_comm(comm)
+                    "continue)", dead, _describe(cause), topo.size)
     s = rebuilt(old, topo)
     s.method.start(ps)                               # new windows / ports; replicas = rank 0's
     gs = int(s.control.max_over_ranks([m_old.global_samples])[0])
@@ -122,12 +121,12 @@ def survive(run, cause: BaseException):
     return new
 
 
-def _end(comm, message: str) -> None:
+def _end(transport, message: str) -> None:
     """Ends the job from the survivors: their rank 0 raises (its error handler aborts every
     process); the others wait for that abort, so the message is printed once."""
-    if comm.Get_rank() == 0:
+    if transport.rank == 0:
         raise LostRankError(message)
-    comm.Barrier()
+    transport.barrier()
     raise LostRankError(message)        # (not reached: rank 0's abort ends this process)
 
 
