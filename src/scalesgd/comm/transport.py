@@ -76,6 +76,12 @@ class MPITransport:
         return MPITransport(self.comm.Split(color, key), self.spans_nodes,   # (the job's answer)
                             tracked=self.tracked)
 
+    def die(self) -> None:
+        """This rank dies at once (SIGKILL: a lost rank, for testing ``train.on_failure``)."""
+        import os  # noqa: PLC0415
+        import signal  # noqa: PLC0415
+        os.kill(os.getpid(), signal.SIGKILL)
+
     def hang(self) -> None:
         """Blocks for ever in a receive nobody answers (a deadlock, for testing: only a stop's
         deadline or the launcher ends it)."""

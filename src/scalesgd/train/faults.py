@@ -5,7 +5,6 @@ through the run's transport, so they mean the same in an MPI job and in the virt
 from __future__ import annotations
 
 import os
-import signal
 
 import numpy as np
 
@@ -32,19 +31,29 @@ class Straggler:
             self.sleep(ms / 1000.0)
 
 
-def parse_faults(spec: str) -> dict[tuple[int, int], str]:
-    """``RANK:STEP[:MODE][,...]`` as {(rank, step): mode} (RANK ``*``: every rank, as rank -1)."""
+PLACES = ("step", "checkpoint", "evaluation")
+
+
+def parse_faults(spec: str) -> dict[tuple[int, int, str], str]:
+    """``RANK:STEP[:MODE[@PLACE]][,...]`` as {(rank, step, place): mode} (RANK ``*``: every rank,
+    as rank -1; PLACE ``step`` by default)."""
     faults = {}
     for one in filter(None, spec.split(",")):
-        rank, step, *mode = one.split(":")
-        faults[-1 if rank == "*" else int(rank), int(step)] = mode[0] if mode else "raise"
+        rank, step, *rest = one.split(":")
+        mode, _, place = (rest[0] if rest else "raise").partition("@")
+        if mode not in MODES or (place or "step") not in PLACES:
+            raise ValueError(f"{ENV}: {one!r}: MODE is one of {', '.join(MODES)}, PLACE one of "
+                             f"{', '.join(PLACES)}")
+        faults[-1 if rank == "*" else int(rank), int(step), place or "step"] = mode
     return faults
 
 
 class Faults:
     """Testing aid: ``SCALESGD_INJECT_FAULT=RANK:STEP[:MODE][,...]`` (read once, at start) acts on
     that rank (as launched; ``*``: every rank) after that step (a server: after that many pushes
-    served), to check that a failing rank ends the whole job, never a hang.  MODE ``raise``
+    served), or with ``@checkpoint`` / ``@evaluation`` inside the first checkpoint / evaluation
+    that starts once that many steps are done, to check that a failing rank ends the whole job,
+    never a hang (or, ``train.on_failure = continue``, that the others survive it).  MODE ``raise``
     (default): an exception (a bug); ``hang``: the rank blocks for ever in a receive nobody answers
     (a deadlock; only a stop's deadline ends it); ``kill``: the process dies at once (SIGKILL: a
     lost rank, ``train.on_failure``); ``shared``: a user error every rank hits alike (one line, no
@@ -54,15 +63,23 @@ class Faults:
         self.spec = os.environ.get(ENV, "") if spec is None else spec
         self.at = parse_faults(self.spec)
 
-    def inject(self, rank: int, step: int, transport) -> None:
-        mode = self.at.get((rank, step), self.at.get((-1, step)))
-        if mode is None:
+    def inject(self, rank: int, step: int, transport, place: str = "step") -> None:
+        """Acts on a fault of ``rank`` due at ``step`` (a phase's: due from ``step`` on, once)."""
+        if not self.at:
             return
+        if place == "step":
+            key = next((k for k in ((rank, step, place), (-1, step, place)) if k in self.at), None)
+        else:
+            key = next((k for k in sorted(self.at) if k[0] in (rank, -1) and k[2] == place and k[1] <= step),
+                       None)
+        if key is None:
+            return
+        mode = self.at.pop(key) if place != "step" else self.at[key]
         said = f"{ENV}={self.spec}"
         if mode == "shared":
             raise MethodError(f"injected shared fault ({said})")
         if mode == "kill":                           # a lost rank (train.on_failure)
-            os.kill(os.getpid(), signal.SIGKILL)
+            transport.die()
         if mode == "hang":
             watchdog.doing(f"hung on purpose ({said})")
             transport.hang()

@@ -126,6 +126,7 @@ class Run:
         """Collective over all ranks at a global-sample boundary."""
         s, st = self.s, self.st
         t = self.clock()
+        self.faults.inject(self.world_rank, st.step, self.net, "evaluation")
         with evaluated(s.method, s.model.ps) as extra:
             counts = s.control.sum_over_ranks(np.append(evaluate_local(s.model, s.val_data),
                                                         self.bad.report()))
@@ -170,6 +171,7 @@ class Run:
         self.st.train_seconds = self.train_seconds()
         self.st.wall_seconds = self.wall_seconds()
         watchdog.doing(f"writing a checkpoint ({reason}) after boundary {done}")
+        self.faults.inject(self.world_rank, self.st.step, self.net, "checkpoint")
         checkpointing.save(self.s, self.run_dir, self.st, self.history,
                            self.boundaries[done] if done >= 0 else -1,
                            {"straggler": self.straggle.rng.bit_generator.state,

@@ -21,6 +21,7 @@ class Endpoint(Protocol):
     def advance(self, seconds: float) -> None: ...
     def target_ready(self, target_wr: int, t: float) -> float: ...
     def _wait(self, cond, doing: str) -> float: ...
+    def _raise_if_lost(self) -> None: ...
 
 
 class Net:
@@ -85,13 +86,15 @@ class Cluster:
         self.net = Net(profile, world.size)
         self.seq: dict = {}          # (group, world rank) -> collectives entered
         self.slots: dict = {}        # (group, seq) -> a collective in progress
-        self.pushes: dict = {}       # world rank of a shard -> [Push] not yet taken
-        self.notices: dict = {}      # world rank of a shard -> [(arrival, counts)]
+        self.pushes: dict = {}       # (group, world rank of a shard) -> [Push] not yet taken
+        self.notices: dict = {}      # (group, world rank of a shard) -> [(arrival, counts)]
         self.windows: dict = {}      # (kind, group) -> per-rank state
-        self.ports: dict = {}        # world rank of a worker -> its VirtualWorkerPort
+        self.ports: dict = {}        # (group, world rank of a worker) -> its VirtualWorkerPort
+                                     # (a group's messages never reach another's: a shrunk job's)
         self.busy_until = [0.0] * world.size   # end of each rank's last compute (not in MPI)
         self.progressing: set = set()          # ranks whose communication thread keeps MPI going
         self.compute = None          # (world rank, its step, real seconds it took) -> simulated
                                      # compute seconds (the timeline's)
         self.last_compute = [0.0] * world.size  # each rank's last step's compute (simulated)
         self.tapes = None            # [io.timetape.Tape] per rank: recording for a re-timing
+        self.dead: set = set()       # world ranks that died (``InProcessTransport.die``)

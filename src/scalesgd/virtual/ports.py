@@ -20,7 +20,7 @@ class Push:
 class VirtualWorkerPort:
     def __init__(self, net: Endpoint, servers: list, bounds):
         self.net, self.servers, self.bounds = net, servers, bounds
-        net.c.ports[net.wr] = self
+        net.c.ports[(net.group, net.wr)] = self
         self.replies = np.zeros((len(servers), ReplyHeader.SIZE), dtype=np.int64)
         self.reply = self.replies[0]
         self.reply_to = None          # this worker's reply buffer, while a reply is pending
@@ -34,18 +34,20 @@ class VirtualWorkerPort:
         return [a[lo:hi] for lo, hi in zip(self.bounds[:-1], self.bounds[1:])]
 
     def post_reply(self, payload) -> None:
+        self.net._raise_if_lost()          # (a revoked communicator: ULFM fails the call)
         assert self.reply_to is None, "a reply is already pending"
         self.reply_to = self.parts(payload)
         self.header_at = [None] * len(self.servers)
         self.payload_at = [None] * len(self.servers)
 
     def send_push(self, hdr, payload) -> None:
+        self.net._raise_if_lost()          # (a revoked communicator: ULFM fails the call)
         n, net = self.net, self.net.c.net
         t = n.clock()
         self.sent = []
         for srv, part in zip(self.servers, self.parts(payload)):
             p = Push(n.wr, hdr, part, net.send(n.wr, srv, hdr.nbytes, t))
-            n.c.pushes.setdefault(srv, []).append(p)
+            n.c.pushes.setdefault((n.group, srv), []).append(p)
             self.sent.append(p)
 
         def taken():                   # Ssend: until every shard has taken the header
@@ -87,7 +89,7 @@ class VirtualServerPort:
         self.served = 0
 
     def _queue(self):
-        return self.net.c.pushes.setdefault(self.net.wr, [])
+        return self.net.c.pushes.setdefault((self.net.group, self.net.wr), [])
 
     def _next_push(self):
         """The push to take next, or None if it has not been sent yet."""
@@ -100,7 +102,7 @@ class VirtualServerPort:
         return min(q, key=lambda p: (p.arrival, p.src)) if q else None
 
     def next_message(self) -> int:
-        notices = self.net.c.notices.setdefault(self.net.wr, [])
+        notices = self.net.c.notices.setdefault((self.net.group, self.net.wr), [])
 
         def ready():
             p = self._next_push()
@@ -113,6 +115,7 @@ class VirtualServerPort:
         return Tag.PUSH_HEADER
 
     def recv_push_header(self) -> int:
+        self.net._raise_if_lost()          # (a revoked communicator: ULFM fails the call)
         self.net._wait(lambda: None if self._next_push() is None else self._next_push().arrival,
                        "serving: waiting for a push")
         p = self._next_push()
@@ -123,6 +126,7 @@ class VirtualServerPort:
         return self.net.group.index(p.src)
 
     def recv_push_payload(self, src: int, payload) -> None:
+        self.net._raise_if_lost()          # (a revoked communicator: ULFM fails the call)
         p, n = self.current, self.net
         if p.part.size != payload.size:
             raise RuntimeError(f"parameter server: rank {src} pushed {p.part.nbytes} bytes, expected "
@@ -135,8 +139,9 @@ class VirtualServerPort:
         n.advance(n.c.net.apply_seconds(payload.nbytes))   # the update's arithmetic
 
     def send_reply(self, dest: int, payload) -> None:
+        self.net._raise_if_lost()          # (a revoked communicator: ULFM fails the call)
         n = self.net
-        port = n.c.ports[n.group[dest]]
+        port = n.c.ports[(n.group, n.group[dest])]
         s = port.servers.index(n.wr)
         t = n.clock()
         port.replies[s] = self.reply
@@ -147,13 +152,15 @@ class VirtualServerPort:
         n.advance(max(0.0, arrival - n.c.net.lat - t))    # until it left the NIC
 
     def send_notice(self, dest: int, counts) -> None:
+        self.net._raise_if_lost()          # (a revoked communicator: ULFM fails the call)
         n = self.net
         wr = n.group[dest]
-        n.c.notices.setdefault(wr, []).append((n.c.net.send(n.wr, wr, counts.nbytes, n.clock()),
+        n.c.notices.setdefault((n.group, wr), []).append((n.c.net.send(n.wr, wr, counts.nbytes, n.clock()),
                                                counts.copy()))
 
     def recv_notice(self, counts) -> None:
-        notices = self.net.c.notices.setdefault(self.net.wr, [])
+        self.net._raise_if_lost()          # (a revoked communicator: ULFM fails the call)
+        notices = self.net.c.notices.setdefault((self.net.group, self.net.wr), [])
         self.net._wait(lambda: notices[0][0] if notices else None, "waiting for a phase notice")
         counts[...] = notices.pop(0)[1]
 

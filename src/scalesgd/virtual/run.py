@@ -84,7 +84,7 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
     cluster.compute = P.Compute(prof, cfg, num_classes, cfg.train.seed, condition,
                                 range(size - workers, size), cluster.net.node)
     cluster.net.scale = P.byte_scale(prof, cfg, num_classes)
-    if cfg.train.method in RETIMEABLE and resume is None:
+    if cfg.train.method in RETIMEABLE and resume is None and cfg.train.on_failure != "continue":
         cluster.tapes = [Tape() for _ in range(size)]
     setups, summaries = [None] * size, [None] * size
     rank_main = _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, setups, summaries)
@@ -92,7 +92,7 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
     with _stop_on_sigint(setups):
         world.run([rank_main(r) for r in range(size)])
     real = time.perf_counter() - t0
-    summary = summaries[0]
+    summary = next(s for s in summaries if s is not None)   # rank 0's, or the survivors' rank 0's
     if cluster.tapes is not None:
         cluster.tapes[0].summary(summary)
         write_tapes(run_dir, cluster.tapes)
@@ -144,7 +144,7 @@ def _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, 
     from ..comm.topology import Topology  # noqa: PLC0415
     from ..train import loop  # noqa: PLC0415
     from ..train.assemble import assemble  # noqa: PLC0415
-    from .transport import InProcessTransport  # noqa: PLC0415
+    from .transport import InProcessTransport, RankDied  # noqa: PLC0415
     size = len(setups)
 
     def rank_main(r: int):
@@ -155,7 +155,10 @@ def _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, 
             s = assemble(cfg, topo, backend, data_root, 1, resume, splits=splits,
                          share_with=setups[0] if r > 0 else None, check_fast_paths=False)
             setups[r] = s
-            summaries[r] = loop.train(s, run_dir, resume)
+            try:
+                summaries[r] = loop.train(s, run_dir, resume)
+            except RankDied:               # (SCALESGD_INJECT_FAULT=RANK:STEP:kill) the others go on
+                pass
         return main
     return rank_main
 

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from ..comm.failures import RankFailed
 from .cluster import Cluster
 from .ports import VirtualServerPort, VirtualWorkerPort
 from .windows import VirtualCourier, VirtualInbox, VirtualPublishedVector, VirtualSampleCounter
@@ -47,6 +48,27 @@ def tree_sum(arrays: list) -> np.ndarray:
     return vals[0]
 
 
+class RankDied(BaseException):
+    """Ends the participant of a virtual rank that died (``InProcessTransport.die``); a
+    BaseException, so that no error handler of the run takes it for an error of its own."""
+
+
+class VirtualDetector:
+    """``comm/failures.Detector`` for a virtual rank: ``check`` raises once a rank of the job died."""
+
+    def __init__(self, net: "InProcessTransport"):
+        self.net = net
+
+    def check(self) -> None:
+        self.net._raise_if_lost()
+
+    def is_failure(self, exc: BaseException) -> bool:
+        return isinstance(exc, RankFailed)
+
+    def free(self) -> None:
+        """Nothing to free."""
+
+
 class InProcessTransport:
     """One virtual rank's transport over the ranks ``group`` (world ranks, in this group's rank
     order); ``wr`` is this rank's world rank."""
@@ -60,6 +82,8 @@ class InProcessTransport:
         self.steps = 0
         self._real = 0.0                 # real seconds of this step before a straggler's sleep
         self.tape = cluster.tapes[wr] if cluster.tapes is not None else None
+        self.successor = None            # the survivors' transport, once a rank died (``shrunk``)
+        self.after_failure = False       # made by ``shrunk``
 
     # identity and time ------------------------------------------------------
     def clock(self) -> float:
@@ -141,7 +165,55 @@ class InProcessTransport:
         self._wait(lambda: None, "hung on purpose (a receive nobody answers)")
 
     def _wait(self, cond, doing: str) -> float:
-        return self.world.block(self.world.me(), cond, doing)
+        """Blocks until ``cond()`` gives a time; raises ``RankFailed`` once a rank of this group
+        died (as every call on a revoked communicator fails under ULFM)."""
+        me, dead = self.world.me(), self.c.dead
+
+        def or_lost():               # (the scheduler's thread calls it: the waiter's clock by index)
+            return self.world.clock[me] if dead and self._lost() else cond()
+        t = self.world.block(me, or_lost, doing)
+        if dead:
+            self._raise_if_lost()
+        return t
+
+    # lost ranks (train.on_failure = continue; the MPI side: comm/failures.py) ----
+    def _lost(self) -> bool:
+        return any(r in self.c.dead for r in self.group)
+
+    def _raise_if_lost(self) -> None:
+        if self._lost():
+            dead = sorted(r for r in self.group if r in self.c.dead)
+            raise RankFailed(f"virtual rank(s) {dead} died")
+
+    def die(self) -> None:
+        """This virtual rank dies (``SCALESGD_INJECT_FAULT=RANK:STEP:kill``): the others' calls
+        that wait on it fail from now on (its collectives' waiters are woken to fail), and this
+        rank's participant ends (``RankDied``)."""
+        c, now = self.c, self._now()
+        c.dead.add(self.wr)
+        for (key, _), slot in list(c.slots.items()):
+            if self.wr in key:
+                slot["failed"] = True
+                for q, _ in slot.pop("parked", ()):
+                    self.world.wake(q, now)
+        raise RankDied(self.wr)
+
+    def failure_detector(self) -> "VirtualDetector":
+        return VirtualDetector(self)
+
+    def shrunk(self):
+        """Collective among the survivors (``MPITransport.shrunk``): the survivors' ``Topology``
+        (their order kept, renumbered), the ranks of this group that died, the seconds it took."""
+        from ..comm.topology import Topology  # noqa: PLC0415
+        t0 = self._now()
+        alive = tuple(r for r in self.group if r not in self.c.dead)
+        new = InProcessTransport(self.c, alive, self.wr)
+        new.barrier()                                    # the survivors agree
+        new.after_failure, self.successor = True, new
+        rpn = self.c.net.rpn
+        topo = Topology(new.rank, new.size, new.rank % rpn, min(new.size, rpn), None, None, new)
+        dead = [i for i, r in enumerate(self.group) if r in self.c.dead]
+        return topo, dead, self._now() - t0
 
     # collectives -----------------------------------------------------------
     def cost_seconds(self, kind: str, nbytes: int) -> float:
@@ -192,6 +264,7 @@ class InProcessTransport:
             raise RuntimeError(f"virtual rank {self.wr} entered collective {n} of its group "
                                f"{'in' if doing.startswith('in') else 'as'} '{doing}' while another "
                                f"rank is '{slot['kind']}': mismatched collectives")
+        self._raise_if_lost()
         now = self._now()
         slot["v"][self.rank] = value
         slot["last"] = max(slot.get("last", now), now)     # the last arrival (O(1) for the scheduler)
@@ -200,6 +273,8 @@ class InProcessTransport:
             if len(slot["v"]) < self.size:
                 slot.setdefault("parked", []).append((me, seconds))
                 self.world.park(me, doing)
+                if slot.get("failed"):                  # woken by a member's death
+                    self._raise_if_lost()
             else:
                 for q, their in slot.pop("parked", ()):
                     self.world.wake(q, slot["last"] + their)
