@@ -204,21 +204,14 @@ class NodeGroup(Method):
     # ------------------------------------------------------------------ checkpoints
     def state(self, ps) -> tuple[dict, dict]:
         """The inner method's state (a leader) or the base state (a member), and the rank's node
-        group, so that a resume onto another split of ranks into nodes is refused."""
+        group, so that a resume onto another split of ranks into nodes continues the saved leaders
+        (``resuming.groups_moved``)."""
         arrays, scalars = self.inner.state(ps) if self.inner is not None else super().state(ps)
         return arrays, {**scalars, "node_group": self.group}
 
     def load_state(self, ps, arrays: dict, scalars: dict) -> None:
-        """Collective on the job: first, every rank's node group must be the one it saved (a
-        leader's state is the inner method's, a member's is not: another split cannot continue)."""
-        saved = scalars.get("node_group")
-        moved = int(saved is not None and list(saved) != self.group)
-        moved = int(self.comm.allreduce_sum_host(np.array([moved], np.int64))[0])
-        if moved:
-            raise MethodError(f"dist.hierarchy = node: the checkpoint was written with other node groups "
-                              f"({moved} of {self.roles.size} ranks now sit in another group, or lead "
-                              f"it): resume with the same number of ranks on each node, in the same "
-                              f"order (the same -N/--ntasks-per-node)")
+        """Collective on the job (a same-count resume into the same node groups: ``resuming``
+        takes another split as it takes another rank count)."""
         if self.inner is not None:
             self.inner.load_state(ps, arrays, scalars)
             self.global_samples = self.inner.global_samples

@@ -93,23 +93,27 @@ def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
     m, ps, xp = s.method, s.model.ps, s.backend.xp
     old_p = ckpt.read_meta(path)["ranks"]
     leaders = None
-    if old_p != s.topo.size and s.cfg.dist.hierarchy == "node" and hasattr(m, "group_index"):
-        leaders = saved_leaders(s, path, old_p)      # (node groups: NodeGroup; all-reduce: flat)
+    grouped = s.cfg.dist.hierarchy == "node" and hasattr(m, "group_index")   # (NodeGroup; all-reduce: flat)
+    # another rank count, or the same ranks split into other nodes: each rank continues a saved one
+    reshape = old_p != s.topo.size or (grouped and groups_moved(s, path))
+    if reshape and grouped:
+        leaders = saved_leaders(s, path, old_p)
         if leaders is None:
             raise CheckpointError(f"{path}: written by a --hierarchy node run before checkpoints "
-                                  f"recorded node groups: resume it on the same {old_p} ranks")
-    source = source_rank(s, old_p, leaders)          # another rank count: the rank it continues
+                                  f"recorded node groups: resume it on the same {old_p} ranks, "
+                                  f"split into nodes alike")
+    source = source_rank(s, old_p, leaders, reshape)   # the saved rank this rank continues
     meta, arrays, state = ckpt.read_rank(path, source)
-    if old_p != s.topo.size:                         # (--hierarchy node: new node groups, by design)
+    if reshape:                                      # (--hierarchy node: new node groups, by design)
         state["method"].pop("node_group", None)
-    if old_p != s.topo.size and m.name == "gossip":  # every rank: the average of the saved replicas
+    if reshape and m.name == "gossip":               # every rank: the average of the saved replicas
         total = average_replicas(s, path, old_p, leaders)
         m.load_reshaped(ps, state.pop("method"), total)
-    elif old_p != s.topo.size and m.name == "localsgd":   # the average; SlowMo's state is shared
+    elif reshape and m.name == "localsgd":           # the average; SlowMo's state is shared
         average_replicas(s, path, old_p, leaders)
         m.load_state(ps, {k: v for k, v in arrays.items() if k not in ("params", "momentum", "buffers")},
                      state.pop("method"))
-    elif old_p != s.topo.size and s.roles.num_servers and not s.roles.is_server:
+    elif reshape and s.roles.num_servers and not s.roles.is_server:
         center = saved_center(s, path)               # a worker starts from the center / master
         ps.params[...] = xp.asarray(center)
         s.opt.momentum[...] = 0
@@ -124,21 +128,31 @@ def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
         m.load_state(ps, arrays, state.pop("method"))
     lines = state.pop("trace_lines", None)
     loop = LoopState.from_dict(state.pop("loop"))
-    if old_p == s.topo.size:
+    if not reshape:
         if lines is not None:                        # the events after the checkpoint never happened
             m.trace.truncate(int(lines))
         return meta, loop, state
     return meta, reshaped(s, path, loop, state, old_p, source, leaders), state
 
 
-def source_rank(s, old_p: int, leaders: list[int] | None = None) -> int:
-    """The saved rank whose state this rank continues: itself on the same rank count; else a
+def groups_moved(s, path: Path) -> bool:
+    """Collective: whether some rank now sits in another node group (``dist.hierarchy = node``)
+    than the one checkpoint ``path`` recorded for its rank (the same ranks, split into other
+    nodes: another -N / --ntasks-per-node)."""
+    saved = ckpt.read_rank(path, s.topo.rank, arrays=False)[2]["method"].get("node_group")
+    moved = int(saved is not None and list(saved) != list(s.method.group))
+    return bool(s.topo.transport.allreduce_sum_host(np.array([moved], np.int64))[0])
+
+
+def source_rank(s, old_p: int, leaders: list[int] | None = None, reshape: bool = True) -> int:
+    """The saved rank whose state this rank continues: itself unless ``reshape`` (another rank
+    count, or the same ranks in other node groups); else a
     replica (rank mod p_old), and for the server methods shard k for shard k and saved worker
     (w mod W_old) for worker w (the shard count cannot change: ``dist.servers`` defines the run).
     A checkpoint of node groups (``leaders``: its saved leaders, ``saved_leaders``): every rank of
     worker group g (``NodeGroup.group_index`` - K) continues saved worker leader g mod their count
     (a member's state is not its method's; the groups keep their saved order)."""
-    if old_p == s.topo.size:
+    if not reshape:
         return s.topo.rank
     k = s.roles.num_servers
     if leaders is not None and not s.roles.is_server:
@@ -217,8 +231,9 @@ def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int, source: in
     gs, spe = s.method.global_samples, s.samples_per_epoch
     log = logging.getLogger("scalesgd")
     if s.topo.is_root:
-        log.info("resuming %s, written by %d ranks, on %d: continuing from %d global samples (epoch "
-                 "%.2f); not bitwise: the data order depends on the rank count", path, old_p, p, gs,
+        log.info("resuming %s, written by %d ranks, on %d%s: continuing from %d global samples "
+                 "(epoch %.2f); not bitwise: the data order depends on the rank count and the node "
+                 "groups", path, old_p, p, " split into other node groups" if old_p == p else "", gs,
                  gs / spe if spe else 0.0)
         before, now, who = old_p - k, s.roles.num_workers, "worker"
         if leaders is not None:                     # node groups: only their leaders push
