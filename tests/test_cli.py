@@ -139,7 +139,7 @@ def test_one_ranks_bad_sample_does_not_stop_the_job(tmp_path):
 
 
 def test_help_lists_every_choice_and_section_and_version_is_setup_cfgs(tmp_path):
-    """--help shows each enum-like key's choices (as config.py validates them) and every job-file
+    """--help shows each enum-like key's choices (as config/ validates them) and every job-file
     section; --version prints setup.cfg's version."""
     import configparser
 

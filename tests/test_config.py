@@ -90,7 +90,7 @@ def test_docs_list_every_key_and_flag():
     """docs/cli.md is the user's reference: its key table is the generated one, verbatim."""
     from pathlib import Path
     text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
-    assert C.reference_markdown() in text, "docs/cli.md is stale: regenerate its table (see config.py)"
+    assert C.reference_markdown() in text, "docs/cli.md is stale: regenerate its table (see config/reference.py)"
     for section in C.SECTIONS:
         for f, _ in C.fields_of(section):
             assert f"`--{C.flag_name(section, f.name).replace('_', '-')}" in text, f.name

@@ -153,6 +153,6 @@ def test_the_checker_finds_what_the_review_found():
     assert problem("ServerMethod.poll_in_phase", ix) is None
     assert problem("ServerMethod.no_such_method", ix) is not None
     assert problem("comm/no_such_module.py", ix) is not None
-    assert problem("src/scalesgd/config.py:99999", ix) is not None
-    assert problem("src/scalesgd/config.py:3", ix) is None
+    assert problem("src/scalesgd/config/schema.py:99999", ix) is not None
+    assert problem("src/scalesgd/config/schema.py:3", ix) is None
     assert problem("np.zeros", ix) is None and problem("summary.json", ix) is None

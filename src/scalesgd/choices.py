@@ -1,6 +1,6 @@
 """The names an enumerated config key may take: each vocabulary is written once, here.
 
-``config.py`` takes its ``choices`` from these tuples, and the modules that implement the names
+``config/schema.py`` takes its ``choices`` from these tuples, and the modules that implement the names
 (the method registry, the DALI pipeline, the backend, the cuDNN path, the progress line) check their
 arguments against the same tuples, so a new name is added in one place.  This module imports
 nothing: ``config`` is read before MPI starts and must not pull in mpi4py, DALI or CuPy.

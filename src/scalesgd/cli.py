@@ -52,7 +52,7 @@ def make_parser() -> argparse.ArgumentParser:
             kw = dict(dest=f"{section}.{f.name}", help=helptext)
             if hints[f.name] is bool:
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-            else:       # the choices config.py validates against, shown as argparse shows choices
+            else:       # the choices config/ validates against, shown as argparse shows choices
                 choices = meta.get("choices")
                 metavar = "{" + ",".join(map(str, choices)) + "}" if choices else f.name.upper()
                 group.add_argument(flag, metavar=metavar, **kw)
