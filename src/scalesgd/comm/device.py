@@ -291,17 +291,22 @@ def make_allreducer(name: str, comm, flat, layout, bucket_bytes: int, overlap: b
     return ALLREDUCERS[name](comm, flat, layout, bucket_bytes, overlap)
 
 
-def create_allreducer(comm, grads, layout, dist, probes: Probes | None = None, transfer_ok=None):
+def create_allreducer(comm, grads, layout, dist, probes: Probes | None = None, transfer_ok=None,
+                      groups=None):
     """Collective: the gradient all-reducer ``dist`` asks for (``allreduce_transport``,
     ``bucket_mb``, ``overlap``), the same transport on every rank, the choice logged once.  One
-    rank: ``host`` (nothing is ever reduced, nothing is probed)."""
+    rank: ``host`` (nothing is ever reduced, nothing is probed).  ``groups``: the node groups of
+    ``dist.hierarchy = node`` (``hierarchy.NodeGroups``; the reducer owns and frees them)."""
     on_device = not isinstance(grads, np.ndarray)
     if comm.Get_size() == 1:
         name, why = "host", "one rank"
     elif getattr(dist, "hierarchy", "none") == "node":       # (config refuses a device transport)
         from .hierarchy import TwoLevelAllreduce  # noqa: PLC0415
+        if groups is None:
+            raise MethodError("dist.hierarchy = node: the all-reducer needs the job's node groups "
+                              "(MPITransport.allreducer passes them)")
         red = TwoLevelAllreduce(comm, grads, layout, bucket_bytes_of(dist, grads, comm.Get_size()),
-                                dist.overlap)
+                                dist.overlap, groups, owns=True)
         if comm.Get_rank() == 0:
             log.info("allreduce: two-level (dist.hierarchy = node): %d node(s) of up to %d rank(s)",
                      red.groups.num_nodes, red.groups.max_local_size)

@@ -1,7 +1,9 @@
 """``dist.hierarchy = "node"``: communication in two levels, inside a node and between nodes.
 
-Node membership is MPI's (``MPI_Comm_split_type(COMM_TYPE_SHARED)``), never host names.  The
-rank with the lowest rank of each node is its *leader*; the leaders form their own communicator.
+Node membership is MPI's (``MPI_Comm_split_type(COMM_TYPE_SHARED)``), never host names, and is
+computed once per use by the transport (``MPITransport.node_groups``, the split every method and
+``Topology.worker_nodes`` use).  The rank with the lowest rank of each node is its *leader*; the
+leaders form their own communicator.
 
 ``TwoLevelAllreduce`` is the ``allreduce`` method's gradient sum under the hierarchy (Horovod's
 hierarchical all-reduce, over MPI): per bucket, an ``Ireduce`` to the node's leader (shared
@@ -27,13 +29,14 @@ STAGES = ("reduce", "leaders", "bcast")   # a bucket's stages, in order; then do
 
 
 class NodeGroups:
-    """Collective on ``comm``: this rank's node (``node``, and ``node_bcast``, a duplicate for the
-    broadcasts) and, on a leader, the leaders' communicator (``leaders``; None elsewhere).  The
-    node is MPI's shared-memory node; ``color`` (tests only) groups the ranks by that value instead."""
+    """This rank's node (``node``, and ``node_bcast``, a duplicate for the broadcasts) and, on a
+    leader, the leaders' communicator (``leaders``; None elsewhere).  A run's come from the job's one
+    node split (``NodeGroups.of(transport.node_groups())``: MPI's shared-memory node); the
+    constructor (collective on ``comm``, tests only) groups the ranks by ``color`` instead, to
+    stand for nodes on one machine."""
 
-    def __init__(self, comm, color: int | None = None):
-        self.node = (comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank()) if color is None
-                     else comm.Split(color, comm.Get_rank()))
+    def __init__(self, comm, color: int):
+        self.node = comm.Split(color, comm.Get_rank())
         self.node_bcast = self.node.Dup()
         self.is_leader = self.node.Get_rank() == 0
         split = comm.Split(0 if self.is_leader else MPI.UNDEFINED, comm.Get_rank())
@@ -45,7 +48,24 @@ class NodeGroups:
         comm.Allreduce(MPI.IN_PLACE, most, op=MPI.MAX)
         self.num_nodes, self.max_local_size = int(total[0]), int(most[0])
 
+    @classmethod
+    def of(cls, split) -> "NodeGroups":
+        """The communicators of ``split`` (a ``topology.NodeSplit``: the job's one node split), plus
+        a duplicate of the node's for the broadcasts; ``free`` frees the split too."""
+        self = cls.__new__(cls)
+        self.split = split
+        self.node, self.is_leader = split.node.comm, split.is_leader
+        self.node_bcast = self.node.Dup()
+        self.leaders = split.leaders.comm if split.is_leader else None
+        self.local_size, self.num_nodes, self.max_local_size = split.node.size, split.num_nodes, split.max_local_size
+        return self
+
     def free(self) -> None:
+        split = getattr(self, "split", None)
+        if split is not None:                 # (the split's transports own node and leaders)
+            self.node_bcast.Free()
+            split.free()
+            return
         for c in (self.node, self.node_bcast, self.leaders):
             if c is not None:
                 c.Free()
@@ -56,9 +76,10 @@ class TwoLevelAllreduce(BucketedAllreduce):
 
     transport = "host (two-level)"
 
-    def __init__(self, comm, flat, layout, bucket_bytes: int, overlap: bool = True, groups=None):
-        self.owns = groups is None               # frees its communicators in close()
-        self.groups = groups or NodeGroups(comm)
+    def __init__(self, comm, flat, layout, bucket_bytes: int, overlap: bool = True, groups=None,
+                 owns: bool = False):
+        self.owns = owns                   # frees the groups' communicators in close()
+        self.groups = groups
         super().__init__(comm, flat, layout, bucket_bytes, overlap)
 
     def on_host(self) -> "TwoLevelAllreduce":

@@ -30,16 +30,44 @@ class Topology:
         is a group of its own).  The world's size where there is no MPI (a virtual rank)."""
         if self.comm is None:
             return self.size
-        import numpy as np  # noqa: PLC0415
-        serving = self.rank < num_servers
-        node = self.transport.node_split(alone=serving)          # the groups NodeGroup forms
-        leads = np.array([int(node.rank == 0 and not serving)], np.int64)
-        node.free()
-        return int(self.transport.allreduce_sum_host(leads)[0])
+        split = self.transport.node_groups(alone=self.rank < num_servers)   # the groups NodeGroup forms
+        split.free()
+        return split.num_nodes - num_servers
 
     def roles(self, num_servers: int) -> "Roles":
         """Collective when ``num_servers`` > 0 (splits off the workers' communicator)."""
         return Roles.of(self, num_servers)
+
+
+@dataclass(frozen=True)
+class NodeSplit:
+    """This rank's node group (``dist.hierarchy = node``), the one split of a job's ranks into nodes
+    that every method uses (``MPITransport.node_groups``): MPI's shared-memory node, in job rank
+    order, a server rank (``alone``) a group of its own; the groups' leaders are their lowest ranks."""
+
+    node: object             # the transport of this rank's group
+    leaders: object          # the transport of the groups' leaders (leader order = job order); None on a member
+    leader_rank: int         # the job rank of this group's leader
+    group_index: int         # its leader's rank among the leaders
+    sizes: tuple             # every group's size, in leader order
+
+    @property
+    def is_leader(self) -> bool:
+        return self.node.rank == 0
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def max_local_size(self) -> int:
+        return max(self.sizes)
+
+    def free(self) -> None:
+        """Collective: frees the group's and the leaders' communicators (their sizes stay readable)."""
+        for sub in (self.leaders, self.node):
+            if sub is not None:
+                sub.free()
 
 
 @dataclass(frozen=True)

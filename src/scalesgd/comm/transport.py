@@ -71,6 +71,20 @@ class MPITransport:
         color = self.size + self.rank if alone else int(first[0])
         return MPITransport(self.comm.Split(color, self.rank), tracked=self.tracked)
 
+    def node_groups(self, alone: bool = False):
+        """Collective: this rank's ``NodeSplit``: its node's sub-transport (``node_split``), on a
+        leader the leaders' sub-transport, the group's leader and index, every group's size."""
+        from .topology import NodeSplit  # noqa: PLC0415
+        node = self.node_split(alone)
+        lead = self.split(0 if node.rank == 0 else 1, self.rank)
+        head = np.array([self.rank, lead.rank], np.int64)
+        node.broadcast(head, 0)
+        sizes, _ = self.allgather_int64(np.array([node.size if node.rank == 0 else 0], np.int64))
+        if node.rank != 0:                                  # (a member's "leaders" are the members)
+            lead.free()
+            lead = None
+        return NodeSplit(node, lead, int(head[0]), int(head[1]), tuple(int(x) for x in sizes if x))
+
     def split(self, color: int, key: int) -> "MPITransport":
         """Collective: the sub-transport of the ranks with the same ``color``, ordered by ``key``."""
         return MPITransport(self.comm.Split(color, key), self.spans_nodes,   # (the job's answer)
@@ -187,7 +201,11 @@ class MPITransport:
     def allreducer(self, grads, layout, dist):
         """Collective: the gradient all-reducer ``dist`` asks for (``device.create_allreducer``)."""
         from .device import create_allreducer
-        return create_allreducer(self.comm, grads, layout, dist)
+        groups = None
+        if getattr(dist, "hierarchy", "none") == "node" and self.size > 1:
+            from .hierarchy import NodeGroups  # noqa: PLC0415
+            groups = NodeGroups.of(self.node_groups())       # the job's one node split
+        return create_allreducer(self.comm, grads, layout, dist, groups=groups)
 
 
 def topology_of(comm, tracked: failures.Tracked | None = None) -> Topology:

@@ -41,18 +41,15 @@ class NodeGroup(Method):
     def __init__(self, cfg, roles, comm, signals, inner_cls):
         super().__init__(cfg, roles, comm, signals)
         self.name = inner_cls.name
-        self.node = comm.node_split(alone=roles.is_server)  # collective on the job
-        self.is_leader = self.node.rank == 0               # (a server rank is its own group)
-        self.leaders = leaders = comm.split(0 if self.is_leader else 1, roles.rank)  # (members: theirs)
-        head = np.array([roles.rank, leaders.rank], np.int64)
-        self.node.broadcast(head, 0)
-        self.group = [int(head[0]), self.node.size]        # (its leader's job rank, its size)
-        self.group_index = int(head[1])                    # its leader's rank among the leaders
+        split = comm.node_groups(alone=roles.is_server)    # collective: the job's one node split
+        self.node, self.leaders = split.node, split.leaders  # (a server rank is its own group)
+        self.is_leader = split.is_leader                   # (leaders: None on a member)
+        self.group = [split.leader_rank, self.node.size]   # (its leader's job rank, its size)
+        self.group_index = split.group_index               # its leader's rank among the leaders
                                                            # (servers: 0..K-1, then worker groups)
-        count = comm.allreduce_sum_host(np.array([1 if self.is_leader else 0], np.int64))
-        self.num_nodes = int(count[0])
-        sizes, _ = comm.allgather_int64(np.array([self.node.size if self.is_leader else 0], np.int64))
-        groups = sorted({int(x) for x in sizes if x})
+        self.num_nodes = split.num_nodes
+        self.split = split
+        groups = sorted(set(split.sizes))
         if inner_cls.lockstep and len(groups) > 1:     # (its count is samples x groups x group size)
             raise MethodError(f"dist.hierarchy = node: {self.name} counts samples in lockstep and needs "
                               f"the same number of ranks in every node group (got {groups})")
@@ -65,6 +62,7 @@ class NodeGroup(Method):
                 "the method", self.name, self.num_nodes, "/".join(str(g) for g in groups))
         self.inner = None
         if self.is_leader:                                 # servers keep ranks 0..K-1 among leaders
+            leaders = self.leaders
             sub = types.SimpleNamespace(rank=leaders.rank, size=leaders.size, transport=leaders)
             self.inner = inner_cls(cfg, Roles.of(sub, roles.num_servers), leaders, signals)
             self.timers = self.inner.timers               # one set of timers: the loop reads these
@@ -113,8 +111,7 @@ class NodeGroup(Method):
             self.inner.close()
         if self.reducer is not None:
             self.reducer.close()
-        for sub in (self.leaders, self.node):              # (their rank and size stay readable)
-            sub.free()
+        self.split.free()                                  # (their rank and size stay readable)
 
     # ------------------------------------------------------------------ training
     def progress(self) -> None:
