@@ -25,6 +25,7 @@ from .. import config as C
 from ..errors import ConfigError, UserError
 from . import profile as P
 from . import variability as V
+from .world import Deadlock
 
 log = logging.getLogger("scalesgd")
 
@@ -257,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"scalesgd: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Deadlock as exc:                # no rank can move: what each was doing, in one line
+        print(f"scalesgd: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("scalesgd: interrupted", file=sys.stderr)
         return 130
