@@ -117,3 +117,14 @@ def test_a_lost_server_ends_the_job_naming_it(data, tmp_path):
     assert p.returncode == 1, p.stderr[-3000:]
     assert "server rank(s) [0] died, and the center is gone" in p.stderr, p.stderr[-3000:]
     assert not (run_dir / "summary.json").exists()
+
+
+def test_without_continue_a_killed_rank_ends_the_run_in_one_line(data, tmp_path):
+    """On_failure = abort (the default): a killed virtual rank ends the run, naming it."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", SCALESGD_INJECT_FAULT="1:4:kill")
+    args = [a for a in ARGS if a not in ("--on-failure", "continue")]
+    p = subprocess.run([sys.executable, "-m", "scalesgd.virtual", "--method", "allreduce", "--workers",
+                        str(WORKERS), "--data", str(data), "--run-dir", str(tmp_path / "run"), *args],
+                       cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert "virtual rank 1 died" in p.stderr and not (tmp_path / "run" / "summary.json").exists()

@@ -85,6 +85,7 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
     cluster.compute = P.Compute(prof, cfg, num_classes, cfg.train.seed, condition,
                                 range(size - workers, size), cluster.net.node)
     cluster.net.scale = P.byte_scale(prof, cfg, num_classes)
+    cluster.mortal = cfg.train.on_failure == "continue"
     if cfg.train.method in RETIMEABLE and resume is None and cfg.train.on_failure != "continue":
         cluster.tapes = [Tape() for _ in range(size)]
     setups, summaries = [None] * size, [None] * size

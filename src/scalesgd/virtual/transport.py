@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from ..comm.failures import RankFailed
+from ..errors import ConfigError, LostRankError
 from .cluster import Cluster
 from .ports import VirtualServerPort, VirtualWorkerPort
 from .windows import VirtualCourier, VirtualInbox, VirtualPublishedVector, VirtualSampleCounter
@@ -145,7 +146,6 @@ class InProcessTransport:
         return max(t, self.c.busy_until[target_wr])
 
     def node_split(self, alone: bool = False):
-        from ..errors import ConfigError  # noqa: PLC0415
         raise ConfigError("dist.hierarchy: the virtual cluster does not model node groups yet: "
                           "drop --hierarchy")
 
@@ -168,17 +168,19 @@ class InProcessTransport:
         """Blocks until ``cond()`` gives a time; raises ``RankFailed`` once a rank of this group
         died (as every call on a revoked communicator fails under ULFM)."""
         me, dead = self.world.me(), self.c.dead
+        if not self.c.mortal:        # (no rank can die: the scheduler evaluates ``cond`` as it is)
+            return self.world.block(me, cond, doing)
 
         def or_lost():               # (the scheduler's thread calls it: the waiter's clock by index)
             return self.world.clock[me] if dead and self._lost() else cond()
         t = self.world.block(me, or_lost, doing)
-        if dead:
-            self._raise_if_lost()
+        self._raise_if_lost()
         return t
 
     # lost ranks (train.on_failure = continue; the MPI side: comm/failures.py) ----
     def _lost(self) -> bool:
-        return any(r in self.c.dead for r in self.group)
+        dead = self.c.dead
+        return bool(dead) and any(r in dead for r in self.group)
 
     def _raise_if_lost(self) -> None:
         if self._lost():
@@ -188,7 +190,11 @@ class InProcessTransport:
     def die(self) -> None:
         """This virtual rank dies (``SCALESGD_INJECT_FAULT=RANK:STEP:kill``): the others' calls
         that wait on it fail from now on (its collectives' waiters are woken to fail), and this
-        rank's participant ends (``RankDied``)."""
+        rank's participant ends (``RankDied``).  Without ``train.on_failure = continue`` the job
+        ends, as a real job does when one of its processes is killed."""
+        if not self.c.mortal:
+            raise LostRankError(f"virtual rank {self.wr} died (SCALESGD_INJECT_FAULT); "
+                                "--on-failure continue trains on without it")
         c, now = self.c, self._now()
         c.dead.add(self.wr)
         for (key, _), slot in list(c.slots.items()):
@@ -391,7 +397,6 @@ class InProcessTransport:
 
     def allreducer(self, grads, layout, dist):
         if getattr(dist, "hierarchy", "none") != "none":
-            from ..errors import ConfigError  # noqa: PLC0415
             raise ConfigError("dist.hierarchy: the virtual cluster does not model the two-level "
                               "all-reduce yet (its sum order and timing): drop --hierarchy")
         return VirtualAllreducer(self, grads, dist)
