@@ -33,6 +33,12 @@ except ModuleNotFoundError as exc:       # the one import error a user can fix b
                      ".venv/bin/python (pip install -e .) or with PYTHONPATH=src") from None
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def git_commit() -> str:
+    """The short commit of this tree (what a measurement ran: its JSON records it)."""
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
 C2C_SRC = ROOT / "benchmarks" / "c2c.c"
 SHARED_L3_NS = 80.0         # c2c one-way latency below this: the two CPUs share an L3 right now
 PROBE_TIMEOUT_S = 5.0       # idle: 2,000,000 round trips take 0.1-0.8 s; on a busy machine the two

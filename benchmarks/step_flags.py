@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from benchlib import mpi_launcher, run_checked
+from benchlib import git_commit, mpi_launcher, run_checked
 
 
 def worker(iters: int, rounds: int) -> dict | None:
@@ -79,6 +79,7 @@ def main(argv=None) -> int:
                "--rounds", str(a.rounds)]
         proc = run_checked(cmd, f"{p} ranks", timeout=600)
         res = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+        res["commit"] = git_commit()
         out.append(res)
         print(f"{p} ranks:")
         for k, v in res["median_us_per_step"].items():

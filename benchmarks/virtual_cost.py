@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from benchlib import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = 16
@@ -120,8 +121,7 @@ def proxy(a) -> int:
                   f"(set-up included), peak {kib / 2 ** 20:.2f} GiB", flush=True)
         med = {k: float(np.median(v)) for k, v in rate.items()}
         base_name = f"baseline {a.baseline}"
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip()
+        head = git_commit()
         out = dict(experiment="virtual-speed", date=time.strftime("%Y-%m-%d"), cores=os.cpu_count(),
                    baseline=a.baseline, commit=head, proxy="jobs/glyphs.toml, allreduce", reps=a.reps,
                    worker_steps_per_second_p128={k: dict(median=med[k], all=v) for k, v in rate.items()},

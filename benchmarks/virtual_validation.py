@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from benchlib import git_commit
 
 from scalesgd.virtual.profile import Profile
 
@@ -44,8 +45,7 @@ FLAGS = {"allreduce": ["--method", "allreduce"], "easgd": ["--method", "easgd"],
          "gossip-pull-ov": ["--method", "gossip", "--gossip", "pull", "--gossip-overlap"],
          "gossip-push-ov": ["--method", "gossip", "--gossip", "push", "--gossip-overlap"]}
 LATENCY_US = 50.0
-COMMIT = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                        text=True).stdout.strip()      # the code the virtual runs ran (run records)
+COMMIT = git_commit()      # the code the virtual runs ran (run records)
 
 
 def first_reach(history: list[dict], target: float) -> float | None:
