@@ -306,3 +306,42 @@ def test_the_method_interface_table_is_the_class():
     assert added and not added & base
     for name in added:                   # each is some method's own member
         assert any(name in members_of(c) for c in subclasses), name
+
+
+METHOD_NAMES = {"allreduce", "easgd", "asgd", "gossip", "localsgd", "single"}
+
+
+def _name_branches(source: str, where: str) -> list[str]:
+    """Comparisons with a method's name in ``source`` (``m.name == "gossip"``, ``x.method in
+    ("easgd", "asgd")``): an attribute compared with a string that names a method."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = (node.left, *node.comparators)
+        words = {c.value for side in sides for c in ast.walk(side)
+                 if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+        if words & METHOD_NAMES and any(isinstance(side, ast.Attribute) for side in sides):
+            found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_a_change_of_world_is_one_operation_that_never_branches_on_the_method():
+    """architecture.md: a resume on the same ranks, on other ranks and the survivors of a lost rank
+    all go through one ``Origin`` and one method hook, ``adopt``; train/ never branches on a
+    method's name (it finds resuming.py's old ``m.name == "gossip"`` branches), and the hooks each
+    case once had are gone."""
+    found = [b for f in sorted((PKG / "train").glob("*.py"))
+             for b in _name_branches(f.read_text(encoding="utf-8"), f.name)]
+    assert not found, found
+    old = 'if reshape and m.name == "gossip":\n    pass\nif s.method.name == "asgd" and a != b:\n    pass\n'
+    assert len(_name_branches(old, "probe")) == 2          # (what resuming.py had: it finds them)
+    from scalesgd.methods.base import Method
+    from scalesgd.methods.gossip import Gossip
+    from scalesgd.methods.hierarchical import NodeGroup
+    from scalesgd.methods.server import ServerMethod
+    for cls in (Method, Gossip, ServerMethod, NodeGroup):
+        for gone in ("load_reshaped", "survivor_state", "continue_from"):
+            assert not hasattr(cls, gone), (cls.__name__, gone)
+    loop = (PKG / "train" / "loop.py").read_text(encoding="utf-8")
+    assert "carried" not in loop

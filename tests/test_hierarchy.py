@@ -104,7 +104,7 @@ def test_a_reshaped_resume_continues_each_node_group_from_one_saved_leader():
 
     def src(rank, group_index, servers=1, leaders=(0, 1, 2)):
         s = NS(topo=NS(rank=rank, size=6), roles=NS(num_servers=servers, is_server=rank < servers),
-               method=NS(group_index=group_index))
+               method=NS(node_split=NS(group_index=group_index)))
         return source_rank(s, 4, leaders=list(leaders))
     assert [src(r, g) for r, g in [(0, 0), (1, 1), (2, 1), (3, 2), (4, 2), (5, 2)]] == [0, 1, 1, 2, 2, 2]
     # gossip (no server), saved leaders 0 and 2; new: 3 nodes of 2, groups 0, 1, 2

@@ -27,6 +27,8 @@ large; an unset ``schedule.lr`` is the base rate / W (``config.fit_to_world``, l
 """
 from __future__ import annotations
 
+import logging
+
 from ..backend import get_array_module
 from ..comm.staging import HostStage
 from ..comm.wire import Kind
@@ -85,3 +87,20 @@ class ASGD(ServerMethod):
         if not self.roles.is_server:
             xp = get_array_module(self.base.arr)
             self.base.arr[...] = xp.asarray(arrays["fetched_weights"])
+
+    def adopt(self, ps, opt, origin) -> dict:
+        """A reshape: a worker's last fetch is the master it starts from (``reshape_replica``); the
+        first rank warns when the pushers changed, since the rate was set for the saved count."""
+        out = super().adopt(ps, opt, origin)
+        if origin.kind == "reshape" and not self.roles.is_server:
+            self.base.arr[...] = ps.params
+        before, now = origin.old_workers, self.roles.num_workers
+        if origin.kind == "reshape" and self.roles.rank == 0 and before != now:
+            who = "worker node group" if self.cfg.dist.hierarchy == "node" else "worker"
+            lr = self.cfg.schedule.lr
+            logging.getLogger("scalesgd").warning(
+                "warning: asgd's server adds every %s's update, and schedule.lr = %g was set for %d "
+                "%ss (saved in config.json): with %d the master moves %.2fx as far per round; --lr "
+                "%.4g keeps its step (lr x %ss)", who, lr, before, who, now, now / before,
+                lr * before / now, who)
+        return out

@@ -33,6 +33,10 @@ class Method:
     check_alive = None             # on_failure = continue: raises if a rank died (set by the loop)
     check_after = "update"         # the step's hook after which the loop checks, once, for a dead
                                    # rank: the one after the step's last collective
+    reshape_replica = "source"     # a resume onto other ranks starts each replica from the saved
+                                   # rank it continues ("source"), the saved replicas' average
+                                   # ("average") or, on a worker, the server's center ("center")
+    node_split = None              # the job's node groups (``dist.hierarchy = node``: NodeGroup)
     loss_finite = True             # replicas_identical: this rank's loss of the step (set by the loop),
     any_diverged = False           # and whether any rank's was not finite (set in after_backward)
 
@@ -133,6 +137,21 @@ class Method:
         self.global_samples = int(scalars["global_samples"])
         self.timers.update(scalars["timers"])
 
+    # ------------------------------------------------------------------ a change of the job's ranks
+    def adopt(self, ps, opt, origin) -> dict:
+        """Collective, after ``start``: this rank takes the state it continues when the job's ranks
+        changed, ``origin`` (``train/rankstate.Origin``): a resume on the same ranks (kind "same":
+        its own saved state), on other ranks ("reshape": a saved rank's, with the replica
+        ``reshape_replica`` asks for) or on the survivors of a lost rank ("survive": its own
+        state, all-reduce's replica rank 0's).  By default the replica, momentum and BN statistics
+        go into ``ps`` and ``opt``, the method's state is ``load_state``'s, and the job's count is
+        the origin's.  Returns what the failure's record should say (e.g. push-sum's lost weight)."""
+        origin.own.put(ps, opt)
+        self.load_state(ps, origin.own.arrays, origin.own.method)
+        if origin.moved:
+            self.global_samples = int(origin.global_samples)
+        return {}
+
     def progress(self) -> None:
         """Called while the host waits for the device to finish a step (GPU only): keep this
         method's communication moving (the all-reduce starts the buckets whose copies landed)."""
@@ -155,19 +174,6 @@ class Method:
         """Local, once a rank of the job died (``train/survive.py``): stop this method's threads
         and fold into ``ps`` what already reached this rank, without talking to any other rank.
         Its MPI objects are dropped with the revoked communicator, never used again."""
-
-    def survivor_state(self, ps) -> tuple[dict, dict]:
-        """Local, after ``abandon``: the (arrays, scalars) this rank carries onto the shrunk job
-        (by default its checkpoint state, which is local for these methods)."""
-        return self.state(ps)
-
-    def continue_from(self, ps, arrays: dict, scalars: dict, global_samples: int) -> dict:
-        """Collective on the shrunk job, after ``start``, ``ps`` holding this rank's own replica
-        again: take over what ``survivor_state`` returned, at the agreed global count.  Returns
-        what the failure's record should say (e.g. push-sum's lost weight)."""
-        self.load_state(ps, arrays, scalars)
-        self.global_samples = int(global_samples)
-        return {}
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager

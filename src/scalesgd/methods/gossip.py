@@ -66,6 +66,7 @@ class Gossip(Method, metaclass=abc.ABCMeta):
     exchanger (``Blocking`` / ``Overlapped``) decides when the communication runs."""
 
     name = "gossip"
+    reshape_replica = "average"      # a resume onto other ranks: every rank from the saved average
 
     @classmethod
     def select(cls, cfg):
@@ -83,6 +84,7 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self.exchanges = 0
         self.last_peer = -1
         self._unreported = 0              # samples consumed since the last Fetch_and_op
+        self.abandoned = False            # a rank died: the windows are never used again
         if d.gossip_overlap and comm.thread_level() != "multiple":
             raise MethodError(f"dist.gossip_overlap needs MPI thread level 'multiple' (its exchange "
                               f"runs in a thread), but MPI was started with '{comm.thread_level()}' (see "
@@ -168,13 +170,13 @@ class Gossip(Method, metaclass=abc.ABCMeta):
     # ------------------------------------------------------------------ checkpoints
     def state(self, ps) -> tuple[dict, dict]:
         arrays, scalars = super().state(ps)
-        scalars.update(exchanges=self.exchanges, last_peer=self.last_peer,
+        scalars.update(exchanges=self.exchanges, last_peer=self.last_peer, ranks=self.roles.size,
                        unreported=self._unreported, graph=self.graph.state(), **self.exchanger.state())
         s_arrays, s_scalars = self.strategy_state()
         arrays.update(s_arrays)
         scalars.update(s_scalars)
-        if self.roles.rank == self.counter.root:    # the counter's true value (quiescent: exact)
-            scalars["counter_total"] = self.counter.add(0)[0]
+        if self.roles.rank == self.counter.root and not self.abandoned:   # the counter's true
+            scalars["counter_total"] = self.counter.add(0)[0]     # value (quiescent: exact)
         return arrays, scalars
 
     def load_state(self, ps, arrays: dict, scalars: dict) -> None:
@@ -188,27 +190,39 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         self.comm.barrier()                          # restored everywhere before anyone reads
         self.exchanger.load_state(scalars)
 
-    def load_reshaped(self, ps, scalars: dict, total: int) -> None:
-        """Collective, after ``start``, resuming on another rank count (``resuming.restore``):
-        ``ps`` already holds the average of the saved replicas (push-sum: de-biased, weighted by
-        the saved weights); the global count is ``total``; every new rank starts a fresh exchange
-        history (push-sum weight 1, so the weights sum to p again: the mass is renormalised),
-        keeping the timers of the saved replica it continues (``scalars``)."""
-        self.global_samples = int(total)
+    def adopt(self, ps, opt, origin) -> dict:
+        """Collective.  The same ranks resume their own state (``load_state``).  Otherwise the
+        exchange partners changed: the replica goes on (a reshape: the saved replicas' average,
+        de-biased, ``reshape_replica``) at the origin's count, which the new counter's root starts
+        from, under the new job's graph, keeping the timers of the state it continues.  After a
+        reshape every rank starts a fresh exchange history (push-sum weight 1, so the weights sum to
+        p again: the mass is renormalised); a survivor keeps its counts, and push-sum renormalises
+        the surviving weights (``moved_strategy``)."""
+        if not origin.moved:
+            return super().adopt(ps, opt, origin)
+        origin.own.put(ps, opt)
+        scalars = origin.own.method
+        self.global_samples = int(origin.global_samples)
         self.timers.update(scalars["timers"])
+        if origin.kind == "survive":
+            self.exchanges, self._unreported = int(scalars["exchanges"]), int(scalars["unreported"])
         if self.roles.rank == self.counter.root:
-            self.counter.set(int(total))
-        self.reshaped_strategy()
-        self.comm.barrier()                          # restored everywhere before anyone reads
+            self.counter.set(self.global_samples)
+        out = self.moved_strategy(origin)
+        self.comm.barrier()                          # set everywhere before anyone reads
+        return out
 
-    def reshaped_strategy(self) -> None:
-        """Pull: publish the restored parameters; push-sum: nothing (weight 1, empty inbox)."""
+    def moved_strategy(self, origin) -> dict:
+        """Pull: publish the replica (both kinds); push-sum: renormalise after a death
+        (``PushGossip``).  Returns what the failure's record should say."""
+        return {}
 
     # ------------------------------------------------------------------ surviving a lost rank
     def abandon(self, ps) -> None:
         """Local: the exchange in flight is collected if its thread finished it (else dropped), the
         courier and the progress thread stop; push-sum folds what its inbox holds (its own memory)
         into ``ps``."""
+        self.abandoned = True
         self.pump.close()
         self.pump = progress.NoProgress()
         ex = self.exchanger
@@ -222,30 +236,6 @@ class Gossip(Method, metaclass=abc.ABCMeta):
             except Exception:  # noqa: BLE001
                 pass
             self.exchanger = Blocking(self)
-
-    def survivor_state(self, ps) -> tuple[dict, dict]:
-        self.settle(wait=True)
-        return {}, {"global_samples": self.global_samples, "timers": dict(self.timers),
-                    "exchanges": self.exchanges, "last_peer": self.last_peer,
-                    "unreported": self._unreported, "ranks": self.roles.size,
-                    **self.strategy_state()[1]}
-
-    def continue_from(self, ps, arrays: dict, scalars: dict, global_samples: int) -> dict:
-        """Collective: this rank's replica goes on (``ps``) at the agreed count, which the new
-        counter's root starts from; the graph is the new one (the dead rank is not in it)."""
-        self.global_samples = int(global_samples)
-        self.timers.update(scalars["timers"])
-        self.exchanges, self._unreported = int(scalars["exchanges"]), int(scalars["unreported"])
-        if self.roles.rank == self.counter.root:
-            self.counter.set(self.global_samples)
-        out = self.survive_strategy(scalars)
-        self.comm.barrier()                          # set everywhere before anyone reads
-        return out
-
-    def survive_strategy(self, scalars: dict) -> dict:
-        """Pull: publish the replica; push-sum: renormalise the weights (``PushGossip``)."""
-        self.reshaped_strategy()
-        return {}
 
     # ------------------------------------------------------------------ evaluation
     def load_eval_model(self, ps) -> dict:
@@ -333,8 +323,9 @@ class PullGossip(Gossip):
             scalars["landed"] = [int(v) for v in self.landed]
         return arrays, scalars
 
-    def reshaped_strategy(self) -> None:
+    def moved_strategy(self, origin) -> dict:
         self.pub.publish(self.stage.to_host())
+        return {}
 
     def load_strategy_state(self, arrays: dict, scalars: dict) -> None:
         """Peers read the restored parameters, under the version number of the last publication
@@ -418,10 +409,14 @@ class PushGossip(Gossip):
         except Exception:  # noqa: BLE001 - (a window the library gave up on: its mass is lost)
             pass
 
-    def survive_strategy(self, scalars: dict) -> dict:
-        """Collective: the weights sum to the old rank count less what died with the rank (its own
-        weight and what was pushed to it), and the survivors scale theirs to sum to the new count:
-        the de-biased parameters x_i do not change, the average stays the weighted one."""
+    def moved_strategy(self, origin) -> dict:
+        """After a reshape: weight 1, an empty inbox (nothing to do).  After a death, collective:
+        the weights sum to the old rank count less what died with the rank (its own weight and what
+        was pushed to it), and the survivors scale theirs to sum to the new count: the de-biased
+        parameters x_i do not change, the average stays the weighted one."""
+        if origin.kind != "survive":
+            return {}
+        scalars = origin.own.method
         self.weight = float(scalars["weight"])
         self.drains = int(scalars.get("drains", 0))
         total = float(self.comm.allreduce_sum_host(np.array([self.weight]))[0])

@@ -19,7 +19,7 @@ broadcasts the result, so a node's replicas are identical in the file); a resume
 The server methods: each server rank is a group of its own (``node_split(alone=True)``) and keeps
 its rank among the leaders, so the inner method's server serves the node groups' leaders.
 A resume on the same rank count must keep the split into nodes (else refused: a leader's state
-is the method's, a member's only the base's); on another rank count (``resuming.restore``) every
+is the method's, a member's only the base's); on another rank count (``resuming.origin``) every
 new rank continues a saved *leader* and the averaging methods start from the saved leaders'
 average.  Not built: ``--on-failure continue`` (config refuses it), and the virtual cluster.
 """
@@ -41,14 +41,13 @@ class NodeGroup(Method):
     def __init__(self, cfg, roles, comm, signals, inner_cls):
         super().__init__(cfg, roles, comm, signals)
         self.name = inner_cls.name
+        self.reshape_replica = inner_cls.reshape_replica
         split = comm.node_groups(alone=roles.is_server)    # collective: the job's one node split
         self.node, self.leaders = split.node, split.leaders  # (a server rank is its own group)
         self.is_leader = split.is_leader                   # (leaders: None on a member)
         self.group = [split.leader_rank, self.node.size]   # (its leader's job rank, its size)
-        self.group_index = split.group_index               # its leader's rank among the leaders
-                                                           # (servers: 0..K-1, then worker groups)
         self.num_nodes = split.num_nodes
-        self.split = split
+        self.node_split = split
         groups = sorted(set(split.sizes))
         if inner_cls.lockstep and len(groups) > 1:     # (its count is samples x groups x group size)
             raise MethodError(f"dist.hierarchy = node: {self.name} counts samples in lockstep and needs "
@@ -111,7 +110,7 @@ class NodeGroup(Method):
             self.inner.close()
         if self.reducer is not None:
             self.reducer.close()
-        self.split.free()                                  # (their rank and size stay readable)
+        self.node_split.free()                             # (their rank and size stay readable)
 
     # ------------------------------------------------------------------ training
     def progress(self) -> None:
@@ -207,28 +206,25 @@ class NodeGroup(Method):
         return arrays, {**scalars, "node_group": self.group}
 
     def load_state(self, ps, arrays: dict, scalars: dict) -> None:
-        """Collective on the job (a same-count resume into the same node groups: ``resuming``
-        takes another split as it takes another rank count)."""
+        """A leader: the inner method's state; a member: the base's."""
         if self.inner is not None:
             self.inner.load_state(ps, arrays, scalars)
             self.global_samples = self.inner.global_samples
         else:
             super().load_state(ps, arrays, scalars)
-        if self.node.size > 1:
-            self._sync_head()
 
-    def load_reshaped(self, ps, scalars: dict, total: int) -> None:
-        """Collective, gossip resumed on another rank count (``resuming.restore``): ``ps`` holds
-        the average of the saved leaders' replicas on every rank; the leaders start a fresh
-        exchange history (``Gossip.load_reshaped``), every rank of a node takes the count."""
+    def adopt(self, ps, opt, origin) -> dict:
+        """Collective on the job: a leader's inner method takes ``origin`` among the leaders (a
+        reshape continues a saved leader: ``resuming.source_rank``), a member the base's part;
+        then every rank of a node takes the leader's count and signals."""
         if self.inner is not None:
-            self.inner.load_reshaped(ps, scalars, total)
+            out = self.inner.adopt(ps, opt, origin)
             self.global_samples = self.inner.global_samples
         else:
-            self.global_samples = int(total)
-            self.timers.update(scalars["timers"])
+            out = Method.adopt(self, ps, opt, origin)
         if self.node.size > 1:
             self._sync_head()
+        return out
 
     def use_host_transport(self) -> None:
         """The start-up check's fallback (fastpaths/): the node's gradient sum through MPI on

@@ -32,6 +32,8 @@ from .base import Method
 class LocalSGD(Method):
     name = "localsgd"
     lockstep = True                  # it averages when (step + 1) % tau == 0: the ranks' steps agree
+    reshape_replica = "average"      # a resume onto other ranks: every rank from the saved average
+                                     # (SlowMo's state is shared: the saved rank's it continues)
 
     def __init__(self, cfg, roles, comm, signals):
         super().__init__(cfg, roles, comm, signals)

@@ -50,6 +50,8 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
     slices; the hooks work on those."""
 
     min_ranks = 2
+    reshape_replica = "center"       # a resume onto other ranks: a worker starts from the center /
+                                     # master (momentum zero); a server shard keeps its own
     kind = None                        # wire.Kind of the pushes
 
     def __init__(self, cfg, roles, comm, signals):
@@ -299,7 +301,7 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
         self.rejected = int(scalars.get("rejected", 0))
         self.staleness = Counter({int(k): v for k, v in scalars["staleness"].items()})
         if self.roles.is_server and len(scalars["told"]) != self.roles.num_workers:
-            # resumed with another worker count (resuming.restore): every worker starts from the
+            # resumed with another worker count (resuming.origin): every worker starts from the
             # current center at the current count, as if it had just been told and replied to
             self.told[...] = self.global_samples
             self.fetched[...] = self.version
@@ -309,11 +311,12 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
             if "served" in scalars:                 # (checkpoints of one server: not needed)
                 self.served[...] = scalars["served"]
 
-    def continue_from(self, ps, arrays: dict, scalars: dict, global_samples: int) -> dict:
-        """A server serves the remaining workers as if each had just been told the agreed count and
-        replied to (their own replicas go on; their per-worker counters start afresh)."""
-        out = super().continue_from(ps, arrays, scalars, global_samples)
-        if self.roles.is_server:
+    def adopt(self, ps, opt, origin) -> dict:
+        """After a death a server serves the remaining workers as if each had just been told the
+        agreed count and replied to (their own replicas go on; their per-worker counters start
+        afresh).  After a reshape ``load_state`` did the same for another worker count."""
+        out = super().adopt(ps, opt, origin)
+        if origin.kind == "survive" and self.roles.is_server:
             self.told[...] = self.global_samples
             self.told_sig[...] = self.signals.seen
             self.fetched[...] = self.version

@@ -29,7 +29,7 @@ from ..optim.schedule import lr_at
 from . import checkpointing, resuming
 from .assemble import Setup
 from .bad_samples import BadSamples
-from .checkpointing import LoopState
+from .rankstate import LoopState
 from .faults import Faults, Straggler
 from .phases import Phases, Stopped, eval_boundaries  # noqa: F401 - Stopped: re-exported
 from .step import eval_step, train_step
@@ -49,10 +49,33 @@ class Run:
     """One rank's part of a training run (worker or server): the loop, the phases' actions
     (evaluation, checkpoints) and the summary.  The counters a checkpoint keeps are ``self.st``."""
 
-    def __init__(self, s: Setup, run_dir: Path, carried: "Run | None" = None):
-        """``carried``: the run this one continues in the same processes after a rank died
-        (``survive.py``): its files, counters, history and clocks go on here."""
-        self.s, self.cfg, self.run_dir = s, s.cfg, run_dir
+    def __init__(self, s: Setup, run_dir: Path):
+        self.run_dir = run_dir
+        self.trace = TraceWriter(run_dir, s.topo.rank)       # the run's files go on after a lost rank
+        self.metrics = MetricsWriter(run_dir, s.topo.rank)
+        self.progress = TrainLog(s.roles.worker_index == 0, s.topo.is_root, s.cfg.train.log_every,
+                                 s.cfg.train.epochs, s.cfg.train.progress)
+        self.bind(s)
+        self.straggle = Straggler(s.cfg.dist.straggler, s.topo.rank, s.cfg.train.seed, self.net.sleep)
+        self.faults = Faults()
+        self.st = LoopState()
+        self.st.add_blas_threads(s.blas_threads)
+        # time of this allocation: a resumed run adds its checkpoint's train and wall seconds
+        self.t_start, self.t_excluded = self.clock(), 0.0
+        self.train_offset = self.wall_offset = 0.0
+        self.last_ckpt_clock = self.clock()
+        self.history: list[dict] = []
+        self.world_rank = s.topo.rank                     # rank in the job as launched
+        self.world_ranks = list(range(s.topo.size))       # ... of each rank now (a rank may die)
+        self.failures: list[dict] = []                    # ranks lost and survived (survive.py)
+        self.pending_recovery = None                      # clock of a recovery not closed by a step
+
+    def bind(self, s: Setup) -> None:
+        """What depends on the job's ranks: its ``Setup``, the epoch's samples and the phase
+        boundaries, the clock, the failure detector, the bad-sample tracker, who prints.  Called
+        again, with the survivors' ``Setup``, after a lost rank (``survive.py``); the run's files,
+        counters, history and clocks go on."""
+        self.s, self.cfg = s, s.cfg
         self.spe = s.samples_per_epoch                   # global samples per epoch
         self.total = s.cfg.train.epochs * self.spe
         evals = eval_boundaries(self.total, int(round(s.cfg.dist.eval_every * self.spe)))
@@ -68,58 +91,43 @@ class Run:
                          if s.cfg.train.on_failure == "continue" and s.topo.size > 1 else None)
         if self.detector is not None:    # a collective a rank died in may complete with garbage
             s.method.check_alive = s.control.check_alive = self.detector.check
-        s.method.trace = carried.s.method.trace if carried else TraceWriter(run_dir, s.topo.rank)
-        if carried is not None:
-            for key in ("straggle", "faults", "st", "t_start", "t_excluded", "train_offset", "wall_offset",
-                        "last_ckpt_clock", "metrics", "progress", "history", "world_rank",
-                        "world_ranks", "failures"):
-                setattr(self, key, getattr(carried, key))
-            self.progress.enabled = s.topo.is_root
-            self.progress.show_steps(s.roles.worker_index == 0)     # (the first worker may have died)
-            self.pending_recovery, self.saving = None, False
-            self.bad = BadSamples(s.topo.transport, s.topo.rank, s.train_data, s.val_data, s.train_samples)
-            self.bad.restore(carried.bad.state())
-            return
-        self.straggle = Straggler(s.cfg.dist.straggler, s.topo.rank, s.cfg.train.seed, self.net.sleep)
-        self.faults = Faults()
-        self.st = LoopState()
-        self.st.add_blas_threads(s.blas_threads)
-        # time of this allocation: a resumed run adds its checkpoint's train and wall seconds
-        self.t_start, self.t_excluded = self.clock(), 0.0
-        self.train_offset = self.wall_offset = 0.0
-        self.last_ckpt_clock = self.clock()
-        self.metrics = MetricsWriter(run_dir, s.topo.rank)
-        self.progress = TrainLog(s.roles.worker_index == 0, s.topo.is_root, s.cfg.train.log_every,
-                                 s.cfg.train.epochs, s.cfg.train.progress)
-        self.history: list[dict] = []
+        s.method.trace = self.trace
         self.bad = BadSamples(s.topo.transport, s.topo.rank, s.train_data, s.val_data, s.train_samples)
-        self.world_rank = s.topo.rank                     # rank in the job as launched
-        self.world_ranks = list(range(s.topo.size))       # ... of each rank now (a rank may die)
-        self.failures: list[dict] = []                    # ranks lost and survived (survive.py)
+        self.progress.enabled = s.topo.is_root
+        self.progress.show_steps(s.roles.worker_index == 0)     # (the first worker may have died)
         self.saving = False                               # inside on_checkpoint
-        self.pending_recovery = None                      # clock of a recovery not closed by a step
+
+    def adopt(self, o) -> None:
+        """The loop's part of a change of the job's ranks (``rankstate.Origin``, after the
+        method's ``adopt``): the counters, straggler generator and bad samples of ``o.own``; a
+        resume is a new allocation, whose clocks continue the saved ones."""
+        own = o.own
+        self.st = own.loop
+        if o.kind != "survive":
+            self.train_offset, self.wall_offset = self.st.train_seconds, self.st.wall_seconds
+            self.st.allocations += 1
+            self.st.add_blas_threads(self.s.blas_threads)
+        if own.straggler is not None:
+            self.straggle.rng.bit_generator.state = own.straggler
+        self.bad.restore(own.bad_samples)             # counted and warned about once per job
+        if o.kind == "same" and own.trace_lines is not None:   # the events after the checkpoint
+            self.trace.truncate(int(own.trace_lines))           # never happened
 
     # ------------------------------------------------------------------ after a lost rank
-    def agree_phases(self, old: "Run") -> None:
-        """Collective, continuing ``old`` on the shrunk job: every survivor continues after the
-        last boundary all of them processed (a phase the failure cut short is run again), as
-        this run's boundaries (the epoch is whole global batches of the new worker count) place
-        it; history entries past it are dropped, and a checkpoint generation not written is due."""
-        c, oc = self.s.control, old.s.control
-        done = old.boundaries[oc.phase_done] if oc.phase_done >= 0 else -1
-        v = c.max_over_ranks([-done, -oc.ckpt_done, int(old.saving)])
+    def agree_phases(self, done: int, ckpt_done: int, cut: bool) -> None:
+        """Collective, continuing on the shrunk job (``done``: the last boundary this rank
+        processed, -1 none; ``ckpt_done``: the checkpoint generations it wrote; ``cut``: a
+        checkpoint was being written): every survivor continues after the last boundary all of
+        them processed (a phase the failure cut short is run again), as this run's boundaries
+        (the epoch is whole global batches of the new worker count) place it; history entries past
+        it are dropped, and a checkpoint generation not written is due."""
+        c = self.s.control
+        v = c.max_over_ranks([-done, -ckpt_done, int(cut)])
         done, ckpt, cut = -int(v[0]), -int(v[1]), bool(v[2])
         self.history = [h for h in self.history if h["global_samples"] <= done]
         c.phase_done = self.phases.reached(done) if done >= 0 else -1
         # a checkpoint the death cut short (its phase had counted it done) is due again
         c.ckpt_done = ckpt - 1 if cut else ckpt
-
-    def continue_data_at(self, gs: int) -> None:
-        """This worker's data position: the new worker count's order, from global count ``gs``."""
-        if self.s.roles.is_server or not self.spe:
-            return
-        self.st.local_epoch, self.st.step_in_epoch = resuming.data_position(
-            gs, self.spe, self.cfg.data.batch_size * self.s.roles.num_workers)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, boundary: int) -> None:
@@ -172,10 +180,7 @@ class Run:
         self.st.wall_seconds = self.wall_seconds()
         watchdog.doing(f"writing a checkpoint ({reason}) after boundary {done}")
         self.faults.inject(self.world_rank, self.st.step, self.net, "checkpoint")
-        checkpointing.save(self.s, self.run_dir, self.st, self.history,
-                           self.boundaries[done] if done >= 0 else -1,
-                           {"straggler": self.straggle.rng.bit_generator.state,
-                            "bad_samples": self.bad.state()}, reason)
+        checkpointing.save(self, self.boundaries[done] if done >= 0 else -1, reason)
         self.last_ckpt_clock = self.clock()
         self.t_excluded += self.clock() - t
         self.saving = False
@@ -190,21 +195,19 @@ class Run:
             self.s.control.signals.request_checkpoint()
             self.last_ckpt_clock = self.clock()
 
-    def restore(self, path: Path) -> None:
-        """After ``method.start``: this rank's state from checkpoint ``path`` (digests checked)."""
+    def resume(self, path: Path) -> None:
+        """After ``method.start``: continues checkpoint ``path`` (digests checked): the method's
+        and the loop's state (``resuming.origin``, then ``adopt``), the history, the phases."""
         s = self.s
-        meta, self.st, rest = resuming.restore(s, path)
-        self.train_offset, self.wall_offset = self.st.train_seconds, self.st.wall_seconds
-        self.st.allocations += 1
-        self.st.add_blas_threads(s.blas_threads)
-        self.straggle.rng.bit_generator.state = rest["straggler"]
-        self.bad.restore(rest.get("bad_samples"))     # counted and warned about once per job
+        meta, o = resuming.origin(s, path)
+        s.method.adopt(s.model.ps, s.opt, o)
+        self.adopt(o)
         self.history = meta["history"]
         # boundaries may differ in the resumed run (e.g. more epochs): continue after the last one
         # that was processed, by its global-sample count
         done = meta["boundary_done"]
         s.control.restored(self.phases.reached(done) if done >= 0 else -1, meta["ckpt_done"])
-        self.phases.reconcile(path, s.method.global_samples, reshaped=meta["ranks"] != s.topo.size)
+        self.phases.reconcile(path, s.method.global_samples, reshaped=o.old_size != s.topo.size)
 
     # ------------------------------------------------------------------ worker
     def work(self) -> None:
@@ -352,7 +355,7 @@ def train(s: Setup, run_dir: Path, resume: Path | None = None) -> dict:
     run = Run(s, run_dir)
     s.method.start(s.model.ps)
     if resume is not None:
-        run.restore(resume)
+        run.resume(resume)
     try:
         recovered = False
         while True:

@@ -1,10 +1,11 @@
 """Everything about continuing a run, in one place: which run and checkpoint ``--resume`` means,
 what may change (the config keys that define a run may not), whether a checkpoint fits this job
-(rank count, method, model layout) and restoring it; also ``--init-from`` (warm start), which reads
-the same files.
+(rank count, method, model layout) and the ``Origin`` each rank resumes from (``origin``: the
+saved state it continues, in this job's terms; ``rankstate.py``); also ``--init-from`` (warm start),
+which reads the same files.
 
 Called by the composition root (``train/assemble.py``: the checks and the warm start, for MPI runs
-and virtual ones alike), the loop (``restore``) and the command line (``cli.resolve_config``: the
+and virtual ones alike), the loop (``Run.resume``) and the command line (``cli.resolve_config``: the
 config a resumed run continues with).  Writing a
 checkpoint is ``checkpointing.py``; the file format ``io/checkpoint.py``.  What is resumable bitwise
 is in docs/cli.md ("Checkpoints, resume, warm start, preemption").
@@ -19,7 +20,8 @@ import numpy as np
 from .. import config as C
 from ..errors import CheckpointError
 from ..io import checkpoint as ckpt
-from .checkpointing import LoopState, layout_signature
+from .checkpointing import layout_signature
+from .rankstate import LoopState, Origin, RankState
 
 # Keys a resumed run must keep: they define the model, the data order and the method's state.
 RESUME_IDENTITY = {"model": None, "data": ("data", "image_size", "batch_size"),
@@ -86,61 +88,56 @@ def find_checkpoint(resume: str, ranks: int, method: str, job: str = "this job")
     return path
 
 
-def restore(s, path: Path) -> tuple[dict, LoopState, dict]:
-    """After ``method.start``: this rank's params, momentum, BN statistics and method state from
-    checkpoint ``path`` (digests checked).  Returns (rank 0's metadata, the loop's counters, the
-    rest of this rank's JSON state)."""
-    m, ps, xp = s.method, s.model.ps, s.backend.xp
+def origin(s, path: Path) -> tuple[dict, Origin]:
+    """Collective, after ``method.start``: the ``Origin`` this rank resumes from, checkpoint
+    ``path`` (digests checked), and rank 0's metadata.  The same ranks in the same node groups
+    continue their own saved states ("same"); another rank count, or the same ranks in other node
+    groups, continue a saved rank each ("reshape"; ``source_rank``), with the replica the method
+    asks for (``Method.reshape_replica``)."""
+    m = s.method
     old_p = ckpt.read_meta(path)["ranks"]
+    split = m.node_split                             # (node groups: NodeGroup; all-reduce: flat)
     leaders = None
-    grouped = s.cfg.dist.hierarchy == "node" and hasattr(m, "group_index")   # (NodeGroup; all-reduce: flat)
     # another rank count, or the same ranks split into other nodes: each rank continues a saved one
-    reshape = old_p != s.topo.size or (grouped and groups_moved(s, path))
-    if reshape and grouped:
+    reshape = old_p != s.topo.size or (split is not None and groups_moved(s, path))
+    if reshape and split is not None:
         leaders = saved_leaders(s, path, old_p)
         if leaders is None:
             raise CheckpointError(f"{path}: written by a --hierarchy node run before checkpoints "
                                   f"recorded node groups: resume it on the same {old_p} ranks, "
                                   f"split into nodes alike")
     source = source_rank(s, old_p, leaders, reshape)   # the saved rank this rank continues
-    meta, arrays, state = ckpt.read_rank(path, source)
-    if reshape:                                      # (--hierarchy node: new node groups, by design)
-        state["method"].pop("node_group", None)
-    if reshape and m.name == "gossip":               # every rank: the average of the saved replicas
-        total = average_replicas(s, path, old_p, leaders)
-        m.load_reshaped(ps, state.pop("method"), total)
-    elif reshape and m.name == "localsgd":           # the average; SlowMo's state is shared
-        average_replicas(s, path, old_p, leaders)
-        m.load_state(ps, {k: v for k, v in arrays.items() if k not in ("params", "momentum", "buffers")},
-                     state.pop("method"))
-    elif reshape and s.roles.num_servers and not s.roles.is_server:
-        center = saved_center(s, path)               # a worker starts from the center / master
-        ps.params[...] = xp.asarray(center)
-        s.opt.momentum[...] = 0
-        ps.buffers[...] = xp.asarray(arrays.pop("buffers"))
-        arrays = {k: (center if k == "fetched_weights" else v) for k, v in arrays.items()
-                  if k not in ("params", "momentum")}
-        m.load_state(ps, arrays, state.pop("method"))
-    else:
-        ps.params[...] = xp.asarray(arrays.pop("params"))
-        s.opt.momentum[...] = xp.asarray(arrays.pop("momentum"))
-        ps.buffers[...] = xp.asarray(arrays.pop("buffers"))
-        m.load_state(ps, arrays, state.pop("method"))
-    lines = state.pop("trace_lines", None)
-    loop = LoopState.from_dict(state.pop("loop"))
+    meta, own = RankState.read(path, source)
+    k = s.roles.num_servers
+    old_workers = old_p - k if leaders is None else sum(j >= k for j in leaders)
     if not reshape:
-        if lines is not None:                        # the events after the checkpoint never happened
-            m.trace.truncate(int(lines))
-        return meta, loop, state
-    return meta, reshaped(s, path, loop, state, old_p, source, leaders), state
+        return meta, Origin("same", own, int(own.method["global_samples"]), old_p, old_workers, path)
+    own.method.pop("node_group", None)              # (new node groups, by design)
+    total = saved_total(path)
+    o = Origin("reshape", own, total, old_p, old_workers, path)
+    replica = "source" if s.roles.is_server else m.reshape_replica
+    if replica == "average":                         # every rank: the average of the saved replicas
+        o = o.with_replica(*average_replicas(s, path, old_p, leaders))
+    elif replica == "center":                        # a worker starts from the center / master
+        o = o.with_replica(saved_center(s, path), np.zeros_like(own.momentum), own.buffers)
+    o.own.loop = reshaped(s, o, source, leaders)
+    return meta, o
+
+
+def saved_total(path: Path) -> int:
+    """The global count of checkpoint ``path``: saved rank 0's (gossip: its sample counter's true
+    value; a server method: the first server's; the others: every rank's alike)."""
+    st = RankState.read(path, 0, arrays=False)[1].method
+    return int(st.get("counter_total", st["global_samples"]))
 
 
 def groups_moved(s, path: Path) -> bool:
     """Collective: whether some rank now sits in another node group (``dist.hierarchy = node``)
     than the one checkpoint ``path`` recorded for its rank (the same ranks, split into other
     nodes: another -N / --ntasks-per-node)."""
-    saved = ckpt.read_rank(path, s.topo.rank, arrays=False)[2]["method"].get("node_group")
-    moved = int(saved is not None and list(saved) != list(s.method.group))
+    saved = RankState.read(path, s.topo.rank, arrays=False)[1].method.get("node_group")
+    split = s.method.node_split
+    moved = int(saved is not None and list(saved) != [split.leader_rank, split.node.size])
     return bool(s.topo.transport.allreduce_sum_host(np.array([moved], np.int64))[0])
 
 
@@ -150,14 +147,14 @@ def source_rank(s, old_p: int, leaders: list[int] | None = None, reshape: bool =
     replica (rank mod p_old), and for the server methods shard k for shard k and saved worker
     (w mod W_old) for worker w (the shard count cannot change: ``dist.servers`` defines the run).
     A checkpoint of node groups (``leaders``: its saved leaders, ``saved_leaders``): every rank of
-    worker group g (``NodeGroup.group_index`` - K) continues saved worker leader g mod their count
+    worker group g (``NodeSplit.group_index`` - K) continues saved worker leader g mod their count
     (a member's state is not its method's; the groups keep their saved order)."""
     if not reshape:
         return s.topo.rank
     k = s.roles.num_servers
     if leaders is not None and not s.roles.is_server:
         workers = [j for j in leaders if j >= k]
-        return workers[(s.method.group_index - k) % len(workers)]
+        return workers[(s.method.node_split.group_index - k) % len(workers)]
     if not k:
         return s.topo.rank % old_p
     return s.topo.rank if s.roles.is_server else k + s.roles.worker_index % (old_p - k)
@@ -189,60 +186,47 @@ def saved_center(s, path: Path):
     return np.concatenate(parts)
 
 
-def average_replicas(s, path: Path, old_p: int, leaders: list[int] | None = None) -> int:
+def average_replicas(s, path: Path, old_p: int, leaders: list[int] | None = None) -> tuple:
     """Collective: rank 0 reads every saved replica and averages params, momentum and BN buffers
     (push-sum: ``sum w_i x_i / sum w_i``, the de-biased average the weights conserve; pull: the
     plain mean), in float64; every rank gets them by broadcast.  Node groups: the saved
-    ``leaders``' replicas only (a member's is its leader's copy).  Returns the saved global count
-    (the sample counter's value on saved rank 0)."""
-    ps, opt = s.model.ps, s.opt
-    flats = (ps.params, opt.momentum, ps.buffers)
+    ``leaders``' replicas only (a member's is its leader's copy).  Returns (params, momentum,
+    buffers), host arrays of the run's dtypes."""
+    flats = (s.model.ps.params, s.opt.momentum, s.model.ps.buffers)
     sums = [np.zeros(f.size, np.float64) for f in flats]
-    total = np.zeros(1, np.int64)
     if s.topo.is_root:
         weights = 0.0
         for j in (range(old_p) if leaders is None else leaders):
-            _, arrays, st = ckpt.read_rank(path, j)
-            w = float(st["method"].get("weight", 1.0))      # push-sum's weight; pull: 1
-            for acc, key in zip(sums, ("params", "momentum", "buffers")):
-                acc += w * arrays[key].astype(np.float64)
+            saved = RankState.read(path, j)[1]
+            w = float(saved.method.get("weight", 1.0))      # push-sum's weight; pull: 1
+            for acc, arr in zip(sums, (saved.params, saved.momentum, saved.buffers)):
+                acc += w * arr.astype(np.float64)
             weights += w
-            if j == 0:
-                total[0] = int(st["method"].get("counter_total", st["method"]["global_samples"]))
         for acc in sums:
             acc /= weights
+    out = []
     for flat, acc in zip(flats, sums):
         host = acc.astype(flat.dtype)
         s.method.comm.broadcast(host, 0)
-        flat[...] = s.backend.xp.asarray(host)
-    s.method.comm.broadcast(total, 0)
-    return int(total[0])
+        out.append(host)
+    return tuple(out)
 
 
-def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int, source: int,
-             leaders: list[int] | None = None) -> LoopState:
-    """The loop counters of a rank of a run resumed on another rank count (``RESHAPEABLE``
-    methods): the data position continues from the global sample count in this job's epochs
-    (``Setup.samples_per_epoch``), as if this job had run from the start; the times are those of
-    the replica it continues; the bad samples every saved worker counted are counted once (by new
-    worker ``v mod W`` of saved worker ``v``).  Not bitwise: the data order depends on p.  (Gossip:
-    the parameters are the saved replicas' average, ``average_replicas``.)"""
-    p, k = s.topo.size, s.roles.num_servers
-    gs, spe = s.method.global_samples, s.samples_per_epoch
-    log = logging.getLogger("scalesgd")
+def reshaped(s, o: Origin, source: int, leaders: list[int] | None = None) -> LoopState:
+    """The loop counters of a rank of a run resumed on another rank count or into other node
+    groups (``o``: its origin): the data position continues from the global count in this job's
+    epochs (``Setup.samples_per_epoch``), as if this job had run from the start; the times are
+    those of the saved rank it continues (``source``); the bad samples every saved worker counted
+    are counted once (by new worker ``v mod W`` of saved worker ``v``: ``o.own.bad_samples``).
+    Not bitwise: the data order depends on p."""
+    p, k, loop = s.topo.size, s.roles.num_servers, o.own.loop
+    gs, spe = o.global_samples, s.samples_per_epoch
     if s.topo.is_root:
-        log.info("resuming %s, written by %d ranks, on %d%s: continuing from %d global samples "
-                 "(epoch %.2f); not bitwise: the data order depends on the rank count and the node "
-                 "groups", path, old_p, p, " split into other node groups" if old_p == p else "", gs,
-                 gs / spe if spe else 0.0)
-        before, now, who = old_p - k, s.roles.num_workers, "worker"
-        if leaders is not None:                     # node groups: only their leaders push
-            before, now, who = sum(j >= k for j in leaders), s.method.num_nodes - k, "worker node group"
-        if s.method.name == "asgd" and before != now:
-            log.warning("warning: asgd's server adds every %s's update, and schedule.lr = %g was "
-                        "set for %d %ss (saved in config.json): with %d the master moves %.2fx as "
-                        "far per round; --lr %.4g keeps its step (lr x %ss)", who, s.cfg.schedule.lr,
-                        before, who, now, now / before, s.cfg.schedule.lr * before / now, who)
+        logging.getLogger("scalesgd").info(
+            "resuming %s, written by %d ranks, on %d%s: continuing from %d global samples (epoch "
+            "%.2f); not bitwise: the data order depends on the rank count and the node groups",
+            o.path, o.old_size, p, " split into other node groups" if o.old_size == p else "", gs,
+            gs / spe if spe else 0.0)
     if s.roles.is_server:                           # a server's counters are its own (no data)
         return loop
     step_batch = s.cfg.data.batch_size * s.roles.num_workers
@@ -250,12 +234,12 @@ def reshaped(s, path: Path, loop: LoopState, state: dict, old_p: int, source: in
     loop.step = gs // step_batch
     loop.local_samples = loop.step * s.cfg.data.batch_size
     owned, w = 0, s.roles.worker_index
-    for v in range(w, old_p - k, s.roles.num_workers):     # saved workers v with v mod W == w
+    for v in range(w, o.old_size - k, s.roles.num_workers):     # saved workers v with v mod W == w
         j = k + v
-        st = state if j == source else ckpt.read_rank(path, j, arrays=False)[2]
-        owned += int(st.get("bad_samples", {}).get("owned", 0))
-    if "bad_samples" in state:
-        state["bad_samples"] = {**state["bad_samples"], "owned": owned}
+        st = o.own if j == source else RankState.read(o.path, j, arrays=False)[1]
+        owned += int((st.bad_samples or {}).get("owned", 0))
+    if o.own.bad_samples:
+        o.own.bad_samples = {**o.own.bad_samples, "owned": owned}
     return loop
 
 

@@ -4,7 +4,7 @@ The survivors notice the failure at their next communication or at the per-step 
 (``comm/failures.Detector``), and each calls ``survive`` with the run it was in:
 
 1. **local**: the method ``abandon``s what was in flight (gossip's courier stops; push-sum folds
-   its inbox) and hands over ``survivor_state``;
+   its inbox); the survivor's ``RankState`` is taken (``rankstate.py``);
 2. **shrink** (collective among the survivors, the transport's ``shrunk``): every communicator
    of the job is revoked and the world shrunk; the ranks are renumbered in their old order, so server shards keep their ranks;
 3. **rebuild** on the shrunk communicator what depends on it: topology, control plane, method (new
@@ -12,7 +12,8 @@ The survivors notice the failure at their next communication or at the per-step 
    the run's files stay;
 4. **continue** (collective): the agreed global count (the largest any survivor knew), the last
    phase every survivor completed (an evaluation or checkpoint the failure interrupted is done
-   again), the method's state (``Method.continue_from``).  All-reduce's replicas become rank 0's
+   again), the method's and the loop's state (an ``Origin`` of kind "survive", taken by
+   ``Method.adopt`` and ``Run.adopt``, as a resume takes a checkpoint's).  All-reduce's replicas become rank 0's
    (momentum included): a failure inside a step can leave some ranks with its update and others
    without.  Every other method keeps each survivor's own replica.
 
@@ -30,12 +31,15 @@ import time
 
 import numpy as np
 
+from ..backend import to_numpy
 from ..comm import watchdog
 from ..comm.topology import Topology
 from ..errors import LostRankError, MethodError
 from ..methods import create, method_class
 from .assemble import Setup, loaders
 from .control import Control
+from .rankstate import Origin, RankState
+from .resuming import data_position
 
 log = logging.getLogger("scalesgd")
 
@@ -61,8 +65,8 @@ def rebuilt(old: Setup, topo: Topology) -> Setup:
 
 
 def survive(run, cause: BaseException):
-    """Collective among the survivors of ``run`` (a ``loop.Run``): the ``loop.Run`` that continues
-    it on the shrunk job, with the failure recorded (``run.failures``)."""
+    """Collective among the survivors of ``run`` (a ``loop.Run``): the run goes on, bound to the
+    shrunk job, with the failure recorded (``run.failures``); returns it."""
     old, t0 = run.s, time.perf_counter()
     m_old, ps = old.method, old.model.ps
     detected = run.train_seconds()
@@ -72,8 +76,9 @@ def survive(run, cause: BaseException):
         raise LostRankError("a rank died and the all-reduce runs on NCCL, which cannot survive it; "
                             "--allreduce-transport host survives; --resume RUN_DIR continues")
     m_old.abandon(ps)
-    arrays, scalars = m_old.survivor_state(ps)
-    own = (ps.params.copy(), old.opt.momentum.copy(), ps.buffers.copy())
+    own = RankState.of_run(run)                      # local: this survivor's state, host copies
+    oc = old.control
+    phase = (run.boundaries[oc.phase_done] if oc.phase_done >= 0 else -1, oc.ckpt_done, run.saving)
     topo, dead_now, shrink_s = old.topo.transport.shrunk()
     dead = sorted(run.world_ranks[r] for r in dead_now)
     world_ranks = [run.world_ranks[r] for r in range(len(run.world_ranks)) if r not in dead_now]
@@ -91,34 +96,44 @@ def survive(run, cause: BaseException):
                     "continue)", dead, _describe(cause), topo.size)
     s = rebuilt(old, topo)
     s.method.start(ps)                               # new windows / ports; replicas = rank 0's
-    gs = int(s.control.max_over_ranks([m_old.global_samples])[0])
-    if s.method.replicas_identical and topo.size > 1:   # rank 0's replica: rank 0's count
-        mine = np.array([m_old.global_samples], np.int64)
-        s.method.comm.broadcast(mine, 0)
-        gs = int(mine[0])
-    if s.method.replicas_identical:
-        if topo.size > 1:
-            s.method.comm.broadcast(old.opt.momentum, 0)
-    else:
-        ps.params[...], old.opt.momentum[...], ps.buffers[...] = own
-    extra = s.method.continue_from(ps, arrays, scalars, gs)
-    new = type(run)(s, run.run_dir, carried=run)
-    new.world_ranks = world_ranks
-    new.agree_phases(run)
-    new.continue_data_at(gs)
+    o = Origin("survive", own, agreed_count(s, m_old.global_samples), old.topo.size,
+               old.roles.num_workers)
+    if s.method.replicas_identical and topo.size > 1:   # rank 0's replica (``start``) and momentum
+        s.method.comm.broadcast(own.momentum, 0)
+        o = o.with_replica(to_numpy(ps.params).copy(), own.momentum, to_numpy(ps.buffers).copy())
+    loop = o.own.loop                                # this worker's data position: the new
+    if not s.roles.is_server and s.samples_per_epoch:   # worker count's order, from the count
+        loop.local_epoch, loop.step_in_epoch = data_position(
+            o.global_samples, s.samples_per_epoch, s.cfg.data.batch_size * s.roles.num_workers)
     if s.method.lockstep:              # a step's collective may have completed on some ranks only
-        new.st.step = int(s.control.max_over_ranks([new.st.step])[0])
+        loop.step = int(s.control.max_over_ranks([loop.step])[0])
+    extra = s.method.adopt(ps, s.opt, o)
+    run.bind(s)
+    run.adopt(o)
+    run.world_ranks = world_ranks
+    run.agree_phases(*phase)
     took = float(s.control.max_over_ranks([int(1e6 * (time.perf_counter() - t0))])[0]) / 1e6
-    record = dict(ranks=dead, global_samples=gs, train_seconds=detected, workers=s.roles.num_workers,
-                  shrink_seconds=shrink_s, recovery_seconds=took, cause=_describe(cause), **extra)
-    new.failures.append(record)
-    new.metrics.write("failure", **record)
-    new.pending_recovery = t0                        # the next completed step closes it
+    record = dict(ranks=dead, global_samples=o.global_samples, train_seconds=detected,
+                  workers=s.roles.num_workers, shrink_seconds=shrink_s, recovery_seconds=took,
+                  cause=_describe(cause), **extra)
+    run.failures.append(record)
+    run.metrics.write("failure", **record)
+    run.pending_recovery = t0                        # the next completed step closes it
     watchdog.doing("continuing after a lost rank")
     # the same signals everywhere: the phase the caller runs next (``loop.train``) is due on every
     # rank alike (a worker must not push to a server that is in a phase)
     s.control.signals.merge(s.control.max_over_ranks(s.control.signals.seen))
-    return new
+    return run
+
+
+def agreed_count(s, mine: int) -> int:
+    """Collective on the shrunk job: the global count it continues from: the largest any survivor
+    knew, or, where the replicas are identical (all-reduce), rank 0's, whose replica they take."""
+    if s.method.replicas_identical and s.topo.size > 1:
+        got = np.array([mine], np.int64)
+        s.method.comm.broadcast(got, 0)
+        return int(got[0])
+    return int(s.control.max_over_ranks([mine])[0])
 
 
 def _end(transport, message: str) -> None:
