@@ -14,9 +14,10 @@ pushes), plus the latency; ranks on one node (``ranks_per_node``) exchange at th
 rate.  Collectives cost the ring all-reduce time (2 (n-1)/n bytes / rate + 2 (n-1) latencies over
 n nodes) once the last rank has arrived.  A one-sided read is a round trip; an accumulate and the
 counter update wait for their completion at the target (as the flushed MPI calls do).  The
-gradient all-reduce (``allreduce.py``) hides under backward or not by the profile's
-``allreduce_progress``; one-sided calls wait for a busy target by its ``rma_progress``
-(docs/virtual.md).
+gradient all-reduce (``allreduce.py``: flat, or in two levels with ``dist.hierarchy = node``)
+hides under backward or not by the profile's ``allreduce_progress``; one-sided calls wait for a
+busy target by its ``rma_progress`` (docs/virtual.md).  Node groups (``node_groups``,
+``nodes.py``) are the profile's nodes, as MPI's shared-memory split makes them in a real job.
 
 With a tape (``Cluster.tapes``, ``io/timetape.py``) every action that moves a rank's clock is
 recorded with its cost's kind and bytes (``cost_seconds``), and the clock's reads are stamps, so
@@ -29,9 +30,11 @@ import time
 import numpy as np
 
 from ..comm.failures import RankFailed
-from ..errors import ConfigError, LostRankError
-from .allreduce import GRADIENT_KINDS, VirtualAllreducer, gradient_seconds, tree_sum
+from ..errors import LostRankError
+from .allreduce import (GRADIENT_KINDS, VirtualAllreducer, VirtualTwoLevelAllreducer, gradient_seconds,
+                        tree_sum)
 from .cluster import Cluster
+from .nodes import node_groups
 from .ports import VirtualServerPort, VirtualWorkerPort
 from .windows import VirtualCourier, VirtualInbox, VirtualPublishedVector, VirtualSampleCounter
 
@@ -132,9 +135,14 @@ class InProcessTransport:
             return t
         return max(t, self.c.busy_until[target_wr])
 
-    def node_split(self, alone: bool = False):
-        raise ConfigError("dist.hierarchy: the virtual cluster does not model node groups yet: "
-                          "drop --hierarchy")
+    def node_split(self, alone: bool = False) -> "InProcessTransport":
+        """Collective: the sub-transport of this rank's node group (``nodes.py``: the profile's
+        nodes; ``alone``: a group of its own)."""
+        return self.node_groups(alone).node
+
+    def node_groups(self, alone: bool = False):
+        """Collective: this rank's ``comm/topology.py: NodeSplit`` (``nodes.node_groups``)."""
+        return node_groups(self, alone)
 
     def split(self, color: int, key: int) -> "InProcessTransport":
         def combine(vals):
@@ -367,9 +375,10 @@ class InProcessTransport:
         return "multiple"
 
     def allreducer(self, grads, layout, dist):
-        if getattr(dist, "hierarchy", "none") != "none":
-            raise ConfigError("dist.hierarchy: the virtual cluster does not model the two-level "
-                              "all-reduce yet (its sum order and timing): drop --hierarchy")
+        """The gradient all-reducer (``allreduce.py``): in two levels with ``dist.hierarchy = node``
+        (on more than one rank, as ``MPITransport.allreducer``), else flat."""
+        if getattr(dist, "hierarchy", "none") == "node" and self.size > 1:
+            return VirtualTwoLevelAllreducer(self, grads, dist)
         return VirtualAllreducer(self, grads, dist)
 
 
