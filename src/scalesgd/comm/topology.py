@@ -27,8 +27,10 @@ class Topology:
     def worker_nodes(self, num_servers: int) -> int:
         """Collective: the nodes holding ranks ``num_servers..size-1`` (the workers), which are the
         worker node groups of ``dist.hierarchy = node`` (``methods/hierarchical.py``: a server rank
-        is a group of its own).  The world's size where there is no MPI (a virtual rank)."""
-        if self.comm is None:
+        is a group of its own), through the transport's ``node_groups`` (MPI's shared-memory nodes,
+        or a virtual rank's profile nodes: ``virtual/nodes.py``).  The world's size without a
+        transport (the record an error ends the job through)."""
+        if self.transport is None:
             return self.size
         split = self.transport.node_groups(alone=self.rank < num_servers)   # the groups NodeGroup forms
         split.free()

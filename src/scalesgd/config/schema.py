@@ -146,7 +146,8 @@ class DistConfig:
                               "before the next mix, in a communication thread, so it runs under the "
                               "next step's compute (the peer copy mixed in is one exchange older)")
     hierarchy: str = _f("none", "node: communicate in two levels, inside each node (shared memory) and "
-                        "between nodes (one rank per node), nodes as MPI sees them; built so far for "
+                        "between nodes (one rank per node), nodes as MPI sees them (a virtual run: its "
+                        "profile's ranks_per_node); built so far for "
                         "allreduce (a two-level all-reduce over MPI host buffers); the other methods: "
                         "the ranks of a node average gradients every step and their leader exchanges "
                         "(gossip, local SGD) or talks to the server (easgd, asgd; servers stay alone)", choices=HIERARCHIES)

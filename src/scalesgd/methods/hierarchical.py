@@ -21,7 +21,8 @@ its rank among the leaders, so the inner method's server serves the node groups'
 A resume on the same rank count must keep the split into nodes (else refused: a leader's state
 is the method's, a member's only the base's); on another rank count (``resuming.origin``) every
 new rank continues a saved *leader* and the averaging methods start from the saved leaders'
-average.  Not built: ``--on-failure continue`` (config refuses it), and the virtual cluster.
+average.  Not built: ``--on-failure continue`` (config refuses it).  In the virtual cluster the
+split is the profile's nodes (``virtual/nodes.py``), the same code runs over it.
 """
 from __future__ import annotations
 
@@ -53,8 +54,9 @@ class NodeGroup(Method):
             raise MethodError(f"dist.hierarchy = node: {self.name} counts samples in lockstep and needs "
                               f"the same number of ranks in every node group (got {groups})")
         if self.num_nodes < 2:
-            raise MethodError(f"dist.hierarchy = node: {self.name} runs between nodes, but MPI sees all "
-                              f"{roles.size} ranks on one node: drop --hierarchy (or run across nodes)")
+            raise MethodError(f"dist.hierarchy = node: {self.name} runs between nodes, but all {roles.size} "
+                              "ranks are on one node (MPI's shared-memory split; a virtual run's profile, "
+                              "ranks_per_node): drop --hierarchy (or run across nodes)")
         if roles.rank == 0:
             logging.getLogger("scalesgd").info(
                 "%s: node groups (dist.hierarchy = node): %d group(s) of %s rank(s); their leaders run "

@@ -17,7 +17,7 @@ a user's own) with these keys:
 ``compute_source``   where the compute figure comes from (a citation, or "measured")
 ``link_gbps``        usable bandwidth of one node's NIC, Gbit/s, each way
 ``latency_us``       one message's latency across nodes, microseconds
-``ranks_per_node``   consecutive ranks share a node (and its NIC)
+``ranks_per_node``   consecutive ranks share a node (and its NIC; ``--hierarchy node``'s groups)
 ``intra_gbps``       bandwidth between ranks of one node, Gbit/s
 ``mem_gbps``         device memory bandwidth, GB/s (a server's update, a gossip mix: 3 passes)
 ``jitter_cv``        every step's compute x max(0.5, 1 + cv N(0, 1)) (0: none); a shorthand for a

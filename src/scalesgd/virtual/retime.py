@@ -18,8 +18,11 @@ operations in the same order; ``tests/test_retime.py``).
 
 Refused, with one line: a method whose arithmetic depends on the order of events (the server
 methods, gossip: another clock is another trajectory), a run with clock-driven checkpoints
-(``--checkpoint-minutes``: their steps move with the clock), a resumed run, and a directory
-without a tape (a real run: replay it first with ``--replay``).
+(``--checkpoint-minutes``: their steps move with the clock), a resumed run, a directory without a
+tape (a real run: replay it first with ``--replay``), and a ``--hierarchy node`` run under a
+profile of another ``ranks_per_node`` (other node groups sum in another order, and local SGD's
+leaders are other ranks).  With the same node size, the hierarchy's collectives (the two-level
+all-reduce, a node group's) are re-timed like any other.
 """
 from __future__ import annotations
 
@@ -152,6 +155,11 @@ def retime(src: Path, prof, condition, out: Path | None = None) -> dict:
     t0 = time.perf_counter()
     raw_cfg, virtual, summary = check(src)
     cfg = C.build(raw_cfg, {})
+    rpn = virtual["profile"].get("ranks_per_node", 1)
+    if cfg.dist.hierarchy == "node" and prof.ranks_per_node != rpn:
+        raise ConfigError(f"{src}: a --hierarchy node run of {rpn} rank(s) per node cannot be re-timed "
+                          f"on {prof.ranks_per_node} per node: other node groups are another trajectory "
+                          "(the sums' order, who exchanges); re-run it under that profile")
     tapes = read_tapes(src, virtual["ranks"])
     for r, tape in enumerate(tapes):
         odd = next((op for op in tape["ops"] if op[0] == "x"), None)

@@ -64,8 +64,13 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
     from .cluster import Cluster  # noqa: PLC0415
     from .world import World  # noqa: PLC0415
 
+    from .nodes import worker_nodes  # noqa: PLC0415
+    if replay_dir is not None and cfg.dist.hierarchy == "node":
+        raise ConfigError(f"--replay {replay_dir}: a --hierarchy node run cannot be replayed exactly "
+                          "(its node split and MPI's order of the sums inside a node are not recorded)")
     size = ranks_for(cfg, workers)
-    cfg = C.fit_to_world(cfg, size)
+    nodes = worker_nodes(size, size - workers, prof.ranks_per_node) if cfg.dist.hierarchy == "node" else None
+    cfg = C.fit_to_world(cfg, size, nodes)   # (A-SGD's rate under the hierarchy: over the worker groups)
     run_dir, resume, data_root, splits = _prepare(cfg, workers, size)
     backend = backend_mod.select("cpu", 0)
     threads = threads or backend_mod.blas_threads_for(1)

@@ -14,8 +14,10 @@ pushes), plus the latency; ranks on one node (``ranks_per_node``) exchange at th
 rate.  Collectives cost the ring all-reduce time (2 (n-1)/n bytes / rate + 2 (n-1) latencies over
 n nodes) once the last rank has arrived.  A one-sided read is a round trip; an accumulate and the
 counter update wait for their completion at the target (as the flushed MPI calls do).  The
-gradient all-reduce hides under backward or not by the profile's ``allreduce_progress``; one-sided
-calls wait for a busy target by its ``rma_progress`` (docs/virtual.md).
+gradient all-reduce (``allreduce.py``: flat, or in two levels with ``dist.hierarchy = node``)
+hides under backward or not by the profile's ``allreduce_progress``; one-sided calls wait for a
+busy target by its ``rma_progress`` (docs/virtual.md).  Node groups (``node_groups``,
+``nodes.py``) are the profile's nodes, as MPI's shared-memory split makes them in a real job.
 
 With a tape (``Cluster.tapes``, ``io/timetape.py``) every action that moves a rank's clock is
 recorded with its cost's kind and bytes (``cost_seconds``), and the clock's reads are stamps, so
@@ -28,25 +30,13 @@ import time
 import numpy as np
 
 from ..comm.failures import RankFailed
-from ..errors import ConfigError, LostRankError
+from ..errors import LostRankError
+from .allreduce import (GRADIENT_KINDS, VirtualAllreducer, VirtualTwoLevelAllreducer, gradient_seconds,
+                        tree_sum)
 from .cluster import Cluster
+from .nodes import node_groups
 from .ports import VirtualServerPort, VirtualWorkerPort
 from .windows import VirtualCourier, VirtualInbox, VirtualPublishedVector, VirtualSampleCounter
-
-
-def tree_sum(arrays: list) -> np.ndarray:
-    """Sum of same-shaped arrays in MPICH's all-reduce order: pairs of neighbours, then pairs of
-    pairs (recursive doubling); with p not a power of two, ranks 2i and 2i+1 (i < p - 2^k) are
-    folded first.  A new array."""
-    vals = [np.array(a, copy=True) for a in arrays]
-    p = len(vals)
-    pof2 = 1 << (p.bit_length() - 1)
-    rem = p - pof2
-    if rem:
-        vals = [vals[2 * i] + vals[2 * i + 1] for i in range(rem)] + vals[2 * rem:]
-    while len(vals) > 1:
-        vals = [vals[i] + vals[i + 1] for i in range(0, len(vals), 2)]
-    return vals[0]
 
 
 class RankDied(BaseException):
@@ -145,9 +135,14 @@ class InProcessTransport:
             return t
         return max(t, self.c.busy_until[target_wr])
 
-    def node_split(self, alone: bool = False):
-        raise ConfigError("dist.hierarchy: the virtual cluster does not model node groups yet: "
-                          "drop --hierarchy")
+    def node_split(self, alone: bool = False) -> "InProcessTransport":
+        """Collective: the sub-transport of this rank's node group (``nodes.py``: the profile's
+        nodes; ``alone``: a group of its own)."""
+        return self.node_groups(alone).node
+
+    def node_groups(self, alone: bool = False):
+        """Collective: this rank's ``comm/topology.py: NodeSplit`` (``nodes.node_groups``)."""
+        return node_groups(self, alone)
 
     def split(self, color: int, key: int) -> "InProcessTransport":
         def combine(vals):
@@ -233,27 +228,11 @@ class InProcessTransport:
             return net.collective_seconds(nbytes, self.group)
         if kind == "funnel":
             return net.wire_seconds(nbytes)
-        if kind in ("grad", "grad-overlap"):
-            return self.gradient_seconds(nbytes, kind == "grad-overlap")
+        if kind in GRADIENT_KINDS:
+            return gradient_seconds(self, kind, nbytes)
         if kind == "none":
             return 0.0
         raise ValueError(f"unknown collective cost {kind!r}")
-
-    def gradient_seconds(self, nbytes: int, overlap: bool) -> float:
-        """The gradient all-reduce after the last rank's backward, by the profile's
-        ``allreduce_progress``: ``async`` hides the part that fits under this rank's backward (two
-        thirds of its step's compute) with ``overlap``, down to an eighth; ``host`` moves only
-        inside MPI: ``host_allreduce_factor`` times the ring formula, of which only the measured
-        ``host_hidden_fraction`` hides under backward with ``overlap`` (the buckets' launches)."""
-        prof = self.c.profile
-        seconds = self.c.net.collective_seconds(nbytes, self.group)
-        if prof.allreduce_progress == "host":
-            seconds *= prof.host_allreduce_factor
-            return seconds * (1.0 - prof.host_hidden_fraction) if overlap else seconds
-        if overlap:
-            backward = 2 / 3 * self.c.last_compute[self.wr]
-            seconds = max(seconds - backward, seconds / 8)
-        return seconds
 
     def _collective(self, value, combine, cost: tuple[str, int], doing: str):
         """Every rank of the group deposits ``value``; once all have, each gets ``combine(values in
@@ -396,9 +375,10 @@ class InProcessTransport:
         return "multiple"
 
     def allreducer(self, grads, layout, dist):
-        if getattr(dist, "hierarchy", "none") != "none":
-            raise ConfigError("dist.hierarchy: the virtual cluster does not model the two-level "
-                              "all-reduce yet (its sum order and timing): drop --hierarchy")
+        """The gradient all-reducer (``allreduce.py``): in two levels with ``dist.hierarchy = node``
+        (on more than one rank, as ``MPITransport.allreducer``), else flat."""
+        if getattr(dist, "hierarchy", "none") == "node" and self.size > 1:
+            return VirtualTwoLevelAllreducer(self, grads, dist)
         return VirtualAllreducer(self, grads, dist)
 
 
@@ -410,36 +390,3 @@ class VirtualProgress:
 
     def close(self) -> None:
         self.net.c.progressing.discard(self.net.wr)
-
-
-class VirtualAllreducer:
-    """The gradient sum of the ``allreduce`` method: the whole flat buffer in MPICH's order, once
-    every rank finished backward, at ``InProcessTransport.gradient_seconds``."""
-
-    overlap = False                    # nothing to do during backward: no hook
-    transport = "virtual"
-
-    def __init__(self, net: InProcessTransport, flat, dist):
-        self.net, self.flat, self.dist = net, flat, dist
-
-    def ready(self, names) -> None:
-        pass
-
-    def close(self) -> None:
-        """Nothing to free (the MPI transports' interface)."""
-
-    def device_seconds(self, wait: bool = False) -> float:
-        """Nothing runs on a device (the MPI transports' interface)."""
-        return 0.0
-
-    def progress(self) -> None:
-        """Nothing in flight between ``ready`` and ``finish`` (the MPI transports' interface)."""
-
-    def launch_all(self) -> None:
-        """The sum starts in ``finish`` (the MPI transports' interface)."""
-
-    def finish(self) -> None:
-        kind = "grad-overlap" if self.dist.overlap else "grad"
-        total = self.net._collective(self.flat, tree_sum, (kind, self.flat.nbytes),
-                                     "in the gradient all-reduce")
-        self.flat[...] = total
