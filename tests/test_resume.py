@@ -1,4 +1,6 @@
-"""Resume, for every method, in the three ways users do it (real mpiexec, real checkpoints):
+"""Resume, for every method, in the three ways users do it (real checkpoints; real mpiexec for one
+method per protocol: all-reduce's collectives, the server ports with two shards, push-sum's
+one-sided inboxes; the others in the virtual cluster, the same code in one process):
 
 - **partial**: a finished run cut back to its first checkpoint, resumed;
 - **extend**: a finished 2-epoch run resumed with ``--epochs 3``;
@@ -33,6 +35,7 @@ METHODS = {"allreduce": [], "easgd": [], "asgd": [], "gossip-pull": ["--gossip",
            "gossip-push": ["--gossip", "push", "--gossip-overlap"],   # pushes in flight at a checkpoint
            "easgd-sharded": ["--servers", "2"]}          # two server shards, one worker
 DETERMINISTIC = ("allreduce", "easgd-sharded")          # (one worker: no arrival order)
+VIRTUAL = ("easgd", "asgd", "gossip-pull")              # MPI is not what they add: in one process
 RANKS = 3                    # server methods: a server and two workers
 
 
@@ -66,10 +69,23 @@ def checkpoints(run_dir: Path) -> list[Path]:
     return ckpt.listing(ckpt.checkpoint_dir(run_dir))
 
 
-def resume(run_dir, tmp_path, *extra):
-    p = run_cli(["--resume", str(run_dir), *extra], tmp_path, timeout=120, launcher=launch(RANKS))
+def resume(run_dir, tmp_path, *extra, virtual=False):
+    p = (run_virtual if virtual else run_cli)(["--resume", str(run_dir), *extra], tmp_path, timeout=120,
+                                             launcher=launch(RANKS))
     ok(p)
     return p
+
+
+def run_virtual(args, tmp_path, timeout=120, launcher=(), faults=""):
+    """``python -m scalesgd.virtual ARGS`` with RANKS ranks (``--workers``: the ranks less the
+    servers), from the repository root; ``faults``: SCALESGD_INJECT_FAULT."""
+    servers = 0 if "--resume" in args else 2 if "--servers" in args else int(
+        any(m in args for m in ("easgd", "asgd")))
+    workers = [] if "--resume" in args else ["--workers", str(RANKS - servers)]
+    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1",
+               SCALESGD_INJECT_FAULT=faults)
+    return subprocess.run([sys.executable, "-m", "scalesgd.virtual", *args, *workers], cwd=ROOT, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
 
 
 def assert_same_state(a: Path, b: Path):
@@ -82,9 +98,10 @@ def assert_same_state(a: Path, b: Path):
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_resume_partial_extended_and_killed_runs(tmp_path, data, name):
-    deterministic = name in DETERMINISTIC
+    deterministic, virtual = name in DETERMINISTIC, name in VIRTUAL
+    start = run_virtual if virtual else run_cli
     a = tmp_path / "a"
-    ok(run_cli(args_for(name, data, a), tmp_path, launcher=launch(RANKS)))
+    ok(start(args_for(name, data, a), tmp_path, launcher=launch(RANKS)))
     assert boundaries(a) == [48, 96] and len(checkpoints(a)) == 4
 
     # partial: cut back to the first checkpoint (half an epoch), resume
@@ -93,7 +110,7 @@ def test_resume_partial_extended_and_killed_runs(tmp_path, data, name):
     for f in checkpoints(b)[1:]:
         f.unlink()
     (b / "summary.json").unlink()
-    resume(b, tmp_path)
+    resume(b, tmp_path, virtual=virtual)
     assert boundaries(b) == [48, 96]                  # each boundary evaluated once
     assert len(checkpoints(b)) == 4                   # no extra checkpoint after resuming
     first = ckpt.read_meta(checkpoints(b)[0])
@@ -104,18 +121,35 @@ def test_resume_partial_extended_and_killed_runs(tmp_path, data, name):
     # extend: the finished run continued to 3 epochs
     c = tmp_path / "c"
     shutil.copytree(a, c)
-    resume(c, tmp_path, "--epochs", "3")
+    resume(c, tmp_path, "--epochs", "3", virtual=virtual)
     assert boundaries(c) == [48, 96, 144]
     assert len(checkpoints(c)) == 6
     assert ckpt.read_meta(checkpoints(a)[-1])["boundary_done"] == 96
     if deterministic:
         d = tmp_path / "d"
-        ok(run_cli(args_for(name, data, d, epochs=3), tmp_path, launcher=launch(RANKS)))
+        ok(start(args_for(name, data, d, epochs=3), tmp_path, launcher=launch(RANKS)))
         assert_same_state(d, c)
 
-    # killed: a 3-epoch run slowed down (a 100 ms sleep per step: the same numbers) whose last rank, a
-    # worker, is SIGKILLed once its first checkpoint exists, then resumed from its last good checkpoint
+    # killed: a 3-epoch run whose last rank, a worker, is SIGKILLed once its first checkpoint exists
+    # (virtual: dies after its step 7, past the checkpoints at steps 2 and 4 or 3 and 6), then
+    # resumed from its last good checkpoint
     e = tmp_path / "e"
+    if virtual:
+        p = run_virtual(args_for(name, data, e, epochs=3), tmp_path, faults=f"{RANKS - 1}:7:kill")
+        err = p.stderr
+    else:
+        err, p = killed_mpi_run(name, data, e)
+    assert p.returncode != 0 and not (e / "summary.json").exists(), err
+    assert checkpoints(e), err
+    resume(e, tmp_path, virtual=virtual)
+    assert boundaries(e) == [48, 96, 144]
+    if deterministic:
+        assert_same_state(d, e)
+
+
+def killed_mpi_run(name, data, e):
+    """A 3-epoch MPI run slowed down (a 100 ms sleep per step: the same numbers) whose last rank is
+    SIGKILLed once its first checkpoint exists: (stderr, the launcher's process)."""
     p = subprocess.Popen([*launch(RANKS), sys.executable, "-m", "src.main",
                           *args_for(name, data, e, epochs=3), "--straggler", "0,1,2:100"],
                          cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdin=subprocess.DEVNULL,
@@ -129,11 +163,7 @@ def test_resume_partial_extended_and_killed_runs(tmp_path, data, name):
         _, err = p.communicate(timeout=60)
     finally:
         p.kill()
-    assert p.returncode != 0 and not (e / "summary.json").exists(), err
-    resume(e, tmp_path)
-    assert boundaries(e) == [48, 96, 144]
-    if deterministic:
-        assert_same_state(d, e)
+    return err, p
 
 
 def test_a_stop_ends_a_deadlocked_job_naming_where_it_hung(tmp_path, data):
@@ -170,7 +200,7 @@ def test_a_stop_ends_a_deadlocked_job_naming_where_it_hung(tmp_path, data):
 
 
 def test_the_summary_names_the_blas_threads_only_when_every_allocation_agreed():
-    from scalesgd.train.checkpointing import LoopState
+    from scalesgd.train.rankstate import LoopState
     st = LoopState()
     st.add_blas_threads((2, 2))
     assert st.blas_summary() == {"blas_threads": 2}

@@ -5,6 +5,7 @@ fails every later call that waits on it (as a revoked communicator does) and shr
 the survivors.  One process per run, a second or two each: every method, a death inside a step,
 a checkpoint and an evaluation, and two deaths.  ``test_survival.py`` is the real-MPI check
 (Open MPI's ULFM)."""
+import json
 import os
 import subprocess
 import sys
@@ -35,10 +36,11 @@ def data(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("vsurvival"), n=96, n_val=32, num_classes=4)
 
 
-def virtual_run(data, run_dir, method: list[str], faults: str, *extra: str) -> subprocess.CompletedProcess:
+def virtual_run(data, run_dir, method: list[str], faults: str, *extra: str,
+                workers: int = WORKERS) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", SCALESGD_INJECT_FAULT=faults)
     return subprocess.run([sys.executable, "-m", "scalesgd.virtual", "--method", *method,
-                           "--workers", str(WORKERS), "--data", str(data), "--run-dir", str(run_dir), *ARGS,
+                           "--workers", str(workers), "--data", str(data), "--run-dir", str(run_dir), *ARGS,
                            *extra],
                           cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=180)
@@ -128,3 +130,64 @@ def test_without_continue_a_killed_rank_ends_the_run_in_one_line(data, tmp_path)
                        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert "virtual rank 1 died" in p.stderr and not (tmp_path / "run" / "summary.json").exists()
+
+
+def two_a_node(tmp_path) -> str:
+    """A profile of two ranks a node (the node groups of ``--hierarchy node``)."""
+    path = tmp_path / "two-a-node.json"
+    path.write_text(json.dumps({"name": "two-a-node", "description": "test: 2 ranks a node",
+                                "step_seconds": 0.02, "link_gbps": 1.0, "latency_us": 30,
+                                "ranks_per_node": 2, "intra_gbps": 50, "mem_gbps": 20}))
+    return str(path)
+
+
+HIERARCHICAL = {"allreduce": ["allreduce"], "easgd": ["easgd"],
+                "gossip-push-overlap": ["gossip", "--gossip", "push", "--gossip-overlap"]}
+
+
+@pytest.mark.parametrize("who", ["member", "leader"])
+@pytest.mark.parametrize("name", list(HIERARCHICAL))
+def test_node_groups_survive_a_lost_member_or_leader(data, tmp_path, name, who):
+    """--hierarchy node, two ranks a node: a node group's member dies after its step 8 (its
+    leader's node is then a group of one), or its leader (the member, once its copy, leads the
+    group on).  The others finish in node groups, a node's replicas identical; push-sum's
+    leaders' weights sum to their count (the new leader starts at weight 1, the lost weight is
+    reported); a server serves the groups left."""
+    method, run_dir = HIERARCHICAL[name], tmp_path / "run"
+    k = servers(method)
+    workers = 4 + k                    # groups {0, 1} {2, 3}; with a server {0} {1} {2, 3} {4, 5}
+    ranks = k + workers
+    dead = ranks - 2 if who == "leader" else ranks - 1       # (the last node's; {2, 3} or {0, 1} stay)
+    p = virtual_run(data, run_dir, method, f"{dead}:8:kill", "--hierarchy", "node",
+                    "--profile", two_a_node(tmp_path), workers=workers)
+    ok(p)
+    s = check_survived(run_dir, [dead], workers - 1, ranks=ranks)
+    assert s["history"][-1]["epoch"] == 3.0
+    assert "(dist.hierarchy = node)" in p.stderr
+    latest = ckpt.latest_good(ckpt.checkpoint_dir(run_dir))
+    states = [ckpt.read_rank(latest, r)[1:] for r in range(ranks - 1)]
+    groups = {}                              # (all-reduce's two-level sum: every replica alike)
+    for r, (arrays, state) in enumerate(states):
+        group = state["method"].get("node_group", [-1]) if name != "allreduce" else [-1]
+        if r >= k:
+            groups.setdefault(tuple(group), []).append(arrays["params"])
+    assert any(len(g) > 1 for g in groups.values()), groups.keys()
+    for group, params in groups.items():     # a node's replicas: identical
+        assert all(np.array_equal(params[0], q) for q in params[1:]), group
+    if name == "gossip-push-overlap":
+        weights = [st["method"]["weight"] for r, (_, st) in enumerate(states)
+                   if st["method"].get("node_group", [None])[0] == r]
+        assert sum(weights) == pytest.approx(len(weights), rel=1e-6)
+        assert "pushsum_weight_lost" in s["failures"][0]
+
+
+def test_local_sgd_node_groups_made_unequal_by_a_death_end_the_job_in_one_line(data, tmp_path):
+    """Local SGD counts samples in lockstep and needs node groups of one size: after a member of
+    one of two nodes of two died, the survivors end the job naming the death and the reason."""
+    run_dir = tmp_path / "run"
+    p = virtual_run(data, run_dir, ["localsgd", "--tau", "2"], "3:8:kill", "--hierarchy", "node",
+                    "--profile", two_a_node(tmp_path))
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert "rank(s) [3] died and the survivors cannot go on: dist.hierarchy = node: localsgd counts " \
+           "samples in lockstep" in p.stderr, p.stderr[-3000:]
+    assert not (run_dir / "summary.json").exists()

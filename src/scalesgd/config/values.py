@@ -118,9 +118,6 @@ def _cross_checks(cfg: Config) -> Config:
         parse_straggler(cfg.dist.straggler)            # raises ConfigError naming dist.straggler
     if -1 < cfg.dist.bucket_mb < 0:
         raise ConfigError(f"dist.bucket_mb: -1 (auto) or a size >= 0 in MB, got {cfg.dist.bucket_mb}")
-    if cfg.dist.hierarchy == "node" and cfg.train.on_failure == "continue":
-        raise ConfigError("dist.hierarchy: 'node' cannot survive a lost rank yet (train.on_failure = "
-                          "continue): use one or the other")
     if cfg.dist.hierarchy == "node" and cfg.dist.allreduce_transport not in ("auto", "host"):
         raise ConfigError(f"dist.hierarchy: 'node' sums through MPI on host buffers; "
                           f"dist.allreduce_transport = {cfg.dist.allreduce_transport} is a device "

@@ -84,9 +84,10 @@ class ASGD(ServerMethod):
 
     def load_state(self, ps, arrays, scalars):
         super().load_state(ps, arrays, scalars)
-        if not self.roles.is_server:
+        if not self.roles.is_server:          # (a node group's new leader: its replica, as if fetched)
             xp = get_array_module(self.base.arr)
-            self.base.arr[...] = xp.asarray(arrays["fetched_weights"])
+            self.base.arr[...] = xp.asarray(arrays["fetched_weights"]) if "fetched_weights" in arrays \
+                else ps.params
 
     def adopt(self, ps, opt, origin) -> dict:
         """A reshape: a worker's last fetch is the master it starts from (``reshape_replica``); the

@@ -170,7 +170,7 @@ class Gossip(Method, metaclass=abc.ABCMeta):
     # ------------------------------------------------------------------ checkpoints
     def state(self, ps) -> tuple[dict, dict]:
         arrays, scalars = super().state(ps)
-        scalars.update(exchanges=self.exchanges, last_peer=self.last_peer, ranks=self.roles.size,
+        scalars.update(exchanges=self.exchanges, last_peer=self.last_peer,
                        unreported=self._unreported, graph=self.graph.state(), **self.exchanger.state())
         s_arrays, s_scalars = self.strategy_state()
         arrays.update(s_arrays)
@@ -204,8 +204,9 @@ class Gossip(Method, metaclass=abc.ABCMeta):
         scalars = origin.own.method
         self.global_samples = int(origin.global_samples)
         self.timers.update(scalars["timers"])
-        if origin.kind == "survive":
-            self.exchanges, self._unreported = int(scalars["exchanges"]), int(scalars["unreported"])
+        if origin.kind == "survive":      # (a node group's member that now leads has none: 0)
+            self.exchanges = int(scalars.get("exchanges", 0))
+            self._unreported = int(scalars.get("unreported", 0))
         if self.roles.rank == self.counter.root:
             self.counter.set(self.global_samples)
         out = self.moved_strategy(origin)
@@ -416,11 +417,11 @@ class PushGossip(Gossip):
         parameters x_i do not change, the average stays the weighted one."""
         if origin.kind != "survive":
             return {}
-        scalars = origin.own.method
-        self.weight = float(scalars["weight"])
+        scalars = origin.own.method      # (a node group's new leader, once a member: weight 1)
+        self.weight = float(scalars.get("weight", 1.0))
         self.drains = int(scalars.get("drains", 0))
         total = float(self.comm.allreduce_sum_host(np.array([self.weight]))[0])
-        lost = float(scalars["ranks"]) - total
+        lost = float(origin.old_size) - total
         self.weight *= self.roles.size / total
         return {"pushsum_weight_lost": lost, "pushsum_weight_kept": total}
 

@@ -21,7 +21,10 @@ its rank among the leaders, so the inner method's server serves the node groups'
 A resume on the same rank count must keep the split into nodes (else refused: a leader's state
 is the method's, a member's only the base's); on another rank count (``resuming.origin``) every
 new rank continues a saved *leader* and the averaging methods start from the saved leaders'
-average.  Not built: ``--on-failure continue`` (config refuses it).  In the virtual cluster the
+average.  A lost rank (``--on-failure continue``): the survivors form their node groups again; a
+group whose leader died is led on by its member with the lowest rank, from its own replica with a
+fresh exchange history (``adopt`` of an ``Origin`` of kind "survive" whose state is a member's).
+In the virtual cluster the
 split is the profile's nodes (``virtual/nodes.py``), the same code runs over it.
 """
 from __future__ import annotations
@@ -205,7 +208,7 @@ class NodeGroup(Method):
         group, so that a resume onto another split of ranks into nodes continues the saved leaders
         (``resuming.groups_moved``)."""
         arrays, scalars = self.inner.state(ps) if self.inner is not None else super().state(ps)
-        return arrays, {**scalars, "node_group": self.group}
+        return arrays, {**scalars, "node_group": self.group, "node_groups": self.num_nodes}
 
     def load_state(self, ps, arrays: dict, scalars: dict) -> None:
         """A leader: the inner method's state; a member: the base's."""
@@ -219,14 +222,21 @@ class NodeGroup(Method):
         """Collective on the job: a leader's inner method takes ``origin`` among the leaders (a
         reshape continues a saved leader: ``resuming.source_rank``), a member the base's part;
         then every rank of a node takes the leader's count and signals."""
-        if self.inner is not None:
-            out = self.inner.adopt(ps, opt, origin)
+        if self.inner is not None:                         # the leaders' job was one of groups
+            groups = origin.own.method.get("node_groups", origin.old_size)
+            out = self.inner.adopt(ps, opt, dataclasses.replace(origin, old_size=groups))
             self.global_samples = self.inner.global_samples
         else:
             out = Method.adopt(self, ps, opt, origin)
         if self.node.size > 1:
             self._sync_head()
         return out
+
+    def abandon(self, ps) -> None:
+        """Local, a rank of the job died: the leader's method stops what it had in flight (the
+        node's gradient sum is dropped with the revoked communicators)."""
+        if self.inner is not None:
+            self.inner.abandon(ps)
 
     def use_host_transport(self) -> None:
         """The start-up check's fallback (fastpaths/): the node's gradient sum through MPI on

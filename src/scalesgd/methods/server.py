@@ -295,11 +295,11 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
 
     def load_state(self, ps, arrays: dict, scalars: dict) -> None:
         super().load_state(ps, arrays, scalars)
-        self.exchanges, self.version = int(scalars["exchanges"]), int(scalars["version"])
-        self._samples, self._steps = int(scalars["samples"]), int(scalars["steps"])
-        self.last_staleness = int(scalars["last_staleness"])
-        self.rejected = int(scalars.get("rejected", 0))
-        self.staleness = Counter({int(k): v for k, v in scalars["staleness"].items()})
+        count = lambda key: int(scalars.get(key, 0))   # (a node group's member that now leads it
+        self.exchanges, self.version = count("exchanges"), count("version")   # after its leader
+        self._samples, self._steps = count("samples"), count("steps")         # died: a fresh
+        self.last_staleness, self.rejected = count("last_staleness"), count("rejected")   # worker's)
+        self.staleness = Counter({int(k): v for k, v in scalars.get("staleness", {}).items()})
         if self.roles.is_server and len(scalars["told"]) != self.roles.num_workers:
             # resumed with another worker count (resuming.origin): every worker starts from the
             # current center at the current count, as if it had just been told and replied to

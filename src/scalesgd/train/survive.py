@@ -94,7 +94,10 @@ def survive(run, cause: BaseException):
     if topo.rank == 0:
         log.warning("warning: rank(s) %s of the job died (%s); %d ranks train on (on_failure = "
                     "continue)", dead, _describe(cause), topo.size)
-    s = rebuilt(old, topo)
+    try:
+        s = rebuilt(old, topo)
+    except MethodError as exc:         # (e.g. local SGD's node groups, unequal after a death)
+        _end(topo.transport, f"rank(s) {dead} died and the survivors cannot go on: {exc}")
     s.method.start(ps)                               # new windows / ports; replicas = rank 0's
     o = Origin("survive", own, agreed_count(s, m_old.global_samples), old.topo.size,
                old.roles.num_workers)

@@ -13,6 +13,7 @@ class Endpoint(Protocol):
 
     c: Cluster                  # the shared state
     group: tuple                # world ranks of this transport's group, in group rank order
+    key: tuple                  # (deaths before it was made, group): what its state is keyed by
     wr: int                     # this rank's world rank
     rank: int                   # its rank in ``group``
     world: object               # the scheduler and clocks (``world.World``)
@@ -84,13 +85,14 @@ class Cluster:
     def __init__(self, world, profile, replay=None):
         self.world, self.profile, self.replay = world, profile, replay
         self.net = Net(profile, world.size)
-        self.seq: dict = {}          # (group, world rank) -> collectives entered
-        self.slots: dict = {}        # (group, seq) -> a collective in progress
-        self.pushes: dict = {}       # (group, world rank of a shard) -> [Push] not yet taken
-        self.notices: dict = {}      # (group, world rank of a shard) -> [(arrival, counts)]
-        self.windows: dict = {}      # (kind, group) -> per-rank state
-        self.ports: dict = {}        # (group, world rank of a worker) -> its VirtualWorkerPort
-                                     # (a group's messages never reach another's: a shrunk job's)
+        self.seq: dict = {}          # (group key, world rank) -> collectives entered
+        self.slots: dict = {}        # (group key, seq) -> a collective in progress
+        self.pushes: dict = {}       # (group key, world rank of a shard) -> [Push] not yet taken
+        self.notices: dict = {}      # (group key, world rank of a shard) -> [(arrival, counts)]
+        self.windows: dict = {}      # (kind, group key) -> per-rank state
+        self.ports: dict = {}        # (group key, world rank of a worker) -> its VirtualWorkerPort
+                                     # (a group's messages never reach another's, nor a
+                                     # shrunk job's the old one's: the key holds the deaths)
         self.busy_until = [0.0] * world.size   # end of each rank's last compute (not in MPI)
         self.progressing: set = set()          # ranks whose communication thread keeps MPI going
         self.compute = None          # (world rank, its step, real seconds it took) -> simulated

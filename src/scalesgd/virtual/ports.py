@@ -20,7 +20,7 @@ class Push:
 class VirtualWorkerPort:
     def __init__(self, net: Endpoint, servers: list, bounds):
         self.net, self.servers, self.bounds = net, servers, bounds
-        net.c.ports[(net.group, net.wr)] = self
+        net.c.ports[(net.key, net.wr)] = self
         self.replies = np.zeros((len(servers), ReplyHeader.SIZE), dtype=np.int64)
         self.reply = self.replies[0]
         self.reply_to = None          # this worker's reply buffer, while a reply is pending
@@ -47,7 +47,7 @@ class VirtualWorkerPort:
         self.sent = []
         for srv, part in zip(self.servers, self.parts(payload)):
             p = Push(n.wr, hdr, part, net.send(n.wr, srv, hdr.nbytes, t))
-            n.c.pushes.setdefault((n.group, srv), []).append(p)
+            n.c.pushes.setdefault((n.key, srv), []).append(p)
             self.sent.append(p)
 
         def taken():                   # Ssend: until every shard has taken the header
@@ -89,7 +89,7 @@ class VirtualServerPort:
         self.served = 0
 
     def _queue(self):
-        return self.net.c.pushes.setdefault((self.net.group, self.net.wr), [])
+        return self.net.c.pushes.setdefault((self.net.key, self.net.wr), [])
 
     def _next_push(self):
         """The push to take next, or None if it has not been sent yet."""
@@ -102,7 +102,7 @@ class VirtualServerPort:
         return min(q, key=lambda p: (p.arrival, p.src)) if q else None
 
     def next_message(self) -> int:
-        notices = self.net.c.notices.setdefault((self.net.group, self.net.wr), [])
+        notices = self.net.c.notices.setdefault((self.net.key, self.net.wr), [])
 
         def ready():
             p = self._next_push()
@@ -141,7 +141,7 @@ class VirtualServerPort:
     def send_reply(self, dest: int, payload) -> None:
         self.net._raise_if_lost()          # (a revoked communicator: ULFM fails the call)
         n = self.net
-        port = n.c.ports[(n.group, n.group[dest])]
+        port = n.c.ports[(n.key, n.group[dest])]
         s = port.servers.index(n.wr)
         t = n.clock()
         port.replies[s] = self.reply
@@ -155,12 +155,12 @@ class VirtualServerPort:
         self.net._raise_if_lost()          # (a revoked communicator: ULFM fails the call)
         n = self.net
         wr = n.group[dest]
-        n.c.notices.setdefault((n.group, wr), []).append((n.c.net.send(n.wr, wr, counts.nbytes, n.clock()),
+        n.c.notices.setdefault((n.key, wr), []).append((n.c.net.send(n.wr, wr, counts.nbytes, n.clock()),
                                                counts.copy()))
 
     def recv_notice(self, counts) -> None:
         self.net._raise_if_lost()          # (a revoked communicator: ULFM fails the call)
-        notices = self.net.c.notices.setdefault((self.net.group, self.net.wr), [])
+        notices = self.net.c.notices.setdefault((self.net.key, self.net.wr), [])
         self.net._wait(lambda: notices[0][0] if notices else None, "waiting for a phase notice")
         counts[...] = notices.pop(0)[1]
 

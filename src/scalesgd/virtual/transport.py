@@ -70,6 +70,8 @@ class InProcessTransport:
         self.c, self.group, self.wr = cluster, tuple(group), wr
         self.world = cluster.world
         self.rank, self.size = self.group.index(wr), len(self.group)
+        self.born = len(cluster.dead)    # the deaths before it: one more revokes it (``_lost``)
+        self.key = (self.born, self.group)   # what its collectives, ports and windows are keyed by
         self.steps = 0
         self._real = 0.0                 # real seconds of this step before a straggler's sleep
         self.tape = cluster.tapes[wr] if cluster.tapes is not None else None
@@ -174,13 +176,14 @@ class InProcessTransport:
 
     # lost ranks (train.on_failure = continue; the MPI side: comm/failures.py) ----
     def _lost(self) -> bool:
-        dead = self.c.dead
-        return bool(dead) and any(r in dead for r in self.group)
+        """Whether a rank of the job died since this transport was made: every communicator of
+        the job is then revoked (ULFM: the survivors revoke them all, so a rank waiting among
+        ranks that are all alive, e.g. in its node's group, fails out too)."""
+        return len(self.c.dead) > self.born
 
     def _raise_if_lost(self) -> None:
         if self._lost():
-            dead = sorted(r for r in self.group if r in self.c.dead)
-            raise RankFailed(f"virtual rank(s) {dead} died")
+            raise RankFailed(f"virtual rank(s) {sorted(self.c.dead)} died")
 
     def die(self) -> None:
         """This virtual rank dies (``SCALESGD_INJECT_FAULT=RANK:STEP:kill``): the others' calls
@@ -192,11 +195,10 @@ class InProcessTransport:
                                 "--on-failure continue trains on without it")
         c, now = self.c, self._now()
         c.dead.add(self.wr)
-        for (key, _), slot in list(c.slots.items()):
-            if self.wr in key:
-                slot["failed"] = True
-                for q, _ in slot.pop("parked", ()):
-                    self.world.wake(q, now)
+        for slot in list(c.slots.values()):     # every collective of the job is revoked
+            slot["failed"] = True
+            for q, _ in slot.pop("parked", ()):
+                self.world.wake(q, now)
         raise RankDied(self.wr)
 
     def failure_detector(self) -> "VirtualDetector":
@@ -239,10 +241,10 @@ class InProcessTransport:
         rank order)`` (computed once, while every other rank still waits in it), at the last arrival
         + ``cost_seconds(*cost)``.  Ranks entering different collectives (``doing``) is a bug MPI
         would hang on: raised."""
-        c, key = self.c, self.group
+        c, key = self.c, self.key
         seconds = self.cost_seconds(*cost)
         if self.tape is not None:
-            self.tape.op("k", self.tape.group(key), cost[0], int(cost[1]), doing)
+            self.tape.op("k", self.tape.group(self.group), cost[0], int(cost[1]), doing)
         n = c.seq[(key, self.wr)] = c.seq.get((key, self.wr), 0) + 1
         slot = c.slots.setdefault((key, n), {"v": {}, "left": self.size, "kind": doing})
         if slot["kind"] != doing:

@@ -66,7 +66,7 @@ class VirtualPublishedVector:
 
     def __init__(self, net: Endpoint, n: int, dtype):
         self.net, self.n, self.dtype = net, int(n), np.dtype(dtype)
-        self.shared = net.c.windows.setdefault(("pub", net.group), {})
+        self.shared = net.c.windows.setdefault(("pub", net.key), {})
         self.shared[net.rank] = {"version": 0, "t": 0.0, "data": np.zeros(self.n, self.dtype)}
         self.published = 0
         self.waited = 0.0
@@ -126,7 +126,7 @@ class VirtualInbox:
 
     def __init__(self, net: Endpoint, n: int, dtype):
         self.net, self.n, self.dtype = net, int(n), np.dtype(dtype)
-        self.shared = net.c.windows.setdefault(("inbox", net.group), {})
+        self.shared = net.c.windows.setdefault(("inbox", net.key), {})
         self.shared[net.rank] = []
         self.waited = 0.0
         self.drains = 0
@@ -195,7 +195,7 @@ class VirtualSampleCounter:
 
     def __init__(self, net: Endpoint, root: int = 0):
         self.net, self.root = net, root
-        self.shared = net.c.windows.setdefault(("counter", net.group),
+        self.shared = net.c.windows.setdefault(("counter", net.key),
                                                {"total": 0, "t": 0.0, "sig": np.zeros(2, np.int64)})
         self.waited = 0.0
         self.adds = 0
