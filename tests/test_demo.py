@@ -59,11 +59,13 @@ def test_each_method_trains_the_digits_on_4_ranks(tmp_path, method):
 @pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("method,knob", [("easgd", "--tau"), ("asgd", "--n-sync"), ("gossip", "--tau")])
-def test_async_methods_terminate_12_times_in_a_row(tmp_path_factory, method, knob):
-    """12 short real runs (3 ranks, tiny data, varied seed, exchange period, evaluation period, a
+def test_async_methods_terminate_6_times_in_a_row(tmp_path_factory, method, knob):
+    """6 short real runs (3 ranks, tiny data, varied seed, exchange period, evaluation period, a
     straggler and, for gossip, pull or push: the period and evaluation cycle with i mod 3, the
-    straggler and the variant with i mod 4, so 12 runs meet every combination of the two) each end
-    with exit 0 on every rank and a summary, never a hang."""
+    straggler with i mod 2, the variant with i // 3, so the 6 runs meet every combination of the
+    period with the straggler and with the variant) each end with exit 0 on every rank and a
+    summary, never a hang.  (12 runs, every triple, took 15 s per method; the methods' termination
+    without MPI's timing is also run in the virtual cluster by every survival and resume test.)"""
     from mpirun import mpi_launcher, mpiexec
     from synth import make_dataset
     from helpers import TINY, run_cli
@@ -71,13 +73,13 @@ def test_async_methods_terminate_12_times_in_a_row(tmp_path_factory, method, kno
         pytest.skip("no mpiexec")
     tmp = tmp_path_factory.mktemp(method)
     data = make_dataset(tmp / "d", n=48, n_val=12, num_classes=4)
-    for i in range(12):
+    for i in range(6):
         run_dir = tmp / f"run{i}"
         extra = ["--seed", str(i), knob, str(1 + i % 3), "--eval-every", ("1", "0.5", "0.3")[i % 3]]
-        if i % 4 == 3:
-            extra += ["--straggler", f"{1 + i % 2}:20:10"]
+        if i % 2 == 1:
+            extra += ["--straggler", f"{1 + i % 3 % 2}:20:10"]
         if method == "gossip":
-            extra += ["--gossip", ("pull", "push")[i % 2]]
+            extra += ["--gossip", ("pull", "push")[i // 3]]
         p = run_cli(["--data", str(data), "--run-dir", str(run_dir), "--method", method, *TINY, *extra],
                     tmp, timeout=60, launcher=mpi_launcher(3))
         assert p.returncode == 0, f"run {i} {extra}:\n{p.stdout}\n{p.stderr}"
