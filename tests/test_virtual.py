@@ -47,9 +47,14 @@ CASES = {                              # name: flags of a 4-rank run
 }
 
 
+# every case in float64; in float32 (where a sum in another order rounds differently) the all-reduce,
+# the sharded server and the overlapped read, one per protocol (every case in both took 14 runs)
+REPLAYS = [(c, "float64") for c in CASES] + [(c, "float32") for c in
+                                              ("allreduce", "asgd-2-servers", "gossip-pull-overlap")]
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case,dtype", REPLAYS)
 def test_replay_of_a_real_run_is_bit_identical(case, dtype, data, tmp_path):
     run = tmp_path / "run"
     args = [*CASES[case], "--data", str(data), *TINY, "--epochs", "2", "--dtype", dtype,
