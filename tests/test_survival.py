@@ -164,14 +164,20 @@ def _netcluster():
 
 @needs_ulfm
 @pytest.mark.netcluster
-def test_survival_across_emulated_nodes(data, tmp_path):
+@pytest.mark.parametrize("method,faults,dead", [
+    (["allreduce"], "4:5:kill,5:5:kill", [4, 5]),
+    (["easgd", "--hierarchy", "node"], "5:5:kill", [5]),                # a node group's member
+    (["easgd", "--hierarchy", "node"], "2:5:kill", [2])],               # ... its leader
+    ids=["flat", "easgd-groups-member", "easgd-groups-leader"])
+def test_survival_across_emulated_nodes(data, tmp_path, method, faults, dead):
     """3 emulated nodes (network namespaces, 1 Gbit/s links) of 2 ranks: both ranks of node 2 die
     at step 5 (after the checkpoint at step 4 of the epoch's 8); the 4 all-reduce ranks on the
-    other nodes, talking over TCP, shrink and finish.  (The node's runtime daemon stays: Open MPI
+    other nodes, talking over TCP, shrink and finish.  EASGD with ``--hierarchy node`` (the server
+    a group of its own, then groups {1}, {2, 3}, {4, 5}) loses a group's member, or its leader,
+    whose member leads the group on.  (The node's runtime daemon stays: Open MPI
     5.0's runtime cannot survive a lost daemon.  Gossip's tries across nodes are in
     benchmarks/survival.py --across-nodes: blocking pull survives, overlapped push-sum does not, its
     one-sided calls going through Open MPI's osc/rdma there; see docs/methods.md.)"""
-    method = ["allreduce"]
     nc = _netcluster()
     if nc.requirements_missing():
         pytest.skip(nc.requirements_missing())
@@ -182,7 +188,7 @@ def test_survival_across_emulated_nodes(data, tmp_path):
     cmd = [sys.executable, "-m", "scalesgd", "--data", str(data), "--run-dir", str(run_dir),
            "--method", *method, *ARGS, "--batch-size", "2", "--epochs", "1"]
     env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src")]),
-           "OMP_NUM_THREADS": "1", "SCALESGD_INJECT_FAULT": "4:5:kill,5:5:kill"}
+           "OMP_NUM_THREADS": "1", "SCALESGD_INJECT_FAULT": faults}
     prefix = "sgdua"
     assert nc.leftovers(prefix) == [], f"leftovers of an earlier test: {nc.CLEAN} --prefix {prefix}"
     try:
@@ -192,6 +198,9 @@ def test_survival_across_emulated_nodes(data, tmp_path):
         nc.teardown(prefix)
     assert res.returncode == 0 and not res.timed_out, f"{res.stdout}\n{res.stderr[-6000:]}"
     s = summary(run_dir)
-    dead = sorted(r for f in s["failures"] for r in f["ranks"])
-    assert dead == [4, 5] and s["ranks"] == 4 and s["history"][-1]["workers"] == 4
+    lost = sorted(r for f in s["failures"] for r in f["ranks"])
+    workers = 6 - len(dead) - (1 if "easgd" in method else 0)
+    assert lost == dead and s["ranks"] == 6 - len(dead) and s["history"][-1]["workers"] == workers, s
+    if "--hierarchy" in method:
+        assert "(dist.hierarchy = node)" in res.stderr, res.stderr[-3000:]
     assert all(t.sent > 0 and t.received > 0 for t in res.traffic.values())   # the links were used

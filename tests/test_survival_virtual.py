@@ -141,7 +141,7 @@ def two_a_node(tmp_path) -> str:
     return str(path)
 
 
-HIERARCHICAL = {"allreduce": ["allreduce"], "easgd": ["easgd"],
+HIERARCHICAL = {"easgd": ["easgd"], "asgd": ["asgd"],
                 "gossip-push-overlap": ["gossip", "--gossip", "push", "--gossip-overlap"]}
 
 
@@ -166,9 +166,9 @@ def test_node_groups_survive_a_lost_member_or_leader(data, tmp_path, name, who):
     assert "(dist.hierarchy = node)" in p.stderr
     latest = ckpt.latest_good(ckpt.checkpoint_dir(run_dir))
     states = [ckpt.read_rank(latest, r)[1:] for r in range(ranks - 1)]
-    groups = {}                              # (all-reduce's two-level sum: every replica alike)
+    groups = {}
     for r, (arrays, state) in enumerate(states):
-        group = state["method"].get("node_group", [-1]) if name != "allreduce" else [-1]
+        group = state["method"].get("node_group", [-1])
         if r >= k:
             groups.setdefault(tuple(group), []).append(arrays["params"])
     assert any(len(g) > 1 for g in groups.values()), groups.keys()
