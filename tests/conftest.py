@@ -15,11 +15,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
     """Under ``pytest -n 2`` (pytest-xdist, ``--dist loadgroup``: what ``make test`` runs), the tests
     that start a one-node Slurm cluster share one worker, and so do those that build emulated nodes:
-    two Slurm controllers, or two sets of namespaces and rate limits, must not run at once."""
-    for item in items:
-        for name in ("slurm", "netcluster"):
-            if item.get_closest_marker(name):
-                item.add_marker(pytest.mark.xdist_group(name))
+    two Slurm controllers, or two sets of namespaces and rate limits, must not run at once.  (Marked
+    as each test is collected: pytest-xdist reads the groups in its own collection hook, which runs
+    before a conftest's.)"""
+    for name in ("slurm", "netcluster"):
+        if item.get_closest_marker(name):
+            item.add_marker(pytest.mark.xdist_group(name))

@@ -164,12 +164,12 @@ def _netcluster():
 
 @needs_ulfm
 @pytest.mark.netcluster
-@pytest.mark.parametrize("method,faults,dead", [
-    (["allreduce"], "4:5:kill,5:5:kill", [4, 5]),
-    (["easgd", "--hierarchy", "node"], "5:5:kill", [5]),                # a node group's member
-    (["easgd", "--hierarchy", "node"], "2:5:kill", [2])],               # ... its leader
+@pytest.mark.parametrize("method,faults,dead,prefix", [
+    (["allreduce"], "4:5:kill,5:5:kill", [4, 5], "sgdua"),
+    (["easgd", "--hierarchy", "node"], "5:5:kill", [5], "sgdub"),       # a node group's member
+    (["easgd", "--hierarchy", "node"], "2:5:kill", [2], "sgduc")],      # ... its leader
     ids=["flat", "easgd-groups-member", "easgd-groups-leader"])
-def test_survival_across_emulated_nodes(data, tmp_path, method, faults, dead):
+def test_survival_across_emulated_nodes(data, tmp_path, method, faults, dead, prefix):
     """3 emulated nodes (network namespaces, 1 Gbit/s links) of 2 ranks: both ranks of node 2 die
     at step 5 (after the checkpoint at step 4 of the epoch's 8); the 4 all-reduce ranks on the
     other nodes, talking over TCP, shrink and finish.  EASGD with ``--hierarchy node`` (the server
@@ -189,7 +189,6 @@ def test_survival_across_emulated_nodes(data, tmp_path, method, faults, dead):
            "--method", *method, *ARGS, "--batch-size", "2", "--epochs", "1"]
     env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src")]),
            "OMP_NUM_THREADS": "1", "SCALESGD_INJECT_FAULT": faults}
-    prefix = "sgdua"
     assert nc.leftovers(prefix) == [], f"leftovers of an earlier test: {nc.CLEAN} --prefix {prefix}"
     try:
         with nc.NetCluster(3, rate="1gbit", ranks_per_node=2, prefix=prefix) as c:
