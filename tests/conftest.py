@@ -17,10 +17,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 def pytest_itemcollected(item):
     """Under ``pytest -n 2`` (pytest-xdist, ``--dist loadgroup``: what ``make test`` runs), the tests
-    that start a one-node Slurm cluster share one worker, and so do those that build emulated nodes:
-    two Slurm controllers, or two sets of namespaces and rate limits, must not run at once.  (Marked
-    as each test is collected: pytest-xdist reads the groups in its own collection hook, which runs
-    before a conftest's.)"""
-    for name in ("slurm", "netcluster"):
-        if item.get_closest_marker(name):
-            item.add_marker(pytest.mark.xdist_group(name))
+    that touch what the whole machine shares run on one worker, one after another: a one-node Slurm
+    cluster, emulated nodes (namespaces, rate limits), and the MPI segments in /dev/shm (Slurm's
+    run.sh, the emulated-node tool and test_shm.py each remove the stale ones they find, which can
+    be a segment another test planted).  Marked as each test is collected."""
+    if item.path.name == "test_shm.py" or any(item.get_closest_marker(m) for m in ("slurm", "netcluster")):
+        item.add_marker(pytest.mark.xdist_group("machine"))
