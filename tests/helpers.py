@@ -1,5 +1,6 @@
 """What many test modules share to run the program as a user does: the repository root, the tiny
 training flags, one CLI run as a real process, and the checks of its one-line error or warnings."""
+import json
 import os
 import subprocess
 import sys
@@ -22,12 +23,23 @@ def launch(n: int) -> tuple:
     return () if n == 1 else tuple(mpi_launcher(n))
 
 
-def run_cli(args, tmp_path, timeout=180, launcher=()):
-    """``[launcher...] python -m src.main ARGS`` from the repository root, one BLAS thread, the demo's
-    data under ``tmp_path``; returns the CompletedProcess (text)."""
-    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1")
-    return subprocess.run([*launcher, sys.executable, "-m", "src.main", *args], cwd=ROOT, env=env,
+def run_cli(args, tmp_path, timeout=180, launcher=(), module="src.main", env=None):
+    """``[launcher...] python -m MODULE ARGS`` (the training program; ``scalesgd.virtual``: the
+    virtual cluster) from the repository root, one BLAS thread, the demo's data under ``tmp_path``,
+    ``env`` added; returns the CompletedProcess (text)."""
+    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.run([*launcher, sys.executable, "-m", module, *args], cwd=ROOT, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+
+
+def node_profile(tmp_path, name="two-a-node", **kw) -> str:
+    """A virtual-cluster profile file of two ranks a node (``kw`` overrides), a fixed step, links
+    slow enough that the communication shows; its path."""
+    raw = {"name": name, "description": "test", "step_seconds": 0.02, "link_gbps": 1.0,
+           "latency_us": 30, "ranks_per_node": 2, "intra_gbps": 50, "mem_gbps": 20, **kw}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
 
 
 def one_line_error(proc, *needles):

@@ -82,10 +82,8 @@ def run_virtual(args, tmp_path, timeout=120, launcher=(), faults=""):
     servers = 0 if "--resume" in args else 2 if "--servers" in args else int(
         any(m in args for m in ("easgd", "asgd")))
     workers = [] if "--resume" in args else ["--workers", str(RANKS - servers)]
-    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1",
-               SCALESGD_INJECT_FAULT=faults)
-    return subprocess.run([sys.executable, "-m", "scalesgd.virtual", *args, *workers], cwd=ROOT, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    return run_cli([*args, *workers], tmp_path, timeout, module="scalesgd.virtual",
+                   env={"SCALESGD_INJECT_FAULT": faults})
 
 
 def assert_same_state(a: Path, b: Path):

@@ -5,15 +5,12 @@ fails every later call that waits on it (as a revoked communicator does) and shr
 the survivors.  One process per run, a second or two each: every method, a death inside a step,
 a checkpoint and an evaluation, and two deaths.  ``test_survival.py`` is the real-MPI check
 (Open MPI's ULFM)."""
-import json
-import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from helpers import ROOT, final_arrays
+from helpers import final_arrays, node_profile, run_cli
 from survival_checks import check_survived, records, summary
 from synth import make_dataset
 
@@ -38,12 +35,9 @@ def data(tmp_path_factory):
 
 def virtual_run(data, run_dir, method: list[str], faults: str, *extra: str,
                 workers: int = WORKERS) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", SCALESGD_INJECT_FAULT=faults)
-    return subprocess.run([sys.executable, "-m", "scalesgd.virtual", "--method", *method,
-                           "--workers", str(workers), "--data", str(data), "--run-dir", str(run_dir), *ARGS,
-                           *extra],
-                          cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=180)
+    return run_cli(["--method", *method, "--workers", str(workers), "--data", str(data), "--run-dir",
+                    str(run_dir), *ARGS, *extra], run_dir.parent, 180, module="scalesgd.virtual",
+                   env={"SCALESGD_INJECT_FAULT": faults})
 
 
 def ok(p) -> None:
@@ -123,22 +117,12 @@ def test_a_lost_server_ends_the_job_naming_it(data, tmp_path):
 
 def test_without_continue_a_killed_rank_ends_the_run_in_one_line(data, tmp_path):
     """On_failure = abort (the default): a killed virtual rank ends the run, naming it."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", SCALESGD_INJECT_FAULT="1:4:kill")
     args = [a for a in ARGS if a not in ("--on-failure", "continue")]
-    p = subprocess.run([sys.executable, "-m", "scalesgd.virtual", "--method", "allreduce", "--workers",
-                        str(WORKERS), "--data", str(data), "--run-dir", str(tmp_path / "run"), *args],
-                       cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    p = run_cli(["--method", "allreduce", "--workers", str(WORKERS), "--data", str(data), "--run-dir",
+                 str(tmp_path / "run"), *args], tmp_path, 120, module="scalesgd.virtual",
+                env={"SCALESGD_INJECT_FAULT": "1:4:kill"})
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert "virtual rank 1 died" in p.stderr and not (tmp_path / "run" / "summary.json").exists()
-
-
-def two_a_node(tmp_path) -> str:
-    """A profile of two ranks a node (the node groups of ``--hierarchy node``)."""
-    path = tmp_path / "two-a-node.json"
-    path.write_text(json.dumps({"name": "two-a-node", "description": "test: 2 ranks a node",
-                                "step_seconds": 0.02, "link_gbps": 1.0, "latency_us": 30,
-                                "ranks_per_node": 2, "intra_gbps": 50, "mem_gbps": 20}))
-    return str(path)
 
 
 HIERARCHICAL = {"easgd": ["easgd"], "asgd": ["asgd"],
@@ -159,7 +143,7 @@ def test_node_groups_survive_a_lost_member_or_leader(data, tmp_path, name, who):
     ranks = k + workers
     dead = ranks - 2 if who == "leader" else ranks - 1       # (the last node's; {2, 3} or {0, 1} stay)
     p = virtual_run(data, run_dir, method, f"{dead}:8:kill", "--hierarchy", "node",
-                    "--profile", two_a_node(tmp_path), workers=workers)
+                    "--profile", node_profile(tmp_path), workers=workers)
     ok(p)
     s = check_survived(run_dir, [dead], workers - 1, ranks=ranks)
     assert s["history"][-1]["epoch"] == 3.0
@@ -186,7 +170,7 @@ def test_local_sgd_node_groups_made_unequal_by_a_death_end_the_job_in_one_line(d
     one of two nodes of two died, the survivors end the job naming the death and the reason."""
     run_dir = tmp_path / "run"
     p = virtual_run(data, run_dir, ["localsgd", "--tau", "2"], "3:8:kill", "--hierarchy", "node",
-                    "--profile", two_a_node(tmp_path))
+                    "--profile", node_profile(tmp_path))
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert "rank(s) [3] died and the survivors cannot go on: dist.hierarchy = node: localsgd counts " \
            "samples in lockstep" in p.stderr, p.stderr[-3000:]

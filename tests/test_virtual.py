@@ -20,10 +20,8 @@ from scalesgd.virtual.world import Aborted, Deadlock, World
 RANKS = 4
 
 
-def virtual(args, tmp_path, timeout=300, **kw):
-    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "scalesgd.virtual", *args], cwd=ROOT, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, **kw)
+def virtual(args, tmp_path, timeout=300):
+    return run_cli(args, tmp_path, timeout, module="scalesgd.virtual")
 
 
 def ok(p):

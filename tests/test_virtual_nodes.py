@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from helpers import final_arrays
+from helpers import final_arrays, node_profile
 from synth import make_dataset
 from test_retime import same_run, vrun
 
@@ -27,15 +27,6 @@ from scalesgd.virtual.world import World
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("ndata"), n=96, n_val=16, num_classes=4)
-
-
-def profile(tmp_path, name="two-a-node", **kw):
-    """A profile file of two ranks a node, a fixed step, slow enough links that the comm shows."""
-    raw = {"name": name, "description": "test", "step_seconds": 0.02, "link_gbps": 1.0,
-           "latency_us": 30, "ranks_per_node": 2, "intra_gbps": 50, "mem_gbps": 20, **kw}
-    path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(raw))
-    return str(path)
 
 
 def in_world(size, rpn, body, **prof):
@@ -116,7 +107,7 @@ def test_the_two_level_all_reduce_adds_the_intra_node_stages_to_the_leaders_ring
     the node's reduce and broadcast at the intra-node rate, 2 (k - 1)/k bytes / intra_gbps: more
     than the flat one by exactly that, and less than a ring over the 8 ranks that ignores the
     nodes (2 (p - 1) (bytes / p / link + latency))."""
-    prof = profile(tmp_path, "four-a-node", ranks_per_node=4, link_gbps=2.0, intra_gbps=20)
+    prof = node_profile(tmp_path, "four-a-node", ranks_per_node=4, link_gbps=2.0, intra_gbps=20)
     runs = {h: vrun(["--method", "allreduce", "--workers", "8", "--no-overlap", "--profile", prof,
                      "--hierarchy", h], tmp_path / h, data) for h in ("none", "node")}
     per = {h: comm_per_step(d) for h, d in runs.items()}
@@ -145,7 +136,7 @@ def test_every_method_trains_in_node_groups_and_a_nodes_replicas_stay_identical(
     rank 1 is a group of its own); nodes differ under EASGD, A-SGD and pull gossip; A-SGD's
     default rate is over the 3 worker node groups."""
     caplog.set_level("INFO", logger="scalesgd")
-    run_dir = vrun([*METHODS[case], "--hierarchy", "node", "--profile", profile(tmp_path)],
+    run_dir = vrun([*METHODS[case], "--hierarchy", "node", "--profile", node_profile(tmp_path)],
                    tmp_path / "run", data)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["ranks"] == 6 and summary["history"][-1]["epoch"] == 2.0, summary["history"]
@@ -174,8 +165,8 @@ def test_a_retimed_hierarchical_run_equals_a_full_run_under_that_profile(case, d
     (host MPI, typical noise) equals a full virtual run there, every metrics row and the summary,
     bit for bit; on a profile of another node size it is refused in one line."""
     args = [*RETIMED[case], "--hierarchy", "node"]
-    src = vrun([*args, "--profile", profile(tmp_path)], tmp_path / "src", data)
-    other = profile(tmp_path, "host-two", link_gbps=0.5, latency_us=50, intra_gbps=20, step_seconds=0.03,
+    src = vrun([*args, "--profile", node_profile(tmp_path)], tmp_path / "src", data)
+    other = node_profile(tmp_path, "host-two", link_gbps=0.5, latency_us=50, intra_gbps=20, step_seconds=0.03,
                     allreduce_progress="host", host_allreduce_factor=1.7, variability="typical")
     out = tmp_path / "rt"
     assert VR.main(["retime", str(src), "--profile", other, "--run-dir", str(out)]) == 0

@@ -35,7 +35,7 @@ from ..backend import to_numpy
 from ..comm import watchdog
 from ..comm.topology import Topology
 from ..errors import LostRankError, MethodError
-from ..methods import create, method_class
+from ..methods import create
 from .assemble import Setup, loaders
 from .control import Control
 from .rankstate import Origin, RankState
@@ -87,17 +87,13 @@ def survive(run, cause: BaseException):
         _end(topo.transport, f"{method}: server rank(s) {dead} died, and the center "
                    f"{'shards are' if servers > 1 else 'is'} gone with them: a lost server cannot be "
                    "survived; --resume RUN_DIR continues from the last checkpoint")
-    try:
-        method_class(old.cfg).check_ranks(topo.size, old.cfg)
+    try:                               # too few ranks left, or node groups the method cannot use
+        s = rebuilt(old, topo)         # (``create`` checks, on every survivor alike)
     except MethodError as exc:
         _end(topo.transport, f"rank(s) {dead} died and the survivors cannot go on: {exc}")
     if topo.rank == 0:
         log.warning("warning: rank(s) %s of the job died (%s); %d ranks train on (on_failure = "
                     "continue)", dead, _describe(cause), topo.size)
-    try:
-        s = rebuilt(old, topo)
-    except MethodError as exc:         # (e.g. local SGD's node groups, unequal after a death)
-        _end(topo.transport, f"rank(s) {dead} died and the survivors cannot go on: {exc}")
     s.method.start(ps)                               # new windows / ports; replicas = rank 0's
     o = Origin("survive", own, agreed_count(s, m_old.global_samples), old.topo.size,
                old.roles.num_workers)
