@@ -231,3 +231,52 @@ def test_without_dali_training_stops_at_start_with_one_line_and_writes_nothing(e
     assert p.returncode != 0 and len(lines) == 1, p.stderr[-2000:]
     assert "DALI" in lines[0] and "pip install -e '.[cpu]'" in lines[0]
     assert not run_dir.exists()
+
+
+STOPPING = {"allreduce": ["--method", "allreduce"], "easgd": ["--method", "easgd"],
+            "asgd-2": ["--method", "asgd", "--servers", "2"], "pull": ["--method", "gossip"],
+            "push-overlap": ["--method", "gossip", "--gossip", "push", "--gossip-overlap"],
+            "localsgd": ["--method", "localsgd", "--tau", "2"]}
+
+
+@pytest.mark.parametrize("case", list(STOPPING))
+def test_stop_at_error_ends_every_rank_at_that_validation_with_a_final_checkpoint(case, data, tmp_path):
+    """``--stop-at-error``: the first validation at or below the error ends the run on every rank
+    (the servers too), with its final checkpoint; the summary says where.  Any error is at or
+    below 0.999, so the run ends at its first validation (a quarter of its 2 epochs)."""
+    out = vrun([*STOPPING[case], "--workers", "4", "--eval-every", "0.5", "--stop-at-error", "0.999"],
+               tmp_path / case, data)
+    s = json.loads((out / "summary.json").read_text())
+    first = s["history"][0]["global_samples"]
+    assert len(s["history"]) == 1 and s["stopped_at_error"] == dict(error=0.999, global_samples=first,
+                                                                      epochs=first / (s["samples"] / 0.5))
+    ranks = json.loads((out / "virtual.json").read_text())["ranks"]
+    for r in range(ranks):
+        vals = [x for x in (out / "metrics" / f"rank-{r}.jsonl").read_text().splitlines() if '"val"' in x]
+        assert len(vals) == 1, (r, vals)
+    assert len(list((out / "checkpoints").glob("*.h5"))) == 1
+    never = vrun([*STOPPING[case], "--workers", "4", "--eval-every", "0.5", "--stop-at-error", "1e-9"],
+                 tmp_path / f"{case}-never", data)           # (never reached: every epoch)
+    s = json.loads((never / "summary.json").read_text())
+    assert s["stopped_at_error"] is None and len(s["history"]) == 4
+
+
+def test_a_run_stopped_at_its_target_retimes_exactly(data, tmp_path):
+    args = ["--method", "allreduce", "--workers", "4", "--eval-every", "0.5", "--stop-at-error", "0.999"]
+    src = vrun([*args, "--profile", "a100-100gbit"], tmp_path / "src", data)
+    out = tmp_path / "rt"
+    assert VR.main(["retime", str(src), "--profile", "titanx-fdr-resnet18", "--condition", "typical",
+                    "--run-dir", str(out)]) == 0
+    full = vrun([*args, "--profile", "titanx-fdr-resnet18", "--condition", "typical"], tmp_path / "full", data)
+    same_run(out, full, 4)
+
+
+@pytest.mark.parametrize("method", ["allreduce", "easgd", "gossip"])
+def test_linear_scaling_scales_with_the_global_batch_for_every_method(method, data, tmp_path):
+    """``--linear-scaling``: peak = lr x (batch x workers) / reference_batch, whatever the method
+    (as SGP and SlowMo compare methods); a server rank is not a worker."""
+    out = vrun(["--method", method, "--workers", "4", "--linear-scaling", "--reference-batch", "8",
+                "--lr", "0.01", "--schedule", "constant"], tmp_path / method, data)
+    rows = [json.loads(x) for x in (out / "metrics" / "rank-1.jsonl").read_text().splitlines()]
+    lrs = {r["lr"] for r in rows if r["kind"] == "step"}
+    assert lrs and all(x == pytest.approx(0.04) for x in lrs), lrs

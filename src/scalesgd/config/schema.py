@@ -105,6 +105,9 @@ class TrainConfig:
     resume: str = _f("", "continue a run: its RUN_DIR (newest good checkpoint) or a checkpoint file")
     init_from: str = _f("", "warm start: every rank starts from the weights of this checkpoint file "
                         "(or a run directory's newest) with a fresh optimizer")
+    stop_at_error: float = _f(0.0, "end the run at the first validation whose top-1 error is at or below "
+                              "this (a final checkpoint, as at the last epoch); 0 = train every epoch",
+                              lo=0, hi=1)
     stop_timeout: float = _f(180.0, "seconds a stop (SIGTERM/SIGUSR1) may take to checkpoint and end the "
                              "job; past it every rank exits 1 naming the phase it was stuck in "
                              "(0 = wait for ever)", lo=0)

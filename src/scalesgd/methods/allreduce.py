@@ -33,10 +33,6 @@ class AllReduce(Method):
         """Gradients leave backward already divided by p, so the all-reduce SUM is the mean."""
         return 1.0 / self.roles.size
 
-    @property
-    def lr_batch(self) -> int:
-        return self.cfg.data.batch_size * self.roles.num_workers
-
     def attach(self, model) -> None:
         """Hooks the bucketed all-reduce into the model's backward (called by the loop)."""
         # one transport for the run, by name (dist.allreduce_transport), agreed by every rank;

@@ -77,8 +77,9 @@ class Method:
 
     @property
     def lr_batch(self) -> int:
-        """The batch one update is computed from (for the linear-scaling rule)."""
-        return self.cfg.data.batch_size
+        """The batch the linear-scaling rule scales with: the job's global batch (every worker's
+        batch), for every method, as in SGP and SlowMo (Goyal et al.'s rule applied alike)."""
+        return self.cfg.data.batch_size * self.roles.num_workers
 
     # ------------------------------------------------------------------ lifecycle
     def attach(self, model) -> None:

@@ -87,10 +87,6 @@ class NodeGroup(Method):
     def grad_scale(self) -> float:
         return 1.0 / self.node.size
 
-    @property
-    def lr_batch(self) -> int:
-        return self.cfg.data.batch_size * self.node.size
-
     # ------------------------------------------------------------------ lifecycle
     def attach(self, model) -> None:
         """The node's gradient all-reducer (flat inside the node), hooked into backward."""

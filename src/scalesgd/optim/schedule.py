@@ -21,15 +21,15 @@ class ScheduleConfig:
     warmup_start_factor: float = 0.1
     epochs: float = 90.0                   # horizon of the cosine schedule (the CLI: 0 = train.epochs)
     final_lr_factor: float = 0.0           # cosine ends at final_lr_factor * peak
-    linear_scaling: bool = False           # peak = lr * update_batch / reference_batch (Goyal et al.)
+    linear_scaling: bool = False           # peak = lr * global batch / reference_batch (Goyal et al.)
     reference_batch: int = 256
 
 
 def peak_lr(cfg: ScheduleConfig, update_batch: int) -> float:
     """The base rate, scaled linearly with ``update_batch`` when ``linear_scaling`` is on.
 
-    ``update_batch`` is the batch one update is computed from (``Method.lr_batch``): the global
-    batch for all-reduce, one worker's batch for the methods whose workers step on their own."""
+    ``update_batch`` is ``Method.lr_batch``: the job's global batch (every worker's batch), for
+    every method alike."""
     return cfg.lr * update_batch / cfg.reference_batch if cfg.linear_scaling else cfg.lr
 
 

@@ -69,6 +69,7 @@ class Run:
         self.world_ranks = list(range(s.topo.size))       # ... of each rank now (a rank may die)
         self.failures: list[dict] = []                    # ranks lost and survived (survive.py)
         self.pending_recovery = None                      # clock of a recovery not closed by a step
+        self.stopped_at = None                            # global samples where stop_at_error ended it
 
     def bind(self, s: Setup) -> None:
         """What depends on the job's ranks: its ``Setup``, the epoch's samples and the phase
@@ -169,6 +170,12 @@ class Run:
         if b in self.eval_at:
             watchdog.doing(f"evaluating at global sample {b}")
             self.evaluate(b)
+            stop, err = self.cfg.train.stop_at_error, 1.0 - self.history[-1]["val_top1_accuracy"]
+            if stop and err <= stop and i < len(self.boundaries) - 1:
+                self.phases.end_at(i)            # (the same value on every rank: a collective's)
+                self.stopped_at = b
+                self.t_excluded += self.clock() - t
+                return True                      # its final checkpoint
         self.t_excluded += self.clock() - t
         return b in self.ckpt_at
 
@@ -322,13 +329,16 @@ class Run:
     def summary(self, wall: float) -> dict:
         s, cfg, st = self.s, self.cfg, self.st
         last = self.history[-1]
-        g = self.total
+        g = self.total if self.stopped_at is None else self.stopped_at
         s.method.settle(wait=True)
         timers = s.method.timers
         return dict(
             method=cfg.train.method, ranks=s.topo.size, workers=s.roles.num_workers,
             model=cfg.model.model, width=cfg.model.width, num_params=s.model.num_params,
             dataset=str(s.data_root), device=s.backend.name, epochs=cfg.train.epochs,
+            stopped_at_error=None if self.stopped_at is None else dict(
+                error=cfg.train.stop_at_error, global_samples=self.stopped_at,
+                epochs=self.stopped_at / self.spe),
             samples=g, global_batch=cfg.data.batch_size * s.roles.num_workers,
             val_top1_accuracy=last["val_top1_accuracy"], val_top5_accuracy=last["val_top5_accuracy"],
             best_val_top1_accuracy=max(h["val_top1_accuracy"] for h in self.history),

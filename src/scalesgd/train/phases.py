@@ -81,7 +81,7 @@ class Phases:
                        f"{want}{', a stop' if c.signals.stop_seen else ''})")
         idx, stop, gen = c.agree(want, self.poll)
         due = False                        # a checkpoint is scheduled at one of the boundaries
-        while c.phase_done < idx:
+        while c.phase_done < min(idx, len(self.boundaries) - 1):   # (on_boundary may end_at)
             due |= bool(self.on_boundary(c.phase_done + 1))
             c.phase_done += 1
         asked = gen > c.ckpt_done
@@ -93,6 +93,11 @@ class Phases:
             watchdog.stop_checkpointed()
             raise Stopped()
         return self.finished
+
+    def end_at(self, i: int) -> None:
+        """Makes boundary ``i`` the last (``train.stop_at_error`` reached there): every rank calls
+        it in the same phase, from the same collective evaluation, so all end together."""
+        self.boundaries = self.boundaries[:i + 1]
 
     def reconcile(self, source, global_samples: int, reshaped: bool = False) -> None:
         """Collective, right after a resumed run restored its state: every rank continues after the
