@@ -1,155 +1,156 @@
 #!/usr/bin/env python3
-"""The crossover study (issue 21): which method reaches a target error first, from 4 to 128 workers.
+"""The crossover study, done fairly (issue 37): which method reaches a target error first, by p,
+network and variability, every method at its best after the same search.
 
-    python benchmarks/crossover.py run [--minutes 55] [--jobs 2]   # one resumable piece
-    python benchmarks/crossover.py status                           # what is done, what is left
-    python benchmarks/crossover_report.py                           # crossover.json + the figure
+    python benchmarks/crossover.py pin [COMMIT]            # the code every run of the study uses
+    python benchmarks/crossover.py run [--minutes 55]      # one resumable piece (2 runs at a time)
+    python benchmarks/crossover.py status                  # what is done, what is left, the hours
+    python benchmarks/crossover_report.py                  # crossover.json, the map, the verdicts
 
-Task: the procedural glyphs (``benchmarks/glyphs.py``: 51,200 training images, 10 classes,
-16x16), ``jobs/glyphs.toml`` (ResNet-8 at half width, batch 8 per worker: 50 steps per epoch at
-p = 128), a constant learning rate (the papers' first phase; so a run that did not reach the target
-can be continued and its time to target does not depend on its length).
+**Task.** The procedural glyphs (``benchmarks/glyphs.py``: 51,200 training images, 10 classes,
+16x16), ``jobs/glyphs.toml`` (ResNet-8 at half width, batch 8 per worker), a constant rate after an
+optional warm-up, target: ``TARGET`` top-1 error.  Every run is a virtual-cluster run (the real
+method code, simulated time) from the pinned commit (``pin.json``; a git worktree of it under
+``runs/``), ends at its first validation at or below the target (``--stop-at-error``) or at its
+horizon, and leaves a JSON record under ``benchmarks/results/crossover/`` with that commit.
 
-Every run is a virtual-cluster run (``python -m scalesgd.virtual``: the real method code, simulated
-time), in three kinds:
+**Axes.** p in ``WORKERS`` (and one worker); the networks ``NETWORKS`` (the papers' era, a current
+InfiniBand cluster, SGP's 10 Gbit/s Ethernet); the conditions ``CONDITIONS`` (no variability, a
+typical cluster's, Jin et al.'s stragglers).  All-reduce, local SGD and one worker compute the same
+numbers under any clock, so each of their runs is *re-timed* exactly under all nine
+(network, condition) pairs; the asynchronous methods run under each pair of their own.
 
-- ``tune``: each method's grid (the same number of configurations for every method, at every p),
-  trained on the *tune* data set (the same training images, the held-out ``tune`` split as its
-  validation set) for ``TUNE_EPOCHS``; the configuration that reaches ``TARGET_ERROR`` on it in the
-  fewest samples wins (none reaching it: the lowest final error).  The reported validation split
-  is never seen by tuning.
-- ``sweep``: the chosen configuration, ``SEEDS``, ``EPOCHS`` epochs, on the main data set under the
-  ``STATS_PROFILE`` timeline: statistical efficiency (samples to target), staleness, consensus.
-- ``timing``: the chosen configuration for one epoch of a 25,600-image training set under each of
-  ``PROFILES``: simulated seconds per training sample (the timeline's goodput).  Time to target
-  under a profile = samples to target (sweep) x seconds per sample (timing).
+**The same search for every method** (``GRIDS``): 4 configurations per method and p, two with a
+fixed rate and two with linear scaling by the global batch and a warm-up (``--linear-scaling``, the
+same option for every method), the method's own settings spread over them (EASGD's beta, tau and
+servers K; A-SGD's n_sync and K; local SGD's tau and SlowMo), plus one more that extends the
+chosen configuration's rate past the grid's edge (and another if that one wins: a choice at an edge
+extends the grid).  Each configuration: ``TUNE_SEEDS`` seeds on the *tune* split under
+``TUNE_NETWORK`` / ``TUNE_CONDITION``.  Selection is by **time to target**, per network: exactly
+(re-timed) for the synchronous methods; for the asynchronous ones samples to target times the
+configuration's seconds per sample under that network (a ``time`` run of it there).  A
+configuration that missed the target in a tuning seed ranks after every one that reached it.
 
-Each finished run leaves a small JSON record under ``benchmarks/results/crossover/`` (committed;
-the run directories stay in ``--scratch``); a piece runs the next pending runs, reusing every
-finished record, until ``--minutes`` would be exceeded, two at a time with one BLAS thread each.
+**Reported runs** (``sweep``): each method's configuration chosen for the network, ``SEEDS`` seeds
+(the same seeds for every method: paired) on the main split, under every condition; seeds
+``MORE_SEEDS`` too for the two fastest methods of a cell whose means are within ``CLOSE``.
+Horizons: a tuning run ends at ``CAP_SAMPLES`` x the samples the most sample-efficient
+configuration at that p needed; a reported asynchronous run at ``CAP_TIME`` x the best synchronous
+method's time in its cell (a method that needs more cannot be the fastest; it is reported with
+the error it reached).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = ROOT / "jobs" / "glyphs.toml"
 RESULTS = ROOT / "benchmarks" / "results" / "crossover"
-WORKERS = (4, 8, 16, 32, 64, 128)
-SEEDS = (0, 1, 2)
-# Where a verdict hinges on a difference, 5 seeds: after the 3-seed sweep, J1 (asynchronous first
-# up to ~32 nodes) turned on ties at p = 4, 8 and 16 -- every method tied with the fastest there
-# under either profile, and the authors' blocking pull against all-reduce at p = 8.  Seeds 3 and 4
-# for those.
-HINGE_SEEDS = (3, 4)
-HINGES = {4: ("pushsum-ov", "allreduce-lsw", "localsgd", "allreduce", "asgd", "easgd"),
-          8: ("allreduce-lsw", "asgd", "allreduce", "gossip-pull"),
-          16: ("allreduce-lsw", "allreduce", "pushsum-ov")}
-TUNE_SEED = 100
-TARGET_ERROR = 0.40          # one worker reaches it in ~2 of the 4 epochs (30%: in 3)
-EPOCHS = 4
-TUNE_EPOCHS = 2
-TIMING_TRAIN = 25_600
-STATS_PROFILE = "a100-ib100-resnet50"
-PROFILES = ("titanx-fdr-resnet18", "a100-ib100-resnet50")
-BASE_LR = 0.05
-STEP_COST_S = 0.009          # real seconds per worker-step on one core (measured; for planning only)
+PIN = RESULTS / "pin.json"
+
+TARGET = 0.40
+WORKERS = (2, 4, 8, 16, 32, 64, 128)
+NETWORKS = ("titanx-fdr-resnet18", "a100-ib100-resnet50", "v100-10gbe-resnet50")
+CONDITIONS = ("none", "typical", "stragglers")
+TUNE_NETWORK, TUNE_CONDITION = "a100-ib100-resnet50", "typical"
+TUNE_SEEDS = (100, 101)
+SEEDS = (0, 1)
+MORE_SEEDS = (2, 3, 4)
+CLOSE = 1.25                 # "the two fastest within 25%": more seeds
+EVAL_EVERY = 0.25            # epochs between validations (the time to target is interpolated)
+CAP_SAMPLES = 3.0            # tuning horizon: x the fewest samples to target at that p
+CAP_TIME = 2.0               # reported asynchronous runs: x the best synchronous time in the cell
+MAX_EPOCHS, MIN_EPOCHS = 12, 3
+TIMING_TRAIN = 25_600        # the timing runs' data set (one epoch)
+MAX_EXTENSIONS = 2
+STEP_COST_S = 0.0055         # real seconds per worker-step, two runs at a time (for planning only)
+
+SYNC = ("single", "allreduce", "localsgd")          # re-timed: arithmetic independent of the clock
+ASYNC = ("easgd", "asgd", "gossip-pull", "pushsum-ov")
+METHODS = ("allreduce", "localsgd", *ASYNC)
+LSW = ["--linear-scaling", "--reference-batch", "8", "--warmup-epochs", "0.5"]
+FIXED = {"single": ["--method", "single"],
+         "allreduce": ["--method", "allreduce"],
+         "localsgd": ["--method", "localsgd"],
+         "easgd": ["--method", "easgd"],
+         "asgd": ["--method", "asgd"],
+         # blocking pull with the shipped progress default (a progress thread across nodes)
+         "gossip-pull": ["--method", "gossip", "--gossip", "pull", "--gossip-graph", "uniform"],
+         # SGP's form: push-sum on the exponential graph, the exchange overlapped with the next step
+         "pushsum-ov": ["--method", "gossip", "--gossip", "push", "--gossip-overlap",
+                        "--gossip-graph", "exponential"]}
+KNOBS = {"": [],
+         "t4": ["--tau", "4"], "t16m": ["--tau", "16", "--slowmo-beta", "0.6"],
+         "e1": ["--tau", "1", "--beta", "0.8", "--servers", "1"],        # the authors' EASGD
+         "e4": ["--tau", "4", "--beta", "0.9", "--servers", "4"],        # less often, sharded
+         "a1": ["--n-sync", "1", "--servers", "1"],                      # Paine et al.'s A-SGD
+         "a4": ["--n-sync", "4", "--servers", "4"]}
+# (rule, rate, knob): F = fixed rate, L = linear scaling with warm-up (peak = rate x 8p / 8),
+# W = A-SGD's own fixed rule, rate / p (its server adds every worker's update)
+GRIDS = {"single": [("F", 0.025, ""), ("F", 0.05, ""), ("F", 0.1, ""), ("F", 0.2, "")],
+         "allreduce": [("F", 0.05, ""), ("F", 0.2, ""), ("L", 0.05, ""), ("L", 0.0125, "")],
+         "gossip-pull": [("F", 0.05, ""), ("F", 0.2, ""), ("L", 0.05, ""), ("L", 0.0125, "")],
+         "pushsum-ov": [("F", 0.05, ""), ("F", 0.2, ""), ("L", 0.05, ""), ("L", 0.0125, "")],
+         "localsgd": [("F", 0.05, "t4"), ("F", 0.2, "t16m"), ("L", 0.05, "t16m"), ("L", 0.0125, "t4")],
+         "easgd": [("F", 0.05, "e1"), ("F", 0.2, "e4"), ("L", 0.05, "e4"), ("L", 0.0125, "e1")],
+         "asgd": [("W", 0.2, "a1"), ("W", 0.8, "a4"), ("L", 0.0125, "a4"), ("L", 0.003125, "a1")]}
 
 
-def _lr(x: float) -> list[str]:
-    return ["--lr", f"{x:.6g}"]
+def cname(rule: str, rate: float, knob: str) -> str:
+    return f"{rule}{rate:g}" + (f"-{knob}" if knob else "")
 
 
-# method -> (fixed flags, grid: [(name, flags(p))]); every grid has the same length
-METHODS: dict[str, tuple[list[str], list[tuple[str, object]]]] = {
-    "allreduce": (["--method", "allreduce"],
-                  [("lr0.05", lambda p: _lr(BASE_LR)), ("lr0.1", lambda p: _lr(2 * BASE_LR))]),
-    "allreduce-lsw": (["--method", "allreduce", "--linear-scaling", "--reference-batch", "8",
-                       "--warmup-epochs", "0.5"],
-                      [("k1", lambda p: _lr(BASE_LR)), ("k0.25", lambda p: _lr(BASE_LR / 4))]),
-    "easgd": (["--method", "easgd", *_lr(BASE_LR)],
-              [("b0.8t1", lambda p: ["--beta", "0.8", "--tau", "1"]),
-               ("b0.9t4", lambda p: ["--beta", "0.9", "--tau", "4"])]),
-    "asgd": (["--method", "asgd"],
-             [("n1", lambda p: ["--n-sync", "1", *_lr(4 * BASE_LR / p)]),
-              ("n4", lambda p: ["--n-sync", "4", *_lr(4 * BASE_LR / p)])]),
-    # the authors' blocking pull as they ran it: nothing keeps a computing target's MPI progressing
-    "gossip-pull": (["--method", "gossip", "--gossip", "pull", "--gossip-graph", "uniform",
-                     "--mpi-progress", "none"],
-                    [("lr0.05", lambda p: _lr(BASE_LR)), ("lr0.1", lambda p: _lr(2 * BASE_LR))]),
-    "pushsum-ov": (["--method", "gossip", "--gossip", "push", "--gossip-overlap",
-                    "--gossip-graph", "exponential"],
-                   [("lr0.05", lambda p: _lr(BASE_LR)), ("lr0.1", lambda p: _lr(2 * BASE_LR))]),
-    "localsgd": (["--method", "localsgd", *_lr(BASE_LR)],
-                 [("t4", lambda p: ["--tau", "4"]),
-                  ("t16m0.6", lambda p: ["--tau", "16", "--slowmo-beta", "0.6"])]),
-}
-SINGLE = "single"            # the one-worker reference (p = 1, no tuning: the base rate)
+def parse(config: str) -> tuple[str, float, str]:
+    head, _, knob = config.partition("-")
+    return head[0], float(head[1:]), knob
 
-# The papers' other claims, re-tested on the same task (fixed settings, stated here and in the JSON):
-# name -> (workers, epochs, {config: flags})
-EXTRAS: dict[str, tuple[int, int, dict[str, list[str]]]] = {
-    # P3: A-SGD's n_sync with 4 clients, long enough that n_sync 100 makes >= 50 exchanges per client
-    # (1,600 steps per epoch each: 16 exchanges per epoch at n_sync 100, 64 in 4 epochs)
-    "asgd-nsync": (4, 4, {f"n{n}": ["--method", "asgd", "--n-sync", str(n), *_lr(BASE_LR)]
-                          for n in (1, 10, 100)}),
-    # the staleness bound at S >= p - 1 (a bound below p - 1 rejects pushes by construction)
-    "asgd-bound": (8, 4, {f"S{b}": ["--method", "asgd", "--max-staleness", str(b), *_lr(4 * BASE_LR / 8)]
-                          for b in (-1, 7, 14)}),
-    # the default gossip graph: overlapped pull on the uniform vs the exponential graph
-    "pull-ov-graph": (8, 4, {g: ["--method", "gossip", "--gossip", "pull", "--gossip-overlap",
-                                 "--gossip-graph", g, *_lr(BASE_LR)] for g in ("uniform", "exponential")}),
-    "pull-ov-graph-32": (32, 4, {g: ["--method", "gossip", "--gossip", "pull", "--gossip-overlap",
-                                     "--gossip-graph", g, *_lr(BASE_LR)] for g in ("uniform", "exponential")}),
-}
+
+def flags(method: str, config: str, p: int) -> list[str]:
+    rule, rate, knob = parse(config)
+    lr = rate / p if rule == "W" else rate
+    return [*FIXED[method], "--lr", f"{lr:.6g}", *(LSW if rule == "L" else []), *KNOBS[knob]]
+
+
+def commit() -> str:
+    try:
+        return json.loads(PIN.read_text())["commit"]
+    except (OSError, ValueError, KeyError):
+        sys.exit("crossover: no pinned commit yet: python benchmarks/crossover.py pin [COMMIT]")
 
 
 @dataclass(frozen=True)
 class Run:
-    kind: str                # tune | sweep | timing | single | extra
+    kind: str                # tune | time | sweep
     method: str
     workers: int
-    config: str              # grid entry name
+    config: str
     seed: int
-    profile: str
+    network: str
+    condition: str
+    epochs: int = field(default=0, compare=False)
 
     @property
     def key(self) -> str:
-        prof = f"-{self.profile}" if self.kind == "timing" else ""
-        return f"{self.kind}/{self.method}-p{self.workers}-{self.config}-s{self.seed}{prof}"
+        where = "" if self.method in SYNC and self.kind != "time" else f"-{self.network}-{self.condition}"
+        return f"{self.kind}/{self.method}-p{self.workers}-{self.config}-s{self.seed}{where}"
 
     @property
     def record(self) -> Path:
         return RESULTS / f"{self.key}.json"
 
     @property
-    def epochs(self) -> int:
-        if self.kind == "extra":
-            return EXTRAS[self.method][1]
-        return {"tune": TUNE_EPOCHS, "timing": 1}.get(self.kind, EPOCHS)
-
-    @property
     def cost(self) -> float:
-        """Planned real seconds (worker-steps x STEP_COST_S)."""
-        n = TIMING_TRAIN if self.kind == "timing" else 51_200
-        return self.epochs * n / 8 * STEP_COST_S
-
-    def flags(self) -> list[str]:
-        if self.method == SINGLE:
-            return ["--method", "allreduce", *_lr(BASE_LR)]
-        if self.kind == "extra":
-            return list(EXTRAS[self.method][2][self.config])
-        fixed, grid = METHODS[self.method]
-        return [*fixed, *dict(grid)[self.config](self.workers)]
+        n = TIMING_TRAIN if self.kind == "time" else 51_200
+        return max(self.epochs, 1) * n / 8 * STEP_COST_S
 
 
 def load(path: Path) -> dict | None:
@@ -159,135 +160,368 @@ def load(path: Path) -> dict | None:
         return None
 
 
-def chosen(method: str, workers: int) -> str | None:
-    """The grid entry tuning chose for (method, p), or None while its tuning runs are missing."""
-    _, grid = METHODS[method]
-    recs = [load(Run("tune", method, workers, name, TUNE_SEED, STATS_PROFILE).record) for name, _ in grid]
-    if any(r is None for r in recs):
-        return None
-    return min(recs, key=tune_score)["config"]
-
-
-def samples_to(curve: list[dict], target: float = TARGET_ERROR) -> float | None:
-    """Training samples (all workers) at which the validation error first reaches ``target``:
-    linear between the last validation above it and the first at or below it (validations are
-    half an epoch apart: without it every estimate would be a multiple of half an epoch).  The
-    first validation already at or below: its own sample count."""
+def interpolate(curve: list[dict], key: str, target: float = TARGET) -> float | None:
+    """``key`` (samples or seconds) where the validation error first reaches ``target``: linear
+    between the last validation above it and the first at or below it."""
     prev = None
     for c in curve:
         if c["error"] <= target:
             if prev is None or prev["error"] <= c["error"]:
-                return float(c["samples"])
+                return float(c[key])
             f = (prev["error"] - target) / (prev["error"] - c["error"])
-            return float(prev["samples"] + f * (c["samples"] - prev["samples"]))
+            return float(prev[key] + f * (c[key] - prev[key]))
         prev = c
     return None
 
 
-def tune_score(rec: dict) -> tuple:
-    """Lower is better: reached the target (in fewer samples), else the lower final error."""
-    s = samples_to(rec["curve"])
-    return (0, s, rec["final_error"]) if s is not None else (1, rec["final_error"], 0)
+def seconds_to(rec: dict, network: str, condition: str) -> float | None:
+    """A record's time to target under (network, condition): its own clock or a re-timing."""
+    if rec["method"] in SYNC:
+        times = rec.get("retimed", {}).get(f"{network}/{condition}")
+        if times is None:
+            return None
+        curve = [dict(c, seconds=t) for c, t in zip(rec["curve"], times)]
+        return interpolate(curve, "seconds")
+    if (rec["network"], rec["condition"]) != (network, condition):
+        return None
+    return interpolate(rec["curve"], "seconds")
 
 
-def plan() -> list[Run]:
-    """Every run of the study in the order a piece takes them (small p first; a sweep or timing
-    run once its tuning is done)."""
-    out = [Run("single", SINGLE, 1, "base", s, STATS_PROFILE) for s in SEEDS]
-    out += [Run("timing", SINGLE, 1, "base", 0, prof) for prof in PROFILES]
-    for p in WORKERS:
-        for m, (_, grid) in METHODS.items():
-            out += [Run("tune", m, p, name, TUNE_SEED, STATS_PROFILE) for name, _ in grid]
-        for m in METHODS:
-            cfg = chosen(m, p) or "?"
-            out += [Run("sweep", m, p, cfg, s, STATS_PROFILE) for s in SEEDS]
-            out += [Run("timing", m, p, cfg, 0, prof) for prof in PROFILES]
-        for m in HINGES.get(p, ()):                       # (taken after every 3-seed run at this p)
-            out += [Run("sweep", m, p, chosen(m, p) or "?", s, STATS_PROFILE) for s in HINGE_SEEDS]
-        if p == 8:                 # the papers' scale: their other claims next
-            for name, (w, _, configs) in EXTRAS.items():
-                out += [Run("extra", name, w, c, s, STATS_PROFILE) for c in configs for s in SEEDS]
-    return out
+# ---------------------------------------------------------------------------------------- the plan
+class Study:
+    """What has been done (the records) and what can run next."""
+
+    def __init__(self):
+        self.recs: dict[str, dict] = {}
+        for f in RESULTS.glob("*/*.json"):
+            r = load(f)
+            if r is not None and "key" in r:
+                self.recs[r["key"]] = r
+
+    def get(self, run: Run) -> dict | None:
+        return self.recs.get(run.key)
+
+    # ---- tuning
+    def grid(self, method: str, p: int) -> list[str]:
+        """The configurations tuned for (method, p): the base grid and its extensions so far."""
+        base = [cname(*g) for g in GRIDS[method]]
+        out = list(base)
+        for _ in range(MAX_EXTENSIONS + 1):
+            chosen = self.chosen_all(method, p, out)
+            if chosen is None:
+                return out
+            ext = [x for c in chosen for x in [self.extension(method, c, out)] if x is not None]
+            new = [x for x in dict.fromkeys(ext) if x not in out]
+            if not new or len(out) - len(base) >= MAX_EXTENSIONS * 2:
+                return out
+            out += new
+        return out
+
+    @staticmethod
+    def extension(method: str, config: str, grid: list[str]) -> str | None:
+        """The next rate past the edge ``config`` sits on (x2 up or /2 down, its rule and knob)."""
+        rule, rate, knob = parse(config)
+        same = sorted(r for c in grid for (ru, r, k) in [parse(c)] if ru == rule and k == knob)
+        mates = sorted(r for c in grid for (ru, r, _) in [parse(c)] if ru == rule)
+        if rate >= max(mates):
+            return cname(rule, rate * 2, knob) if rate == max(same) else None
+        if rate <= min(mates):
+            return cname(rule, rate / 2, knob) if rate == min(same) else None
+        return None
+
+    def tune_runs(self, method: str, p: int, configs) -> list[Run]:
+        net, cond = (TUNE_NETWORK, TUNE_CONDITION)
+        return [Run("tune", method, p, c, s, net, cond) for c in configs for s in TUNE_SEEDS]
+
+    def time_runs(self, method: str, p: int, configs) -> list[Run]:
+        if method in SYNC:
+            return []
+        return [Run("time", method, p, c, 0, n, TUNE_CONDITION) for c in configs for n in NETWORKS
+                if n != TUNE_NETWORK]
+
+    def score(self, method: str, p: int, config: str, network: str):
+        """Tuning score under ``network`` (lower is better), or None while runs are missing."""
+        recs = [self.get(r) for r in self.tune_runs(method, p, [config])]
+        if any(r is None for r in recs):
+            return None
+        if method not in SYNC and network != TUNE_NETWORK:
+            t = self.get(Run("time", method, p, config, 0, network, TUNE_CONDITION))
+            if t is None:
+                return None
+        times = []
+        for r in recs:
+            if method in SYNC or network == TUNE_NETWORK:
+                times.append(seconds_to(r, network, TUNE_CONDITION))
+            else:
+                s = interpolate(r["curve"], "samples")
+                times.append(None if s is None else s * t["seconds_per_sample"])
+        if any(x is None for x in times):
+            return (1, sum(r["final_error"] for r in recs) / len(recs))
+        return (0, sum(times) / len(times))
+
+    def chosen(self, method: str, p: int, network: str, grid: list[str] | None = None) -> str | None:
+        grid = grid if grid is not None else self.grid(method, p)
+        scores = {c: self.score(method, p, c, network) for c in grid}
+        if any(s is None for s in scores.values()):
+            return None
+        return min(grid, key=lambda c: scores[c])
+
+    def chosen_all(self, method: str, p: int, grid: list[str]) -> list[str] | None:
+        out = [self.chosen(method, p, n, grid) for n in NETWORKS]
+        return None if any(c is None for c in out) else out
+
+    def best_samples(self, p: int) -> float | None:
+        """The fewest mean samples to target of any configuration tuned at p (both seeds)."""
+        best = None
+        for m in (("single",) if p == 1 else METHODS):
+            for c in self.grid(m, p):
+                recs = [self.get(r) for r in self.tune_runs(m, p, [c])]
+                s = [interpolate(r["curve"], "samples") for r in recs if r is not None]
+                if len(s) == len(TUNE_SEEDS) and None not in s:
+                    v = sum(s) / len(s)
+                    best = v if best is None else min(best, v)
+        return best
+
+    def tune_epochs(self, p: int, samples_per_epoch: int = 51_200) -> int | None:
+        b = self.best_samples(p)
+        if b is None:                        # (every pilot done and none reached it: the longest)
+            pilots = self.tune_runs("single", 1, GRIDS["single"]) if p == 1 else self.tune_runs(
+                "allreduce", p, [cname(*g) for g in GRIDS["allreduce"] if g[0] == "L"])
+            return MAX_EPOCHS if all(self.get(r) is not None for r in pilots) else None
+        return max(MIN_EPOCHS, min(MAX_EPOCHS, math.ceil(CAP_SAMPLES * b / samples_per_epoch)))
+
+    # ---- reported runs
+    def cell_sync_best(self, p: int, network: str, condition: str) -> float | None:
+        best = None
+        for m in (("single",) if p == 1 else ("allreduce", "localsgd")):
+            c = self.chosen(m, p, network)
+            if c is None:
+                return None
+            ts = []
+            for s in SEEDS:
+                r = self.get(Run("sweep", m, p, c, s, network, condition))
+                if r is None:
+                    return None
+                ts.append(seconds_to(r, network, condition))
+            if None not in ts:
+                v = sum(ts) / len(ts)
+                best = v if best is None else min(best, v)
+        return best
+
+    def sweep_epochs(self, method: str, p: int, config: str, network: str, condition: str) -> int | None:
+        if method in SYNC:
+            e = self.tune_epochs(p)
+            return None if e is None else min(MAX_EPOCHS, e + 2)
+        best = self.cell_sync_best(p, network, condition)
+        if best is None:                     # (no synchronous method reached it: the longest)
+            return MAX_EPOCHS if self.sync_done(p, network, condition) else None
+        spp = self.seconds_per_sample(method, p, config, network)
+        if spp is None:
+            return None
+        return max(2, min(MAX_EPOCHS, math.ceil(CAP_TIME * best / spp / 51_200)))
+
+    def sync_done(self, p: int, network: str, condition: str) -> bool:
+        for m in (("single",) if p == 1 else ("allreduce", "localsgd")):
+            c = self.chosen(m, p, network)
+            if c is None or any(self.get(Run("sweep", m, p, c, s, network, condition)) is None
+                                for s in SEEDS):
+                return False
+        return True
+
+    def seconds_per_sample(self, method: str, p: int, config: str, network: str) -> float | None:
+        if network == TUNE_NETWORK:
+            recs = [self.get(r) for r in self.tune_runs(method, p, [config])]
+            if any(r is None for r in recs):
+                return None
+            return sum(r["seconds_per_sample"] for r in recs) / len(recs)
+        t = self.get(Run("time", method, p, config, 0, network, TUNE_CONDITION))
+        return None if t is None else t["seconds_per_sample"]
+
+    def cell_means(self, p: int, network: str, condition: str, seeds) -> dict[str, float | None]:
+        out = {}
+        for m in (("single",) if p == 1 else METHODS):
+            c = self.chosen(m, p, network)
+            if c is None:
+                continue
+            ts = [seconds_to(r, network, condition) if r else None
+                  for s in seeds for r in [self.get(Run("sweep", m, p, c, s, network, condition))]]
+            out[m] = None if None in ts else sum(ts) / len(ts)
+        return out
+
+    def close_methods(self, p: int, network: str, condition: str) -> list[str]:
+        """The two fastest methods of the cell when their means (over SEEDS) are within CLOSE."""
+        means = {m: v for m, v in self.cell_means(p, network, condition, SEEDS).items() if v is not None}
+        ranked = sorted(means, key=means.get)
+        if len(ranked) >= 2 and means[ranked[1]] <= CLOSE * means[ranked[0]]:
+            return ranked[:2]
+        return []
+
+    # ---- everything, in order
+    def plan(self) -> tuple[list[Run], list[str]]:
+        """(runs that can start now, in order; what waits and for what)."""
+        ready, waiting = [], []
+
+        def want(run: Run, epochs: int | None, why: str) -> None:
+            if self.get(run) is not None:
+                return
+            if epochs is None:
+                waiting.append(f"{run.key}: {why}")
+            else:
+                ready.append(Run(**{**run.__dict__, "epochs": epochs}))
+
+        for p in (1, *WORKERS):
+            methods = ("single",) if p == 1 else METHODS
+            cap = self.tune_epochs(p)
+            for m in methods:
+                grid = self.grid(m, p)
+                for r in self.tune_runs(m, p, grid):
+                    # pilots (all-reduce's scaled rates, one worker) run first and set the horizon
+                    pilot = m == "single" or (m == "allreduce" and parse(r.config)[0] == "L")
+                    want(r, (MAX_EPOCHS if p > 1 else 8) if pilot and cap is None else cap,
+                         "the pilots' samples to target at this p")
+                for r in self.time_runs(m, p, grid):
+                    want(r, 1, "")
+            for n in NETWORKS:
+                for m in methods:
+                    c = self.chosen(m, p, n)
+                    if c is None:
+                        waiting.append(f"sweep {m} p{p} {n}: tuning")
+                        continue
+                    conds = (TUNE_CONDITION,) if m in SYNC else CONDITIONS
+                    for cond in conds:
+                        for s in SEEDS:
+                            run = Run("sweep", m, p, c, s, n, cond)
+                            want(run, self.sweep_epochs(m, p, c, n, cond), "the synchronous runs of its cell")
+                for cond in CONDITIONS:
+                    for m in self.close_methods(p, n, cond):
+                        c = self.chosen(m, p, n)
+                        for s in MORE_SEEDS:
+                            run = Run("sweep", m, p, c, s, n, cond if m not in SYNC else TUNE_CONDITION)
+                            want(run, self.sweep_epochs(m, p, c, n, cond), "the synchronous runs of its cell")
+        seen, out = set(), []
+        for r in ready:                       # (a synchronous run serves every network)
+            if r.key not in seen:
+                seen.add(r.key)
+                out.append(r)
+        return out, waiting
+
+
+# ---------------------------------------------------------------------------------------- running
+def tree(sha: str) -> Path:
+    """A worktree of the pinned commit (made once): every run executes its code and job file."""
+    wt = ROOT / "runs" / f"pinned-{sha[:12]}"
+    if not (wt / "src" / "scalesgd").is_dir():
+        wt.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=True)
+        subprocess.run(["git", "worktree", "add", "--detach", str(wt), sha], cwd=ROOT, check=True,
+                       capture_output=True)
+    return wt
 
 
 def data_dirs(data: Path) -> dict[str, Path]:
     """The glyph data sets (built once): main (train + val), tune (train + tune), timing."""
     import glyphs  # noqa: PLC0415  (a sibling: benchmarks/ is sys.path[0])
-    if not (data / "full" / "main" / "manifest.json").exists():
-        glyphs.build(data / "full", 51_200, 5_000, 5_000)
-    if not (data / "timing" / "main" / "manifest.json").exists():
-        glyphs.build(data / "timing", TIMING_TRAIN, 1_000, 1_000)
-    return {"main": data / "full" / "main", "tune": data / "full" / "tune",
-            "timing": data / "timing" / "main"}
+    if not (data / "main" / "manifest.json").exists():
+        glyphs.build(data, 51_200, 5_000, 5_000)
+    timing = data.parent / f"{data.name}-timing"
+    if not (timing / "main" / "manifest.json").exists():
+        glyphs.build(timing, TIMING_TRAIN, 1_000, 1_000)
+    return {"sweep": data / "main", "tune": data / "tune", "time": timing / "main"}
 
 
-def execute(run: Run, dirs: dict[str, Path], scratch: Path) -> dict:
-    """Runs one virtual run and writes its record; returns the record."""
+def execute(run: Run, sha: str, wt: Path, dirs: dict[str, Path], scratch: Path) -> dict:
+    """One virtual run from the pinned tree; re-timed under every (network, condition) if its
+    arithmetic ignores the clock; writes and returns its record."""
     run_dir = scratch / run.key
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    data = dirs[{"tune": "tune", "timing": "timing"}.get(run.kind, "main")]
-    argv = [sys.executable, "-m", "scalesgd.virtual", "--config", str(JOB), "--data", str(data),
-            *run.flags(), "--seed", str(run.seed), "--workers", str(run.workers),
-            "--epochs", str(run.epochs), "--profile", run.profile, "--threads", "1",
-            "--run-dir", str(run_dir)]
+    argv = [sys.executable, "-m", "scalesgd.virtual", "--config", str(wt / "jobs" / "glyphs.toml"),
+            "--data", str(dirs[run.kind]), *flags(run.method, run.config, run.workers),
+            "--seed", str(run.seed), "--workers", str(run.workers), "--epochs", str(run.epochs),
+            "--eval-every", str(EVAL_EVERY), "--profile", run.network, "--condition", run.condition,
+            "--threads", "1", "--run-dir", str(run_dir)]
+    if run.kind != "time":
+        argv += ["--stop-at-error", str(TARGET)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(wt / "src"))
     t0 = time.perf_counter()
-    p = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src")))
-    if p.returncode:
-        raise RuntimeError(f"{run.key}: {' '.join(argv)} failed:\n{p.stderr[-3000:]}")
-    shown = [str(Path(a).relative_to(ROOT)) if a.startswith(str(ROOT)) else a for a in argv[2:]]
-    rec = summarize(run, run_dir, shown, time.perf_counter() - t0)
+    proc = subprocess.run(argv, cwd=wt, capture_output=True, text=True, env=env)
+    diverged = proc.returncode != 0 and "the training loss became" in proc.stderr
+    if proc.returncode and not diverged:
+        raise RuntimeError(f"{run.key}: {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+    shown = [a.replace(str(wt) + "/", "").replace(str(ROOT) + "/", "") for a in argv[2:]]
+    rec = summarize(run, run_dir, shown, diverged, proc.stderr.strip().splitlines()[-1:] if diverged else [])
+    if run.method in SYNC and run.kind != "time" and not diverged:
+        rec["retimed"] = retime(run_dir, wt, env)
+    rec.update(commit=sha, real_seconds=time.perf_counter() - t0)
     run.record.parent.mkdir(parents=True, exist_ok=True)
     tmp = run.record.with_suffix(".tmp")
     tmp.write_text(json.dumps(rec, indent=1) + "\n")
     tmp.replace(run.record)
+    shutil.rmtree(run_dir, ignore_errors=True)
     return rec
 
 
-def summarize(run: Run, run_dir: Path, argv: list[str], real: float) -> dict:
-    """The committed record of one run: its curve, samples to target, goodput and the method's
-    own statistics at each validation (staleness, consensus distance), rank 0's view."""
-    s = json.loads((run_dir / "summary.json").read_text())
-    vals = [json.loads(x) for x in (run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()
-            if '"kind": "val"' in x]
-    extra = ("consensus_distance", "staleness_mean", "staleness_max", "worker_distance",
-             "worker_distance_max", "server_version")
+def retime(run_dir: Path, wt: Path, env: dict) -> dict[str, list[float]]:
+    """The validations' training seconds under every (network, condition) (exact re-timing)."""
+    out = {}
+    for n in NETWORKS:
+        for cond in CONDITIONS:
+            dst = run_dir.parent / f"{run_dir.name}-rt"
+            shutil.rmtree(dst, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "scalesgd.virtual", "retime", str(run_dir), "--profile", n,
+                            "--condition", cond, "--run-dir", str(dst)], cwd=wt, env=env, check=True,
+                           capture_output=True)
+            out[f"{n}/{cond}"] = [v["train_seconds"] for v in vals(dst)]
+            shutil.rmtree(dst, ignore_errors=True)
+    return out
+
+
+def vals(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics" / "rank-0.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if '"kind": "val"' in x]
+
+
+def summarize(run: Run, run_dir: Path, argv: list[str], diverged: bool, why: list[str]) -> dict:
+    """The committed record: the validation curve (samples, seconds, error, the method's own
+    statistics), samples and seconds to target, seconds per sample, worker-steps."""
+    extra = ("consensus_distance", "staleness_mean", "staleness_max", "worker_distance", "server_version")
     curve = [dict(samples=v["global_samples"], seconds=v["train_seconds"],
                   error=1.0 - v["val_top1_accuracy"], **{k: v[k] for k in extra if k in v})
-             for v in vals]
-    hit = next((c for c in curve if c["error"] <= TARGET_ERROR), None)
-    return dict(key=run.key, kind=run.kind, method=run.method, workers=run.workers,
-                config=run.config, seed=run.seed, profile=run.profile, epochs=run.epochs,
-                argv=argv,
-                target_error=TARGET_ERROR, samples_per_epoch=s["samples"] // max(s["epochs"], 1),
-                samples_to_target=None if hit is None else hit["samples"],
-                seconds_to_target=None if hit is None else hit["seconds"],
-                final_error=curve[-1]["error"] if curve else None,
-                train_seconds=s["train_seconds"], samples=s["samples"],
-                seconds_per_sample=s["train_seconds"] / max(s["samples"], 1),
-                worker_steps=s["virtual"]["worker_steps"], real_seconds=real, curve=curve)
+             for v in vals(run_dir)]
+    s = load(run_dir / "summary.json") or {}
+    virt = s.get("virtual", {})
+    samples = s.get("samples", curve[-1]["samples"] if curve else 0)
+    secs = s.get("train_seconds", curve[-1]["seconds"] if curve else 0.0)
+    return dict(key=run.key, kind=run.kind, method=run.method, workers=run.workers, config=run.config,
+                seed=run.seed, network=run.network, condition=run.condition, epochs=run.epochs,
+                argv=argv, target_error=TARGET, diverged=diverged, diverged_why=why,
+                samples_to_target=interpolate(curve, "samples"),
+                seconds_to_target=interpolate(curve, "seconds"),
+                final_error=curve[-1]["error"] if curve else 0.9,
+                samples=samples, train_seconds=secs, seconds_per_sample=secs / max(samples, 1),
+                worker_steps=virt.get("worker_steps"), curve=curve)
 
 
 def piece(minutes: float, jobs: int, data: Path, scratch: Path) -> int:
-    """Runs pending runs until ``minutes`` of wall time would be exceeded."""
+    sha = commit()
+    wt = tree(sha)
     dirs = data_dirs(data)
     deadline = time.monotonic() + 60 * minutes
     done = 0
     with ThreadPoolExecutor(jobs) as pool:
         running: dict = {}
         while True:
-            taken = {f.key for f in running.values()}
-            todo = [r for r in plan() if "?" not in r.config and not r.record.exists()
-                    and r.key not in taken]
+            taken = {r.key for r in running.values()}
+            todo = [r for r in Study().plan()[0] if r.key not in taken]
             while todo and len(running) < jobs:
                 r = todo.pop(0)
-                if time.monotonic() + r.cost * 1.3 > deadline:
-                    todo = []
-                    break
-                running[pool.submit(execute, r, dirs, scratch)] = r
-                print(f"[{time.strftime('%H:%M:%S')}] start {r.key}", flush=True)
+                if time.monotonic() + r.cost * 1.2 > deadline:
+                    continue
+                running[pool.submit(execute, r, sha, wt, dirs, scratch)] = r
+                print(f"[{time.strftime('%H:%M:%S')}] start {r.key} ({r.epochs} epochs)", flush=True)
             if not running:
                 break
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -295,37 +529,51 @@ def piece(minutes: float, jobs: int, data: Path, scratch: Path) -> int:
                 r = running.pop(f)
                 rec = f.result()
                 done += 1
-                print(f"[{time.strftime('%H:%M:%S')}] done  {r.key}: final error "
-                      f"{rec['final_error']:.3f}, to target {rec['samples_to_target']} samples, "
-                      f"{rec['real_seconds']:.0f} s real", flush=True)
-    left = [r for r in plan() if not r.record.exists()]
-    print(f"{done} runs this piece; {len(left)} left (about "
-          f"{sum(r.cost for r in left) / 3600 / jobs:.1f} h at {jobs} at a time)")
+                print(f"[{time.strftime('%H:%M:%S')}] done  {r.key}: error {rec['final_error']:.3f}, "
+                      f"samples to target {rec['samples_to_target']}, {rec['real_seconds']:.0f} s real"
+                      + (" (diverged)" if rec["diverged"] else ""), flush=True)
+    status()
     return 0
 
 
 def status() -> int:
-    runs = plan()
-    by = {}
-    for r in runs:
-        d = by.setdefault(r.kind, [0, 0, 0.0])
-        d[0] += r.record.exists()
-        d[1] += 1
-        rec = load(r.record)
-        d[2] += rec["real_seconds"] if rec else 0.0
-    for k, (n, tot, real) in by.items():
-        print(f"{k:7s} {n:4d} / {tot:4d} done, {real / 3600:.2f} h of machine time")
+    st = Study()
+    by: dict[str, list] = {}
+    for r in st.recs.values():
+        d = by.setdefault(r["kind"], [0, 0.0])
+        d[0] += 1
+        d[1] += r.get("real_seconds", 0.0)
+    for k, (n, real) in sorted(by.items()):
+        print(f"{k:6s} {n:5d} runs done, {real / 3600:.2f} machine-hours")
+    ready, waiting = st.plan()
+    print(f"ready now: {len(ready)} runs (about {sum(r.cost for r in ready) / 3600:.1f} machine-hours); "
+          f"waiting: {len(waiting)}; total so far {sum(d[1] for d in by.values()) / 3600:.2f} machine-hours")
+    return 0
+
+
+def pin(sha: str) -> int:
+    full = subprocess.run(["git", "rev-parse", sha], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    if PIN.exists() and json.loads(PIN.read_text())["commit"] != full and any(RESULTS.glob("*/*.json")):
+        sys.exit(f"crossover: records of {json.loads(PIN.read_text())['commit'][:12]} exist; "
+                 "a study runs from one commit (move them away to start another)")
+    PIN.parent.mkdir(parents=True, exist_ok=True)
+    PIN.write_text(json.dumps({"commit": full}) + "\n")
+    print(f"pinned {full}")
     return 0
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("run", "status"))
+    ap.add_argument("what", choices=("run", "status", "pin"))
+    ap.add_argument("commit", nargs="?", default="HEAD", help="pin: the commit (default HEAD)")
     ap.add_argument("--minutes", type=float, default=55.0, help="a piece's wall-time budget")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one core each)")
     ap.add_argument("--data", type=Path, default=ROOT / "data" / "glyphs")
     ap.add_argument("--scratch", type=Path, default=ROOT / "runs" / "crossover")
     a = ap.parse_args(argv)
+    if a.what == "pin":
+        return pin(a.commit)
     if a.what == "run":
         return piece(a.minutes, a.jobs, a.data, a.scratch)
     return status()
