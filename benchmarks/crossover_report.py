@@ -1,16 +1,29 @@
-"""The crossover study's analysis: ``benchmarks/results/crossover/**/*.json`` -> ``crossover.json``
-and ``docs/figures/crossover.png`` (``python benchmarks/crossover_report.py``).
+#!/usr/bin/env python3
+"""The crossover study's analysis (issue 37): its records -> the answer.
 
-Per method and p: samples (epochs) to the target error over the seeds (statistical efficiency),
-seconds per training sample under each profile (the timing runs: goodput), their product (time to
-target, per seed), the method's own statistics (staleness, consensus distance); for all-reduce the
-gradient-noise-scale fit steps = S_min (1 + B_noise / B) (McCandlish et al. 2018); per profile the
-fastest method at each p ("win" only when its interval does not overlap the next one's, else
-"tie") and the crossover points between the best synchronous and the best asynchronous method,
-with bootstrap intervals over the seeds.  Works on a partial study (what is missing is listed).
+    python benchmarks/crossover_report.py            # benchmarks/results/crossover-progress.json
+                                                     # and the study file `scalesgd plan` reads
+    python benchmarks/crossover_report.py --final    # crossover.json (the study complete)
+
+Per (method, p): the tuning table (every configuration's samples and time to target on the tune
+split, its score under each network, the choice per network, the runs spent).  Per cell (network,
+condition, p): each method's chosen configuration and its time to target per seed (paired seeds:
+every method ran the same ones) or, where it missed, the error it reached.  Then:
+
+* **the fastest** of a cell: the lowest mean time among the methods that reached the target in
+  every seed; **tied** with it: every such method whose paired difference to it (its common seeds)
+  has a 95% bootstrap interval that contains 0.  A method that missed a seed is not ranked.
+* **the crossover** per (network, condition): at each p the faster family (synchronous: all-reduce,
+  local SGD; asynchronous: EASGD, A-SGD, pull gossip, push-sum), by the best mean of each; the
+  bracket [p_i, p_j] where it first changes, and in ``BOOT`` resamples of the seeds (per cell) the
+  share of every outcome, "no crossing in range" included.
+* **the noise scale**: steps to target of the tuned all-reduce (and one worker) against the global
+  batch B = 8p, fitted to S = S_min (1 + B_noise / B) (McCandlish et al. 2018), with a bootstrap
+  interval, so that p can be read as B / B_noise.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -19,332 +32,242 @@ from pathlib import Path
 import numpy as np
 
 import crossover as X
-from crossover_verdicts import verdicts
 
-SYNC = ("allreduce", "allreduce-lsw", "localsgd")
-ASYNC = ("easgd", "asgd", "gossip-pull", "pushsum-ov")
-BOOT = 2000
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def interval(xs: list[float]) -> dict:
-    """Mean and a 95% t-interval over seeds (a single value: no interval)."""
-    a = np.asarray(xs, float)
-    if a.size == 0:
-        return dict(mean=None, lo=None, hi=None, n=0)
-    m = float(a.mean())
-    if a.size == 1:
-        return dict(mean=m, lo=None, hi=None, n=1)
-    h = T95.get(a.size - 1, 1.96) * float(a.std(ddof=1)) / math.sqrt(a.size)
-    return dict(mean=m, lo=m - h, hi=m + h, n=int(a.size))
+BOOT = 4000
+FAMILY = {"allreduce": "sync", "localsgd": "sync", **{m: "async" for m in X.ASYNC}}
+PROGRESS = X.ROOT / "benchmarks" / "results" / "crossover-progress.json"
+FINAL = X.ROOT / "benchmarks" / "results" / "crossover.json"
+STUDY_FILE = X.ROOT / "src" / "scalesgd" / "virtual" / "study" / "crossover.json"
 
 
-def records(kind: str) -> list[dict]:
-    d = X.RESULTS / kind
-    return [json.loads(p.read_text()) for p in sorted(d.glob("*.json"))] if d.is_dir() else []
+def mean(xs):
+    return sum(xs) / len(xs) if xs else None
 
 
-def analyse(target: float = X.TARGET_ERROR) -> dict:
-    sweep, timing, tune = records("sweep"), records("timing"), records("tune")
-    single = records("single")
-    out = dict(target_error=target, epochs=X.EPOCHS, tune_epochs=X.TUNE_EPOCHS, seeds=list(X.SEEDS),
-               workers=list(X.WORKERS), stats_profile=X.STATS_PROFILE, profiles=list(X.PROFILES),
-               grids={m: [name for name, _ in g] for m, (_, g) in X.METHODS.items()},
-               machine_hours={k: sum(r["real_seconds"] for r in recs) / 3600 for k, recs in
-                              (("tune", tune), ("sweep", sweep), ("timing", timing), ("single", single),
-                               ("extra", records("extra")))})
-    spe = 51_200 // 8 * 8
-    out["single"] = dict(seeds=len(single), epochs_to_target=_epochs([X.samples_to(r["curve"], target)
-                                                                      for r in single], spe),
-                         final_error=interval([r["final_error"] for r in single]),
-                         curve=_mean_curve(single))
-    out["tuning"] = _tuning(tune, target)
-    single_s2t = [X.samples_to(r["curve"], target) for r in single]
-    out["single"]["time_to_target"] = {}
-    for prof in X.PROFILES:
-        t = next((r for r in timing if r["method"] == X.SINGLE and r["profile"] == prof), None)
-        if t is not None:
-            per = [None if s is None else s * t["seconds_per_sample"] for s in single_s2t]
-            out["single"]["time_to_target"][prof] = dict(interval([v for v in per if v is not None]),
-                                                         per_seed=per)
-    methods = {}
-    for m in X.METHODS:
-        for p in X.WORKERS:
-            runs = [r for r in sweep if r["method"] == m and r["workers"] == p]
-            if not runs:
-                continue
-            s2t = [X.samples_to(r["curve"], target) for r in runs]
-            reached = [s for s in s2t if s is not None]
-            row = dict(method=m, workers=p, config=runs[0]["config"], seeds=[r["seed"] for r in runs],
-                       reached=len(reached), samples_to_target=s2t,
-                       epochs_to_target=_epochs(s2t, runs[0]["samples_per_epoch"]),
-                       final_error=interval([r["final_error"] for r in runs]),
-                       stats=_stats(runs), time_to_target={}, seconds_per_sample={})
-            for prof in X.PROFILES:
-                t = next((r for r in timing if r["method"] == m and r["workers"] == p
-                          and r["profile"] == prof), None)
-                if t is None:
-                    continue
-                sps = t["seconds_per_sample"]
-                row["seconds_per_sample"][prof] = sps
-                row["time_to_target"][prof] = dict(
-                    interval([s * sps for s in reached]), missing=len(s2t) - len(reached),
-                    per_seed=[None if s is None else s * sps for s in s2t])
-            full = [r["seconds_per_sample"] for r in runs]      # the stats profile's own timeline
-            row["seconds_per_sample_full_run"] = float(np.mean(full))
-            methods[f"{m}/p{p}"] = row
-    out["runs"] = methods
-    out["noise_scale"] = _noise_scale(methods)
-    out["winners"] = {prof: _winners(methods, prof) for prof in X.PROFILES}
-    out["crossovers"] = {prof: _crossover(methods, prof) for prof in X.PROFILES}
-    out["extras"] = _extras(records("extra"), target)
-    out["p1"] = {prof: _speedup(out["single"]["time_to_target"].get(prof),
-                                methods.get(f"asgd/p{P1_WORKERS}", {}).get("time_to_target", {}).get(prof))
-                 for prof in X.PROFILES}
-    out["verdicts"] = verdicts(out)
-    plan = X.plan()
-    out["missing"] = [r.key for r in plan if not r.record.exists()]
-    out.update(planned_runs=len(plan), planned_hours=sum(r.cost for r in plan) / 3600,
-               finished_runs=len(plan) - len(out["missing"]),
-               machine_hours_total=sum(out["machine_hours"].values()))
-    return out
-
-
-P1_WORKERS = 8          # Paine et al.'s A-SGD speed-up was measured on 8 GPUs
-
-
-def _speedup(one: dict | None, many: dict | None, resamples: int = 2000) -> dict | None:
-    """Wall-clock speed-up to the target, one worker's mean time over the many's, with a
-    bootstrap 95% interval over both seed sets (seeds that never reached it are left out)."""
-    if not one or not many:
+def paired_interval(a: dict[int, float], b: dict[int, float], rng) -> dict | None:
+    """Mean of t_a - t_b over the seeds both have, with a 95% bootstrap interval (None: < 2)."""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
         return None
-    a = [v for v in one["per_seed"] if v is not None]
-    b = [v for v in many["per_seed"] if v is not None]
-    if not a or not b:
-        return None
-    rng = np.random.default_rng(0)
-    boot = [float(np.mean(rng.choice(a, len(a))) / np.mean(rng.choice(b, len(b))))
-            for _ in range(resamples)]
-    return dict(speedup=float(np.mean(a) / np.mean(b)), lo=float(np.percentile(boot, 2.5)),
-                hi=float(np.percentile(boot, 97.5)), workers=P1_WORKERS, seeds=[len(a), len(b)],
-                one_seconds=float(np.mean(a)), many_seconds=float(np.mean(b)))
+    d = np.array([a[s] - b[s] for s in seeds])
+    boots = d[rng.integers(0, len(d), size=(BOOT, len(d)))].mean(axis=1)
+    return dict(mean=float(d.mean()), lo=float(np.percentile(boots, 2.5)),
+                hi=float(np.percentile(boots, 97.5)), seeds=seeds)
 
 
-def _extras(recs: list[dict], target: float) -> dict:
-    """The papers' other claims (``crossover.EXTRAS``): per test and setting, over the seeds."""
-    out = {}
-    for name, (workers, epochs, configs) in X.EXTRAS.items():
-        rows = {}
-        for c, flags in configs.items():
-            runs = [r for r in recs if r["method"] == name and r["config"] == c]
-            if not runs:
-                continue
-            s2t = [X.samples_to(r["curve"], target) for r in runs]
-            last = [r["curve"][-1] for r in runs if r["curve"]]
-            rows[c] = dict(flags=flags, seeds=[r["seed"] for r in runs],
-                           epochs_to_target=_epochs(s2t, runs[0]["samples_per_epoch"]),
-                           final_error=interval([r["final_error"] for r in runs]), stats=_stats(runs),
-                           exchanges_per_worker=float(np.mean([c_["server_version"] / workers for c_ in last]))
-                           if last and all("server_version" in c_ for c_ in last) else None)
-        out[name] = dict(workers=workers, epochs=epochs, configs=rows)
+# ------------------------------------------------------------------------------------------ tuning
+def tuning_row(st: X.Study, method: str, p: int) -> dict:
+    grid = st.grid(method, p)
+    configs = {}
+    for c in grid:
+        recs = [st.get(r) for r in st.tune_runs(method, p, [c])]
+        configs[c] = dict(flags=" ".join(X.flags(method, c, p)),
+                          done=sum(r is not None for r in recs),
+                          samples_to_target=[r and r["samples_to_target"] for r in recs],
+                          final_error=[r and r["final_error"] for r in recs],
+                          diverged=[bool(r and r["diverged"]) for r in recs],
+                          score={n: st.score(method, p, c, n) for n in X.NETWORKS})
+    chosen = {n: st.chosen(method, p, n) for n in X.NETWORKS}
+    base = len(X.GRIDS[method])
+    return dict(method=method, workers=p, configs=configs, chosen=chosen, base_points=base,
+                extensions=len(grid) - base, runs=len(grid) * len(X.TUNE_SEEDS),
+                edge=[n for n, c in chosen.items() if c is not None and
+                      st.extension(method, c, grid) is not None])
+
+
+# ------------------------------------------------------------------------------------------- cells
+def cell(st: X.Study, p: int, network: str, condition: str, rng) -> dict:
+    methods = ("single",) if p == 1 else X.METHODS
+    rows = {}
+    for m in methods:
+        c = st.chosen(m, p, network)
+        if c is None:
+            continue
+        per = {}
+        for s in (*X.SEEDS, *X.MORE_SEEDS):
+            r = st.get(X.Run("sweep", m, p, c, s, network, condition))
+            if r is not None:
+                t = X.seconds_to(r, network, condition)
+                per[s] = dict(seconds=t, samples=r["samples_to_target"], final_error=r["final_error"],
+                              epochs=r["epochs"], diverged=r["diverged"])
+        if not per:
+            continue
+        times = {s: v["seconds"] for s, v in per.items() if v["seconds"] is not None}
+        rows[m] = dict(config=c, flags=" ".join(X.flags(m, c, p)), seeds=per,
+                       reached_all=len(times) == len(per) and len(per) >= len(X.SEEDS),
+                       mean_seconds=mean(list(times.values())) if len(times) == len(per) else None,
+                       final_error=mean([v["final_error"] for v in per.values()]))
+    ranked = sorted((m for m, r in rows.items() if r["reached_all"]), key=lambda m: rows[m]["mean_seconds"])
+    out = dict(workers=p, network=network, condition=condition, methods=rows, fastest=None, tied=[])
+    if ranked:
+        best = ranked[0]
+        tb = {s: v["seconds"] for s, v in rows[best]["seeds"].items()}
+        out["fastest"] = best
+        for m in ranked[1:]:
+            d = paired_interval({s: v["seconds"] for s, v in rows[m]["seeds"].items()}, tb, rng)
+            rows[m]["vs_fastest"] = d
+            if d is None or d["lo"] <= 0:
+                out["tied"].append(m)
+        out["tied_set"] = [best, *out["tied"]]
     return out
 
 
-def _epochs(s2t: list, spe: int) -> dict:
-    reached = [s / spe for s in s2t if s is not None]
-    return dict(interval(reached), missing=len(s2t) - len(reached))
-
-
-def _mean_curve(runs: list[dict]) -> list[dict]:
-    if not runs:
-        return []
-    n = min(len(r["curve"]) for r in runs)
-    return [dict(samples=runs[0]["curve"][i]["samples"],
-                 error=float(np.mean([r["curve"][i]["error"] for r in runs]))) for i in range(n)]
-
-
-def _stats(runs: list[dict]) -> dict:
-    """The method's own statistics, mean over validations and seeds (rank 0's records)."""
-    out = {}
-    for k in ("consensus_distance", "staleness_mean", "staleness_max", "worker_distance"):
-        v = [c[k] for r in runs for c in r["curve"] if c.get(k) is not None]
-        if v:
-            out[k] = float(np.mean(v))
+def family_best(rows: dict, rng=None) -> dict[str, float]:
+    """The best mean time per family among the methods that reached the target in every seed
+    (``rng``: each method's seeds resampled with replacement)."""
+    out: dict[str, float] = {}
+    for m, r in rows.items():
+        if not r["reached_all"] or m not in FAMILY:
+            continue
+        seeds = sorted(r["seeds"])
+        if rng is not None:
+            seeds = [seeds[i] for i in rng.integers(0, len(seeds), size=len(seeds))]
+        v = mean([r["seeds"][s]["seconds"] for s in seeds])
+        f = FAMILY[m]
+        out[f] = v if f not in out else min(out[f], v)
     return out
 
 
-def _tuning(tune: list[dict], target: float) -> dict:
-    out = {}
-    for r in tune:
-        key = f"{r['method']}/p{r['workers']}"
-        out.setdefault(key, {"configs": {}})["configs"][r["config"]] = dict(
-            samples_to_target=X.samples_to(r["curve"], target), final_error=r["final_error"])
-    for key, d in out.items():
-        m, p = key.split("/p")
-        d["chosen"] = X.chosen(m, int(p))
-    return out
+def crossover(cells: dict[int, dict], rng) -> dict:
+    """At each p the faster family; the first change as a bracket; its bootstrap shares."""
+    ps = [p for p in X.WORKERS if p in cells]
 
+    def outcome(bests: dict[int, dict]) -> str:
+        seq = [(p, "sync" if b["sync"] <= b["async"] else "async") for p, b in bests.items()
+               if "sync" in b and "async" in b]
+        if not seq:
+            return "no evidence"
+        for (p0, f0), (p1, f1) in zip(seq, seq[1:]):
+            if f1 != f0:
+                return f"{f0} -> {f1} in [{p0}, {p1}]"
+        return f"no crossing in range: {seq[0][1]} at every p ({seq[0][0]}-{seq[-1][0]})"
 
-def _noise_scale(methods: dict) -> dict:
-    """Fit steps = S_min + S_min B_noise / B over p (B = 8 p) to all-reduce's steps to target (at
-    each p the faster of the fixed-rate and the linearly scaled rule: the model assumes a tuned
-    rate); bootstrap over seeds for the interval."""
-    pts = []                                   # (B, [steps of each seed that reached])
-    for p in X.WORKERS:                        # per p the better tuned of the two all-reduce rules
-        cands = []
-        for m in ("allreduce", "allreduce-lsw"):
-            r = methods.get(f"{m}/p{p}")
-            if r is not None and r["reached"] and r["reached"] == len(r["samples_to_target"]):
-                cands.append([s / (8 * p) for s in r["samples_to_target"]])
-        if cands:
-            pts.append((8 * p, min(cands, key=np.mean)))
-    data = [dict(batch=b, steps=float(np.mean(s)), seeds=len(s)) for b, s in pts]
-    if len(pts) < 3:
-        return dict(points=len(pts), b_noise=None, s_min=None, data=data,
-                    note="the fit needs all-reduce at 3 or more p")
-
-    def fit(sample):
-        inv = np.array([1.0 / b for b, _ in sample])
-        steps = np.array([np.mean(s) for _, s in sample])
-        slope, icpt = np.polyfit(inv, steps, 1)
-        return (slope / icpt if icpt > 0 else float("nan")), icpt
-    b_noise, s_min = fit(pts)
-    if not (s_min > 0 and math.isfinite(b_noise)):
-        return dict(points=len(pts), b_noise=None, s_min=float(s_min), data=data,
-                    note="no fit: steps to target fall faster than 1/B allows (S_min <= 0)")
-    rng = np.random.default_rng(0)
-    boots = []
+    point = outcome({p: family_best(cells[p]["methods"]) for p in ps})
+    counts: dict[str, int] = {}
     for _ in range(BOOT):
-        sample = [(b, list(rng.choice(s, len(s)))) for b, s in pts]
-        boots.append(fit(sample)[0])
-    boots = np.array([b for b in boots if np.isfinite(b)])
-    return dict(points=len(pts), b_noise=float(b_noise), s_min=float(s_min),
-                b_noise_lo=float(np.percentile(boots, 2.5)) if boots.size else None,
-                b_noise_hi=float(np.percentile(boots, 97.5)) if boots.size else None, data=data)
+        o = outcome({p: family_best(cells[p]["methods"], rng) for p in ps})
+        counts[o] = counts.get(o, 0) + 1
+    shares = {k: v / BOOT for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+    per_p = {p: family_best(cells[p]["methods"]) for p in ps}
+    return dict(outcome=point, shares=shares, family_best=per_p)
 
 
-def _winners(methods: dict, prof: str) -> list[dict]:
-    """Per p: methods by mean time to target (all seeds reached); the first 'wins' when its 95%
-    interval lies below the second's, else it ties with every method whose interval overlaps;
-    'incomplete' while some method has not run at that p; ``never``: methods that ran but not every
-    seed reached the target (they lose to any method whose seeds all did)."""
-    out = []
-    for p in X.WORKERS:
-        rows = [r for r in methods.values() if r["workers"] == p and prof in r["time_to_target"]
-                and r["time_to_target"][prof]["missing"] == 0 and r["time_to_target"][prof]["n"]]
-        if not rows:
+# -------------------------------------------------------------------------------------- noise scale
+def noise_scale(st: X.Study, rng) -> dict:
+    """Fit steps to target = S_min + S_min B_noise / B over B = 8p (the tuned all-reduce, the
+    tuning network's choice, and one worker), with a bootstrap over seeds."""
+    pts = []
+    for p in (1, *X.WORKERS):
+        m = "single" if p == 1 else "allreduce"
+        c = st.chosen(m, p, X.TUNE_NETWORK)
+        if c is None:
             continue
-        rows.sort(key=lambda r: r["time_to_target"][prof]["mean"])
-        best = rows[0]["time_to_target"][prof]
-        hi = best["hi"] if best["hi"] is not None else best["mean"]
-        ties = [r["method"] for r in rows[1:]
-                if (r["time_to_target"][prof]["lo"] if r["time_to_target"][prof]["lo"] is not None
-                    else r["time_to_target"][prof]["mean"]) <= hi]
-        ran = {r["method"] for r in methods.values() if r["workers"] == p and prof in r["time_to_target"]}
-        verdict = "incomplete" if len(ran) < len(X.METHODS) else "tie" if ties else "win"
-        out.append(dict(workers=p, fastest=rows[0]["method"], verdict=verdict, ties=ties,
-                        seconds=best["mean"], order=[r["method"] for r in rows],
-                        never=sorted(ran - {r["method"] for r in rows})))
+        steps = [r["samples_to_target"] / (8 * p) for s in (*X.SEEDS, *X.MORE_SEEDS)
+                 for r in [st.get(X.Run("sweep", m, p, c, s, X.TUNE_NETWORK, X.TUNE_CONDITION))]
+                 if r is not None and r["samples_to_target"] is not None]
+        if steps:
+            pts.append((8 * p, steps))
+    if len(pts) < 3:
+        return dict(points=len(pts), b_noise=None, data=[dict(batch=b, steps=mean(s)) for b, s in pts])
+
+    def fit(pairs):
+        x = np.array([1.0 / b for b, _ in pairs])
+        y = np.array([s for _, s in pairs])
+        slope, icept = np.polyfit(x, y, 1)
+        return (slope / icept if icept > 0 else math.inf), icept
+
+    b_noise, s_min = fit([(b, mean(s)) for b, s in pts])
+    boots = []
+    for _ in range(BOOT // 4):
+        bn, sm = fit([(b, float(np.mean(rng.choice(s, len(s))))) for b, s in pts])
+        if sm > 0 and math.isfinite(bn):
+            boots.append(bn)
+    return dict(points=len(pts), b_noise=float(b_noise), s_min=float(s_min),
+                b_noise_lo=float(np.percentile(boots, 2.5)) if boots else None,
+                b_noise_hi=float(np.percentile(boots, 97.5)) if boots else None,
+                data=[dict(batch=b, steps=mean(s), seeds=len(s)) for b, s in pts])
+
+
+# ----------------------------------------------------------------------------------------- assemble
+def analyse(st: X.Study | None = None, seed: int = 0) -> dict:
+    st = st or X.Study()
+    rng = np.random.default_rng(seed)
+    hours: dict[str, float] = {}
+    for r in st.recs.values():
+        hours[r["kind"]] = hours.get(r["kind"], 0.0) + r.get("real_seconds", 0.0) / 3600
+    commits = sorted({r.get("commit") for r in st.recs.values()} - {None})
+    out = dict(target_error=X.TARGET, workers=[1, *X.WORKERS], networks=list(X.NETWORKS),
+               conditions=list(X.CONDITIONS), tune=dict(network=X.TUNE_NETWORK, condition=X.TUNE_CONDITION,
+                                                         seeds=list(X.TUNE_SEEDS), split="tune"),
+               seeds=list(X.SEEDS), more_seeds=list(X.MORE_SEEDS), close=X.CLOSE,
+               grids={m: [X.cname(*g) for g in g_] for m, g_ in X.GRIDS.items()},
+               commits=commits, runs=len(st.recs), machine_hours=hours,
+               machine_hours_total=sum(hours.values()))
+    out["tuning"] = {f"{m}/p{p}": tuning_row(st, m, p)
+                     for p in (1, *X.WORKERS) for m in (("single",) if p == 1 else X.METHODS)}
+    cells, crossings, fastest = {}, {}, {}
+    for n in X.NETWORKS:
+        for c in X.CONDITIONS:
+            per_p = {}
+            for p in (1, *X.WORKERS):
+                cl = cell(st, p, n, c, rng)
+                if cl["methods"]:
+                    cells[f"{n}/{c}/p{p}"] = cl
+                    per_p[p] = cl
+                    fastest.setdefault(n, {}).setdefault(c, {})[p] = cl.get("tied_set") or []
+            crossings[f"{n}/{c}"] = crossover({p: v for p, v in per_p.items() if p > 1}, rng)
+    out.update(cells=cells, map=fastest, crossovers=crossings, noise_scale=noise_scale(st, rng))
+    ready, waiting = st.plan()
+    out["left"] = dict(ready=len(ready), waiting=len(waiting),
+                       ready_hours=sum(r.cost for r in ready) / 3600)
     return out
 
 
-def _family_best(methods: dict, prof: str, family, p: int, rng=None):
-    """The family's fastest mean time to target at p (seeds resampled when ``rng``)."""
-    best = None
-    for m in family:
-        r = methods.get(f"{m}/p{p}")
-        if r is None or prof not in r["time_to_target"]:
-            continue
-        per = r["time_to_target"][prof]["per_seed"]
-        if not per or any(t is None for t in per):
-            continue
-        v = float(np.mean(rng.choice(per, len(per)) if rng is not None else per))
-        best = v if best is None else min(best, v)
-    return best
+def study_file(res: dict) -> dict:
+    """What ``scalesgd plan`` reads: per cell each method's settings and per-seed samples and
+    time to target (or the error it reached), the tuning choices, and where the study stands."""
+    keep = ("config", "flags", "reached_all", "mean_seconds", "final_error")
+    cells = {k: dict(fastest=v["fastest"], tied_set=v.get("tied_set", []),
+                     methods={m: dict({f: r[f] for f in keep},
+                                      seeds={str(s): dict(seconds=x["seconds"], samples=x["samples"],
+                                                         final_error=x["final_error"])
+                                             for s, x in r["seeds"].items()})
+                              for m, r in v["methods"].items()})
+             for k, v in res["cells"].items()}
+    return dict(source="benchmarks/crossover.py (issue 37); regenerate with benchmarks/crossover_report.py",
+                commits=res["commits"], target_error=res["target_error"], task="jobs/glyphs.toml",
+                workers=res["workers"], networks=res["networks"], conditions=res["conditions"],
+                complete=res["left"]["ready"] == 0 and res["left"]["waiting"] == 0,
+                noise_scale={k: res["noise_scale"].get(k) for k in ("b_noise", "b_noise_lo", "b_noise_hi")},
+                cells=cells)
 
 
-def _crossover(methods: dict, prof: str) -> dict:
-    """The p where the best synchronous method's time to target crosses the best asynchronous
-    one's (log-linear between measured p), with a bootstrap interval over seeds."""
-    def find(rng=None):
-        prev = None
-        for p in X.WORKERS:
-            s, a = _family_best(methods, prof, SYNC, p, rng), _family_best(methods, prof, ASYNC, p, rng)
-            if s is None or a is None:
-                continue
-            d = math.log(s) - math.log(a)          # > 0: asynchronous faster
-            if prev is not None and (prev[1] > 0) != (d > 0):
-                lp0, lp1 = math.log2(prev[0]), math.log2(p)
-                return 2 ** (lp0 + (lp1 - lp0) * prev[1] / (prev[1] - d)), ("async->sync" if prev[1] > 0
-                                                                              else "sync->async")
-            prev = (p, d)
-        return None, None
-    at, direction = find()
-    rng = np.random.default_rng(1)
-    boots = [find(rng)[0] for _ in range(BOOT)]
-    found = [b for b in boots if b is not None]
-    return dict(workers=at, direction=direction, bootstrap_found=len(found) / BOOT,
-                lo=float(np.percentile(found, 2.5)) if found else None,
-                hi=float(np.percentile(found, 97.5)) if found else None)
+def write(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=False) + "\n")
+    tmp.replace(path)
 
 
-def figure(res: dict, path: Path) -> None:
-    import matplotlib  # noqa: PLC0415
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-    profs = list(X.PROFILES)
-    fig, axes = plt.subplots(1, len(profs) + 1, figsize=(4.6 * (len(profs) + 1), 3.8))
-    colors = dict(zip(X.METHODS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
-    for ax, prof in zip(axes, profs):
-        for m in X.METHODS:
-            rows = [r for r in res["runs"].values() if r["method"] == m and prof in r["time_to_target"]
-                    and r["time_to_target"][prof]["n"] and not r["time_to_target"][prof]["missing"]]
-            if not rows:
-                continue
-            p = [r["workers"] for r in rows]
-            t = [r["time_to_target"][prof] for r in rows]
-            ax.plot(p, [x["mean"] for x in t], "o-", color=colors[m], label=m, ms=3)
-            lo = [x["lo"] if x["lo"] is not None else x["mean"] for x in t]
-            hi = [x["hi"] if x["hi"] is not None else x["mean"] for x in t]
-            ax.fill_between(p, lo, hi, color=colors[m], alpha=0.2)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("workers p")
-        ax.set_ylabel(f"seconds to {100 * res['target_error']:g}% error")
-        ax.set_title(prof, fontsize=9)
-    ax = axes[-1]
-    for m in X.METHODS:
-        rows = [r for r in res["runs"].values() if r["method"] == m and r["epochs_to_target"]["n"]]
-        if rows:
-            ax.plot([r["workers"] for r in rows], [r["epochs_to_target"]["mean"] for r in rows], "o-",
-                    color=colors[m], label=m, ms=3)
-    if res["single"]["epochs_to_target"]["mean"] is not None:
-        ax.axhline(res["single"]["epochs_to_target"]["mean"], color="k", lw=0.8, ls=":",
-                   label="one worker")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("workers p")
-    ax.set_ylabel("epochs to target (reaching seeds)")
-    ax.set_title("statistical efficiency", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def report() -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--final", action="store_true", help="write crossover.json (refused while runs are left)")
+    a = ap.parse_args(argv)
     res = analyse()
-    (X.RESULTS.parent / "crossover.json").write_text(json.dumps(res, indent=1, allow_nan=False) + "\n")
-    figure(res, X.ROOT / "docs" / "figures" / "crossover.png")
-    for prof, ws in res["winners"].items():
-        print(prof)
-        for w in ws:
-            print(f"  p={w['workers']:4d} {w['verdict']:4s} {w['fastest']:14s} {w['seconds']:.4g} s"
-                  f"  ties: {', '.join(w['ties']) or '-'}")
-        print(f"  crossover: {res['crossovers'][prof]}")
-    print(f"noise scale: {res['noise_scale']}")
-    print(f"missing runs: {len(res['missing'])}; machine hours so far: {res['machine_hours']}")
+    done = res["left"]["ready"] == 0 and res["left"]["waiting"] == 0
+    if a.final and not done:
+        print(f"crossover: {res['left']['ready']} runs ready and {res['left']['waiting']} waiting: "
+              "not final", file=sys.stderr)
+        return 1
+    write(FINAL if a.final else PROGRESS, res)
+    write(STUDY_FILE, study_file(res))
+    print(f"{res['runs']} runs, {res['machine_hours_total']:.2f} machine-hours; "
+          f"{len(res['cells'])} cells; left: {res['left']}")
+    for k, v in res["crossovers"].items():
+        if v["outcome"] != "no evidence":
+            print(f"  {k}: {v['outcome']}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(report())
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""``python -m scalesgd plan --profile my-cluster.json --workers 64``: which method to use, from the
+crossover study.
+
+The study (``benchmarks/crossover.py``, issue 37) tuned every method the same way and timed each to
+a target error at p = 1..128 under three networks (the papers' era, a current InfiniBand cluster,
+10 Gbit/s Ethernet) and three conditions (no variability, a typical cluster's, Jin et al.'s
+stragglers); its per-seed results ship as ``study/crossover.json`` (written by
+``benchmarks/crossover_report.py``).  ``plan`` reads them for a user's profile:
+
+* **p**: the studied worker count nearest to ``--workers`` (in log2; said when it differs);
+* **network**: the studied one whose ratio of communication to compute is nearest to the
+  profile's, for the study's task timed as the profile times it (one gradient's bytes over the
+  link, plus the latency, against one step's compute);
+* **condition**: ``--condition`` (or the profile's ``variability``) when it is one the study ran,
+  else ``typical`` (said);
+* **time**: the study's time to target per seed on that network and condition, scaled by the
+  ratio of the profile's step compute to the network's (at the same ratio of communication to
+  compute, every cost of the simulation scales with the step).  The study's times are exact
+  simulations of that network (re-timings for all-reduce, local SGD and one worker; their own
+  runs for the asynchronous methods); the scaling to the user's profile is the estimate.
+
+It prints the methods ranked by predicted time to target (mean and range over the seeds, whether
+the study found it tied with the fastest), the settings to use, and the methods that missed the
+target in a seed, with the error they reached.  ``--run`` then checks the two fastest in the
+virtual cluster under the profile itself: one seed each, to the target, on the study's task
+(``--data``: the glyphs, ``python benchmarks/glyphs.py data/glyphs``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+from ..errors import ConfigError, UserError
+from . import profile as P
+from . import variability as V
+
+STUDY = Path(__file__).parent / "study" / "crossover.json"
+TASK = dict(model="resnet8", width=0.5, image_size=16, batch_size=8, num_classes=10)
+SYNC = {"allreduce", "localsgd", "single"}
+
+
+def load_study(path: Path = STUDY) -> dict:
+    try:
+        study = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: the crossover study's results cannot be read ({exc.strerror or exc})") from exc
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not a study file ({exc})") from exc
+    if "cells" not in study:
+        raise ConfigError(f"{path}: not a study file (no 'cells')")
+    return study
+
+
+def task_config():
+    """The study's task as a Config (``jobs/glyphs.toml``: what its steps and bytes are timed as)."""
+    import dataclasses  # noqa: PLC0415
+
+    from .. import config as C  # noqa: PLC0415
+    cfg = C.Config()
+    return dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, model=TASK["model"], width=TASK["width"]),
+        data=dataclasses.replace(cfg.data, image_size=TASK["image_size"], batch_size=TASK["batch_size"]))
+
+
+def balance(prof: P.Profile) -> dict:
+    """One step's compute (seconds) and the ratio of one gradient's transfer to it, for the study's
+    task timed as ``prof`` times it."""
+    if prof.measured:
+        raise ConfigError(f"--profile {prof.name}: a measured profile has no compute figure to plan "
+                          "with; give images_per_second (and reference) or step_seconds")
+    cfg = task_config()
+    step = P.Compute(prof, cfg, TASK["num_classes"], condition=V.load("none")).seconds
+    nbytes = 4 * P.model_params(TASK["model"], TASK["num_classes"], TASK["width"]) \
+        * P.byte_scale(prof, cfg, TASK["num_classes"])
+    comm = nbytes * 8 / (prof.link_gbps * 1e9) + prof.latency_us * 1e-6
+    return dict(step_seconds=step, comm_seconds=comm, ratio=comm / step)
+
+
+def nearest_p(study: dict, workers: int) -> int:
+    ps = [p for p in study["workers"] if p > 1] or study["workers"]
+    return min(ps, key=lambda p: (abs(math.log2(p) - math.log2(workers)), p))
+
+
+def condition_name(prof: P.Profile, spec: str | None) -> tuple[str, str | None]:
+    """(the studied condition to use, a note when it is not the user's own)."""
+    name = spec if spec is not None else prof.variability
+    if isinstance(name, str) and name in ("none", "typical", "stragglers"):
+        return name, None
+    return "typical", f"your condition ({name}) is not one the study ran: its times are under 'typical'"
+
+
+def describe(method: str, config: str, flags: str) -> str:
+    """The settings in words: the rate rule and the method's own."""
+    rule, rate = config[0], config[1:].split("-")[0]
+    words = {"F": f"fixed rate {rate}", "W": f"rate {rate} / p (A-SGD's own rule)",
+             "L": f"linear scaling: {rate} per 8 images of global batch, 0.5-epoch warm-up"}[rule]
+    knobs = []
+    f = flags.split()
+    for flag, label in (("--tau", "tau"), ("--beta", "beta"), ("--servers", "servers K"),
+                        ("--n-sync", "n_sync"), ("--slowmo-beta", "SlowMo beta"),
+                        ("--gossip-graph", "graph")):
+        if flag in f:
+            knobs.append(f"{label} {f[f.index(flag) + 1]}")
+    return ", ".join([words, *knobs])
+
+
+def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = None) -> dict:
+    """The ranked prediction for ``workers`` workers on ``prof`` (see the module docstring)."""
+    if workers < 1:
+        raise ConfigError(f"--workers: at least 1, got {workers}")
+    p = nearest_p(study, workers) if workers > 1 else 1
+    cond, cond_note = condition_name(prof, condition)
+    mine = balance(prof)
+    nets = {n: balance(P.load(n)) for n in study["networks"]}
+    net = min(nets, key=lambda n: abs(math.log(nets[n]["ratio"]) - math.log(mine["ratio"])))
+    scale = mine["step_seconds"] / nets[net]["step_seconds"]
+    key = f"{net}/{cond}/p{p}"
+    cell = study["cells"].get(key)
+    notes = []
+    if p != workers:
+        notes.append(f"the study ran p = {p}, the nearest to your {workers} workers")
+    if cond_note:
+        notes.append(cond_note)
+    lo, hi = min(v["ratio"] for v in nets.values()), max(v["ratio"] for v in nets.values())
+    if not lo / 2 <= mine["ratio"] <= 2 * hi:
+        notes.append(f"your ratio of communication to compute ({mine['ratio']:.3g}) lies outside the studied "
+                     f"{lo:.3g}-{hi:.3g}: an extrapolation (a profile without stands_for times the study's small "
+                     "model as itself; give stands_for your own model: docs/virtual.md#profiles)")
+    if prof.ranks_per_node > 1:
+        notes.append(f"your profile puts {prof.ranks_per_node} ranks on a node; the study ran one a node")
+    rows = []
+    for m, r in (cell or {}).get("methods", {}).items():
+        seeds = r["seeds"]
+        times = [v["seconds"] * scale for v in seeds.values() if v["seconds"] is not None]
+        reached = len(times) == len(seeds)
+        rows.append(dict(method=m, config=r["config"], flags=r["flags"],
+                         settings=describe(m, r["config"], r["flags"]), seeds=len(seeds),
+                         reached=len(times), mean_seconds=sum(times) / len(times) if reached else None,
+                         lo=min(times) if reached else None, hi=max(times) if reached else None,
+                         final_error=r["final_error"], tied=m in cell.get("tied_set", []),
+                         timing="re-timed" if m in SYNC else "its own runs"))
+    rows.sort(key=lambda x: (x["mean_seconds"] is None, x["mean_seconds"] or 0, x["final_error"]))
+    return dict(workers=workers, p=p, network=net, condition=cond, cell=key, scale=scale,
+                ratio=mine["ratio"], network_ratio=nets[net]["ratio"], notes=notes, rows=rows,
+                complete=study.get("complete", False), target_error=study["target_error"],
+                missing=cell is None)
+
+
+def show(res: dict, prof: P.Profile) -> str:
+    out = [f"plan: {res['workers']} workers on {prof.name}: time to {res['target_error']:.0%} top-1 error "
+           f"on the study's task (the glyphs, ResNet-8), predicted from the crossover study"]
+    out.append(f"  nearest studied network: {res['network']} (communication / compute {res['network_ratio']:.3g}; "
+               f"yours {res['ratio']:.3g}); condition: {res['condition']}; times x {res['scale']:.3g} "
+               "(your step's compute over the network's)")
+    for n in res["notes"]:
+        out.append(f"  note: {n}")
+    if not res["complete"]:
+        out.append("  note: the study is not complete yet: methods or p it has not run are missing below")
+    if res["missing"] or not res["rows"]:
+        out.append(f"  the study has no results for {res['cell']} yet")
+        return "\n".join(out)
+    out.append(f"  {'rank':4s} {'method':12s} {'time to target (s)':>26s}  settings")
+    for i, r in enumerate(res["rows"], 1):
+        if r["mean_seconds"] is None:
+            t = f"missed ({r['reached']}/{r['seeds']} seeds; error {r['final_error']:.0%})"
+            rank = "-"
+        else:
+            t = f"{r['mean_seconds']:.4g} [{r['lo']:.4g}-{r['hi']:.4g}] ({r['seeds']} seeds)"
+            rank = str(i)
+        tie = "  (tied with the fastest)" if r["tied"] and i > 1 else ""
+        out.append(f"  {rank:4s} {r['method']:12s} {t:>26s}  {r['settings']}{tie}")
+    best = res["rows"][0]
+    if best["mean_seconds"] is not None:
+        out.append(f"  use: python -m scalesgd {best['flags']}  (the study's rate for its batch of 8 "
+                   "per worker: scale it to yours)")
+    return "\n".join(out)
+
+
+def check(res: dict, prof_spec: str, data: Path, top: int = 2) -> list[dict]:
+    """``--run``: the ``top`` fastest predicted methods in the virtual cluster under the profile
+    itself, one seed each, to the target; measured against predicted."""
+    from .run import main as vmain  # noqa: PLC0415
+    if not (data / "manifest.json").exists():
+        raise ConfigError(f"--data {data}: no glyph data set there (python benchmarks/glyphs.py "
+                          f"{data.parent}; --data {data.parent}/main)")
+    out = []
+    for r in [x for x in res["rows"] if x["mean_seconds"] is not None][:top]:
+        run_dir = Path("runs") / f"plan-{r['method']}-p{res['workers']}"
+        argv = ["--config", str(Path(__file__).resolve().parents[3] / "jobs" / "glyphs.toml"),
+                "--data", str(data), *r["flags"].split(), "--workers", str(res["workers"]),
+                "--profile", prof_spec, "--condition", res["condition"], "--epochs", "12",
+                "--eval-every", "0.25", "--stop-at-error", str(res["target_error"]), "--threads", "1",
+                "--run-dir", str(run_dir)]
+        if vmain(argv) != 0:
+            raise UserError(f"--run: the virtual check of {r['method']} failed")
+        s = json.loads((run_dir / "summary.json").read_text())
+        hit = s.get("stopped_at_error")
+        out.append(dict(method=r["method"], predicted=r["mean_seconds"],
+                        measured=s["train_seconds"] if hit else None,
+                        error=1 - s["val_top1_accuracy"], run_dir=str(run_dir)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scalesgd plan", description=(
+        "Rank the training methods for your cluster by predicted time to target, from the crossover "
+        "study (docs/virtual.md#plan)."))
+    ap.add_argument("--profile", required=True, help="your cluster: a shipped profile name or a JSON "
+                    "file (docs/virtual.md#profiles)")
+    ap.add_argument("--workers", type=int, required=True, help="GPUs (workers) you will train on")
+    ap.add_argument("--condition", help="none, typical or stragglers (default: the profile's variability)")
+    ap.add_argument("--study", type=Path, default=STUDY, help="the study's results (default: the shipped ones)")
+    ap.add_argument("--run", action="store_true", help="then check the two fastest in the virtual "
+                    "cluster under your profile (one seed each, minutes)")
+    ap.add_argument("--data", type=Path, default=Path("data/glyphs/main"), help="--run: the glyph data set")
+    ap.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="scalesgd: %(message)s", stream=sys.stderr)
+    try:
+        prof = P.load(a.profile)
+        res = predict(load_study(a.study), prof, a.workers, a.condition)
+        print(json.dumps(res, indent=1) if a.json else show(res, prof))
+        if a.run:
+            for c in check(res, a.profile, a.data):
+                m = "missed" if c["measured"] is None else f"{c['measured']:.4g} s"
+                print(f"  check: {c['method']}: predicted {c['predicted']:.4g} s, measured {m} "
+                      f"(one seed; {c['run_dir']})")
+    except UserError as exc:
+        print(f"scalesgd: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0

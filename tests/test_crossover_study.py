@@ -1,0 +1,144 @@
+"""The crossover study's driver and analysis (benchmarks/crossover.py, crossover_report.py) on a
+fake study: runs are "executed" by writing the records a known model of each method predicts, until
+the driver has nothing left to run; then its choices, horizons, extra seeds, cells, ties and
+crossover brackets are checked against that model."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import crossover as X  # noqa: E402
+import crossover_report as R  # noqa: E402
+
+# seconds per sample per network (before the method's own cost); the methods' communication
+NET = {"titanx-fdr-resnet18": 1.0, "a100-ib100-resnet50": 0.4, "v100-10gbe-resnet50": 0.9}
+COMM = {"allreduce": 0.1, "localsgd": 0.05, "easgd": 0.3, "asgd": 0.5, "gossip-pull": 0.2, "pushsum-ov": 0.02,
+        "single": 0.0}
+ETH = {"allreduce": 2.0, "localsgd": 0.3, "pushsum-ov": 0.1}          # extra cost on Ethernet
+STRAGGLE = {"allreduce": 1.6, "localsgd": 1.3, "single": 1.0}          # x under stragglers (sync only)
+
+
+def samples(method: str, config: str, p: int, seed: int) -> float | None:
+    """Samples to target: the methods' statistical efficiency (push-sum loses it at large p), a
+    best rate per rule, seed noise."""
+    rule, rate, _ = X.parse(config)
+    base = {"single": 60e3, "allreduce": 60e3 * (1 + 8 * p / 1200), "localsgd": 70e3 * (1 + 8 * p / 1200),
+            "easgd": 90e3, "asgd": 100e3, "gossip-pull": 80e3, "pushsum-ov": 62e3 * (1 + p / 4)}[method]
+    best = {"F": 0.2 if method != "single" else 0.05, "L": 0.05, "W": 0.4}[rule]
+    s = base * (1 + abs(np.log2(rate / best)) * 0.2) * (1 + 0.03 * (seed % 7))
+    return None if method == "asgd" and rule == "L" else s          # A-SGD misses with linear scaling
+
+
+def spp(method: str, network: str, condition: str, p: int) -> float:
+    c = COMM[method] + (ETH.get(method, 0.5) if network.startswith("v100") else 0.0)
+    f = STRAGGLE.get(method, 1.0) if condition == "stragglers" else 1.0
+    return NET[network] * (1 + c) * f / 8 / p
+
+
+def record(run: X.Run) -> dict:
+    s = samples(run.method, run.config, run.workers, run.seed)
+    cap = run.epochs * 51_200
+    reached = s is not None and s <= cap
+    stop = s if reached else cap
+
+    def curve(net, cond):
+        k = spp(run.method, net, cond, run.workers)
+        return [dict(samples=stop / 2, seconds=stop / 2 * k, error=0.6),
+                dict(samples=stop, seconds=stop * k, error=0.39 if reached else 0.55)]
+    own = curve(run.network, run.condition)
+    rec = dict(key=run.key, kind=run.kind, method=run.method, workers=run.workers, config=run.config,
+               seed=run.seed, network=run.network, condition=run.condition, epochs=run.epochs,
+               samples_to_target=stop if reached else None, final_error=own[-1]["error"], diverged=False,
+               seconds_per_sample=spp(run.method, run.network, run.condition, run.workers), curve=own,
+               real_seconds=1.0, commit="f" * 40)
+    if run.method in X.SYNC and run.kind != "time":
+        rec["retimed"] = {f"{n}/{c}": [x["seconds"] for x in curve(n, c)] for n in X.NETWORKS for c in X.CONDITIONS}
+    return rec
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    res = tmp_path_factory.mktemp("xo")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(X, "RESULTS", res)
+    mp.setattr(X, "WORKERS", (2, 8, 32))
+    rounds = 0
+    while True:
+        ready, waiting = X.Study().plan()
+        if not ready:
+            break
+        for run in ready:
+            path = X.RESULTS / f"{run.key}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(__import__("json").dumps(record(run)))
+        rounds += 1
+        assert rounds < 40
+    yield X.Study(), waiting, R.analyse(X.Study())
+    mp.undo()
+
+
+def test_the_driver_runs_every_piece_to_the_end(study):
+    st, waiting, res = study
+    assert waiting == [] and res["left"] == dict(ready=0, waiting=0, ready_hours=0)
+    t = res["tuning"]["allreduce/p8"]
+    assert t["base_points"] == 4 and t["runs"] >= 8 and all(c["done"] == 2 for c in t["configs"].values())
+    # every method has its 4 points and its edge extension (each base point sits on an edge)
+    for m in X.METHODS:
+        assert len(st.grid(m, 8)) >= 5, (m, st.grid(m, 8))
+    # the model's best rates are F0.2, L0.05 and W0.4: all-reduce's are grid points, so their
+    # extensions (F0.4, L0.1) lose; A-SGD's W0.2 sits on the lower edge of its rule's rates (0.2, 0.8)
+    # and is extended down, to W0.1, which loses
+    assert st.chosen("allreduce", 8, "a100-ib100-resnet50") in ("L0.05", "F0.2")
+    assert {"F0.4", "L0.1"} & set(st.grid("allreduce", 8))
+    assert st.chosen("asgd", 8, "a100-ib100-resnet50") == "W0.2-a1" and "W0.1-a1" in st.grid("asgd", 8)
+
+
+def test_horizons_follow_the_pilots_and_the_synchronous_best(study):
+    st, _, _ = study
+    best = st.best_samples(8)
+    assert st.tune_epochs(8) == max(X.MIN_EPOCHS, min(X.MAX_EPOCHS, int(np.ceil(X.CAP_SAMPLES * best / 51_200))))
+    c = st.chosen("easgd", 8, "v100-10gbe-resnet50")
+    e = st.sweep_epochs("easgd", 8, c, "v100-10gbe-resnet50", "none")
+    sync = st.cell_sync_best(8, "v100-10gbe-resnet50", "none")
+    assert e == max(2, min(X.MAX_EPOCHS, int(np.ceil(X.CAP_TIME * sync / st.seconds_per_sample(
+        "easgd", 8, c, "v100-10gbe-resnet50") / 51_200))))
+
+
+def test_cells_rank_tie_and_add_seeds_where_close(study):
+    st, _, res = study
+    ib = res["cells"]["a100-ib100-resnet50/none/p2"]
+    means = {m: r["mean_seconds"] for m, r in ib["methods"].items() if r["mean_seconds"] is not None}
+    assert ib["fastest"] == min(means, key=means.get)
+    close = [(n, cond, p, m) for n in X.NETWORKS for cond in X.CONDITIONS for p in X.WORKERS
+             for m in st.close_methods(p, n, cond)]
+    assert len(close) >= 4, close
+    for n, cond, p, m in close:                  # the close pairs got the extra seeds, paired
+        seeds = res["cells"][f"{n}/{cond}/p{p}"]["methods"][m]["seeds"]
+        assert set(seeds) == {*X.SEEDS, *X.MORE_SEEDS}, (n, cond, m)
+    eth = res["cells"]["v100-10gbe-resnet50/stragglers/p2"]
+    assert eth["fastest"] == "pushsum-ov"                 # cheap on Ethernet, efficient at small p
+
+
+def test_crossover_brackets_and_their_shares(study):
+    _, _, res = study
+    # push-sum (async) first at small p on Ethernet, losing statistical efficiency as p grows
+    x = res["crossovers"]["v100-10gbe-resnet50/stragglers"]
+    assert x["outcome"].startswith("async -> sync in [")
+    assert abs(sum(x["shares"].values()) - 1) < 1e-9 and max(x["shares"], key=x["shares"].get) == x["outcome"]
+    one = res["crossovers"]["a100-ib100-resnet50/none"]
+    assert one["outcome"].startswith(("no crossing in range", "async -> sync"))
+    study_file = R.study_file(res)
+    assert study_file["complete"] and set(study_file["cells"]) == set(res["cells"])
+
+
+def test_paired_intervals_and_the_noise_scale():
+    rng = np.random.default_rng(0)
+    d = R.paired_interval({0: 10.0, 1: 11.0, 2: 12.0}, {0: 9.0, 1: 10.0, 2: 11.5}, rng)
+    assert d["mean"] == pytest.approx(2.5 / 3) and 0 < d["lo"] <= d["hi"]
+    tie = R.paired_interval({0: 10.0, 1: 9.0}, {0: 9.0, 1: 10.0}, rng)
+    assert tie["lo"] < 0 < tie["hi"]
+    assert R.paired_interval({0: 1.0}, {0: 2.0}, rng) is None
