@@ -85,6 +85,9 @@ FIXED = {"single": ["--method", "single"],
          "asgd": ["--method", "asgd"],
          # blocking pull with the shipped progress default (a progress thread across nodes)
          "gossip-pull": ["--method", "gossip", "--gossip", "pull", "--gossip-graph", "uniform"],
+         # the authors' blocking pull as they ran it: nothing keeps a computing target's MPI progressing
+         "gossip-pull-np": ["--method", "gossip", "--gossip", "pull", "--gossip-graph", "uniform",
+                            "--mpi-progress", "none"],
          # SGP's form: push-sum on the exponential graph, the exchange overlapped with the next step
          "pushsum-ov": ["--method", "gossip", "--gossip", "push", "--gossip-overlap",
                         "--gossip-graph", "exponential"]}
@@ -105,6 +108,25 @@ GRIDS = {"single": [("F", 0.025, ""), ("F", 0.05, ""), ("F", 0.1, ""), ("F", 0.2
          "asgd": [("W", 0.2, "a1"), ("W", 0.8, "a4"), ("L", 0.0125, "a4"), ("L", 0.003125, "a1")]}
 
 
+# The papers' own forms, fixed (no tuning), as their own rows for the "authors' forms" verdicts:
+# name -> (method, config), run under the papers' era network, without and with stragglers
+AUTHORS = {"allreduce-authors": ("allreduce", "F0.05"),          # Jin et al.'s all-reduce, fixed rate
+           "easgd-authors": ("easgd", "F0.05-e1"),               # beta 0.8, tau 1, one server
+           "gossip-authors": ("gossip-pull-np", "F0.05"),        # blocking pull, no progress thread
+           "asgd-authors": ("asgd", "W0.2-a1")}                  # Paine et al.: n_sync 1, one server
+AUTHORS_NETWORK, AUTHORS_CONDITIONS = "titanx-fdr-resnet18", ("none", "stragglers")
+# P3 (Paine et al.: a larger n_sync communicates less, coarser but still training): 4 clients, long
+# enough that n_sync 100 makes >= 50 exchanges per client (1,600 steps an epoch each)
+NSYNC = {f"n{n}": n for n in (1, 10, 100)}
+NSYNC_P, NSYNC_EPOCHS, NSYNC_SEEDS = 4, 4, (0, 1, 2)
+KNOBS.update({f"a{n}": ["--n-sync", str(n), "--servers", "1"] for n in (10, 100)})
+
+
+def is_sync(method: str) -> bool:
+    """Whether ``method`` (or the authors' row of one) computes the same numbers under any clock."""
+    return method in SYNC or AUTHORS.get(method, ("",))[0] in SYNC
+
+
 def cname(rule: str, rate: float, knob: str) -> str:
     return f"{rule}{rate:g}" + (f"-{knob}" if knob else "")
 
@@ -115,6 +137,8 @@ def parse(config: str) -> tuple[str, float, str]:
 
 
 def flags(method: str, config: str, p: int) -> list[str]:
+    if method in AUTHORS:
+        method, config = AUTHORS[method]
     rule, rate, knob = parse(config)
     lr = rate / p if rule == "W" else rate
     return [*FIXED[method], "--lr", f"{lr:.6g}", *(LSW if rule == "L" else []), *KNOBS[knob]]
@@ -140,7 +164,7 @@ class Run:
 
     @property
     def key(self) -> str:
-        where = "" if self.method in SYNC and self.kind != "time" else f"-{self.network}-{self.condition}"
+        where = "" if is_sync(self.method) and self.kind != "time" else f"-{self.network}-{self.condition}"
         return f"{self.kind}/{self.method}-p{self.workers}-{self.config}-s{self.seed}{where}"
 
     @property
@@ -176,7 +200,7 @@ def interpolate(curve: list[dict], key: str, target: float = TARGET) -> float | 
 
 def seconds_to(rec: dict, network: str, condition: str) -> float | None:
     """A record's time to target under (network, condition): its own clock or a re-timing."""
-    if rec["method"] in SYNC:
+    if is_sync(rec["method"]):
         times = rec.get("retimed", {}).get(f"{network}/{condition}")
         if times is None:
             return None
@@ -320,6 +344,20 @@ class Study:
             return None
         return max(2, min(MAX_EPOCHS, math.ceil(CAP_TIME * best / spp / 51_200)))
 
+    def authors_epochs(self, name: str, p: int, condition: str) -> int | None:
+        """The authors' rows: the synchronous one as a tuned synchronous sweep; the asynchronous ones
+        capped at CAP_TIME x the best tuned synchronous time of their cell, as the sweeps."""
+        m, c = AUTHORS[name]
+        if m in SYNC:
+            return self.sweep_epochs(m, p, c, AUTHORS_NETWORK, condition)
+        best = self.cell_sync_best(p, AUTHORS_NETWORK, condition)
+        if best is None:
+            return MAX_EPOCHS if self.sync_done(p, AUTHORS_NETWORK, condition) else None
+        spp = self.seconds_per_sample("gossip-pull" if m == "gossip-pull-np" else m, p, c, AUTHORS_NETWORK)
+        if spp is None:                      # (the tuned method's same configuration: its speed)
+            return None
+        return max(2, min(MAX_EPOCHS, math.ceil(CAP_TIME * best / spp / 51_200)))
+
     def sync_done(self, p: int, network: str, condition: str) -> bool:
         for m in (("single",) if p == 1 else ("allreduce", "localsgd")):
             c = self.chosen(m, p, network)
@@ -398,6 +436,17 @@ class Study:
                         for s in MORE_SEEDS:
                             run = Run("sweep", m, p, c, s, n, cond if m not in SYNC else TUNE_CONDITION)
                             want(run, self.sweep_epochs(m, p, c, n, cond), "the synchronous runs of its cell")
+        # last: the authors' forms and P3's n_sync runs (the verdicts' own rows)
+        for p in WORKERS:
+            for name, (m, c) in AUTHORS.items():
+                for cond in ((TUNE_CONDITION,) if m in SYNC else AUTHORS_CONDITIONS):
+                    for s in SEEDS:
+                        run = Run("authors", name, p, c, s, AUTHORS_NETWORK, cond)
+                        want(run, self.authors_epochs(name, p, cond), "the tuned synchronous runs of its cell")
+        for c, n in NSYNC.items():
+            for s in NSYNC_SEEDS:
+                want(Run("extra", "asgd", NSYNC_P, f"W{0.05 * NSYNC_P:g}-a{n}", s, TUNE_NETWORK, TUNE_CONDITION),
+                     NSYNC_EPOCHS, "")
         seen, out = set(), []
         for r in ready:                       # (a synchronous run serves every network)
             if r.key not in seen:
@@ -426,7 +475,8 @@ def data_dirs(data: Path) -> dict[str, Path]:
     timing = data.parent / f"{data.name}-timing"
     if not (timing / "main" / "manifest.json").exists():
         glyphs.build(timing, TIMING_TRAIN, 1_000, 1_000)
-    return {"sweep": data / "main", "tune": data / "tune", "time": timing / "main"}
+    return {"sweep": data / "main", "authors": data / "main", "extra": data / "main", "tune": data / "tune",
+            "time": timing / "main"}
 
 
 def execute(run: Run, sha: str, wt: Path, dirs: dict[str, Path], scratch: Path) -> dict:
@@ -451,7 +501,7 @@ def execute(run: Run, sha: str, wt: Path, dirs: dict[str, Path], scratch: Path) 
         raise RuntimeError(f"{run.key}: {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
     shown = [a.replace(str(wt) + "/", "").replace(str(ROOT) + "/", "") for a in argv[2:]]
     rec = summarize(run, run_dir, shown, diverged, proc.stderr.strip().splitlines()[-1:] if diverged else [])
-    if run.method in SYNC and run.kind != "time" and not diverged:
+    if is_sync(run.method) and run.kind != "time" and not diverged:
         rec["retimed"] = retime(run_dir, wt, env)
     rec.update(commit=sha, real_seconds=time.perf_counter() - t0)
     run.record.parent.mkdir(parents=True, exist_ok=True)

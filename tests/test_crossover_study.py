@@ -22,21 +22,29 @@ ETH = {"allreduce": 2.0, "localsgd": 0.3, "pushsum-ov": 0.1}          # extra co
 STRAGGLE = {"allreduce": 1.6, "localsgd": 1.3, "single": 1.0}          # x under stragglers (sync only)
 
 
+def base(method: str) -> str:
+    m = X.AUTHORS.get(method, (method,))[0]
+    return "gossip-pull" if m == "gossip-pull-np" else m
+
+
 def samples(method: str, config: str, p: int, seed: int) -> float | None:
     """Samples to target: the methods' statistical efficiency (push-sum loses it at large p), a
     best rate per rule, seed noise."""
+    method = base(method)
     rule, rate, _ = X.parse(config)
-    base = {"single": 60e3, "allreduce": 60e3 * (1 + 8 * p / 1200), "localsgd": 70e3 * (1 + 8 * p / 1200),
+    start = {"single": 60e3, "allreduce": 60e3 * (1 + 8 * p / 1200), "localsgd": 70e3 * (1 + 8 * p / 1200),
             "easgd": 90e3, "asgd": 100e3, "gossip-pull": 80e3, "pushsum-ov": 62e3 * (1 + p / 4)}[method]
     best = {"F": 0.2 if method != "single" else 0.05, "L": 0.05, "W": 0.4}[rule]
-    s = base * (1 + abs(np.log2(rate / best)) * 0.2) * (1 + 0.03 * (seed % 7))
+    s = start * (1 + abs(np.log2(rate / best)) * 0.2) * (1 + 0.03 * (seed % 7))
     return None if method == "asgd" and rule == "L" else s          # A-SGD misses with linear scaling
 
 
 def spp(method: str, network: str, condition: str, p: int) -> float:
+    slow = 1.35 if X.AUTHORS.get(method, ("",))[0] == "gossip-pull-np" else 1.0   # no progress thread
+    method = base(method)
     c = COMM[method] + (ETH.get(method, 0.5) if network.startswith("v100") else 0.0)
     f = STRAGGLE.get(method, 1.0) if condition == "stragglers" else 1.0
-    return NET[network] * (1 + c) * f / 8 / p
+    return NET[network] * (1 + c) * f * slow / 8 / p
 
 
 def record(run: X.Run) -> dict:
@@ -55,7 +63,7 @@ def record(run: X.Run) -> dict:
                samples_to_target=stop if reached else None, final_error=own[-1]["error"], diverged=False,
                seconds_per_sample=spp(run.method, run.network, run.condition, run.workers), curve=own,
                real_seconds=1.0, commit="f" * 40)
-    if run.method in X.SYNC and run.kind != "time":
+    if X.is_sync(run.method) and run.kind != "time":
         rec["retimed"] = {f"{n}/{c}": [x["seconds"] for x in curve(n, c)] for n in X.NETWORKS for c in X.CONDITIONS}
     return rec
 
@@ -65,7 +73,8 @@ def study(tmp_path_factory):
     res = tmp_path_factory.mktemp("xo")
     mp = pytest.MonkeyPatch()
     mp.setattr(X, "RESULTS", res)
-    mp.setattr(X, "WORKERS", (2, 8, 32))
+    mp.setattr(X, "WORKERS", (2, 8))
+    mp.setattr(R, "BOOT", 400)
     rounds = 0
     while True:
         ready, waiting = X.Study().plan()
@@ -95,6 +104,20 @@ def test_the_driver_runs_every_piece_to_the_end(study):
     assert st.chosen("allreduce", 8, "a100-ib100-resnet50") in ("L0.05", "F0.2")
     assert {"F0.4", "L0.1"} & set(st.grid("allreduce", 8))
     assert st.chosen("asgd", 8, "a100-ib100-resnet50") == "W0.2-a1" and "W0.1-a1" in st.grid("asgd", 8)
+
+
+def test_the_authors_rows_and_the_n_sync_runs(study):
+    st, _, _ = study
+    for name in X.AUTHORS:
+        for p in X.WORKERS:
+            conds = ("typical",) if X.is_sync(name) else X.AUTHORS_CONDITIONS
+            for cond in conds:
+                for s in X.SEEDS:
+                    r = st.get(X.Run("authors", name, p, X.AUTHORS[name][1], s, X.AUTHORS_NETWORK, cond))
+                    assert r is not None, (name, p, cond, s)
+    assert "--mpi-progress none" in " ".join(X.flags("gossip-authors", "F0.05", 8))
+    n100 = st.get(X.Run("extra", "asgd", 4, "W0.2-a100", 0, X.TUNE_NETWORK, X.TUNE_CONDITION))
+    assert n100 is not None and "--n-sync 100" in " ".join(X.flags("asgd", n100["config"], 4))
 
 
 def test_horizons_follow_the_pilots_and_the_synchronous_best(study):
