@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 import crossover as X
+import crossover_claims
 
 BOOT = 4000
 FAMILY = {"allreduce": "sync", "localsgd": "sync", **{m: "async" for m in X.ASYNC}}
@@ -217,6 +218,7 @@ def analyse(st: X.Study | None = None, seed: int = 0) -> dict:
                     fastest.setdefault(n, {}).setdefault(c, {})[p] = cl.get("tied_set") or []
             crossings[f"{n}/{c}"] = crossover({p: v for p, v in per_p.items() if p > 1}, rng)
     out.update(cells=cells, map=fastest, crossovers=crossings, noise_scale=noise_scale(st, rng))
+    out["verdicts"] = crossover_claims.claims(out, st)
     ready, waiting = st.plan()
     out["left"] = dict(ready=len(ready), waiting=len(waiting),
                        ready_hours=sum(r.cost for r in ready) / 3600)

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import crossover as X  # noqa: E402
+import crossover_claims as C  # noqa: E402
 import crossover_report as R  # noqa: E402
 
 # seconds per sample per network (before the method's own cost); the methods' communication
@@ -62,7 +63,7 @@ def record(run: X.Run) -> dict:
                seed=run.seed, network=run.network, condition=run.condition, epochs=run.epochs,
                samples_to_target=stop if reached else None, final_error=own[-1]["error"], diverged=False,
                seconds_per_sample=spp(run.method, run.network, run.condition, run.workers), curve=own,
-               real_seconds=1.0, commit="f" * 40)
+               real_seconds=1.0, commit="f" * 40, worker_steps=stop / 8)
     if X.is_sync(run.method) and run.kind != "time":
         rec["retimed"] = {f"{n}/{c}": [x["seconds"] for x in curve(n, c)] for n in X.NETWORKS for c in X.CONDITIONS}
     return rec
@@ -165,3 +166,29 @@ def test_paired_intervals_and_the_noise_scale():
     tie = R.paired_interval({0: 10.0, 1: 9.0}, {0: 9.0, 1: 10.0}, rng)
     assert tie["lo"] < 0 < tie["hi"]
     assert R.paired_interval({0: 1.0}, {0: 2.0}, rng) is None
+
+
+def test_the_claims_follow_their_rules_on_the_model(study):
+    """The model's stragglers slow all-reduce 1.6x and gossip not at all; push-sum is first at
+    p = 2 on Ethernet, all-reduce on InfiniBand."""
+    st, _, res = study
+    v = {(r["claim"], r["network"], r["condition"]): r for r in res["verdicts"]}
+    assert v[("J4", "a100-ib100-resnet50", "stragglers vs typical")]["verdict"] == "agrees"
+    assert "1.60x" in v[("J4", "a100-ib100-resnet50", "stragglers vs typical")]["evidence"]
+    assert v[("J4b", "a100-ib100-resnet50", "stragglers vs typical")]["verdict"] == "agrees"
+    eth = v[("J1 (every method)", "v100-10gbe-resnet50", "stragglers")]
+    assert eth["verdict"] in ("agrees", "partly agrees") and "p = 2: pushsum-ov" in eth["evidence"]
+    assert "p = 16 not run yet" in eth["evidence"]                 # (this study stops at p = 8)
+    assert v[("J2", "a100-ib100-resnet50", "none")]["verdict"] == "not run"
+    assert v[("P3", "(statistics only)", "—")]["verdict"] in ("not comparable", "agrees", "disagrees", "partly agrees")
+    assert v[("J1 (the authors' forms)", "titanx-fdr-resnet18", "none")]["verdict"] != "not run"
+    assert C.judge(["claim", "neither"]) == "agrees" and C.judge(["tie", "other"]) == "disagrees"
+    assert C.judge(["tie", "tie"]) == "tie" and C.judge(["claim", "other"]) == "partly agrees"
+    assert C.judge(["neither"]) == "not run"
+    rows = {"a": dict(reached_all=True, mean_seconds=10.0, seeds={0: dict(seconds=10.0), 1: dict(seconds=10.0)}),
+            "b": dict(reached_all=True, mean_seconds=12.0, seeds={0: dict(seconds=12.0), 1: dict(seconds=12.1)}),
+            "c": dict(reached_all=False, mean_seconds=None, seeds={0: dict(seconds=None), 1: dict(seconds=5.0)})}
+    rng = np.random.default_rng(0)
+    assert C.compare(rows, ("a",), ("b",), rng)["outcome"] == "claim"
+    assert C.compare(rows, ("c",), ("b",), rng)["outcome"] == "other"      # a missed seed loses
+    assert C.compare(rows, ("c",), ("c",), rng)["outcome"] == "neither"

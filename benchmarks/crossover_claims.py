@@ -1,0 +1,296 @@
+"""The papers' claims judged on the fair crossover study (issue 37), by rules written here.
+
+``claims(res, st)`` takes the analysis (``crossover_report.analyse``) and the study's records
+(``crossover.Study``) and returns one row per claim and (network, condition): the claim, where it
+was judged, the evidence as numbers, and a verdict that follows from them:
+
+* **two sides at one p** (a family of methods each): a side's entry is its fastest method among
+  those that reached the target in every seed.  The claim's side is **first** when the paired
+  difference of the two entries (their common seeds) has a 95% bootstrap interval below 0, the
+  other side when above, else a **tie**; a side whose methods all missed a seed loses to one that
+  did not; neither reaching it: no evidence at that p.
+* **over the p of a claim**: **agrees** when the claim's side is first at every p with evidence,
+  **disagrees** when at none and the other side at one or more, **tie** when every p ties, else
+  **partly agrees**; **not run** without evidence.
+* J1 (Jin et al.: the asynchronous methods first up to ~32 nodes): p = 2..32, every tuned method,
+  and the authors' own forms (their EASGD and blocking pull against their fixed-rate all-reduce,
+  the papers' era network).  J2 (all-reduce scales better, to ~100): p = 64 and 128.
+* J3 (Jin et al.: the asynchronous advantage shows at large step sizes; all-reduce is more
+  consistent and better at small ones): from the tuning runs, at each p the time to target of pull
+  gossip and push-sum over all-reduce's at the fixed rates 0.05 and 0.2: agrees at a p when
+  all-reduce is ahead at the small rate and the gossip methods' ratio is lower at the large one.
+* J4 (synchronous SGD suffers from lagging processors) and J4b (gossip removes the straggler
+  effect): per p the slowdown from ``typical`` to ``stragglers``, paired by seed, with a bootstrap
+  interval: J4 agrees at a p when all-reduce's interval lies above 1; J4b when gossip's (pull and
+  push-sum, the faster) lies below all-reduce's.
+* J5 (contention at a parameter server): the one-server configurations' training samples per
+  second against p stop growing (a doubling adds < 20%) while all-reduce's keep growing.
+* P1 (Paine et al.: A-SGD 3.2x faster on 8 GPUs than one): the speed-up to target of the tuned
+  A-SGD at p = 8 (and the authors' form, the papers' era network) over one worker: agrees when its
+  interval reaches 3.2x or lies above, disagrees when below.
+* P3 (a larger n_sync: less communication, coarser but still training): only comparable when
+  n_sync = 100 made >= 50 exchanges per client; then agrees when it reached the target in every
+  seed, disagrees when in none while n_sync = 1 did.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import crossover as X
+
+J1_P, J2_P = (2, 4, 8, 16, 32), (64, 128)
+SYNC_SIDE, ASYNC_SIDE = ("allreduce", "localsgd"), X.ASYNC
+PAINE = 3.2
+BOOT = 4000
+
+
+def _interval(d: np.ndarray, rng) -> tuple[float, float]:
+    b = d[rng.integers(0, len(d), size=(BOOT, len(d)))].mean(axis=1)
+    return float(np.percentile(b, 2.5)), float(np.percentile(b, 97.5))
+
+
+def side_entry(rows: dict, side) -> tuple[str, dict] | None:
+    """The side's fastest method that reached the target in every seed: (name, seed -> seconds)."""
+    ok = [(m, r) for m, r in rows.items() if m in side and r["reached_all"]]
+    if not ok:
+        return None
+    m, r = min(ok, key=lambda mr: mr[1]["mean_seconds"])
+    return m, {s: v["seconds"] for s, v in r["seeds"].items()}
+
+
+def compare(rows: dict, claim_side, other_side, rng) -> dict:
+    a, b = side_entry(rows, claim_side), side_entry(rows, other_side)
+    if a is None and b is None:
+        return dict(outcome="neither")
+    if a is None or b is None:
+        return dict(outcome="other" if a is None else "claim", claim=a and a[0], other=b and b[0])
+    seeds = sorted(set(a[1]) & set(b[1]))
+    d = np.array([a[1][s] - b[1][s] for s in seeds])
+    lo, hi = _interval(d, rng) if len(d) >= 2 else (-np.inf, np.inf)
+    out = "claim" if hi < 0 else "other" if lo > 0 else "tie"
+    return dict(outcome=out, claim=a[0], other=b[0], diff=float(d.mean()), lo=lo, hi=hi, seeds=len(seeds),
+                claim_mean=float(np.mean([a[1][s] for s in seeds])),
+                other_mean=float(np.mean([b[1][s] for s in seeds])))
+
+
+def judge(outcomes: list[str]) -> str:
+    ev = [o for o in outcomes if o != "neither"]
+    if not ev:
+        return "not run"
+    if all(o == "claim" for o in ev):
+        return "agrees"
+    if all(o == "tie" for o in ev):
+        return "tie"
+    if "claim" not in ev and "other" in ev:
+        return "disagrees"
+    return "partly agrees"
+
+
+def _say(p: int, c: dict) -> str:
+    if c["outcome"] == "neither":
+        return f"p = {p}: no method of either side reached the target in every seed"
+    if "diff" not in c:
+        return f"p = {p}: only {c['claim'] or c['other']}'s side reached the target in every seed"
+    word = {"claim": "claim's side first", "other": "other side first", "tie": "tie"}[c["outcome"]]
+    return (f"p = {p}: {c['claim']} {c['claim_mean']:.3g} s vs {c['other']} {c['other_mean']:.3g} s "
+            f"(difference {c['diff']:+.3g} s [{c['lo']:+.3g}, {c['hi']:+.3g}], {c['seeds']} paired seeds) → {word}")
+
+
+def family_row(res, claim, network, condition, ps, claim_side, other_side, rng, rows_of=None) -> dict:
+    outcomes, ev = [], []
+    for p in ps:
+        rows = (rows_of(p) if rows_of else
+                res["cells"].get(f"{network}/{condition}/p{p}", {}).get("methods", {}))
+        if not rows:
+            ev.append(f"p = {p} not run yet")
+            continue
+        c = compare(rows, claim_side, other_side, rng)
+        outcomes.append(c["outcome"])
+        ev.append(_say(p, c))
+    return dict(claim=claim, network=network, condition=condition,
+                scale=f"p = {ps[0]}–{ps[-1]}", evidence="; ".join(ev), verdict=judge(outcomes))
+
+
+def authors_rows(st: X.Study, p: int, condition: str) -> dict:
+    """The authors' forms as cell rows (their own runs under the papers' era network)."""
+    out = {}
+    for name, (m, c) in X.AUTHORS.items():
+        per = {}
+        for s in X.SEEDS:
+            r = st.get(X.Run("authors", name, p, c, s, X.AUTHORS_NETWORK, condition))
+            if r is not None:
+                per[s] = dict(seconds=X.seconds_to(r, X.AUTHORS_NETWORK, condition))
+        if len(per) == len(X.SEEDS):
+            ok = all(v["seconds"] is not None for v in per.values())
+            out[name] = dict(seeds=per, reached_all=ok,
+                             mean_seconds=float(np.mean([v["seconds"] for v in per.values()])) if ok else None)
+    return out
+
+
+def j3(st: X.Study, rng) -> dict:
+    """Fixed rates 0.05 and 0.2 in the tuning runs: gossip's time over all-reduce's."""
+    outcomes, ev = [], []
+    for p in X.WORKERS:
+        def t(m, cfg):
+            recs = [st.get(r) for r in st.tune_runs(m, p, [cfg])]
+            if any(r is None for r in recs):
+                return None
+            ts = [X.seconds_to(r, X.TUNE_NETWORK, X.TUNE_CONDITION) for r in recs]
+            return np.inf if None in ts else float(np.mean(ts))
+        ar = {cfg: t("allreduce", cfg) for cfg in ("F0.05", "F0.2")}
+        go = {cfg: min(x for x in (t("gossip-pull", cfg), t("pushsum-ov", cfg)) if x is not None)
+              if any(t(m, cfg) is not None for m in ("gossip-pull", "pushsum-ov")) else None
+              for cfg in ("F0.05", "F0.2")}
+        if None in ar.values() or None in go.values():
+            ev.append(f"p = {p} not run yet")
+            continue
+        small, large = go["F0.05"] / ar["F0.05"], go["F0.2"] / ar["F0.2"]
+        ok = small > 1 and large < small
+        outcomes.append("claim" if ok else "other")
+        ev.append(f"p = {p}: gossip / all-reduce time {small:.2f} at rate 0.05, {large:.2f} at 0.2")
+    return dict(claim="J3", network=X.TUNE_NETWORK, condition=X.TUNE_CONDITION,
+                scale=f"p = {X.WORKERS[0]}–{X.WORKERS[-1]}, tuning runs ({len(X.TUNE_SEEDS)} seeds each)",
+                evidence="; ".join(ev), verdict=judge(outcomes))
+
+
+def slowdown(res, network: str, p: int, methods, rng) -> tuple[str, float, float, float] | None:
+    """The fastest of ``methods`` (typical) and its stragglers/typical time ratio, paired by seed."""
+    a = res["cells"].get(f"{network}/typical/p{p}", {}).get("methods", {})
+    b = res["cells"].get(f"{network}/stragglers/p{p}", {}).get("methods", {})
+    best = None
+    for m in methods:
+        if m in a and m in b and a[m]["reached_all"] and b[m]["reached_all"]:
+            seeds = sorted(set(a[m]["seeds"]) & set(b[m]["seeds"]))
+            r = np.array([b[m]["seeds"][s]["seconds"] / a[m]["seeds"][s]["seconds"] for s in seeds])
+            lo, hi = _interval(r, rng) if len(r) >= 2 else (np.nan, np.nan)
+            if best is None or a[m]["mean_seconds"] < best[4]:
+                best = (m, float(r.mean()), lo, hi, a[m]["mean_seconds"])
+    return None if best is None else best[:4]
+
+
+def j4(res, network: str, rng) -> list[dict]:
+    sync_out, gossip_out, ev_s, ev_g = [], [], [], []
+    for p in X.WORKERS:
+        ar = slowdown(res, network, p, ("allreduce",), rng)
+        go = slowdown(res, network, p, ("gossip-pull", "pushsum-ov"), rng)
+        if ar is None:
+            ev_s.append(f"p = {p} not run yet")
+            continue
+        sync_out.append("claim" if ar[2] > 1 else "other")
+        ev_s.append(f"p = {p}: all-reduce {ar[1]:.2f}x [{ar[2]:.2f}–{ar[3]:.2f}]")
+        if go is not None:
+            gossip_out.append("claim" if go[3] < ar[2] else "tie" if go[2] < ar[3] else "other")
+            ev_g.append(f"p = {p}: {go[0]} {go[1]:.2f}x [{go[2]:.2f}–{go[3]:.2f}] vs all-reduce {ar[1]:.2f}x")
+    base = dict(network=network, condition="stragglers vs typical", scale=f"p = {X.WORKERS[0]}–{X.WORKERS[-1]}")
+    return [dict(base, claim="J4", evidence="; ".join(ev_s), verdict=judge(sync_out)),
+            dict(base, claim="J4b", evidence="; ".join(ev_g) or "not run yet", verdict=judge(gossip_out))]
+
+
+def throughput(st: X.Study, method: str, config: str, network: str) -> list[tuple[int, float]]:
+    out = []
+    for p in X.WORKERS:
+        spp = st.seconds_per_sample(method, p, config, network)
+        if spp:
+            out.append((p, 1.0 / spp))
+    return out
+
+
+def allreduce_throughput(st: X.Study, network: str) -> list[tuple[int, float]]:
+    out = []
+    for p in X.WORKERS:
+        recs = [st.get(r) for r in st.tune_runs("allreduce", p, ["L0.05"])]
+        if any(r is None or "retimed" not in r for r in recs):
+            continue
+        secs = [r["retimed"][f"{network}/{X.TUNE_CONDITION}"][-1] / r["curve"][-1]["samples"] for r in recs]
+        out.append((p, 1.0 / float(np.mean(secs))))
+    return out
+
+
+def stalls(rows) -> int | None:
+    """The first p after which a doubling adds < 20% of samples per second (None: never)."""
+    for (p0, a), (_, b) in zip(rows, rows[1:]):
+        if b < 1.2 * a:
+            return p0
+    return None
+
+
+def j5(st: X.Study, network: str) -> dict:
+    ar = allreduce_throughput(st, network)
+    one = {m: throughput(st, m, c, network) for m, c in (("easgd", "F0.05-e1"), ("asgd", "W0.2-a1"))}
+    shard = {m: throughput(st, m, c, network) for m, c in (("easgd", "F0.2-e4"), ("asgd", "W0.8-a4"))}
+    if len(ar) < 3 or any(len(v) < 3 for v in one.values()):
+        return dict(claim="J5", network=network, condition=X.TUNE_CONDITION, scale="—",
+                    evidence="not run yet", verdict="not run")
+    ev = [f"{m} one server: " + ", ".join(f"{p}: {x:.0f}" for p, x in rows) + f" samples/s (stalls after p = {stalls(rows)})"
+          for m, rows in one.items()]
+    ev += [f"{m} 4 shards: " + ", ".join(f"{p}: {x:.0f}" for p, x in rows) for m, rows in shard.items() if rows]
+    ev.append("all-reduce: " + ", ".join(f"{p}: {x:.0f}" for p, x in ar) + f" (stalls after p = {stalls(ar)})")
+    ok = all(stalls(rows) is not None for rows in one.values()) and stalls(ar) is None
+    return dict(claim="J5", network=network, condition=X.TUNE_CONDITION,
+                scale=f"p = {X.WORKERS[0]}–{X.WORKERS[-1]}", evidence="; ".join(ev),
+                verdict="agrees" if ok else "disagrees")
+
+
+def p1(res, network: str, rng) -> dict:
+    one = res["cells"].get(f"{network}/typical/p1", {}).get("methods", {}).get("single")
+    many = res["cells"].get(f"{network}/typical/p8", {}).get("methods", {}).get("asgd")
+    if not one or not many or not one["reached_all"] or not many["reached_all"]:
+        return dict(claim="P1", network=network, condition="typical", scale="p = 8 against 1",
+                    evidence="not run yet" if not one or not many else "a side missed the target in a seed",
+                    verdict="not run")
+    a = np.array([v["seconds"] for v in one["seeds"].values()])
+    b = np.array([v["seconds"] for v in many["seeds"].values()])
+    boots = (a[rng.integers(0, len(a), (BOOT, len(a)))].mean(1) / b[rng.integers(0, len(b), (BOOT, len(b)))].mean(1))
+    lo, hi = float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
+    sp = float(a.mean() / b.mean())
+    verdict = "agrees" if hi >= PAINE else "disagrees"
+    return dict(claim="P1", network=network, condition="typical", scale=f"p = 8 against 1, {len(b)} and {len(a)} seeds",
+                evidence=f"speed-up to target {sp:.2f}x [{lo:.2f}–{hi:.2f}]: {a.mean():.3g} s with one worker, "
+                         f"{b.mean():.3g} s with 8 clients ({many['config']})", verdict=verdict)
+
+
+def p3(st: X.Study) -> dict:
+    per = {}
+    for name, n in X.NSYNC.items():
+        recs = [st.get(X.Run("extra", "asgd", X.NSYNC_P, f"W{0.05 * X.NSYNC_P:g}-a{n}", s, X.TUNE_NETWORK,
+                             X.TUNE_CONDITION)) for s in X.NSYNC_SEEDS]
+        if any(r is None for r in recs):
+            return dict(claim="P3", network=X.TUNE_NETWORK, condition="—", scale="—", evidence="not run yet",
+                        verdict="not run")
+        reached = sum(r["samples_to_target"] is not None for r in recs)
+        ex = float(np.mean([r["worker_steps"] / X.NSYNC_P / n for r in recs]))
+        per[n] = (reached, ex, float(np.mean([r["final_error"] for r in recs])))
+    ev = "; ".join(f"n_sync {n}: reached in {r} of {len(X.NSYNC_SEEDS)} seeds, {ex:.0f} exchanges per client, "
+                   f"final error {e:.0%}" for n, (r, ex, e) in per.items())
+    if per[100][1] < 50:
+        v = "not comparable"
+    elif per[100][0] == len(X.NSYNC_SEEDS):
+        v = "agrees"
+    elif per[100][0] == 0 and per[1][0] > 0:
+        v = "disagrees"
+    else:
+        v = "partly agrees"
+    return dict(claim="P3", network="(statistics only)", condition="—",
+                scale=f"{X.NSYNC_P} clients, up to {X.NSYNC_EPOCHS} epochs", evidence=ev, verdict=v)
+
+
+def claims(res: dict, st: X.Study, seed: int = 1) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in X.NETWORKS:
+        for c in X.CONDITIONS:
+            rows.append(family_row(res, "J1 (every method)", n, c, J1_P, ASYNC_SIDE, SYNC_SIDE, rng))
+    for c in X.AUTHORS_CONDITIONS:
+        rows.append(family_row(res, "J1 (the authors' forms)", X.AUTHORS_NETWORK, c, J1_P,
+                               ("easgd-authors", "gossip-authors"), ("allreduce-authors",), rng,
+                               rows_of=lambda p, c=c: authors_rows(st, p, c)))
+    for n in X.NETWORKS:
+        for c in X.CONDITIONS:
+            rows.append(family_row(res, "J2", n, c, J2_P, SYNC_SIDE, ASYNC_SIDE, rng))
+    rows.append(j3(st, rng))
+    for n in X.NETWORKS:
+        rows += j4(res, n, rng)
+        rows.append(j5(st, n))
+        rows.append(p1(res, n, rng))
+    rows.append(p3(st))
+    return rows
