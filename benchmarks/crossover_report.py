@@ -244,6 +244,89 @@ def study_file(res: dict) -> dict:
                 cells=cells)
 
 
+def secs(v: float) -> str:
+    return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
+
+
+SHORT = {"single": "1 worker", "allreduce": "all-reduce", "localsgd": "local SGD", "easgd": "EASGD",
+         "asgd": "A-SGD", "gossip-pull": "pull gossip", "pushsum-ov": "push-sum"}
+
+
+def cell_text(c: dict | None) -> str:
+    """A map cell: the fastest method and its mean time, and what ties with it."""
+    if c is None:
+        return "not run yet"
+    if c["fastest"] is None:
+        return "none reached the target in every seed"
+    r = c["methods"][c["fastest"]]
+    ties = [SHORT[m] for m in c.get("tied", [])]
+    return f"**{SHORT[c['fastest']]}** {secs(r['mean_seconds'])} s" + (f" (ties {', '.join(ties)})" if ties else "")
+
+
+def map_markdown(res: dict) -> str:
+    """Per network: the fastest method (or the tied set) by condition and p, then each condition's
+    crossover with the bootstrap share of its outcomes."""
+    out = []
+    for n in res["networks"]:
+        out += [f"**{n}**", "", "| condition | " + " | ".join(f"p = {p}" for p in res["workers"]) + " |",
+                "|---|" + "---|" * len(res["workers"])]
+        for c in res["conditions"]:
+            out.append(f"| {c} | " + " | ".join(cell_text(res["cells"].get(f"{n}/{c}/p{p}"))
+                                             for p in res["workers"]) + " |")
+        out.append("")
+        for c in res["conditions"]:
+            x = res["crossovers"][f"{n}/{c}"]
+            shares = ", ".join(f"{k}: {v:.0%}" for k, v in list(x["shares"].items())[:3])
+            out.append(f"* {c}: {x['outcome']}" + (f" (bootstrap: {shares})" if shares else ""))
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def claims_markdown(res: dict) -> str:
+    rows = ["| claim | network | condition | where | evidence | verdict |", "|---|---|---|---|---|---|"]
+    for r in res["verdicts"]:
+        rows.append(f"| {r['claim']} | {r['network']} | {r['condition']} | {r['scale']} | {r['evidence']} | "
+                    f"**{r['verdict']}** |")
+    return "\n".join(rows)
+
+
+COLORS = {"single": "#999999", "allreduce": "#1f77b4", "localsgd": "#6baed6", "easgd": "#d62728",
+          "asgd": "#ff9896", "gossip-pull": "#2ca02c", "pushsum-ov": "#98df8a"}
+
+
+def figure(res: dict, path: Path) -> None:
+    """The map as one figure: a panel per network, conditions by p, each cell the fastest method's
+    colour (a hatched cell: others tie with it), its mean time to target written in."""
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.patches import Patch, Rectangle  # noqa: PLC0415
+    ps, conds, nets = res["workers"], res["conditions"], res["networks"]
+    fig, axes = plt.subplots(1, len(nets), figsize=(5.2 * len(nets), 2.6), squeeze=False)
+    for ax, n in zip(axes[0], nets):
+        for i, c in enumerate(conds):
+            for j, p in enumerate(ps):
+                cl = res["cells"].get(f"{n}/{c}/p{p}")
+                best = cl and cl["fastest"]
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor=COLORS.get(best, "white"), edgecolor="white",
+                                       hatch="//" if cl and cl.get("tied") else None))
+                label = "—" if not cl else "miss" if best is None else secs(cl["methods"][best]["mean_seconds"])
+                ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", fontsize=7)
+        ax.set_xlim(0, len(ps))
+        ax.set_ylim(0, len(conds))
+        ax.set_xticks([j + 0.5 for j in range(len(ps))], [str(p) for p in ps])
+        ax.set_yticks([i + 0.5 for i in range(len(conds))], conds)
+        ax.set_xlabel("workers p")
+        ax.set_title(n, fontsize=9)
+    fig.legend(handles=[Patch(facecolor=v, label=SHORT[k]) for k, v in COLORS.items()], loc="lower center",
+               ncol=len(COLORS), fontsize=8, frameon=False)
+    fig.suptitle(f"fastest to {res['target_error']:.0%} error (seconds; hatched: others tie)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 0.93))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write(path: Path, obj: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -262,6 +345,8 @@ def main(argv=None) -> int:
               "not final", file=sys.stderr)
         return 1
     write(FINAL if a.final else PROGRESS, res)
+    if a.final:
+        figure(res, X.ROOT / "docs" / "figures" / "crossover.png")
     write(STUDY_FILE, study_file(res))
     print(f"{res['runs']} runs, {res['machine_hours_total']:.2f} machine-hours; "
           f"{len(res['cells'])} cells; left: {res['left']}")

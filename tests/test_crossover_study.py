@@ -192,3 +192,12 @@ def test_the_claims_follow_their_rules_on_the_model(study):
     assert C.compare(rows, ("a",), ("b",), rng)["outcome"] == "claim"
     assert C.compare(rows, ("c",), ("b",), rng)["outcome"] == "other"      # a missed seed loses
     assert C.compare(rows, ("c",), ("c",), rng)["outcome"] == "neither"
+
+
+def test_the_map_claims_and_figure_render(study, tmp_path):
+    _, _, res = study
+    md = R.map_markdown(res)
+    assert "**v100-10gbe-resnet50**" in md and "| stragglers |" in md and "**push-sum**" in md
+    assert "| J4 | a100-ib100-resnet50 |" in R.claims_markdown(res)
+    R.figure(res, tmp_path / "map.png")
+    assert (tmp_path / "map.png").stat().st_size > 10_000
