@@ -189,6 +189,23 @@ def noise_scale(st: X.Study, rng) -> dict:
                 data=[dict(batch=b, steps=mean(s), seeds=len(s)) for b, s in pts])
 
 
+# An assumption, stated as one: ImageNet's noise scale in ResNet-50 training is of the order of
+# 10^4 (McCandlish et al. 2018 put ImageNet's largest useful batches "in the tens of thousands";
+# Goyal et al. 2017 trained at 8,192 without loss of accuracy).
+IMAGENET_B_NOISE, IMAGENET_BATCH_PER_GPU = 10_000, 32
+
+
+def workload(ns: dict) -> dict:
+    """p of this task read as GPUs of ResNet-50 on ImageNet at the same global batch over noise
+    scale: p_imagenet = p x 8 / B_noise x B_imagenet / 32."""
+    if not ns.get("b_noise"):
+        return dict(assumed_imagenet_b_noise=IMAGENET_B_NOISE, factor=None)
+    f = 8 / ns["b_noise"] * IMAGENET_B_NOISE / IMAGENET_BATCH_PER_GPU
+    return dict(assumed_imagenet_b_noise=IMAGENET_B_NOISE, imagenet_batch_per_gpu=IMAGENET_BATCH_PER_GPU,
+                factor=f, batch_over_b_noise={p: 8 * p / ns["b_noise"] for p in X.WORKERS},
+                imagenet_gpus={p: p * f for p in X.WORKERS})
+
+
 # ----------------------------------------------------------------------------------------- assemble
 def analyse(st: X.Study | None = None, seed: int = 0) -> dict:
     st = st or X.Study()
@@ -219,6 +236,7 @@ def analyse(st: X.Study | None = None, seed: int = 0) -> dict:
             crossings[f"{n}/{c}"] = crossover({p: v for p, v in per_p.items() if p > 1}, rng)
     out.update(cells=cells, map=fastest, crossovers=crossings, noise_scale=noise_scale(st, rng))
     out["verdicts"] = crossover_claims.claims(out, st)
+    out["workload"] = workload(out["noise_scale"])
     ready, waiting = st.plan()
     out["left"] = dict(ready=len(ready), waiting=len(waiting),
                        ready_hours=sum(r.cost for r in ready) / 3600)

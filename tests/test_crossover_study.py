@@ -199,5 +199,7 @@ def test_the_map_claims_and_figure_render(study, tmp_path):
     md = R.map_markdown(res)
     assert "**v100-10gbe-resnet50**" in md and "| stragglers |" in md and "**push-sum**" in md
     assert "| J4 | a100-ib100-resnet50 |" in R.claims_markdown(res)
+    w = R.workload(dict(b_noise=1000.0))
+    assert w["factor"] == pytest.approx(8 / 1000 * 10_000 / 32) and w["imagenet_gpus"][8] == pytest.approx(20.0)
     R.figure(res, tmp_path / "map.png")
     assert (tmp_path / "map.png").stat().st_size > 10_000
