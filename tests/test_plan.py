@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from helpers import ROOT, one_line_error, run_cli
+from helpers import ROOT, run_cli
 from synth import make_dataset
 
 from scalesgd.virtual import plan as L
@@ -76,21 +76,21 @@ def test_the_nearest_network_condition_and_p_and_the_scaling(study, tmp_path):
     assert odd["condition"] == "typical" and any("not one the study ran" in n for n in odd["notes"])
 
 
-def test_plan_from_the_command_line_and_its_errors(study, tmp_path):
-    out = run_cli(["plan", "--profile", "a100-ib100-resnet50", "--workers", "8", "--study", str(study)], tmp_path, module="scalesgd")
+def test_plan_from_the_command_line_and_its_errors(study, tmp_path, capsys):
+    out = run_cli(["plan", "--profile", "a100-ib100-resnet50", "--workers", "8", "--study", str(study)], tmp_path,
+                  module="scalesgd")
     assert out.returncode == 0, out.stderr
     assert "nearest studied network: a100-ib100-resnet50" in out.stdout and "1    allreduce" in out.stdout
-    js = run_cli(["plan", "--profile", "titanx-fdr-resnet18", "--workers", "2", "--study", str(study), "--json"], tmp_path,
-                 module="scalesgd")
-    assert json.loads(js.stdout)["network"] == "titanx-fdr-resnet18"
+    assert L.main(["--profile", "titanx-fdr-resnet18", "--workers", "2", "--study", str(study), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["network"] == "titanx-fdr-resnet18"
     for args, needle in ((["--profile", "cpu-emulated-papers", "--workers", "4"], "a measured profile has no compute"),
                          (["--profile", "nosuch", "--workers", "4"], "nosuch"),
                          (["--profile", "a100-ib100-resnet50", "--workers", "0"], "--workers: at least 1"),
                          (["--profile", "a100-ib100-resnet50", "--workers", "4", "--study", str(tmp_path / "x.json")],
                           "cannot be read")):
-        bad = run_cli(["plan", *args, "--study", str(study)] if "--study" not in args else ["plan", *args],
-                      tmp_path, module="scalesgd")
-        one_line_error(bad, needle)
+        assert L.main(args if "--study" in args else [*args, "--study", str(study)]) != 0
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("scalesgd: error")]
+        assert len(err) == 1 and needle in err[0], (args, err)
 
 
 def test_the_shipped_study_file_plans_for_a_users_profile(tmp_path):
