@@ -23,9 +23,9 @@ numbers under any clock, so each of their runs is *re-timed* exactly under all n
 **The same search for every method** (``GRIDS``): 4 configurations per method and p, two with a
 fixed rate and two with linear scaling by the global batch and a warm-up (``--linear-scaling``, the
 same option for every method), the method's own settings spread over them (EASGD's beta, tau and
-servers K; A-SGD's n_sync and K; local SGD's tau and SlowMo), plus one more that extends the
-chosen configuration's rate past the grid's edge (and another if that one wins: a choice at an edge
-extends the grid).  Each configuration: ``TUNE_SEEDS`` seeds on the *tune* split under
+servers K; A-SGD's n_sync and K; local SGD's tau and SlowMo), then ``ADAPTIVE`` more for every
+method, one at a time from the choice so far: past the grid's edge when the choice sits on one (a
+choice at an edge extends the grid), else halfway to its better neighbour.  Each configuration: ``TUNE_SEEDS`` seeds on the *tune* split under
 ``TUNE_NETWORK`` / ``TUNE_CONDITION``.  Selection is by **time to target**, per network: exactly
 (re-timed) for the synchronous methods; for the asynchronous ones samples to target times the
 configuration's seconds per sample under that network (a ``time`` run of it there).  A
@@ -71,7 +71,7 @@ CAP_SAMPLES = 3.0            # tuning horizon: x the fewest samples to target at
 CAP_TIME = 2.0               # reported asynchronous runs: x the best synchronous time in the cell
 MAX_EPOCHS, MIN_EPOCHS = 12, 3
 TIMING_TRAIN = 25_600        # the timing runs' data set (one epoch)
-MAX_EXTENSIONS = 2
+ADAPTIVE = 2                 # configurations added to each method's grid at each p (the same for all)
 STEP_COST_S = 0.0055         # real seconds per worker-step, two runs at a time (for planning only)
 
 SYNC = ("single", "allreduce", "localsgd")          # re-timed: arithmetic independent of the clock
@@ -227,30 +227,50 @@ class Study:
 
     # ---- tuning
     def grid(self, method: str, p: int) -> list[str]:
-        """The configurations tuned for (method, p): the base grid and its extensions so far."""
-        base = [cname(*g) for g in GRIDS[method]]
-        out = list(base)
-        for _ in range(MAX_EXTENSIONS + 1):
-            chosen = self.chosen_all(method, p, out)
-            if chosen is None:
+        """The configurations tuned for (method, p): the base grid, then ``ADAPTIVE`` more, one at a
+        time, each placed by ``next_point`` from the choice under the tuning network so far: every
+        method gets the same number of tuning runs."""
+        out = [cname(*g) for g in GRIDS[method]]
+        for _ in range(ADAPTIVE):
+            c = self.chosen(method, p, TUNE_NETWORK, out)
+            if c is None:
                 return out
-            ext = [x for c in chosen for x in [self.extension(method, c, out)] if x is not None]
-            new = [x for x in dict.fromkeys(ext) if x not in out]
-            if not new or len(out) - len(base) >= MAX_EXTENSIONS * 2:
+            nxt = self.next_point(method, p, out, c)
+            if nxt is None:
                 return out
-            out += new
+            out.append(nxt)
         return out
 
     @staticmethod
-    def extension(method: str, config: str, grid: list[str]) -> str | None:
-        """The next rate past the edge ``config`` sits on (x2 up or /2 down, its rule and knob)."""
+    def on_edge(config: str, grid: list[str]) -> bool:
+        """Whether ``config``'s rate is the highest or lowest of its rule's in ``grid``."""
+        rule, rate, _ = parse(config)
+        rates = [r for c in grid for (ru, r, _) in [parse(c)] if ru == rule]
+        return rate >= max(rates) or rate <= min(rates)
+
+    def next_point(self, method: str, p: int, grid: list[str], config: str) -> str | None:
+        """The next configuration to try: past the edge ``config`` sits on (its rate x2 or /2,
+        its rule and settings); inside the grid, the rate halfway (geometrically) towards the
+        better-scoring neighbouring rate of its rule, else towards the other one."""
         rule, rate, knob = parse(config)
-        same = sorted(r for c in grid for (ru, r, k) in [parse(c)] if ru == rule and k == knob)
-        mates = sorted(r for c in grid for (ru, r, _) in [parse(c)] if ru == rule)
-        if rate >= max(mates):
-            return cname(rule, rate * 2, knob) if rate == max(same) else None
-        if rate <= min(mates):
-            return cname(rule, rate / 2, knob) if rate == min(same) else None
+        rates = sorted({r for c in grid for (ru, r, _) in [parse(c)] if ru == rule})
+        if rate >= rates[-1]:
+            cands = [rate * 2]
+        elif rate <= rates[0]:
+            cands = [rate / 2]
+        else:
+            i = rates.index(rate)
+
+            def best(r):                      # the best score of the rule's configurations at rate r
+                sc = [self.score(method, p, c, TUNE_NETWORK) for c in grid if parse(c)[:2] == (rule, r)]
+                return min((x for x in sc if x is not None), default=(2, 0.0))
+            lo, hi = rates[i - 1], rates[i + 1]
+            order = (lo, hi) if best(lo) <= best(hi) else (hi, lo)
+            cands = [math.sqrt(rate * r) for r in order]
+        for r in cands:
+            c = cname(rule, float(f"{r:.4g}"), knob)
+            if c not in grid:
+                return c
         return None
 
     def tune_runs(self, method: str, p: int, configs) -> list[Run]:
@@ -289,10 +309,6 @@ class Study:
         if any(s is None for s in scores.values()):
             return None
         return min(grid, key=lambda c: scores[c])
-
-    def chosen_all(self, method: str, p: int, grid: list[str]) -> list[str] | None:
-        out = [self.chosen(method, p, n, grid) for n in NETWORKS]
-        return None if any(c is None for c in out) else out
 
     def best_samples(self, p: int) -> float | None:
         """The fewest mean samples to target of any configuration tuned at p (both seeds)."""

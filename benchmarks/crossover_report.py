@@ -71,9 +71,8 @@ def tuning_row(st: X.Study, method: str, p: int) -> dict:
     chosen = {n: st.chosen(method, p, n) for n in X.NETWORKS}
     base = len(X.GRIDS[method])
     return dict(method=method, workers=p, configs=configs, chosen=chosen, base_points=base,
-                extensions=len(grid) - base, runs=len(grid) * len(X.TUNE_SEEDS),
-                edge=[n for n, c in chosen.items() if c is not None and
-                      st.extension(method, c, grid) is not None])
+                adaptive=len(grid) - base, runs=len(grid) * len(X.TUNE_SEEDS),
+                edge=[n for n, c in chosen.items() if c is not None and st.on_edge(c, grid)])
 
 
 # ------------------------------------------------------------------------------------------- cells

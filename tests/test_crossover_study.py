@@ -96,16 +96,18 @@ def test_the_driver_runs_every_piece_to_the_end(study):
     assert waiting == [] and res["left"] == dict(ready=0, waiting=0, ready_hours=0)
     t = res["tuning"]["allreduce/p8"]
     assert t["base_points"] == 4 and t["runs"] >= 8 and all(c["done"] == 2 for c in t["configs"].values())
-    # every method has its 4 points and its edge extension (each base point sits on an edge)
+    # every method gets the same number of configurations: its 4 and ADAPTIVE more
     for m in X.METHODS:
-        assert len(st.grid(m, 8)) >= 5, (m, st.grid(m, 8))
-    # the model's best rates are F0.2, L0.05 and W0.4: all-reduce's are grid points, so their
-    # extensions (F0.4, L0.1) lose; A-SGD's W0.2 sits on the lower edge of its rule's rates (0.2, 0.8)
-    # and is extended down, to W0.1, which loses
-    assert st.chosen("allreduce", 8, "a100-ib100-resnet50") in ("L0.05", "F0.2")
-    assert {"F0.4", "L0.1"} & set(st.grid("allreduce", 8))
-    assert st.chosen("asgd", 8, "a100-ib100-resnet50") == "W0.2-a1" and "W0.1-a1" in st.grid("asgd", 8)
-
+        assert len(st.grid(m, 8)) == 4 + X.ADAPTIVE, (m, st.grid(m, 8))
+        assert res["tuning"][f"{m}/p8"]["runs"] == (4 + X.ADAPTIVE) * len(X.TUNE_SEEDS)
+    # the model's best rates are F0.2, L0.05 and W0.4.  All-reduce: L0.05 sits on the upper edge of
+    # its rule's rates (0.0125, 0.05): L0.1 is tried, loses, then L0.05 is inside and the rate halfway
+    # to its better neighbour is tried.  A-SGD's W0.2 sits on the lower edge of (0.2, 0.8): W0.1 is
+    # tried and loses; then halfway towards 0.8, W0.4, its best rate, is found and chosen
+    g = st.grid("allreduce", 8)
+    assert g[4] in ("L0.1", "F0.4"), g
+    assert st.grid("asgd", 8)[4:] == ["W0.1-a1", "W0.4-a1"]
+    assert st.chosen("asgd", 8, "a100-ib100-resnet50") == "W0.4-a1"
 
 def test_the_authors_rows_and_the_n_sync_runs(study):
     st, _, _ = study
