@@ -89,7 +89,8 @@ def cell(st: X.Study, p: int, network: str, condition: str, rng) -> dict:
             if r is not None:
                 t = X.seconds_to(r, network, condition)
                 per[s] = dict(seconds=t, samples=r["samples_to_target"], final_error=r["final_error"],
-                              epochs=r["epochs"], diverged=r["diverged"])
+                              epochs=r["epochs"], diverged=r["diverged"],
+                              curve=[[v["samples"], v["error"]] for v in r["curve"]])
         if not per:
             continue
         times = {s: v["seconds"] for s, v in per.items() if v["seconds"] is not None}
@@ -249,12 +250,15 @@ def study_file(res: dict) -> dict:
     cells = {k: dict(fastest=v["fastest"], tied_set=v.get("tied_set", []),
                      methods={m: dict({f: r[f] for f in keep},
                                       seeds={str(s): dict(seconds=x["seconds"], samples=x["samples"],
-                                                         final_error=x["final_error"])
+                                                         final_error=x["final_error"],
+                                                         **({"curve": x["curve"]} if X.is_sync(m) else {}))
                                              for s, x in r["seeds"].items()})
                               for m, r in v["methods"].items()})
              for k, v in res["cells"].items()}
     return dict(source="benchmarks/crossover.py (issue 37); regenerate with benchmarks/crossover_report.py",
-                commits=res["commits"], target_error=res["target_error"], task="jobs/glyphs.toml",
+                commits=res["commits"], target_error=res["target_error"],
+                task=dict(job=(X.ROOT / "jobs" / "glyphs.toml").read_text(), train=51_200, val=5_000,
+                          classes=10, eval_every=X.EVAL_EVERY, name="the glyphs (jobs/glyphs.toml)"),
                 workers=res["workers"], networks=res["networks"], conditions=res["conditions"],
                 complete=res["left"]["ready"] == 0 and res["left"]["waiting"] == 0,
                 noise_scale={k: res["noise_scale"].get(k) for k in ("b_noise", "b_noise_lo", "b_noise_hi")},

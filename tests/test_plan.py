@@ -1,94 +1,131 @@
-"""``python -m scalesgd plan``: the crossover study's answer for a user's cluster (virtual/plan.py).
+"""``python -m scalesgd plan``: the crossover study's answer for a user's cluster (virtual/plan.py),
+and the clock-only virtual runs it times with (virtual/clockonly.py).
 
-A small study file written here stands for the shipped one, so the ranking, the choice of network,
-condition and p and the scaling are checked against numbers the test knows; the shipped file is
-read as a fresh clone would read it; ``--run`` checks in the virtual cluster."""
+The study file here is made from real virtual runs of a tiny task, so its predictions can be held
+against the truth: a re-timing (all-reduce) or a full run (pull gossip) under the user's profile.
+The shipped file is read as a fresh clone reads it; ``--run`` checks in the virtual cluster."""
 import json
 
 import pytest
 
-from helpers import ROOT, run_cli
+from helpers import ROOT, TINY, run_cli
 from synth import make_dataset
 
 from scalesgd.virtual import plan as L
 from scalesgd.virtual import profile as P
+from scalesgd.virtual import run as VR
 
 NETS = ["titanx-fdr-resnet18", "a100-ib100-resnet50", "v100-10gbe-resnet50"]
-AR = "--method allreduce --lr 0.05 --linear-scaling --reference-batch 8 --warmup-epochs 0.5"
-PS = "--method gossip --gossip push --gossip-overlap --gossip-graph exponential --lr 0.2"
-EA = "--method easgd --lr 0.05 --tau 4 --beta 0.9 --servers 4"
+JOB = """[model]
+width = 0.25
+[data]
+image_size = 16
+scale = [16.0, 20.0]
+batch_size = 8
+[train]
+log_every = 1
+"""
+METHODS = {"allreduce": "--method allreduce --lr 0.1", "gossip-pull": "--method gossip --gossip pull --lr 0.1",
+           "easgd": "--method easgd --lr 0.1 --tau 2 --servers 2"}
 
 
-def seeds(*times, err=0.39):
-    return {str(i): dict(seconds=t, samples=None if t is None else 1e5, final_error=err if t else 0.6)
-            for i, t in enumerate(times)}
+def vrun(data, run_dir, flags, *more):
+    assert VR.main([*flags.split(), "--data", str(data), *TINY, "--workers", "2", "--epochs", "2",
+                    "--eval-every", "0.25", "--threads", "1", "--run-dir", str(run_dir), *more]) == 0
+    rows = [json.loads(x) for x in (run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()]
+    return [(r["global_samples"], r["train_seconds"], 1 - r["val_top1_accuracy"]) for r in rows if r["kind"] == "val"]
 
 
-def row(config, flags, *times):
-    ok = None not in times
-    return dict(config=config, flags=flags, reached_all=ok, final_error=0.39 if ok else 0.6,
-                mean_seconds=sum(times) / len(times) if ok else None, seeds=seeds(*times))
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """Real runs under the Ethernet profile (seed 0 and 1) made into a study file; the target is
+    the error one of them crosses halfway."""
+    tmp = tmp_path_factory.mktemp("plan")
+    data = make_dataset(tmp / "d", n=96, n_val=16, num_classes=4)
+    runs = {m: {s: vrun(data, tmp / f"{m}-{s}", f, "--seed", str(s), "--profile", "v100-10gbe-resnet50",
+                        "--condition", "typical") for s in ((0, 1) if m == "allreduce" else (0,))}
+            for m, f in METHODS.items()}
+    errs = sorted(e for _, _, e in runs["allreduce"][0])
+    target = errs[len(errs) // 2]
 
-
-@pytest.fixture
-def study(tmp_path):
-    """All-reduce fastest on InfiniBand, push-sum on Ethernet (where EASGD missed a seed); under
-    stragglers on Ethernet push-sum by more."""
+    def to(curve):
+        return L.to_target([[x, e] for x, _, e in curve], [(x, t) for x, t, _ in curve], target)
     cells = {}
-    for n in NETS:
-        for c in ("none", "typical", "stragglers"):
-            for p in (2, 8, 64):
-                eth = n.startswith("v100")
-                slow = 2.0 if c == "stragglers" else 1.0
-                methods = {"allreduce": row("L0.05", AR, 10.0 * (3 if eth else 1) * slow, 12.0 * (3 if eth else 1) * slow),
-                           "pushsum-ov": row("F0.2", PS, 15.0, 17.0),
-                           "easgd": row("F0.05-e4", EA, 40.0, None)}
-                fastest = min((m for m in methods if methods[m]["reached_all"]),
-                              key=lambda m: methods[m]["mean_seconds"])
-                cells[f"{n}/{c}/p{p}"] = dict(fastest=fastest, tied_set=[fastest], methods=methods)
-    path = tmp_path / "study.json"
-    path.write_text(json.dumps(dict(workers=[1, 2, 8, 64], networks=NETS, conditions=["none", "typical", "stragglers"],
-                                    target_error=0.4, complete=True, cells=cells)))
-    return path
+    for c in ("none", "typical", "stragglers"):
+        methods = {}
+        for m, per in runs.items():
+            seeds = {str(s): dict(seconds=to(cv), samples=next((x for x, _, e in cv if e <= target), None),
+                                  final_error=cv[-1][2], curve=[[x, e] for x, _, e in cv])
+                     for s, cv in per.items()}
+            ok = all(v["seconds"] is not None for v in seeds.values())
+            methods[m] = dict(config="F0.1", flags=METHODS[m], reached_all=ok, final_error=0.3,
+                              mean_seconds=sum(v["seconds"] for v in seeds.values()) / len(seeds) if ok else None,
+                              seeds=seeds)
+        cells[f"v100-10gbe-resnet50/{c}/p2"] = dict(fastest="allreduce", tied_set=["allreduce"], methods=methods)
+    study = dict(workers=[1, 2], networks=NETS, conditions=["none", "typical", "stragglers"],
+                 target_error=target, complete=True, cells=cells,
+                 task=dict(job=JOB, train=96, val=16, classes=4, eval_every=0.25, name="a tiny task"))
+    path = tmp / "study.json"
+    path.write_text(json.dumps(study))
+    return dict(path=path, study=study, runs=runs, data=data, tmp=tmp, target=target, to=to)
 
 
-def test_the_nearest_network_condition_and_p_and_the_scaling(study, tmp_path):
-    st = L.load_study(study)
-    ib = L.predict(st, P.load("a100-ib100-resnet50"), 8, "typical")
-    assert (ib["network"], ib["condition"], ib["p"], ib["scale"]) == ("a100-ib100-resnet50", "typical", 8, 1.0)
-    assert [r["method"] for r in ib["rows"]] == ["allreduce", "pushsum-ov", "easgd"]
-    assert ib["rows"][0]["mean_seconds"] == pytest.approx(11.0) and ib["rows"][0]["timing"] == "re-timed"
-    assert ib["rows"][2]["mean_seconds"] is None and ib["rows"][2]["reached"] == 1   # missed a seed: last
-    # a slower GPU on 10 Gbit/s: the Ethernet network, every time x its step's compute over the V100's
+def test_a_clock_only_run_has_the_real_runs_clock_bit_for_bit(made):
+    """All-reduce: the clock of a run that computes nothing equals the real run's, every validation,
+    under another profile and condition than the study's (the re-timing's) too."""
+    st = made["study"]
+    for s in (0, 1):
+        real = made["runs"]["allreduce"][s]
+        pts = L.clock(st, METHODS["allreduce"], 2, P.load("v100-10gbe-resnet50"), P.condition_of(
+            P.load("v100-10gbe-resnet50"), "typical"), s, real[-1][0])
+        assert pts == [(x, t) for x, t, _ in real]
+    # ... and pull gossip's and sharded EASGD's (their timing does not depend on the values either)
+    for m in ("gossip-pull", "easgd"):
+        real = made["runs"][m][0]
+        pts = L.clock(st, METHODS[m], 2, P.load("v100-10gbe-resnet50"), P.condition_of(
+            P.load("v100-10gbe-resnet50"), "typical"), 0, real[-1][0])
+        assert pts == [(x, t) for x, t, _ in real], m
+
+
+def test_plan_is_exact_for_all_reduce_on_the_users_profile(made, tmp_path):
+    """A user's slower Ethernet cluster with stragglers: all-reduce's predicted time per seed is the
+    re-timing of the real run under that profile and condition, read at the target."""
     mine = dict(json.loads((ROOT / "src/scalesgd/virtual/profiles/v100-10gbe-resnet50.json").read_text()),
                 name="mine", images_per_second=185, link_gbps=4)
     (tmp_path / "mine.json").write_text(json.dumps(mine))
-    res = L.predict(st, P.load(str(tmp_path / "mine.json")), 48, "stragglers")
-    assert (res["network"], res["p"], res["scale"]) == ("v100-10gbe-resnet50", 64, pytest.approx(2.0))
-    assert [r["method"] for r in res["rows"]][:2] == ["pushsum-ov", "allreduce"]
-    assert res["rows"][0]["mean_seconds"] == pytest.approx(32.0) and res["rows"][0]["lo"] == pytest.approx(30.0)
-    assert any("p = 64, the nearest to your 48" in n for n in res["notes"])
-    text = L.show(res, P.load(str(tmp_path / "mine.json")))
-    assert "1    pushsum-ov" in text and "fixed rate 0.2, graph exponential" in text
-    assert "missed (1/2 seeds; error 60%)" in text and "use: python -m scalesgd " + PS in text
-    # a condition the study did not run: its 'typical', said
-    odd = L.predict(st, P.load("a100-ib100-resnet50"), 2, str(ROOT / "src/scalesgd/virtual/conditions/typical.json"))
-    assert odd["condition"] == "typical" and any("not one the study ran" in n for n in odd["notes"])
+    prof = P.load(str(tmp_path / "mine.json"))
+    res = L.predict(made["study"], prof, 3, "stragglers")
+    assert (res["network"], res["p"], res["condition"]) == ("v100-10gbe-resnet50", 2, "stragglers")
+    assert any("p = 2, the nearest to your 3" in n for n in res["notes"])
+    row = next(r for r in res["rows"] if r["method"] == "allreduce")
+    truth = []
+    for s in (0, 1):
+        out = made["tmp"] / f"rt-{s}"
+        if not out.exists():
+            assert VR.main(["retime", str(made["tmp"] / f"allreduce-{s}"), "--profile", str(tmp_path / "mine.json"),
+                            "--condition", "stragglers", "--run-dir", str(out)]) == 0
+        rows = [json.loads(x) for x in (out / "metrics" / "rank-0.jsonl").read_text().splitlines()]
+        truth.append(made["to"]([(r["global_samples"], r["train_seconds"], 1 - r["val_top1_accuracy"])
+                                 for r in rows if r["kind"] == "val"]))
+    assert row["mean_seconds"] == sum(truth) / 2 and (row["lo"], row["hi"]) == (min(truth), max(truth))
+    assert row["timing"] == "exact (re-timed)"
+    gossip = next(r for r in res["rows"] if r["method"] == "gossip-pull")
+    assert gossip["timing"] == "statistics of v100-10gbe-resnet50 / stragglers"
+    text = L.show(res, prof)
+    assert "plan: 3 workers on mine" in text and "use: python -m scalesgd --method" in text
 
 
-def test_plan_from_the_command_line_and_its_errors(study, tmp_path, capsys):
-    out = run_cli(["plan", "--profile", "a100-ib100-resnet50", "--workers", "8", "--study", str(study)], tmp_path,
-                  module="scalesgd")
+def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):
+    out = run_cli(["plan", "--profile", "v100-10gbe-resnet50", "--workers", "2", "--study", str(made["path"]),
+                   "--condition", "typical"], tmp_path, module="scalesgd")
     assert out.returncode == 0, out.stderr
-    assert "nearest studied network: a100-ib100-resnet50" in out.stdout and "1    allreduce" in out.stdout
-    assert L.main(["--profile", "titanx-fdr-resnet18", "--workers", "2", "--study", str(study), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["network"] == "titanx-fdr-resnet18"
+    assert "nearest studied network: v100-10gbe-resnet50" in out.stdout and "timing allreduce" in out.stderr
     for args, needle in ((["--profile", "cpu-emulated-papers", "--workers", "4"], "a measured profile has no compute"),
                          (["--profile", "nosuch", "--workers", "4"], "nosuch"),
                          (["--profile", "a100-ib100-resnet50", "--workers", "0"], "--workers: at least 1"),
                          (["--profile", "a100-ib100-resnet50", "--workers", "4", "--study", str(tmp_path / "x.json")],
                           "cannot be read")):
-        assert L.main(args if "--study" in args else [*args, "--study", str(study)]) != 0
+        assert L.main(args if "--study" in args else [*args, "--study", str(made["path"])]) != 0
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("scalesgd: error")]
         assert len(err) == 1 and needle in err[0], (args, err)
 
@@ -101,18 +138,17 @@ def test_the_shipped_study_file_plans_for_a_users_profile(tmp_path):
                                 "stands_for": {"model": "resnet50", "image_size": 224, "batch_size": 32},
                                 "link_gbps": 20, "latency_us": 10, "ranks_per_node": 1, "intra_gbps": 100,
                                 "mem_gbps": 700}))
-    out = run_cli(["plan", "--profile", str(mine), "--workers", "64"], tmp_path, module="scalesgd")
+    out = run_cli(["plan", "--profile", str(mine), "--workers", "1"], tmp_path, module="scalesgd", timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "plan: 64 workers on my-cluster" in out.stdout and "nearest studied network" in out.stdout
+    assert "plan: 1 workers on my-cluster" in out.stdout and "nearest studied network" in out.stdout
     st = L.load_study()
-    assert set(st["networks"]) == set(NETS) and st["target_error"] == 0.4
+    assert set(st["networks"]) == set(NETS) and st["target_error"] == 0.4 and "job" in st["task"]
 
 
-def test_run_checks_the_fastest_in_the_virtual_cluster(study, tmp_path, monkeypatch):
-    data = make_dataset(tmp_path / "d", n=64, n_val=16, num_classes=10)
+def test_run_checks_the_fastest_in_the_virtual_cluster(made, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    res = L.predict(L.load_study(study), P.load("a100-ib100-resnet50"), 2, "none")
-    checks = L.check(res, "a100-ib100-resnet50", data, top=1)
-    assert [c["method"] for c in checks] == ["allreduce"] and checks[0]["predicted"] == pytest.approx(11.0)
+    res = L.predict(made["study"], P.load("v100-10gbe-resnet50"), 2, "typical")
+    checks = L.check(made["study"], res, "v100-10gbe-resnet50", made["data"], top=1)
+    assert len(checks) == 1 and checks[0]["predicted"] == res["rows"][0]["mean_seconds"]
     s = json.loads((tmp_path / checks[0]["run_dir"] / "summary.json").read_text())
-    assert s["workers"] == 2 and s["virtual"]["profile"]["name"] == "a100-ib100-resnet50"
+    assert s["workers"] == 2 and s["virtual"]["profile"]["name"] == "v100-10gbe-resnet50"

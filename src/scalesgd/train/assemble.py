@@ -77,7 +77,7 @@ def open_splits(data_root: Path, cache_mb: int) -> tuple[ShardSet, ShardSet]:
 
 
 def build(cfg: Config, topo, backend, method, control: Control, data_root: Path,
-          data_threads: int, splits: tuple[ShardSet, ShardSet] | None = None) -> Setup:
+          data_threads: int, splits: tuple[ShardSet, ShardSet] | None = None, make_loaders=None) -> Setup:
     """Opens the shards (or uses ``splits``, as ``open_splits`` returns: the virtual cluster's
     ranks share one copy), builds the model (identical init from the seed), optimizer and loaders."""
     train_shards, val_shards = splits or open_splits(data_root, cfg.data.cache_mb)
@@ -101,7 +101,7 @@ def build(cfg: Config, topo, backend, method, control: Control, data_root: Path,
                         "= %d workers x data.batch_size %d): too few updates to train well; a smaller "
                         "--batch-size gives more", steps, n, d.batch_size * roles.num_workers,
                         roles.num_workers, d.batch_size)
-    train, val = loaders(cfg, (train_shards, val_shards), roles, backend, data_threads)
+    train, val = (make_loaders or loaders)(cfg, (train_shards, val_shards), roles, backend, data_threads)
     return Setup(cfg, topo, backend, method, control, model, opt, train, val, data_root, n,
                  splits=(train_shards, val_shards), data_threads=data_threads)
 
@@ -130,17 +130,18 @@ def _input_dtype(cfg: Config) -> str:
 
 def assemble(cfg: Config, topo, backend, data_root: Path, data_threads: int, resume: Path | None = None,
              *, splits: tuple[ShardSet, ShardSet] | None = None, settle=contextlib.nullcontext,
-             share_with: Setup | None = None, check_fast_paths: bool = True) -> Setup:
+             share_with: Setup | None = None, check_fast_paths: bool = True, make_loaders=None) -> Setup:
     """Collective: this rank's whole run (``cfg`` already fitted to the world), ready for
     ``loop.train(setup, run_dir, resume)``.  The method refuses a wrong rank count first (on every
     rank alike, before any collective); inside ``settle()``: the data, model, optimizer and
     loaders, then the checkpoint ``resume`` is checked to fit this model, or ``train.init_from`` is
     loaded (warm start).  Then ``method.attach`` (a collective: the all-reduce's transport) and the
-    GPU fast-path check (``check_fast_paths``; a collective over ``topo.comm``)."""
+    GPU fast-path check (``check_fast_paths``; a collective over ``topo.comm``).  ``make_loaders``:
+    instead of ``loaders`` (the virtual cluster's clock-only runs: ``virtual/clockonly.py``)."""
     control = Control(topo.transport, topo.size)
     method = create(cfg, topo, control.signals)
     with settle():
-        setup = build(cfg, topo, backend, method, control, data_root, data_threads, splits)
+        setup = build(cfg, topo, backend, method, control, data_root, data_threads, splits, make_loaders)
         if resume is not None:
             resuming.check_fits(setup, resume)
         elif cfg.train.init_from:

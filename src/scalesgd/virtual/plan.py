@@ -13,11 +13,14 @@ stragglers); its per-seed results ship as ``study/crossover.json`` (written by
   link, plus the latency, against one step's compute);
 * **condition**: ``--condition`` (or the profile's ``variability``) when it is one the study ran,
   else ``typical`` (said);
-* **time**: the study's time to target per seed on that network and condition, scaled by the
-  ratio of the profile's step compute to the network's (at the same ratio of communication to
-  compute, every cost of the simulation scales with the step).  The study's times are exact
-  simulations of that network (re-timings for all-reduce, local SGD and one worker; their own
-  runs for the asynchronous methods); the scaling to the user's profile is the estimate.
+* **time**: every method's configuration (the one the study tuned it to on that network) is run
+  on the user's profile and condition as a *clock-only* virtual run (``clockonly.py``: the real
+  run's clock to the bit, without its arithmetic, seconds at most).  All-reduce, local SGD and one
+  worker then take the study's own validation errors per seed on that clock: exact, since their
+  arithmetic does not depend on the clock (``tests/test_plan.py`` checks against re-timed real
+  runs).  The asynchronous methods take the samples to target the study measured on the nearest
+  network and condition, on the user's clock: their timing is exact, their statistics the nearest
+  studied ones (said).
 
 It prints the methods ranked by predicted time to target (mean and range over the seeds, whether
 the study found it tied with the fastest), the settings to use, and the methods that missed the
@@ -108,54 +111,128 @@ def describe(method: str, config: str, flags: str) -> str:
     return ", ".join([words, *knobs])
 
 
-def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = None) -> dict:
+def clock(study: dict, flags: str, workers: int, prof: P.Profile, condition, seed: int,
+          samples: float) -> list[tuple[float, float]]:
+    """(global samples, simulated training seconds) at every validation of the study's task run
+    with ``flags`` on ``prof`` under ``condition``, up to ``samples``: a clock-only virtual run
+    (``clockonly.py``: the same clock as the real run, no arithmetic)."""
+    import contextlib  # noqa: PLC0415
+    import io  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from ..cli import make_parser, resolve_config  # noqa: PLC0415
+    from .run import run as vrun  # noqa: PLC0415
+    task = study["task"]
+    epochs = max(1, math.ceil(samples / task["train"] - 1e-9))
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "task.toml"
+        job.write_text(task["job"])
+        argv = ["--config", str(job), *flags.split(), "--seed", str(seed), "--epochs", str(epochs),
+                "--eval-every", str(task["eval_every"]), "--run-dir", str(Path(tmp) / "run")]
+        cfg = resolve_config(make_parser().parse_args(argv))
+        log = logging.getLogger("scalesgd")
+        level = log.level
+        log.setLevel(logging.WARNING)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                s = vrun(cfg, workers, prof, threads=1, condition=condition,
+                         clock_only=dict(train=task["train"], val=task["val"], classes=task["classes"]))
+        finally:
+            log.setLevel(level)
+    return [(h["global_samples"], h["train_seconds"]) for h in s["history"]]
+
+
+def at(points: list[tuple[float, float]], samples: float) -> float:
+    """The clock at ``samples``, linear between the validations around it (as the study reads its
+    own runs)."""
+    prev = (0.0, 0.0)
+    for x, t in points:
+        if samples <= x:
+            return prev[1] + (samples - prev[0]) / (x - prev[0]) * (t - prev[1]) if x > prev[0] else t
+        prev = (x, t)
+    return prev[1]
+
+
+def to_target(curve: list, points: list[tuple[float, float]], target: float) -> float | None:
+    """Seconds to ``target`` of a run whose validation errors are ``curve`` ([samples, error]) on
+    the clock ``points``: linear between the last validation above it and the first at or below,
+    as the study's records are read."""
+    t = dict(points)
+    prev = None
+    for x, e in curve:
+        if e <= target:
+            if prev is None or prev[1] <= e:
+                return t[x]
+            f = (prev[1] - target) / (prev[1] - e)
+            return t[prev[0]] + f * (t[x] - t[prev[0]])
+        prev = (x, e)
+    return None
+
+
+def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = None,
+            say=lambda msg: None) -> dict:
     """The ranked prediction for ``workers`` workers on ``prof`` (see the module docstring)."""
     if workers < 1:
         raise ConfigError(f"--workers: at least 1, got {workers}")
     p = nearest_p(study, workers) if workers > 1 else 1
     cond, cond_note = condition_name(prof, condition)
+    yours = P.condition_of(prof, condition)
     mine = balance(prof)
     nets = {n: balance(P.load(n)) for n in study["networks"]}
     net = min(nets, key=lambda n: abs(math.log(nets[n]["ratio"]) - math.log(mine["ratio"])))
-    scale = mine["step_seconds"] / nets[net]["step_seconds"]
     key = f"{net}/{cond}/p{p}"
     cell = study["cells"].get(key)
     notes = []
     if p != workers:
         notes.append(f"the study ran p = {p}, the nearest to your {workers} workers")
     if cond_note:
-        notes.append(cond_note)
+        notes.append(cond_note + " (the asynchronous methods' statistics; every clock is your condition's)")
     lo, hi = min(v["ratio"] for v in nets.values()), max(v["ratio"] for v in nets.values())
     if not lo / 2 <= mine["ratio"] <= 2 * hi:
         notes.append(f"your ratio of communication to compute ({mine['ratio']:.3g}) lies outside the studied "
-                     f"{lo:.3g}-{hi:.3g}: an extrapolation (a profile without stands_for times the study's small "
-                     "model as itself; give stands_for your own model: docs/virtual.md#profiles)")
+                     f"{lo:.3g}-{hi:.3g}: the asynchronous methods' statistics are an extrapolation (a profile "
+                     "without stands_for times the study's small model as itself: docs/virtual.md#profiles)")
     if prof.ranks_per_node > 1:
         notes.append(f"your profile puts {prof.ranks_per_node} ranks on a node; the study ran one a node")
     rows = []
     for m, r in (cell or {}).get("methods", {}).items():
         seeds = r["seeds"]
-        times = [v["seconds"] * scale for v in seeds.values() if v["seconds"] is not None]
-        reached = len(times) == len(seeds)
+        sync = m in SYNC
+        say(f"timing {m} on {prof.name} ({'each seed' if sync else 'one seed'}, clock only)")
+        times = []
+        if sync:                          # exact: the study's errors on your profile's clock
+            for sd, v in seeds.items():
+                pts = clock(study, r["flags"], p, prof, yours, int(sd), max(x for x, _ in v["curve"]))
+                times.append(to_target(v["curve"], pts, study["target_error"]))
+        else:                             # the nearest studied statistics on your profile's clock
+            need = [v["samples"] for v in seeds.values() if v["samples"] is not None]
+            if need:
+                pts = clock(study, r["flags"], p, prof, yours, int(next(iter(seeds))), max(need))
+                times = [None if v["samples"] is None else at(pts, v["samples"]) for v in seeds.values()]
+            else:
+                times = [None] * len(seeds)
+        got = [t for t in times if t is not None]
+        reached = len(got) == len(seeds)
         rows.append(dict(method=m, config=r["config"], flags=r["flags"],
                          settings=describe(m, r["config"], r["flags"]), seeds=len(seeds),
-                         reached=len(times), mean_seconds=sum(times) / len(times) if reached else None,
-                         lo=min(times) if reached else None, hi=max(times) if reached else None,
+                         reached=len(got), mean_seconds=sum(got) / len(got) if reached else None,
+                         lo=min(got) if reached else None, hi=max(got) if reached else None,
                          final_error=r["final_error"], tied=m in cell.get("tied_set", []),
-                         timing="re-timed" if m in SYNC else "its own runs"))
+                         timing="exact (re-timed)" if sync else f"statistics of {net} / {cond}"))
     rows.sort(key=lambda x: (x["mean_seconds"] is None, x["mean_seconds"] or 0, x["final_error"]))
-    return dict(workers=workers, p=p, network=net, condition=cond, cell=key, scale=scale,
+    return dict(workers=workers, p=p, network=net, condition=cond, cell=key,
                 ratio=mine["ratio"], network_ratio=nets[net]["ratio"], notes=notes, rows=rows,
                 complete=study.get("complete", False), target_error=study["target_error"],
-                missing=cell is None)
+                missing=cell is None, task=study.get("task", {}).get("name", "the study's task"))
 
 
 def show(res: dict, prof: P.Profile) -> str:
     out = [f"plan: {res['workers']} workers on {prof.name}: time to {res['target_error']:.0%} top-1 error "
            f"on the study's task (the glyphs, ResNet-8), predicted from the crossover study"]
     out.append(f"  nearest studied network: {res['network']} (communication / compute {res['network_ratio']:.3g}; "
-               f"yours {res['ratio']:.3g}); condition: {res['condition']}; times x {res['scale']:.3g} "
-               "(your step's compute over the network's)")
+               f"yours {res['ratio']:.3g}), condition {res['condition']}: the settings each method was tuned to "
+               "there; every time is a run on your profile's clock (exact for all-reduce, local SGD and one "
+               "worker; the asynchronous methods' samples to target are that network's)")
     for n in res["notes"]:
         out.append(f"  note: {n}")
     if not res["complete"]:
@@ -180,28 +257,32 @@ def show(res: dict, prof: P.Profile) -> str:
     return "\n".join(out)
 
 
-def check(res: dict, prof_spec: str, data: Path, top: int = 2) -> list[dict]:
+def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2) -> list[dict]:
     """``--run``: the ``top`` fastest predicted methods in the virtual cluster under the profile
-    itself, one seed each, to the target; measured against predicted."""
+    itself, one seed each, to the target, on the study's task; measured against predicted."""
+    import tempfile  # noqa: PLC0415
+
     from .run import main as vmain  # noqa: PLC0415
     if not (data / "manifest.json").exists():
-        raise ConfigError(f"--data {data}: no glyph data set there (python benchmarks/glyphs.py "
-                          f"{data.parent}; --data {data.parent}/main)")
+        raise ConfigError(f"--data {data}: no data set there (the study's glyphs: python benchmarks/glyphs.py "
+                          f"{data.parent}, then --data {data.parent}/main)")
     out = []
-    for r in [x for x in res["rows"] if x["mean_seconds"] is not None][:top]:
-        run_dir = Path("runs") / f"plan-{r['method']}-p{res['workers']}"
-        argv = ["--config", str(Path(__file__).resolve().parents[3] / "jobs" / "glyphs.toml"),
-                "--data", str(data), *r["flags"].split(), "--workers", str(res["workers"]),
-                "--profile", prof_spec, "--condition", res["condition"], "--epochs", "12",
-                "--eval-every", "0.25", "--stop-at-error", str(res["target_error"]), "--threads", "1",
-                "--run-dir", str(run_dir)]
-        if vmain(argv) != 0:
-            raise UserError(f"--run: the virtual check of {r['method']} failed")
-        s = json.loads((run_dir / "summary.json").read_text())
-        hit = s.get("stopped_at_error")
-        out.append(dict(method=r["method"], predicted=r["mean_seconds"],
-                        measured=s["train_seconds"] if hit else None,
-                        error=1 - s["val_top1_accuracy"], run_dir=str(run_dir)))
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "task.toml"
+        job.write_text(study["task"]["job"])
+        for r in [x for x in res["rows"] if x["mean_seconds"] is not None][:top]:
+            run_dir = Path("runs") / f"plan-{r['method']}-p{res['p']}"
+            argv = ["--config", str(job), "--data", str(data), *r["flags"].split(), "--workers", str(res["p"]),
+                    "--profile", prof_spec, "--condition", res["condition"], "--epochs", "12",
+                    "--eval-every", str(study["task"]["eval_every"]), "--stop-at-error", str(res["target_error"]),
+                    "--threads", "1", "--run-dir", str(run_dir)]
+            if vmain(argv) != 0:
+                raise UserError(f"--run: the virtual check of {r['method']} failed")
+            s = json.loads((run_dir / "summary.json").read_text())
+            hit = s.get("stopped_at_error")
+            out.append(dict(method=r["method"], predicted=r["mean_seconds"],
+                            measured=s["train_seconds"] if hit else None,
+                            error=1 - s["val_top1_accuracy"], run_dir=str(run_dir)))
     return out
 
 
@@ -222,10 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="scalesgd: %(message)s", stream=sys.stderr)
     try:
         prof = P.load(a.profile)
-        res = predict(load_study(a.study), prof, a.workers, a.condition)
+        study = load_study(a.study)
+        res = predict(study, prof, a.workers, a.condition,
+                      say=lambda msg: print(f"scalesgd: {msg}", file=sys.stderr, flush=True))
         print(json.dumps(res, indent=1) if a.json else show(res, prof))
         if a.run:
-            for c in check(res, a.profile, a.data):
+            for c in check(study, res, a.profile, a.data):
                 m = "missed" if c["measured"] is None else f"{c['measured']:.4g} s"
                 print(f"  check: {c['method']}: predicted {c['predicted']:.4g} s, measured {m} "
                       f"(one seed; {c['run_dir']})")

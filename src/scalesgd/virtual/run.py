@@ -54,9 +54,11 @@ def ranks_for(cfg: C.Config, workers: int) -> int:
 
 
 def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = None,
-        threads: int | None = None, condition=None) -> dict:
+        threads: int | None = None, condition=None, clock_only: dict | None = None) -> dict:
     """Trains ``workers`` virtual workers; returns rank 0's summary (also in RUN_DIR/summary.json).
-    ``condition``: the variability (``variability.Condition``; default: the profile's)."""
+    ``condition``: the variability (``variability.Condition``; default: the profile's).
+    ``clock_only``: {"train": samples, "val": samples, "classes": n}: the run's clock without its
+    arithmetic, on splits of that size that are never read (``clockonly.py``)."""
     from ..io.files import write_json_atomic  # noqa: PLC0415
     from ..io.timetape import Tape  # noqa: PLC0415
     from .replay import Replay, first_difference  # noqa: PLC0415
@@ -71,7 +73,14 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
     size = ranks_for(cfg, workers)
     nodes = worker_nodes(size, size - workers, prof.ranks_per_node) if cfg.dist.hierarchy == "node" else None
     cfg = C.fit_to_world(cfg, size, nodes)   # (A-SGD's rate under the hierarchy: over the worker groups)
-    run_dir, resume, data_root, splits = _prepare(cfg, workers, size)
+    if clock_only is not None:
+        from . import clockonly  # noqa: PLC0415
+        clockonly.check(prof)
+        run_dir, resume, data_root = Path(cfg.train.run_dir), None, Path("(clock only)")
+        splits = (clockonly.Shards(clock_only["train"], clock_only["classes"], "train"),
+                  clockonly.Shards(clock_only["val"], clock_only["classes"], "val"))
+    else:
+        run_dir, resume, data_root, splits = _prepare(cfg, workers, size)
     backend = backend_mod.select("cpu", 0)
     threads = threads or backend_mod.blas_threads_for(1)
     backend_mod.set_blas_threads(threads)
@@ -91,10 +100,12 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
                                 range(size - workers, size), cluster.net.node)
     cluster.net.scale = P.byte_scale(prof, cfg, num_classes)
     cluster.mortal = cfg.train.on_failure == "continue"
-    if cfg.train.method in RETIMEABLE and resume is None and cfg.train.on_failure != "continue":
+    if cfg.train.method in RETIMEABLE and resume is None and cfg.train.on_failure != "continue" \
+            and clock_only is None:
         cluster.tapes = [Tape() for _ in range(size)]
     setups, summaries = [None] * size, [None] * size
-    rank_main = _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, setups, summaries)
+    rank_main = _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, setups, summaries,
+                           clock_only is not None)
     t0 = time.perf_counter()
     with _stop_on_sigint(setups):
         world.run([rank_main(r) for r in range(size)])
@@ -145,7 +156,8 @@ def _prepare(cfg: C.Config, workers: int, size: int):
     return run_dir, resume, data_root, splits
 
 
-def _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, setups, summaries):
+def _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, setups, summaries,
+               clock_only: bool = False):
     """``rank_main(r)``: the body of virtual rank ``r``: the composition root on an in-process
     transport, then the training loop; its Setup and summary land in ``setups[r]``/``summaries[r]``."""
     from ..comm.topology import Topology  # noqa: PLC0415
@@ -159,8 +171,13 @@ def _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, 
             net = InProcessTransport(cluster, tuple(range(size)), r)
             topo = Topology(r, size, r % prof.ranks_per_node, min(size, prof.ranks_per_node),
                             None, None, net)
+            if clock_only:
+                from . import clockonly  # noqa: PLC0415
             s = assemble(cfg, topo, backend, data_root, 1, resume, splits=splits,
-                         share_with=setups[0] if r > 0 else None, check_fast_paths=False)
+                         share_with=setups[0] if r > 0 else None, check_fast_paths=False,
+                         make_loaders=clockonly.loaders if clock_only else None)
+            if clock_only:
+                clockonly.strip(s.model)
             setups[r] = s
             try:
                 summaries[r] = loop.train(s, run_dir, resume)
