@@ -42,12 +42,11 @@ class Loader:
     def __init__(self, shards: Shards, *, batch_size: int, image_size: int, train: bool, rank: int,
                  world: int):
         n = shards.num_samples
-        self.steps = (train_steps(n, batch_size, world) if train
-                      else -(-len(val_indices(n, rank, world)) // batch_size))
-        last = len(val_indices(n, rank, world)) - (self.steps - 1) * batch_size if not train else batch_size
+        own = train_steps(n, batch_size, world) * batch_size if train else len(val_indices(n, rank, world))
+        self.steps = -(-own // batch_size)
+        self.last = own - (self.steps - 1) * batch_size           # (validation: a shorter last batch)
         self.x = np.zeros((batch_size, image_size, image_size, 3), np.float32)
         self.y = np.zeros(batch_size, np.int64)
-        self.last = max(1, last)
         self.train, self.num_samples = train, n
         self._checks = np.zeros(n, np.uint8)
 
@@ -57,7 +56,7 @@ class Loader:
 
     def epoch(self, epoch: int, start_step: int = 0):
         for i in range(start_step, self.steps):
-            k = self.last if (not self.train and i == self.steps - 1) else len(self.y)
+            k = self.last if i == self.steps - 1 else len(self.y)
             yield self.x[:k], self.y[:k]
 
     def take_new_bad(self) -> list:
