@@ -5,7 +5,7 @@ network and variability, every method at its best after the same search.
     python benchmarks/crossover.py pin [COMMIT]            # the code every run of the study uses
     python benchmarks/crossover.py run [--minutes 55]      # one resumable piece (2 runs at a time)
     python benchmarks/crossover.py status                  # what is done, what is left, the hours
-    python benchmarks/crossover_report.py                  # crossover.json, the map, the verdicts
+    python benchmarks/crossover_report.py                  # the map, the verdicts (progress; --final)
 
 **Task.** The procedural glyphs (``benchmarks/glyphs.py``: 51,200 training images, 10 classes,
 16x16), ``jobs/glyphs.toml`` (ResNet-8 at half width, batch 8 per worker), a constant rate after an

@@ -11,7 +11,8 @@ was judged, the evidence as numbers, and a verdict that follows from them:
   did not; neither reaching it: no evidence at that p.
 * **over the p of a claim**: **agrees** when the claim's side is first at every p with evidence,
   **disagrees** when at none and the other side at one or more, **tie** when every p ties, else
-  **partly agrees**; **not run** without evidence.
+  **partly agrees**; **not run** without evidence.  While some of a claim's p are not run yet
+  the verdict is the one so far ("agrees so far"), not a verdict.
 * J1 (Jin et al.: the asynchronous methods first up to ~32 nodes): p = 2..32, every tuned method,
   and the authors' own forms (their EASGD and blocking pull against their fixed-rate all-reduce,
   the papers' era network).  J2 (all-reduce scales better, to ~100): p = 64 and 128.
@@ -86,6 +87,12 @@ def judge(outcomes: list[str]) -> str:
     return "partly agrees"
 
 
+def verdict(outcomes: list[str], ev: list[str]) -> str:
+    """judge(outcomes), marked "so far" while the evidence names a p not run yet."""
+    v = judge(outcomes)
+    return f"{v} so far" if v != "not run" and any("not run yet" in e for e in ev) else v
+
+
 def _say(p: int, c: dict) -> str:
     if c["outcome"] == "neither":
         return f"p = {p}: no method of either side reached the target in every seed"
@@ -108,7 +115,7 @@ def family_row(res, claim, network, condition, ps, claim_side, other_side, rng, 
         outcomes.append(c["outcome"])
         ev.append(_say(p, c))
     return dict(claim=claim, network=network, condition=condition,
-                scale=f"p = {ps[0]}–{ps[-1]}", evidence="; ".join(ev), verdict=judge(outcomes))
+                scale=f"p = {ps[0]}–{ps[-1]}", evidence="; ".join(ev), verdict=verdict(outcomes, ev))
 
 
 def authors_rows(st: X.Study, p: int, condition: str) -> dict:
@@ -151,7 +158,7 @@ def j3(st: X.Study, rng) -> dict:
         ev.append(f"p = {p}: gossip / all-reduce time {small:.2f} at rate 0.05, {large:.2f} at 0.2")
     return dict(claim="J3", network=X.TUNE_NETWORK, condition=X.TUNE_CONDITION,
                 scale=f"p = {X.WORKERS[0]}–{X.WORKERS[-1]}, tuning runs ({len(X.TUNE_SEEDS)} seeds each)",
-                evidence="; ".join(ev), verdict=judge(outcomes))
+                evidence="; ".join(ev), verdict=verdict(outcomes, ev))
 
 
 def slowdown(res, network: str, p: int, methods, rng) -> tuple[str, float, float, float] | None:
@@ -183,8 +190,9 @@ def j4(res, network: str, rng) -> list[dict]:
             gossip_out.append("claim" if go[3] < ar[2] else "tie" if go[2] < ar[3] else "other")
             ev_g.append(f"p = {p}: {go[0]} {go[1]:.2f}x [{go[2]:.2f}–{go[3]:.2f}] vs all-reduce {ar[1]:.2f}x")
     base = dict(network=network, condition="stragglers vs typical", scale=f"p = {X.WORKERS[0]}–{X.WORKERS[-1]}")
-    return [dict(base, claim="J4", evidence="; ".join(ev_s), verdict=judge(sync_out)),
-            dict(base, claim="J4b", evidence="; ".join(ev_g) or "not run yet", verdict=judge(gossip_out))]
+    return [dict(base, claim="J4", evidence="; ".join(ev_s), verdict=verdict(sync_out, ev_s)),
+            dict(base, claim="J4b", evidence="; ".join(ev_g) or "not run yet",
+                 verdict=verdict(gossip_out, ev_s))]
 
 
 def throughput(st: X.Study, method: str, config: str, network: str) -> list[tuple[int, float]]:

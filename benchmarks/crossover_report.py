@@ -284,6 +284,31 @@ def cell_text(c: dict | None) -> str:
     return f"**{SHORT[c['fastest']]}** {secs(r['mean_seconds'])} s" + (f" (ties {', '.join(ties)})" if ties else "")
 
 
+FAMILY_NAME = {"sync": "synchronous", "async": "asynchronous"}
+
+
+def say_outcome(o: str) -> str:
+    """A crossover outcome (``crossover()``'s words) in a reader's."""
+    if o.startswith("no crossing in range: "):
+        fam, _, span = o[len("no crossing in range: "):].partition(" at every p ")
+        return f"no crossing, {FAMILY_NAME[fam]} first at every p {span.replace('-', '–')}"
+    if " -> " in o:
+        f0, _, rest = o.partition(" -> ")
+        f1, _, bracket = rest.partition(" in ")
+        return f"{FAMILY_NAME[f0]} → {FAMILY_NAME[f1]} between p = {bracket.strip('[]').replace(', ', ' and ')}"
+    return o
+
+
+def shares_text(shares: dict[str, float]) -> str:
+    """The bootstrap shares of the outcomes, largest first (under 1% as "<1%", over 99% as ">99%")."""
+    if not shares:
+        return ""
+    if len(shares) == 1:
+        return " (in every bootstrap resample)"
+    return " (bootstrap: " + "; ".join(f"{'<1%' if v < 0.01 else '>99%' if v > 0.99 else f'{v:.0%}'} {say_outcome(k)}"
+                                        for k, v in shares.items()) + ")"
+
+
 def map_markdown(res: dict) -> str:
     """Per network: the fastest method (or the tied set) by condition and p, then each condition's
     crossover with the bootstrap share of its outcomes."""
@@ -297,8 +322,7 @@ def map_markdown(res: dict) -> str:
         out.append("")
         for c in res["conditions"]:
             x = res["crossovers"][f"{n}/{c}"]
-            shares = ", ".join(f"{k}: {v:.0%}" for k, v in list(x["shares"].items())[:3])
-            out.append(f"* {c}: {x['outcome']}" + (f" (bootstrap: {shares})" if shares else ""))
+            out.append(f"* {c}: {say_outcome(x['outcome'])}" + shares_text(x["shares"]))
         out.append("")
     return "\n".join(out).rstrip()
 
@@ -368,6 +392,7 @@ def main(argv=None) -> int:
     write(FINAL if a.final else PROGRESS, res)
     if a.final:
         figure(res, X.ROOT / "docs" / "figures" / "crossover.png")
+        PROGRESS.unlink(missing_ok=True)          # docs read crossover.json from now on
     write(STUDY_FILE, study_file(res))
     print(f"{res['runs']} runs, {res['machine_hours_total']:.2f} machine-hours; "
           f"{len(res['cells'])} cells; left: {res['left']}")

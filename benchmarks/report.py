@@ -352,64 +352,6 @@ def conv_candidates(results: Path) -> str:
     return "\n".join(out)
 
 
-def _none_reached(runs: dict, prof: str, workers: int) -> str:
-    """The cell of a p where no method reached the target in every seed (or nothing ran yet)."""
-    from crossover_verdicts import partly_reached  # noqa: PLC0415 - a sibling script
-    if not any(r["workers"] == workers and prof in r["time_to_target"] for r in runs.values()):
-        return "not run yet"
-    some = partly_reached(runs, workers)
-    return "no method reached the target in every seed" + (f"; in some: {some}" if some else "")
-
-
-def crossover_summary(results: Path) -> str:
-    """The crossover study's answer (crossover.json): per profile, which method is fastest to the
-    target at each p (a "win" only when its interval does not overlap the next one's; else "tie",
-    with the methods it ties; "incomplete" while runs are missing), then per method the p where
-    it is fastest or tied, and where all-reduce overtakes the asynchronous methods."""
-    p = results / "crossover.json"
-    if not p.exists():
-        return "(no crossover.json yet: python benchmarks/crossover_report.py)"
-    d = json.loads(p.read_text())
-    runs, profiles = d["runs"], list(d["winners"])
-    rows = ["| p | " + " | ".join(f"{prof}: fastest, s to target [95% interval]" for prof in profiles) + " |",
-            "|---|" + "---|" * len(profiles)]
-    by_p = {prof: {w["workers"]: w for w in d["winners"][prof]} for prof in profiles}
-    for workers in d["workers"]:
-        cells = []
-        for prof in profiles:
-            w = by_p[prof].get(workers)
-            if w is None:
-                cells.append(_none_reached(runs, prof, workers))
-                continue
-            t = runs[f"{w['fastest']}/p{workers}"]["time_to_target"][prof]
-            ties = f"; ties {', '.join(w['ties'])}" if w["ties"] and w["verdict"] != "win" else ""
-            cells.append(f"{w['fastest']} ({w['verdict']}) {f(t['mean'], '.0f')} "
-                         f"[{f(t['lo'], '.0f')}–{f(t['hi'], '.0f')}]{ties}")
-        rows.append(f"| {workers} | " + " | ".join(cells) + " |")
-    rows += ["", "| method | " + " | ".join(f"{prof}: p where fastest or tied" for prof in profiles) + " |",
-             "|---|" + "---|" * len(profiles)]
-    methods = sorted({r["method"] for r in runs.values()})
-    for m in methods:
-        cells = []
-        for prof in profiles:
-            ps = [f"{w['workers']}{'' if w['verdict'] == 'win' else ' (' + w['verdict'] + ')'}"
-                  for w in d["winners"][prof] if m == w["fastest"] or m in w["ties"]]
-            cells.append(", ".join(ps) or "—")
-        rows.append(f"| {m} | " + " | ".join(cells) + " |")
-    rows.append("")
-    if d.get("missing"):
-        rows.append(f"Provisional: {len(d['missing'])} of {d['planned_runs']} runs are still to do; a p with "
-                    "missing runs is \"incomplete\", and the crossovers below use the p measured so far.\n")
-    for prof, c in d["crossovers"].items():
-        if c and c.get("workers") is not None:
-            rows.append(f"* {prof}: the fastest method changes ({c['direction']}) at p ≈ {c['workers']:.1f} "
-                        f"[{c['lo']:.1f}–{c['hi']:.1f}] (found in {100 * c['bootstrap_found']:.0f}% of "
-                        "bootstrap resamples of the seeds)")
-        else:
-            rows.append(f"* {prof}: no crossover between the p measured so far")
-    return "\n".join(rows)
-
-
 def buckets(results: Path) -> str:
     """The all-reduce's bucket settings on emulated nodes (buckets.json, benchmarks/buckets.py)."""
     import buckets as B  # noqa: PLC0415 - a sibling script
@@ -455,55 +397,84 @@ def hierarchy(results: Path) -> str:
             + H.table(d))
 
 
-def crossover_efficiency(results: Path) -> str:
-    """Statistical efficiency per method and p (crossover.json): epochs to the target with the
-    seeds' interval, and next to it the statistic that goes with the method's loss of efficiency:
-    the mean staleness of a server update (asgd, easgd), or the replicas' consensus distance
-    (gossip); means over the validations and seeds, rank 0's records."""
-    d = json.loads((results / "crossover.json").read_text())
-    ps = sorted({r["workers"] for r in d["runs"].values()})
-    methods = list(dict.fromkeys(r["method"] for r in d["runs"].values()))
+def fair_study(results: Path) -> tuple[dict, bool]:
+    """The fair crossover study's analysis (benchmarks/crossover_report.py): crossover.json once
+    complete, else crossover-progress.json; and whether it is final."""
+    final = results / "crossover.json"
+    if final.exists():
+        return json.loads(final.read_text()), True
+    return json.loads((results / "crossover-progress.json").read_text()), False
+
+
+def crossover_map(results: Path) -> str:
+    """The fastest method (or the tied set) by p and condition, per network, with each
+    condition's crossover bracket and its bootstrap shares (crossover_report.map_markdown)."""
+    import crossover_report as R  # noqa: PLC0415 - a sibling script
+    d, final = fair_study(results)
+    left = d["left"]
+    state = "The study is complete" if final else "**Provisional** (the study is still running)"
+    more = "" if final else (f"; about {left['ready'] + left['waiting']} runs are left, a p without runs "
+                             "reads \"not run yet\" and the crossovers use the p measured so far")
+    return (f"{state}: {d['runs']} runs, {d['machine_hours_total']:.1f} machine-hours (one core per run) "
+            f"at commit {', '.join(c[:12] for c in d['commits'])}{more}.\n\n" + R.map_markdown(d))
+
+
+def crossover_claims(results: Path) -> str:
+    """The papers' claims judged on the fair study by benchmarks/crossover_claims.py's rules."""
+    import crossover_report as R  # noqa: PLC0415 - a sibling script
+    return R.claims_markdown(fair_study(results)[0])
+
+
+def crossover_tuning(results: Path) -> str:
+    """Per method and p: the grid points tried (tuning runs) and the configuration chosen by time
+    to target under each network."""
+    import crossover_report as R  # noqa: PLC0415 - a sibling script
+    d, _ = fair_study(results)
+    ps = [p for p in d["workers"] if p > 1]
+    methods = list(dict.fromkeys(k.split("/")[0] for k in d["tuning"] if not k.startswith("single")))
     rows = ["| method | " + " | ".join(f"p = {p}" for p in ps) + " |", "|---|" + "---|" * len(ps)]
     for m in methods:
         cells = []
         for p in ps:
-            r = d["runs"].get(f"{m}/p{p}")
-            if r is None:
+            t = d["tuning"][f"{m}/p{p}"]
+            done = sum(c["done"] for c in t["configs"].values())
+            if not done:
                 cells.append("—")
                 continue
-            e, st = r["epochs_to_target"], r["stats"]
-            cell = (f"{e['mean']:.2f} [{e['lo']:.2f}–{e['hi']:.2f}]" if e["mean"] is not None and e["n"] > 1
-                    else f"{e['mean']:.2f}" if e["mean"] is not None else "never")
-            if e.get("missing") and e["n"]:
-                cell += f" ({e['missing']} of {e['n'] + e['missing']} never)"
-            if "staleness_mean" in st:
-                cell += f"; staleness {st['staleness_mean']:.1f}"
-            if "consensus_distance" in st:
-                cell += f"; consensus {st['consensus_distance']:.2f}"
-            cells.append(cell)
-        rows.append(f"| {m} | " + " | ".join(cells) + " |")
-    one = d["single"]["epochs_to_target"]
-    return (f"Epochs to {100 * d['target_error']:.0f}% validation error (one worker: {one['mean']:.2f} "
-            f"[{one['lo']:.2f}–{one['hi']:.2f}]), mean [95% interval] over the seeds that reached it; "
-            "then the mean staleness of a server update (in server versions) or the replicas' mean "
-            "consensus distance, over the validations of all seeds\n\n" + "\n".join(rows))
-
-
-def crossover_verdicts(results: Path) -> str:
-    """The papers' claims judged on the crossover study by the rules of
-    benchmarks/crossover_verdicts.py (crossover.json ``verdicts``)."""
-    d = json.loads((results / "crossover.json").read_text())
-    rows = ["| claim | profile | scale; regime | evidence | verdict |", "|---|---|---|---|---|"]
-    for v in d.get("verdicts", []):
-        rows.append(f"| {v['claim']} | {v['profile']} | {v['scale']}; {v['regime']} | {v['evidence']} | "
-                    f"**{v['verdict']}** |")
+            by: dict = {}
+            for n, c in t["chosen"].items():
+                by.setdefault(c or "pending", []).append(n.split("-")[0])
+            chosen = "; ".join(f"{c} ({', '.join(ns)})" if len(by) > 1 else c for c, ns in by.items())
+            cells.append(f"{len(t['configs'])} points, {done} runs: {chosen}"
+                         + (" (so far)" if done < t["runs"] else ""))
+        rows.append(f"| {R.SHORT.get(m, m)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
-VIEWS = {"crossover-summary": crossover_summary, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
+def crossover_noise(results: Path) -> str:
+    """The gradient noise scale fitted to the tuned all-reduce's steps to target, and what p of this
+    task stands for in ImageNet GPUs under the stated assumption (crossover_report.noise_scale,
+    workload)."""
+    d, _ = fair_study(results)
+    ns, w = d["noise_scale"], d["workload"]
+    pts = ", ".join(f"B = {x['batch']}: {x['steps']:.0f}" for x in ns["data"])
+    if not ns.get("b_noise"):
+        return (f"Not fitted yet: the fit needs steps to target at 3 or more global batches, the study has "
+                f"{ns['points']} ({pts or 'none'} steps).")
+    hi = f"{ns['b_noise_hi']:.0f}" if ns.get("b_noise_hi") else "—"
+    lo = f"{ns['b_noise_lo']:.0f}" if ns.get("b_noise_lo") else "—"
+    gpus = ", ".join(f"p = {p}: {g:.2g}" for p, g in w["imagenet_gpus"].items())
+    return (f"Steps to target (mean over seeds) by global batch: {pts}. Fitted B_noise ≈ "
+            f"{ns['b_noise']:.0f} (95% bootstrap interval {lo}–{hi}), S_min ≈ {ns['s_min']:.0f} steps. "
+            f"With ImageNet's B_noise taken as {w['assumed_imagenet_b_noise']:,} (an assumption) and "
+            f"{w['imagenet_batch_per_gpu']} images per GPU, p workers here sit as far past the noise scale "
+            f"as {w['factor']:.2g} p ImageNet GPUs: {gpus}.")
+
+
+VIEWS = {"crossover-map": crossover_map, "crossover-claims": crossover_claims,
+         "crossover-tuning": crossover_tuning, "crossover-noise": crossover_noise, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
          "conv-candidates": conv_candidates, "buckets": buckets, "survival": survival,
-         "mpi-progress": mpi_progress, "crossover-efficiency": crossover_efficiency,
-         "crossover-verdicts": crossover_verdicts,
+         "mpi-progress": mpi_progress,
          "hierarchy": hierarchy}   # blocks drawn from several files or parts of one
 
 

@@ -179,8 +179,10 @@ def test_the_claims_follow_their_rules_on_the_model(study):
     assert "1.60x" in v[("J4", "a100-ib100-resnet50", "stragglers vs typical")]["evidence"]
     assert v[("J4b", "a100-ib100-resnet50", "stragglers vs typical")]["verdict"] == "agrees"
     eth = v[("J1 (every method)", "v100-10gbe-resnet50", "stragglers")]
-    assert eth["verdict"] in ("agrees", "partly agrees") and "p = 2: pushsum-ov" in eth["evidence"]
+    assert eth["verdict"] in ("agrees so far", "partly agrees so far") and "p = 2: pushsum-ov" in eth["evidence"]
     assert "p = 16 not run yet" in eth["evidence"]                 # (this study stops at p = 8)
+    assert C.verdict(["claim"], ["p = 2: ...", "p = 4 not run yet"]) == "agrees so far"
+    assert C.verdict(["claim"], ["p = 2: ..."]) == "agrees" and C.verdict([], ["p = 2 not run yet"]) == "not run"
     assert v[("J2", "a100-ib100-resnet50", "none")]["verdict"] == "not run"
     assert v[("P3", "(statistics only)", "—")]["verdict"] in ("not comparable", "agrees", "disagrees", "partly agrees")
     assert v[("J1 (the authors' forms)", "titanx-fdr-resnet18", "none")]["verdict"] != "not run"
@@ -203,5 +205,11 @@ def test_the_map_claims_and_figure_render(study, tmp_path):
     assert "| J4 | a100-ib100-resnet50 |" in R.claims_markdown(res)
     w = R.workload(dict(b_noise=1000.0))
     assert w["factor"] == pytest.approx(8 / 1000 * 10_000 / 32) and w["imagenet_gpus"][8] == pytest.approx(20.0)
+    assert R.say_outcome("async -> sync in [4, 8]") == "asynchronous → synchronous between p = 4 and 8"
+    assert R.say_outcome("no crossing in range: sync at every p (2-128)") == \
+        "no crossing, synchronous first at every p (2–128)"
+    assert R.shares_text({"a": 1.0}) == " (in every bootstrap resample)"
+    assert R.shares_text({"no evidence": 0.995, "x": 0.004, "y": 0.001}) == \
+        " (bootstrap: >99% no evidence; <1% x; <1% y)"
     R.figure(res, tmp_path / "map.png")
     assert (tmp_path / "map.png").stat().st_size > 10_000
