@@ -451,6 +451,36 @@ def crossover_tuning(results: Path) -> str:
     return "\n".join(rows)
 
 
+def crossover_cells(results: Path) -> str:
+    """Every method's time to target in every cell, per network: method by p, each cell its mean
+    seconds under none / typical / stragglers (bold: the cell's fastest), or, where it missed the
+    target in a seed, the seeds that reached it and the mean error it ended at."""
+    import crossover_report as R  # noqa: PLC0415 - a sibling script
+    d, _ = fair_study(results)
+    ps = [p for p in d["workers"] if p > 1]
+    out = []
+
+    def one(cl: dict | None, m: str) -> str:
+        r = cl and cl["methods"].get(m)
+        if not r:
+            return "·"
+        if r["reached_all"]:
+            t = R.secs(r["mean_seconds"])
+            return f"**{t}**" if cl["fastest"] == m else t
+        hit = sum(v["seconds"] is not None for v in r["seeds"].values())
+        return f"{hit}/{len(r['seeds'])} ({r['final_error']:.0%})"
+    for n in d["networks"]:
+        methods = list(dict.fromkeys(m for k, cl in d["cells"].items() if k.startswith(n + "/")
+                                     for m in cl["methods"] if m != "single"))
+        out += [f"**{n}**", "", "| method | " + " | ".join(f"p = {p}" for p in ps) + " |",
+                "|---|" + "---|" * len(ps)]
+        for m in methods:
+            out.append(f"| {R.SHORT.get(m, m)} | " + " | ".join(
+                " / ".join(one(d["cells"].get(f"{n}/{c}/p{p}"), m) for c in d["conditions"]) for p in ps) + " |")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
 def crossover_noise(results: Path) -> str:
     """The gradient noise scale fitted to the tuned all-reduce's steps to target, and what p of this
     task stands for in ImageNet GPUs under the stated assumption (crossover_report.noise_scale,
@@ -472,7 +502,8 @@ def crossover_noise(results: Path) -> str:
 
 
 VIEWS = {"crossover-map": crossover_map, "crossover-claims": crossover_claims,
-         "crossover-tuning": crossover_tuning, "crossover-noise": crossover_noise, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
+         "crossover-tuning": crossover_tuning, "crossover-noise": crossover_noise,
+         "crossover-cells": crossover_cells, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
          "conv-candidates": conv_candidates, "buckets": buckets, "survival": survival,
          "mpi-progress": mpi_progress,
          "hierarchy": hierarchy}   # blocks drawn from several files or parts of one
