@@ -186,6 +186,11 @@ def test_the_claims_follow_their_rules_on_the_model(study):
     assert v[("J2", "a100-ib100-resnet50", "none")]["verdict"] == "not run"
     assert v[("P3", "(statistics only)", "—")]["verdict"] in ("not comparable", "agrees", "disagrees", "partly agrees")
     assert v[("J1 (the authors' forms)", "titanx-fdr-resnet18", "none")]["verdict"] != "not run"
+    # P1: a speed-up with an interval, or "disagrees" when the 8 clients miss the target
+    pa = v[("P1 (the authors' form)", "titanx-fdr-resnet18", "stragglers")]
+    assert pa["verdict"] == "disagrees" and "x [" in pa["evidence"] and "W0.2-a1, untuned" in pa["evidence"], pa
+    pa = v[("P1 (the authors' form)", "titanx-fdr-resnet18", "none")]
+    assert pa["verdict"] == "disagrees" and "8 clients missed the target in 2 of 2" in pa["evidence"], pa
     assert C.judge(["claim", "neither"]) == "agrees" and C.judge(["tie", "other"]) == "disagrees"
     assert C.judge(["tie", "tie"]) == "tie" and C.judge(["claim", "other"]) == "partly agrees"
     assert C.judge(["neither"]) == "not run"
@@ -213,3 +218,4 @@ def test_the_map_claims_and_figure_render(study, tmp_path):
         " (bootstrap: >99% no evidence; <1% x; <1% y)"
     R.figure(res, tmp_path / "map.png")
     assert (tmp_path / "map.png").stat().st_size > 10_000
+
