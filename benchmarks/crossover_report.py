@@ -168,25 +168,36 @@ def noise_scale(st: X.Study, rng) -> dict:
                  if r is not None and r["samples_to_target"] is not None]
         if steps:
             pts.append((8 * p, steps))
+    return fit_noise(pts, rng)
+
+
+def fit_noise(pts: list[tuple[int, list[float]]], rng) -> dict:
+    """Fit S = S_min (1 + B_noise / B) to (B, steps to target per seed) by least squares in 1/B,
+    with a bootstrap over seeds.  When the fitted S_min is not positive (steps fall as fast as 1/B
+    or faster: every batch measured is far below the noise scale), B_noise is *not resolved*:
+    ``b_noise`` is None and ``b_noise_lo`` is a lower bound (the 2.5th percentile of the resamples,
+    an unresolved resample counting as infinite)."""
+    data = [dict(batch=b, steps=mean(s), seeds=len(s)) for b, s in pts]
     if len(pts) < 3:
-        return dict(points=len(pts), b_noise=None, data=[dict(batch=b, steps=mean(s)) for b, s in pts])
+        return dict(points=len(pts), b_noise=None, resolved=False, data=data)
 
     def fit(pairs):
         x = np.array([1.0 / b for b, _ in pairs])
         y = np.array([s for _, s in pairs])
         slope, icept = np.polyfit(x, y, 1)
-        return (slope / icept if icept > 0 else math.inf), icept
+        return (slope / icept if icept > 0 and slope > 0 else math.inf), icept
 
     b_noise, s_min = fit([(b, mean(s)) for b, s in pts])
-    boots = []
-    for _ in range(BOOT // 4):
-        bn, sm = fit([(b, float(np.mean(rng.choice(s, len(s))))) for b, s in pts])
-        if sm > 0 and math.isfinite(bn):
-            boots.append(bn)
-    return dict(points=len(pts), b_noise=float(b_noise), s_min=float(s_min),
-                b_noise_lo=float(np.percentile(boots, 2.5)) if boots else None,
-                b_noise_hi=float(np.percentile(boots, 97.5)) if boots else None,
-                data=[dict(batch=b, steps=mean(s), seeds=len(s)) for b, s in pts])
+    boots = np.sort([fit([(b, float(np.mean(rng.choice(s, len(s))))) for b, s in pts])[0]
+                     for _ in range(BOOT // 4)])
+
+    def pct(q):                              # a percentile of the sorted resamples, inf as None
+        v = float(boots[min(len(boots) - 1, int(q / 100 * len(boots)))])
+        return v if math.isfinite(v) else None
+    resolved = math.isfinite(b_noise)
+    return dict(points=len(pts), resolved=resolved, b_noise=float(b_noise) if resolved else None,
+                s_min=float(s_min) if resolved else None, b_noise_lo=pct(2.5), b_noise_hi=pct(97.5),
+                unresolved_share=float(np.mean(~np.isfinite(boots))), data=data)
 
 
 # An assumption, stated as one: ImageNet's noise scale in ResNet-50 training is of the order of
@@ -197,13 +208,17 @@ IMAGENET_B_NOISE, IMAGENET_BATCH_PER_GPU = 10_000, 32
 
 def workload(ns: dict) -> dict:
     """p of this task read as GPUs of ResNet-50 on ImageNet at the same global batch over noise
-    scale: p_imagenet = p x 8 / B_noise x B_imagenet / 32."""
-    if not ns.get("b_noise"):
-        return dict(assumed_imagenet_b_noise=IMAGENET_B_NOISE, factor=None)
-    f = 8 / ns["b_noise"] * IMAGENET_B_NOISE / IMAGENET_BATCH_PER_GPU
-    return dict(assumed_imagenet_b_noise=IMAGENET_B_NOISE, imagenet_batch_per_gpu=IMAGENET_BATCH_PER_GPU,
-                factor=f, batch_over_b_noise={p: 8 * p / ns["b_noise"] for p in X.WORKERS},
-                imagenet_gpus={p: p * f for p in X.WORKERS})
+    scale: p_imagenet = p x 8 / B_noise x B_imagenet / 32.  With B_noise not resolved, the same
+    at its lower bound: at most that many GPUs (``bound``: "at most")."""
+    out = dict(assumed_imagenet_b_noise=IMAGENET_B_NOISE, imagenet_batch_per_gpu=IMAGENET_BATCH_PER_GPU,
+               factor=None)
+    b = ns.get("b_noise") or ns.get("b_noise_lo")
+    if not b:
+        return out
+    f = 8 / b * IMAGENET_B_NOISE / IMAGENET_BATCH_PER_GPU
+    out.update(factor=f, bound="" if ns.get("b_noise") else "at most",
+               batch_over_b_noise={p: 8 * p / b for p in X.WORKERS}, imagenet_gpus={p: p * f for p in X.WORKERS})
+    return out
 
 
 # ----------------------------------------------------------------------------------------- assemble

@@ -488,17 +488,35 @@ def crossover_noise(results: Path) -> str:
     d, _ = fair_study(results)
     ns, w = d["noise_scale"], d["workload"]
     pts = ", ".join(f"B = {x['batch']}: {x['steps']:.0f}" for x in ns["data"])
-    if not ns.get("b_noise"):
+    if ns["points"] < 3:
         return (f"Not fitted yet: the fit needs steps to target at 3 or more global batches, the study has "
                 f"{ns['points']} ({pts or 'none'} steps).")
-    hi = f"{ns['b_noise_hi']:.0f}" if ns.get("b_noise_hi") else "—"
-    lo = f"{ns['b_noise_lo']:.0f}" if ns.get("b_noise_lo") else "—"
-    gpus = ", ".join(f"p = {p}: {g:.2g}" for p, g in w["imagenet_gpus"].items())
-    return (f"Steps to target (mean over seeds) by global batch: {pts}. Fitted B_noise ≈ "
-            f"{ns['b_noise']:.0f} (95% bootstrap interval {lo}–{hi}), S_min ≈ {ns['s_min']:.0f} steps. "
+    gpus = ", ".join(f"p = {p}: {g:.2g}" if g < 10 else f"p = {p}: {g:,.0f}"
+                     for p, g in (w.get("imagenet_gpus") or {}).items())
+    if ns.get("b_noise"):
+        hi = f"{ns['b_noise_hi']:.0f}" if ns.get("b_noise_hi") else "∞"
+        lo = f"{ns['b_noise_lo']:.0f}" if ns.get("b_noise_lo") else "—"
+        fitted = (f"Fitted B_noise ≈ {ns['b_noise']:.0f} (95% bootstrap interval {lo}–{hi}), "
+                  f"S_min ≈ {ns['s_min']:.0f} steps.")
+    else:
+        lo = f"{ns['b_noise_lo']:.0f}" if ns.get("b_noise_lo") else None
+        fitted = ("B_noise is **not resolved**: steps to target fall as fast as 1/B or faster over every "
+                  f"batch measured (no positive S_min fits; {ns.get('unresolved_share', 1):.0%} of the "
+                  "bootstrap resamples neither): the data are consistent with every batch measured "
+                  "lying below the noise scale"
+                  + (f"; its lower bound (2.5th percentile of the resamples) is {lo}." if lo else
+                     f", so p here reads only as ImageNet below its noise scale (taking ImageNet's B_noise as "
+                     f"{w['assumed_imagenet_b_noise']:,}, an assumption: fewer than "
+                     f"{w['assumed_imagenet_b_noise'] // w['imagenet_batch_per_gpu']} GPUs at "
+                     f"{w['imagenet_batch_per_gpu']} images each)."))
+    if not gpus:
+        return f"Steps to target (mean over seeds) by global batch: {pts}. {fitted}"
+    bound = "at most as far" if w.get("bound") else "as far"
+    return (f"Steps to target (mean over seeds) by global batch: {pts}. {fitted} "
             f"With ImageNet's B_noise taken as {w['assumed_imagenet_b_noise']:,} (an assumption) and "
-            f"{w['imagenet_batch_per_gpu']} images per GPU, p workers here sit as far past the noise scale "
-            f"as {w['factor']:.2g} p ImageNet GPUs: {gpus}.")
+            f"{w['imagenet_batch_per_gpu']} images per GPU, p workers here sit {bound} past the noise scale "
+            f"as {w['factor']:.2g} p ImageNet GPUs{' (the lower bound of B_noise)' if w.get('bound') else ''}: "
+            f"{gpus}.")
 
 
 VIEWS = {"crossover-map": crossover_map, "crossover-claims": crossover_claims,

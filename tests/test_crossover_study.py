@@ -168,6 +168,17 @@ def test_paired_intervals_and_the_noise_scale():
     tie = R.paired_interval({0: 10.0, 1: 9.0}, {0: 9.0, 1: 10.0}, rng)
     assert tie["lo"] < 0 < tie["hi"]
     assert R.paired_interval({0: 1.0}, {0: 2.0}, rng) is None
+    # steps that halve with every doubling of the batch: no positive S_min, B_noise not resolved
+    flat = R.fit_noise([(8, [10150.0, 10000.0]), (16, [4969.0, 5000.0]), (32, [2578.0, 2500.0]),
+                        (64, [1009.0, 1100.0])], rng)
+    assert not flat["resolved"] and flat["b_noise"] is None and flat["unresolved_share"] > 0.9
+    assert R.workload(flat)["factor"] is None
+    # S = 200 (1 + 32 / B) with seed noise: resolved, the interval around 32
+    ns = R.fit_noise([(b, [200 * (1 + 32 / b) + e for e in (-4.0, 0.0, 4.0)]) for b in (8, 16, 32, 64)], rng)
+    assert ns["resolved"] and ns["b_noise"] == pytest.approx(32, rel=0.01)
+    assert ns["b_noise_lo"] < 32 < ns["b_noise_hi"] and ns["s_min"] == pytest.approx(200, rel=0.01)
+    assert R.workload(ns)["bound"] == ""
+    assert R.fit_noise([(8, [1.0]), (16, [0.5])], rng)["b_noise"] is None
 
 
 def test_the_claims_follow_their_rules_on_the_model(study):
