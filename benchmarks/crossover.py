@@ -22,7 +22,8 @@ numbers under any clock, so each of their runs is *re-timed* exactly under all n
 
 **The same search for every method** (``GRIDS``): 4 configurations per method and p, two with a
 fixed rate and two with linear scaling by the global batch and a warm-up (``--linear-scaling``, the
-same option for every method), the method's own settings spread over them (EASGD's beta, tau and
+same option for every method; A-SGD's rates are its own rule's, one worker's grid four fixed rates),
+the method's own settings spread over them (EASGD's beta, tau and
 servers K; A-SGD's n_sync and K; local SGD's tau and SlowMo), then ``ADAPTIVE`` more for every
 method, one at a time from the choice so far: past the grid's edge when the choice sits on one (a
 choice at an edge extends the grid), else halfway to its better neighbour.  Each configuration: ``TUNE_SEEDS`` seeds on the *tune* split under
@@ -115,8 +116,9 @@ AUTHORS = {"allreduce-authors": ("allreduce", "F0.05"),          # Jin et al.'s 
            "gossip-authors": ("gossip-pull-np", "F0.05"),        # blocking pull, no progress thread
            "asgd-authors": ("asgd", "W0.2-a1")}                  # Paine et al.: n_sync 1, one server
 AUTHORS_NETWORK, AUTHORS_CONDITIONS = "titanx-fdr-resnet18", ("none", "stragglers")
-# P3 (Paine et al.: a larger n_sync communicates less, coarser but still training): 4 clients, long
-# enough that n_sync 100 makes >= 50 exchanges per client (1,600 steps an epoch each)
+# P3 (Paine et al.: a larger n_sync communicates less, coarser but still training): 4 clients, the
+# whole horizon (no stop at the target), long enough that n_sync 100 makes >= 50 exchanges per client
+# (1,600 steps an epoch each)
 NSYNC = {f"n{n}": n for n in (1, 10, 100)}
 NSYNC_P, NSYNC_EPOCHS, NSYNC_SEEDS = 4, 4, (0, 1, 2)
 KNOBS.update({f"a{n}": ["--n-sync", str(n), "--servers", "1"] for n in (10, 100)})
@@ -507,7 +509,7 @@ def execute(run: Run, sha: str, wt: Path, dirs: dict[str, Path], scratch: Path) 
             "--seed", str(run.seed), "--workers", str(run.workers), "--epochs", str(run.epochs),
             "--eval-every", str(EVAL_EVERY), "--profile", run.network, "--condition", run.condition,
             "--threads", "1", "--run-dir", str(run_dir)]
-    if run.kind != "time":
+    if run.kind not in ("time", "extra"):     # (P3's runs go their whole horizon: its exchanges, its final error)
         argv += ["--stop-at-error", str(TARGET)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(wt / "src"))
     t0 = time.perf_counter()

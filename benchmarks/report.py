@@ -413,8 +413,9 @@ def crossover_map(results: Path) -> str:
     d, final = fair_study(results)
     left = d["left"]
     state = "The study is complete" if final else "**Provisional** (the study is still running)"
-    more = "" if final else (f"; about {left['ready'] + left['waiting']} runs are left, a p without runs "
-                             "reads \"not run yet\" and the crossovers use the p measured so far")
+    more = "" if final else (f"; {left['ready']} more runs can start now, and the tuning still to come "
+                             "decides the rest; a p without runs reads "
+                             "\"not run yet\" and the crossovers use the p measured so far")
     return (f"{state}: {d['runs']} runs, {d['machine_hours_total']:.1f} machine-hours (one core per run) "
             f"at commit {', '.join(c[:12] for c in d['commits'])}{more}.\n\n" + R.map_markdown(d))
 

@@ -112,7 +112,12 @@ def test_plan_is_exact_for_all_reduce_on_the_users_profile(made, tmp_path):
     gossip = next(r for r in res["rows"] if r["method"] == "gossip-pull")
     assert gossip["timing"] == "statistics of v100-10gbe-resnet50 / stragglers"
     text = L.show(res, prof)
-    assert "plan: 3 workers on mine" in text and "use: python -m scalesgd --method" in text
+    assert "plan: 3 workers on mine" in text and "use: mpirun -n " in text and "python -m scalesgd --method" in text
+    far = L.predict(made["study"], prof, 1000, "stragglers")
+    assert far["p"] == 2 and any("far beyond the largest p studied (2)" in n for n in far["notes"])
+    # a cell the study has not run: said, with the p it has there
+    gap = L.predict(dict(made["study"], cells={}), prof, 2, "stragglers")
+    assert gap["missing"] and "p with results there so far: none" in L.show(gap, prof)
 
 
 def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):

@@ -185,6 +185,10 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
     notes = []
     if p != workers:
         notes.append(f"the study ran p = {p}, the nearest to your {workers} workers")
+    studied = [q for q in study["workers"] if q > 1]
+    if studied and workers > 2 * max(studied):
+        notes.append(f"{workers} workers lie far beyond the largest p studied ({max(studied)}): the ranking "
+                     f"is the study's at p = {max(studied)}, an extrapolation")
     if cond_note:
         notes.append(cond_note + " (the asynchronous methods' statistics; every clock is your condition's)")
     lo, hi = min(v["ratio"] for v in nets.values()), max(v["ratio"] for v in nets.values())
@@ -220,7 +224,8 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
                          final_error=r["final_error"], tied=m in cell.get("tied_set", []),
                          timing="exact (re-timed)" if sync else f"statistics of {net} / {cond}"))
     rows.sort(key=lambda x: (x["mean_seconds"] is None, x["mean_seconds"] or 0, x["final_error"]))
-    return dict(workers=workers, p=p, network=net, condition=cond, cell=key,
+    have = sorted({int(k.rsplit("/p", 1)[1]) for k in study["cells"] if k.startswith(f"{net}/{cond}/p")})
+    return dict(workers=workers, p=p, network=net, condition=cond, cell=key, studied_p=have,
                 ratio=mine["ratio"], network_ratio=nets[net]["ratio"], notes=notes, rows=rows,
                 complete=study.get("complete", False), target_error=study["target_error"],
                 missing=cell is None, task=study.get("task", {}).get("name", "the study's task"))
@@ -238,9 +243,11 @@ def show(res: dict, prof: P.Profile) -> str:
     if not res["complete"]:
         out.append("  note: the study is not complete yet: methods or p it has not run are missing below")
     if res["missing"] or not res["rows"]:
-        out.append(f"  the study has no results for {res['cell']} yet")
+        have = ", ".join(map(str, res.get("studied_p", []))) or "none"
+        out.append(f"  the study has no results for {res['cell']} yet (p with results there so far: {have}; "
+                   "--workers one of them, or wait for the complete study)")
         return "\n".join(out)
-    out.append(f"  {'rank':4s} {'method':12s} {'time to target (s)':>26s}  settings")
+    table = []
     for i, r in enumerate(res["rows"], 1):
         if r["mean_seconds"] is None:
             t = f"missed ({r['reached']}/{r['seeds']} seeds; error {r['final_error']:.0%})"
@@ -249,11 +256,18 @@ def show(res: dict, prof: P.Profile) -> str:
             t = f"{r['mean_seconds']:.4g} [{r['lo']:.4g}-{r['hi']:.4g}] ({r['seeds']} seeds)"
             rank = str(i)
         tie = "  (tied with the fastest)" if r["tied"] and i > 1 else ""
-        out.append(f"  {rank:4s} {r['method']:12s} {t:>26s}  {r['settings']}{tie}")
+        table.append((rank, r["method"], t, r["settings"] + tie))
+    wide = [max(len(row[k]) for row in [("rank", "method", "time to target (s)", ""), *table]) for k in range(3)]
+    for rank, m, t, settings in [("rank", "method", "time to target (s)", "settings"), *table]:
+        out.append(f"  {rank:{wide[0]}s} {m:{wide[1]}s} {t:>{wide[2]}s}  {settings}")
     best = res["rows"][0]
     if best["mean_seconds"] is not None:
-        out.append(f"  use: python -m scalesgd {best['flags']}  (the study's rate for its batch of 8 "
-                   "per worker: scale it to yours)")
+        f = best["flags"].split()
+        servers = int(f[f.index("--servers") + 1]) if "--servers" in f and best["method"] in ("easgd", "asgd") else 0
+        ranks = res["workers"] + servers
+        who = f"{res['workers']} workers" + (f" + {servers} server rank{'s' if servers > 1 else ''}" if servers else "")
+        out.append(f"  use: mpirun -n {ranks} python -m scalesgd {best['flags']}  ({who}; the study's rate is "
+                   "for a batch of 8 per worker: scale it to yours)")
     return "\n".join(out)
 
 
@@ -289,7 +303,7 @@ def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2) -> l
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scalesgd plan", description=(
         "Rank the training methods for your cluster by predicted time to target, from the crossover "
-        "study (docs/virtual.md#plan)."))
+        "study (docs/virtual.md#plan-which-method-for-my-cluster)."))
     ap.add_argument("--profile", required=True, help="your cluster: a shipped profile name or a JSON "
                     "file (docs/virtual.md#profiles)")
     ap.add_argument("--workers", type=int, required=True, help="GPUs (workers) you will train on")
