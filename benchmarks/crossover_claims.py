@@ -250,8 +250,11 @@ def p1(res, network: str, rng, condition: str = "typical", many=None, label: str
         return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1",
                     evidence="not run yet" if not one or not many else "one worker missed the target in a seed",
                     verdict="not run")
+    missed = [v for v in many["seeds"].values() if v["seconds"] is None]
+    if not many["reached_all"] and not missed:  # (its seeds not run yet)
+        return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1",
+                    evidence="not run yet", verdict="not run")
     if not many["reached_all"]:                 # no speed-up to a target the 8 clients miss
-        missed = [v for v in many["seeds"].values() if v["seconds"] is None]
         return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1",
                     evidence=f"8 clients missed the target in {len(missed)} of {len(many['seeds'])} seeds (ending "
                              f"at {np.mean([v['final_error'] for v in missed]):.0%} error)", verdict="disagrees")

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The crossover study's analysis (issue 37): its records -> the answer.
 
-    python benchmarks/crossover_report.py            # benchmarks/results/crossover-progress.json
-                                                     # and the study file `scalesgd plan` reads
+    python benchmarks/crossover_report.py            # benchmarks/results/crossover-progress.json,
+                                                     # the study file `scalesgd plan` reads and
+                                                     # docs/figures/crossover.png (provisional)
     python benchmarks/crossover_report.py --final    # crossover.json (the study complete)
 
 Per (method, p): the tuning table (every configuration's samples and time to target on the tune
@@ -354,16 +355,16 @@ COLORS = {"single": "#999999", "allreduce": "#1f77b4", "localsgd": "#6baed6", "e
           "asgd": "#ff9896", "gossip-pull": "#2ca02c", "pushsum-ov": "#98df8a"}
 
 
-def figure(res: dict, path: Path) -> None:
-    """The map as one figure: a panel per network, conditions by p, each cell the fastest method's
+def figure(res: dict, path: Path, provisional: bool = False) -> None:
+    """The map as one figure: a panel per network (stacked), conditions by p, each cell the fastest method's
     colour (a hatched cell: others tie with it), its mean time to target written in."""
     import matplotlib  # noqa: PLC0415
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
     from matplotlib.patches import Patch, Rectangle  # noqa: PLC0415
     ps, conds, nets = res["workers"], res["conditions"], res["networks"]
-    fig, axes = plt.subplots(1, len(nets), figsize=(5.2 * len(nets), 2.6), squeeze=False)
-    for ax, n in zip(axes[0], nets):
+    fig, axes = plt.subplots(len(nets), 1, figsize=(8.5, 1.0 + 1.9 * len(nets)), squeeze=False)
+    for ax, n in zip(axes[:, 0], nets):
         for i, c in enumerate(conds):
             for j, p in enumerate(ps):
                 cl = res["cells"].get(f"{n}/{c}/p{p}")
@@ -371,17 +372,20 @@ def figure(res: dict, path: Path) -> None:
                 ax.add_patch(Rectangle((j, i), 1, 1, facecolor=COLORS.get(best, "white"), edgecolor="white",
                                        hatch="//" if cl and cl.get("tied") else None))
                 label = "—" if not cl else "miss" if best is None else secs(cl["methods"][best]["mean_seconds"])
-                ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", fontsize=7)
+                r, g, b = matplotlib.colors.to_rgb(COLORS.get(best, "white"))
+                ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
+                ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", fontsize=8, color=ink)
         ax.set_xlim(0, len(ps))
         ax.set_ylim(0, len(conds))
         ax.set_xticks([j + 0.5 for j in range(len(ps))], [str(p) for p in ps])
         ax.set_yticks([i + 0.5 for i in range(len(conds))], conds)
-        ax.set_xlabel("workers p")
-        ax.set_title(n, fontsize=9)
+        ax.set_title(n, fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("workers p")
     fig.legend(handles=[Patch(facecolor=v, label=SHORT[k]) for k, v in COLORS.items()], loc="lower center",
-               ncol=len(COLORS), fontsize=8, frameon=False)
-    fig.suptitle(f"fastest to {res['target_error']:.0%} error (seconds; hatched: others tie)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.1, 1, 0.93))
+               ncol=(len(COLORS) + 1) // 2, fontsize=8, frameon=False)
+    fig.suptitle(("provisional (the study is still running): " if provisional else "")
+                 + f"fastest to {res['target_error']:.0%} error (seconds; hatched: others tie)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.96))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -396,7 +400,8 @@ def write(path: Path, obj: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--final", action="store_true", help="write crossover.json (refused while runs are left)")
+    ap.add_argument("--final", action="store_true", help="write crossover.json (refused while runs are left); "
+                    "without it crossover-progress.json (the figure, docs/figures/crossover.png, either way)")
     a = ap.parse_args(argv)
     res = analyse()
     done = res["left"]["ready"] == 0 and res["left"]["waiting"] == 0
@@ -405,8 +410,8 @@ def main(argv=None) -> int:
               "not final", file=sys.stderr)
         return 1
     write(FINAL if a.final else PROGRESS, res)
+    figure(res, X.ROOT / "docs" / "figures" / "crossover.png", provisional=not a.final)
     if a.final:
-        figure(res, X.ROOT / "docs" / "figures" / "crossover.png")
         PROGRESS.unlink(missing_ok=True)          # docs read crossover.json from now on
     write(STUDY_FILE, study_file(res))
     print(f"{res['runs']} runs, {res['machine_hours_total']:.2f} machine-hours; "
