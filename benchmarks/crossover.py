@@ -614,9 +614,43 @@ def status() -> int:
     for k, (n, real) in sorted(by.items()):
         print(f"{k:6s} {n:5d} runs done, {real / 3600:.2f} machine-hours")
     ready, waiting = st.plan()
+    total = sum(d[1] for d in by.values()) / 3600
     print(f"ready now: {len(ready)} runs (about {sum(r.cost for r in ready) / 3600:.1f} machine-hours); "
-          f"waiting: {len(waiting)}; total so far {sum(d[1] for d in by.values()) / 3600:.2f} machine-hours")
+          f"waiting: {len(waiting)}; total so far {total:.2f} machine-hours")
+    print(projection(st, ready, waiting, total))
     return 0
+
+
+def projection(st: Study, ready: list[Run], waiting: list[str], total: float) -> str:
+    """Per p (tuning and reported runs): runs and machine-hours so far, open or complete; then the
+    whole study projected: each open p at least the mean of the complete ones, the authors' rows
+    and P3 at the mean cost of a reported run (a planning figure, not a measurement)."""
+    import re  # noqa: PLC0415
+    hours: dict[int, float] = {}
+    runs: dict[int, int] = {}
+    sweep = [r["real_seconds"] for r in st.recs.values() if r["kind"] == "sweep"]
+    for r in st.recs.values():
+        if r["kind"] in ("tune", "time", "sweep"):
+            hours[r["workers"]] = hours.get(r["workers"], 0.0) + r["real_seconds"] / 3600
+            runs[r["workers"]] = runs.get(r["workers"], 0) + 1
+    open_p = {r.workers for r in ready if r.kind in ("tune", "time", "sweep")}
+    open_p |= {int(m.group(1)) for w in waiting if not w.startswith("authors")
+               for m in [re.search(r"(?:-| )p(\d+)[- ]", w)] if m}
+    done_p = [p for p in (1, *WORKERS) if p in hours and p not in open_p and p > 1]
+    mean_p = sum(hours[p] for p in done_p) / len(done_p) if done_p else None
+    lines = [f"p = {p:3d}: {runs.get(p, 0):4d} runs, {hours.get(p, 0.0):5.2f} machine-hours, "
+             f"{'open' if p in open_p or p not in hours else 'complete'}" for p in (1, *WORKERS)]
+    if mean_p is None or not sweep:
+        return "\n".join(lines)
+    left = sum(max(0.0, mean_p - hours.get(p, 0.0)) for p in WORKERS if p in open_p or p not in hours)
+    own = len(AUTHORS) * len(WORKERS) * len(SEEDS) * 2 - sum(1 for r in st.recs.values() if r["kind"] == "authors")
+    own_h = own * sum(sweep) / len(sweep) / 3600 + (0 if any(r["kind"] == "extra" for r in st.recs.values())
+                                                    else len(NSYNC) * len(NSYNC_SEEDS) * Run(
+                                                        "extra", "asgd", NSYNC_P, "", 0, "", "", NSYNC_EPOCHS).cost / 3600)
+    lines.append(f"projection: a complete p has cost {mean_p:.2f} machine-hours on average ({len(done_p)} of them); "
+                 f"the open p at least that, the authors' rows and P3 about {own_h:.1f}: the study about "
+                 f"{total + left + own_h:.1f} machine-hours in all, or more where larger p need more samples")
+    return "\n".join(lines)
 
 
 def pin(sha: str) -> int:
