@@ -15,7 +15,8 @@ was judged, the evidence as numbers, and a verdict that follows from them:
   the verdict is the one so far ("agrees so far"), not a verdict.
 * J1 (Jin et al.: the asynchronous methods first up to ~32 nodes): p = 2..32, every tuned method,
   and the authors' own forms (their EASGD and blocking pull against their fixed-rate all-reduce,
-  the papers' era network).  J2 (all-reduce scales better, to ~100): p = 64 and 128.
+  the papers' era network).  J2 (all-reduce scales better, to ~100): p = 64 and 128, every tuned
+  method and the authors' own forms.
 * J3 (Jin et al.: the asynchronous advantage shows at large step sizes; all-reduce is more
   consistent and better at small ones): from the tuning runs, at each p the time to target of pull
   gossip and push-sum over all-reduce's at the fixed rates 0.05 and 0.2: agrees at a p when
@@ -309,6 +310,10 @@ def claims(res: dict, st: X.Study, seed: int = 1) -> list[dict]:
     for n in X.NETWORKS:
         for c in X.CONDITIONS:
             rows.append(family_row(res, "J2", n, c, J2_P, SYNC_SIDE, ASYNC_SIDE, rng))
+    for c in X.AUTHORS_CONDITIONS:
+        rows.append(family_row(res, "J2 (the authors' forms)", X.AUTHORS_NETWORK, c, J2_P,
+                               ("allreduce-authors",), ("easgd-authors", "gossip-authors"), rng,
+                               rows_of=lambda p, c=c: authors_rows(st, p, c)))
     rows.append(j3(st, rng))
     for n in X.NETWORKS:
         rows += j4(res, n, rng)

@@ -206,6 +206,7 @@ def test_the_claims_follow_their_rules_on_the_model(study):
     assert C.verdict(["claim"], ["p = 2: ...", "p = 4 not run yet"]) == "agrees so far"
     assert C.verdict(["claim"], ["p = 2: ..."]) == "agrees" and C.verdict([], ["p = 2 not run yet"]) == "not run"
     assert v[("J2", "a100-ib100-resnet50", "none")]["verdict"] == "not run"
+    assert v[("J2 (the authors' forms)", "titanx-fdr-resnet18", "stragglers")]["verdict"] == "not run"
     assert v[("P3", "(statistics only)", "—")]["verdict"] in ("not comparable", "agrees", "disagrees", "partly agrees")
     assert v[("J1 (the authors' forms)", "titanx-fdr-resnet18", "none")]["verdict"] != "not run"
     # P1: a speed-up with an interval, or "disagrees" when the 8 clients miss the target
