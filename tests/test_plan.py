@@ -145,7 +145,7 @@ def test_the_shipped_study_file_plans_for_a_users_profile(tmp_path):
                                 "mem_gbps": 700}))
     out = run_cli(["plan", "--profile", str(mine), "--workers", "1"], tmp_path, module="scalesgd", timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "plan: 1 workers on my-cluster" in out.stdout and "nearest studied network" in out.stdout
+    assert "plan: 1 worker on my-cluster" in out.stdout and "nearest studied network" in out.stdout
     st = L.load_study()
     assert set(st["networks"]) == set(NETS) and st["target_error"] == 0.4 and "job" in st["task"]
 

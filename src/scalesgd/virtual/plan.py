@@ -232,7 +232,7 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
 
 
 def show(res: dict, prof: P.Profile) -> str:
-    out = [f"plan: {res['workers']} workers on {prof.name}: time to {res['target_error']:.0%} top-1 error "
+    out = [f"plan: {res['workers']} worker{'s' if res['workers'] != 1 else ''} on {prof.name}: time to {res['target_error']:.0%} top-1 error "
            f"on the study's task (the glyphs, ResNet-8), predicted from the crossover study"]
     out.append(f"  nearest studied network: {res['network']} (communication / compute {res['network_ratio']:.3g}; "
                f"yours {res['ratio']:.3g}), condition {res['condition']}: the settings each method was tuned to "
