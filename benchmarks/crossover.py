@@ -643,10 +643,12 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
     if mean_p is None or not sweep:
         return "\n".join(lines)
     left = sum(max(0.0, mean_p - hours.get(p, 0.0)) for p in WORKERS if p in open_p or p not in hours)
-    own = len(AUTHORS) * len(WORKERS) * len(SEEDS) * 2 - sum(1 for r in st.recs.values() if r["kind"] == "authors")
-    own_h = own * sum(sweep) / len(sweep) / 3600 + (0 if any(r["kind"] == "extra" for r in st.recs.values())
-                                                    else len(NSYNC) * len(NSYNC_SEEDS) * Run(
-                                                        "extra", "asgd", NSYNC_P, "", 0, "", "", NSYNC_EPOCHS).cost / 3600)
+    kinds = [r["kind"] for r in st.recs.values()]
+    authors_left = len(AUTHORS) * len(WORKERS) * len(SEEDS) * 2 - kinds.count("authors")
+    own_h = authors_left * sum(sweep) / len(sweep) / 3600
+    if "extra" not in kinds:                 # P3's runs: their whole horizon, at the planning cost
+        p3 = Run("extra", "asgd", NSYNC_P, "", 0, "", "", NSYNC_EPOCHS)
+        own_h += len(NSYNC) * len(NSYNC_SEEDS) * p3.cost / 3600
     lines.append(f"projection: a complete p has cost {mean_p:.2f} machine-hours on average ({len(done_p)} of them); "
                  f"the open p at least that, the authors' rows and P3 about {own_h:.1f}: the study about "
                  f"{total + left + own_h:.1f} machine-hours in all, or more where larger p need more samples")

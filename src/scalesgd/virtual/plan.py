@@ -96,18 +96,21 @@ def condition_name(prof: P.Profile, spec: str | None) -> tuple[str, str | None]:
     return "typical", f"your condition ({name}) is not one the study ran: its times are under 'typical'"
 
 
+def flag_value(flags: str, flag: str) -> str | None:
+    """The value given to ``flag`` in the command-line string ``flags`` (None: not given)."""
+    f = flags.split()
+    return f[f.index(flag) + 1] if flag in f else None
+
+
 def describe(method: str, config: str, flags: str) -> str:
     """The settings in words: the rate rule and the method's own."""
     rule, rate = config[0], config[1:].split("-")[0]
     words = {"F": f"fixed rate {rate}", "W": f"rate {rate} / p (A-SGD's own rule)",
              "L": f"linear scaling: {rate} per 8 images of global batch, 0.5-epoch warm-up"}[rule]
-    knobs = []
-    f = flags.split()
-    for flag, label in (("--tau", "tau"), ("--beta", "beta"), ("--servers", "servers K"),
-                        ("--n-sync", "n_sync"), ("--slowmo-beta", "SlowMo beta"),
-                        ("--gossip-graph", "graph")):
-        if flag in f:
-            knobs.append(f"{label} {f[f.index(flag) + 1]}")
+    knobs = [f"{label} {flag_value(flags, flag)}"
+             for flag, label in (("--tau", "tau"), ("--beta", "beta"), ("--servers", "servers K"),
+                                 ("--n-sync", "n_sync"), ("--slowmo-beta", "SlowMo beta"),
+                                 ("--gossip-graph", "graph")) if flag_value(flags, flag) is not None]
     return ", ".join([words, *knobs])
 
 
@@ -262,8 +265,7 @@ def show(res: dict, prof: P.Profile) -> str:
         out.append(f"  {rank:{wide[0]}s} {m:{wide[1]}s} {t:>{wide[2]}s}  {settings}")
     best = res["rows"][0]
     if best["mean_seconds"] is not None:
-        f = best["flags"].split()
-        servers = int(f[f.index("--servers") + 1]) if "--servers" in f and best["method"] in ("easgd", "asgd") else 0
+        servers = int(flag_value(best["flags"], "--servers") or 0) if best["method"] in ("easgd", "asgd") else 0
         ranks = res["workers"] + servers
         who = f"{res['workers']} workers" + (f" + {servers} server rank{'s' if servers > 1 else ''}" if servers else "")
         out.append(f"  use: mpirun -n {ranks} python -m scalesgd {best['flags']}  ({who}; the study's rate is "
