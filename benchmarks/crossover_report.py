@@ -36,6 +36,7 @@ import crossover as X
 import crossover_claims
 
 BOOT = 4000
+BUDGET_HOURS = 24                     # issue 37's budget for the whole study
 FAMILY = {"allreduce": "sync", "localsgd": "sync", **{m: "async" for m in X.ASYNC}}
 PROGRESS = X.ROOT / "benchmarks" / "results" / "crossover-progress.json"
 FINAL = X.ROOT / "benchmarks" / "results" / "crossover.json"
@@ -100,7 +101,8 @@ def cell(st: X.Study, p: int, network: str, condition: str, rng) -> dict:
                        mean_seconds=mean(list(times.values())) if len(times) == len(per) else None,
                        final_error=mean([v["final_error"] for v in per.values()]))
     ranked = sorted((m for m, r in rows.items() if r["reached_all"]), key=lambda m: rows[m]["mean_seconds"])
-    out = dict(workers=p, network=network, condition=condition, methods=rows, fastest=None, tied=[])
+    out = dict(workers=p, network=network, condition=condition, methods=rows, fastest=None, tied=[],
+               missing=[m for m in methods if len(rows.get(m, {}).get("seeds", {})) < len(X.SEEDS)])
     if ranked:
         best = ranked[0]
         tb = {s: v["seconds"] for s, v in rows[best]["seeds"].items()}
@@ -239,12 +241,16 @@ def analyse(st: X.Study | None = None, seed: int = 0) -> dict:
                machine_hours_total=sum(hours.values()))
     out["tuning"] = {f"{m}/p{p}": tuning_row(st, m, p)
                      for p in (1, *X.WORKERS) for m in (("single",) if p == 1 else X.METHODS)}
+    ready, waiting = st.plan()
+    pending = {(r.workers, r.network, c) for r in ready if r.kind == "sweep"
+               for c in (X.CONDITIONS if X.is_sync(r.method) else (r.condition,))}
     cells, crossings, fastest = {}, {}, {}
     for n in X.NETWORKS:
         for c in X.CONDITIONS:
             per_p = {}
             for p in (1, *X.WORKERS):
                 cl = cell(st, p, n, c, rng)
+                cl["complete"] = not cl["missing"] and (p, n, c) not in pending
                 if cl["methods"]:
                     cells[f"{n}/{c}/p{p}"] = cl
                     per_p[p] = cl
@@ -253,7 +259,6 @@ def analyse(st: X.Study | None = None, seed: int = 0) -> dict:
     out.update(cells=cells, map=fastest, crossovers=crossings, noise_scale=noise_scale(st, rng))
     out["verdicts"] = crossover_claims.claims(out, st)
     out["workload"] = workload(out["noise_scale"])
-    ready, waiting = st.plan()
     out["left"] = dict(ready=len(ready), waiting=len(waiting),
                        ready_hours=sum(r.cost for r in ready) / 3600)
     return out
@@ -294,10 +299,21 @@ def cell_text(c: dict | None) -> str:
     if c is None:
         return "not run yet"
     if c["fastest"] is None:
-        return "none reached the target in every seed"
+        return "none reached the target in every seed" + so_far(c)
     r = c["methods"][c["fastest"]]
     ties = [SHORT[m] for m in c.get("tied", [])]
-    return f"**{SHORT[c['fastest']]}** {secs(r['mean_seconds'])} s" + (f" (ties {', '.join(ties)})" if ties else "")
+    text = f"**{SHORT[c['fastest']]}** {secs(r['mean_seconds'])} s" + (f" (ties {', '.join(ties)})" if ties else "")
+    return text + so_far(c)
+
+
+def so_far(c: dict) -> str:
+    """What a cell still waits for (nothing once it is complete)."""
+    if c.get("complete", True):
+        return ""
+    if c.get("missing"):
+        n = len([m for m in c["methods"] if m not in c["missing"]])
+        return f" *(so far: {n} of {n + len(c['missing'])} methods)*"
+    return " *(so far: seeds to come)*"
 
 
 FAMILY_NAME = {"sync": "synchronous", "async": "asynchronous"}
@@ -343,6 +359,60 @@ def map_markdown(res: dict) -> str:
     return "\n".join(out).rstrip()
 
 
+def segments(res: dict, network: str, condition: str) -> list[dict]:
+    """Along p (complete cells, p > 1): runs of the same first family (``tie``: a method of the other
+    family ties with the fastest; ``miss``: none reached the target), with the methods first in each."""
+    out: list[dict] = []
+    for p in res["workers"][1:]:
+        c = res["cells"].get(f"{network}/{condition}/p{p}")
+        if not c or not c.get("complete", True):
+            continue
+        best = c["fastest"]
+        fam = "miss" if best is None else "tie" if any(FAMILY[m] != FAMILY[best] for m in c.get("tied", [])) \
+            else FAMILY[best]
+        names = [] if best is None else [best] + ([m for m in c["tied"] if FAMILY[m] != FAMILY[best]]
+                                                  if fam == "tie" else [])
+        if out and out[-1]["family"] == fam:
+            out[-1]["to"] = p
+            out[-1]["methods"] += [m for m in names if m not in out[-1]["methods"]]
+        else:
+            out.append({"family": fam, "from": p, "to": p, "methods": names})
+    return out
+
+
+def say_segments(segs: list[dict]) -> str:
+    def one(g):
+        span = f"p = {g['from']}" if g["from"] == g["to"] else f"p = {g['from']}–{g['to']}"
+        names = ", ".join(SHORT[m] for m in g["methods"])
+        if g["family"] == "miss":
+            return f"no method reaches the target in every seed at {span}"
+        what = "a tie of the families" if g["family"] == "tie" else FAMILY_NAME[g["family"]]
+        return f"{what} at {span} ({names})"
+    return " · ".join(one(g) for g in segs) if segs else "no complete cell yet"
+
+
+def answer_markdown(res: dict, final: bool) -> str:
+    """The map in a few lines: per condition, which family is first along p on each network
+    (networks that read the same are named together), and the machine-hours spent."""
+    done = [p for p in res["workers"][1:] if all(res["cells"].get(f"{n}/{c}/p{p}", {}).get("complete")
+                                                 for n in res["networks"] for c in res["conditions"])]
+    head = ("**In short** (generated from the study): the family first to the target along p." if final else
+            "**In short, so far** (generated from the cells complete yet"
+            f"{f', all of them through p = {max(done)}' if done else ''}): the family first to the target along p.")
+    words = {"none": "No variability", "typical": "A cluster's typical jitter", "stragglers": "Jin et al.'s stragglers"}
+    out = [head, ""]
+    for c in res["conditions"]:
+        said: dict[str, list[str]] = {}
+        for n in res["networks"]:
+            said.setdefault(say_segments(segments(res, n, c)), []).append(f"`{n}`")
+        out.append(f"* **{words.get(c, c)}.** " + " ".join(f"{' and '.join(ns)}: {text}."
+                                                         for text, ns in said.items()))
+    hours = res["machine_hours_total"]
+    out.append(f"* The study {'took' if final else 'has taken'} {hours:.1f} machine-hours "
+               f"(one core per run) of the {BUDGET_HOURS:g} budgeted.")
+    return "\n".join(out)
+
+
 def claims_markdown(res: dict) -> str:
     rows = ["| claim | network | condition | where | evidence | verdict |", "|---|---|---|---|---|---|"]
     for r in res["verdicts"]:
@@ -372,6 +442,7 @@ def figure(res: dict, path: Path, provisional: bool = False) -> None:
                 ax.add_patch(Rectangle((j, i), 1, 1, facecolor=COLORS.get(best, "white"), edgecolor="white",
                                        hatch="//" if cl and cl.get("tied") else None))
                 label = "—" if not cl else "miss" if best is None else secs(cl["methods"][best]["mean_seconds"])
+                label += "" if not cl or cl.get("complete", True) else "*"
                 r, g, b = matplotlib.colors.to_rgb(COLORS.get(best, "white"))
                 ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
                 ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", fontsize=8, color=ink)
@@ -383,7 +454,7 @@ def figure(res: dict, path: Path, provisional: bool = False) -> None:
     axes[-1, 0].set_xlabel("workers p")
     fig.legend(handles=[Patch(facecolor=v, label=SHORT[k]) for k, v in COLORS.items()], loc="lower center",
                ncol=(len(COLORS) + 1) // 2, fontsize=8, frameon=False)
-    fig.suptitle(("provisional (the study is still running): " if provisional else "")
+    fig.suptitle(("provisional (*: the cell's runs are not all in): " if provisional else "")
                  + f"fastest to {res['target_error']:.0%} error (seconds; hatched: others tie)", fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 0.96))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -420,6 +420,13 @@ def crossover_map(results: Path) -> str:
             f"at commit {', '.join(c[:12] for c in d['commits'])}{more}.\n\n" + R.map_markdown(d))
 
 
+def crossover_answer(results: Path) -> str:
+    """The map in one paragraph (crossover_report.answer_markdown)."""
+    import crossover_report as R  # noqa: PLC0415 - a sibling script
+    d, final = fair_study(results)
+    return R.answer_markdown(d, final)
+
+
 def crossover_claims(results: Path) -> str:
     """The papers' claims judged on the fair study by benchmarks/crossover_claims.py's rules."""
     import crossover_report as R  # noqa: PLC0415 - a sibling script
@@ -520,7 +527,7 @@ def crossover_noise(results: Path) -> str:
             f"{gpus}.")
 
 
-VIEWS = {"crossover-map": crossover_map, "crossover-claims": crossover_claims,
+VIEWS = {"crossover-answer": crossover_answer, "crossover-map": crossover_map, "crossover-claims": crossover_claims,
          "crossover-tuning": crossover_tuning, "crossover-noise": crossover_noise,
          "crossover-cells": crossover_cells, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
          "conv-candidates": conv_candidates, "buckets": buckets, "survival": survival,

@@ -245,3 +245,59 @@ def test_the_map_claims_and_figure_render(study, tmp_path):
     R.figure(res, tmp_path / "map.png")
     assert (tmp_path / "map.png").stat().st_size > 10_000
 
+
+
+def test_the_answer_in_short_follows_the_map(study):
+    _, _, res = study
+    assert all(c["complete"] and not c["missing"] for c in res["cells"].values())
+    text = R.answer_markdown(res, final=True)
+    assert "so far" not in text and "so far" not in R.map_markdown(res)
+    for n in X.NETWORKS:
+        for cond in X.CONDITIONS:
+            segs = R.segments(res, n, cond)
+            # the segments cover every p > 1 in order, and each names the fastest of its cells
+            assert [p for g in segs for p in X.WORKERS if g["from"] <= p <= g["to"]] == list(X.WORKERS)
+            for g in segs:
+                for p in X.WORKERS:
+                    if g["from"] <= p <= g["to"]:
+                        assert res["cells"][f"{n}/{cond}/p{p}"]["fastest"] in g["methods"]
+            if "sync -> " in res["crossovers"][f"{n}/{cond}"]["outcome"]:
+                assert len(segs) > 1, (n, cond, segs)
+    assert text.count("\n* ") == len(X.CONDITIONS) + 1 and f"of the {R.BUDGET_HOURS:g} budgeted" in text
+    # a tie across the families and a miss are said as such, and networks reading alike are named together
+    tie = dict(workers=[1, 2, 4], networks=["a", "b"], conditions=["none"], machine_hours_total=1.0, cells={
+        **{f"{n}/none/p2": dict(fastest="pushsum-ov", tied=["allreduce"], complete=True) for n in "ab"},
+        **{f"{n}/none/p4": dict(fastest=None, tied=[], complete=True) for n in "ab"}})
+    assert "`a` and `b`: a tie of the families at p = 2 (push-sum, all-reduce) · no method reaches the target " \
+           "in every seed at p = 4." in R.answer_markdown(tie, final=False)
+
+
+def test_a_cell_still_running_is_marked_so_far(study, tmp_path):
+    import shutil
+    st, _, _ = study
+    part = tmp_path / "results"
+    shutil.copytree(X.RESULTS, part)
+    gone = [f for f in part.rglob("*.json") if f.name.startswith("pushsum-ov-p8-") and "a100" in f.name
+            and "-none" in f.name and f.parent.name == "sweep"]
+    assert gone
+    for f in gone:
+        f.unlink()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(X, "RESULTS", part)
+    try:
+        res = R.analyse(X.Study())
+    finally:
+        mp.undo()
+    cl = res["cells"]["a100-ib100-resnet50/none/p8"]
+    assert not cl["complete"] and cl["missing"] == ["pushsum-ov"] and res["left"]["ready"] >= len(gone)
+    assert res["cells"]["a100-ib100-resnet50/typical/p8"]["complete"]
+    assert R.cell_text(cl).endswith("*(so far: 5 of 6 methods)*")
+    assert p8_said(R.answer_markdown(res, final=False), "a100-ib100-resnet50", "No variability") is False
+    assert p8_said(R.answer_markdown(res, final=False), "a100-ib100-resnet50", "A cluster's typical jitter")
+
+
+def p8_said(text: str, network: str, condition: str) -> bool:
+    """Whether the answer's line for ``condition`` says anything about p = 8 on ``network``."""
+    line = next(x for x in text.splitlines() if x.startswith(f"* **{condition}.**"))
+    said = line.split(f"`{network}`", 1)[1].split(". ", 1)[0]
+    return "p = 8" in said or "–8" in said
