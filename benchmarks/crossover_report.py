@@ -255,7 +255,7 @@ def analyse(st: X.Study | None = None, seed: int = 0) -> dict:
                     cells[f"{n}/{c}/p{p}"] = cl
                     per_p[p] = cl
                     fastest.setdefault(n, {}).setdefault(c, {})[p] = cl.get("tied_set") or []
-            crossings[f"{n}/{c}"] = crossover({p: v for p, v in per_p.items() if p > 1}, rng)
+            crossings[f"{n}/{c}"] = crossover({p: v for p, v in per_p.items() if p > 1 and v["complete"]}, rng)
     out.update(cells=cells, map=fastest, crossovers=crossings, noise_scale=noise_scale(st, rng))
     out["verdicts"] = crossover_claims.claims(out, st)
     out["workload"] = workload(out["noise_scale"])

@@ -415,7 +415,8 @@ def crossover_map(results: Path) -> str:
     state = "The study is complete" if final else "**Provisional** (the study is still running)"
     more = "" if final else (f"; {left['ready']} more runs can start now, and the tuning still to come "
                              "decides the rest; a p without runs reads "
-                             "\"not run yet\" and the crossovers use the p measured so far")
+                             "\"not run yet\", one whose runs are not all in \"so far\", and the crossovers use "
+                             "the complete cells")
     return (f"{state}: {d['runs']} runs, {d['machine_hours_total']:.1f} machine-hours (one core per run) "
             f"at commit {', '.join(c[:12] for c in d['commits'])}{more}.\n\n" + R.map_markdown(d))
 

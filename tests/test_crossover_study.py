@@ -291,6 +291,8 @@ def test_a_cell_still_running_is_marked_so_far(study, tmp_path):
     cl = res["cells"]["a100-ib100-resnet50/none/p8"]
     assert not cl["complete"] and cl["missing"] == ["pushsum-ov"] and res["left"]["ready"] >= len(gone)
     assert res["cells"]["a100-ib100-resnet50/typical/p8"]["complete"]
+    assert 8 not in res["crossovers"]["a100-ib100-resnet50/none"]["family_best"]       # complete cells only
+    assert 8 in res["crossovers"]["a100-ib100-resnet50/typical"]["family_best"]
     assert R.cell_text(cl).endswith("*(so far: 5 of 6 methods)*")
     assert p8_said(R.answer_markdown(res, final=False), "a100-ib100-resnet50", "No variability") is False
     assert p8_said(R.answer_markdown(res, final=False), "a100-ib100-resnet50", "A cluster's typical jitter")
