@@ -303,3 +303,16 @@ def p8_said(text: str, network: str, condition: str) -> bool:
     line = next(x for x in text.splitlines() if x.startswith(f"* **{condition}.**"))
     said = line.split(f"`{network}`", 1)[1].split(". ", 1)[0]
     return "p = 8" in said or "–8" in said
+
+
+def test_a_claim_leaves_out_a_cell_still_running(study):
+    _, _, res = study
+    part = {**res, "cells": {**res["cells"]}}
+    k = "a100-ib100-resnet50/none/p8"
+    part["cells"][k] = {**res["cells"][k], "complete": False}
+    row = C.family_row(part, "J1", "a100-ib100-resnet50", "none", (2, 8), C.ASYNC_SIDE, C.SYNC_SIDE,
+                       np.random.default_rng(0))
+    assert f"p = 8: {C.NOT_ALL_IN}" in row["evidence"] and row["verdict"].endswith(" so far")
+    full = C.family_row(res, "J1", "a100-ib100-resnet50", "none", (2, 8), C.ASYNC_SIDE, C.SYNC_SIDE,
+                        np.random.default_rng(0))
+    assert C.NOT_ALL_IN not in full["evidence"] and "so far" not in full["verdict"]
