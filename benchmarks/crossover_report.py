@@ -268,7 +268,8 @@ def study_file(res: dict) -> dict:
     """What ``scalesgd plan`` reads: per cell each method's settings and per-seed samples and
     time to target (or the error it reached), the tuning choices, and where the study stands."""
     keep = ("config", "flags", "reached_all", "mean_seconds", "final_error")
-    cells = {k: dict(fastest=v["fastest"], tied_set=v.get("tied_set", []),
+    cells = {k: dict(fastest=v["fastest"], tied_set=v.get("tied_set", []), complete=v["complete"],
+                     missing=v["missing"],
                      methods={m: dict({f: r[f] for f in keep},
                                       seeds={str(s): dict(seconds=x["seconds"], samples=x["samples"],
                                                          final_error=x["final_error"],

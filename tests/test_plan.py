@@ -118,6 +118,13 @@ def test_plan_is_exact_for_all_reduce_on_the_users_profile(made, tmp_path):
     # a cell the study has not run: said, with the p it has there
     gap = L.predict(dict(made["study"], cells={}), prof, 2, "stragglers")
     assert gap["missing"] and "p with results there so far: none" in L.show(gap, prof)
+    # a cell whose runs are not all in: said, with what it still waits for
+    k = "v100-10gbe-resnet50/stragglers/p2"
+    part = dict(made["study"], cells={**made["study"]["cells"],
+                                      k: dict(made["study"]["cells"][k], complete=False, missing=["pushsum-ov"])})
+    assert any(f"cell {k} is not complete yet (still to run: pushsum-ov)" in n
+               for n in L.predict(part, prof, 2, "stragglers")["notes"])
+    assert not any("not complete yet" in n for n in res["notes"])
 
 
 def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):

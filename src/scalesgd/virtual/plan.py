@@ -199,6 +199,10 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
         notes.append(f"your ratio of communication to compute ({mine['ratio']:.3g}) lies outside the studied "
                      f"{lo:.3g}-{hi:.3g}: the asynchronous methods' statistics are an extrapolation (a profile "
                      "without stands_for times the study's small model as itself: docs/virtual.md#profiles)")
+    if cell and not cell.get("complete", True):
+        still = ", ".join(cell.get("missing", [])) or "the extra seeds of the close methods"
+        notes.append(f"the study's cell {key} is not complete yet (still to run: {still}): "
+                     "the ranking below may change")
     if prof.ranks_per_node > 1:
         notes.append(f"your profile puts {prof.ranks_per_node} ranks on a node; the study ran one a node")
     rows = []
