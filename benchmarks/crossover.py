@@ -623,8 +623,9 @@ def status() -> int:
 
 def projection(st: Study, ready: list[Run], waiting: list[str], total: float) -> str:
     """Per p (tuning and reported runs): runs and machine-hours so far, open or complete; then the
-    whole study projected: each open p at least the mean of the complete ones, the authors' rows
-    and P3 at the mean cost of a reported run (a planning figure, not a measurement)."""
+    whole study projected: each open p at the mean of the complete ones, or at the costliest of them
+    (a p has cost more as p grew), the authors' rows and P3 at the mean cost of a reported run (a
+    planning figure, not a measurement)."""
     import re  # noqa: PLC0415
     hours: dict[int, float] = {}
     runs: dict[int, int] = {}
@@ -642,16 +643,20 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
              f"{'open' if p in open_p or p not in hours else 'complete'}" for p in (1, *WORKERS)]
     if mean_p is None or not sweep:
         return "\n".join(lines)
-    left = sum(max(0.0, mean_p - hours.get(p, 0.0)) for p in WORKERS if p in open_p or p not in hours)
+    top = max(done_p, key=lambda p: hours[p])
+    todo = [p for p in WORKERS if p in open_p or p not in hours]
+    left = sum(max(0.0, mean_p - hours.get(p, 0.0)) for p in todo)
+    left_hi = sum(max(0.0, hours[top] - hours.get(p, 0.0)) for p in todo)
     kinds = [r["kind"] for r in st.recs.values()]
     authors_left = len(AUTHORS) * len(WORKERS) * len(SEEDS) * 2 - kinds.count("authors")
     own_h = authors_left * sum(sweep) / len(sweep) / 3600
     if "extra" not in kinds:                 # P3's runs: their whole horizon, at the planning cost
         p3 = Run("extra", "asgd", NSYNC_P, "", 0, "", "", NSYNC_EPOCHS)
         own_h += len(NSYNC) * len(NSYNC_SEEDS) * p3.cost / 3600
-    lines.append(f"projection: a complete p has cost {mean_p:.2f} machine-hours on average ({len(done_p)} of them); "
-                 f"the open p at least that, the authors' rows and P3 about {own_h:.1f}: the study about "
-                 f"{total + left + own_h:.1f} machine-hours in all, or more where larger p need more samples")
+    lines.append(f"projection: a complete p has cost {mean_p:.2f} machine-hours on average ({len(done_p)} of them), "
+                 f"the costliest {hours[top]:.2f} (p = {top}); the authors' rows and P3 about {own_h:.1f}: the study "
+                 f"about {total + left + own_h:.1f}–{total + left_hi + own_h:.1f} machine-hours in all (each open "
+                 "p at the mean, or at the costliest), or more where larger p need more samples")
     return "\n".join(lines)
 
 

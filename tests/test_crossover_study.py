@@ -113,11 +113,12 @@ def test_status_projects_the_open_p_at_the_complete_ones_mean(study):
     st, _, _ = study
     total = sum(r["real_seconds"] for r in st.recs.values()) / 3600
     done = X.projection(st, [], [], total)
-    assert "p =   8:" in done and ", open" not in done and f"the study about {total:.1f} machine-hours" in done
+    assert "p =   8:" in done and ", open" not in done and f"the study about {total:.1f}–{total:.1f} machine-hours" in done
     per = {p: sum(r["real_seconds"] for r in st.recs.values() if r["workers"] == p and r["kind"] in
                   ("tune", "time", "sweep")) / 3600 for p in X.WORKERS}
     part = X.projection(st, [], ["sweep easgd p8 titanx-fdr-resnet18: tuning"], total)
     assert "machine-hours, open" in part.splitlines()[2] and f"{per[2]:.2f} machine-hours on average (1 of them)" in part
+    assert f"the costliest {per[2]:.2f} (p = 2)" in part
 
 
 def test_the_authors_rows_and_the_n_sync_runs(study):
