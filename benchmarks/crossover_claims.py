@@ -110,12 +110,12 @@ def _say(p: int, c: dict) -> str:
 def family_row(res, claim, network, condition, ps, claim_side, other_side, rng, rows_of=None) -> dict:
     outcomes, ev = [], []
     for p in ps:
-        rows = (rows_of(p) if rows_of else
-                res["cells"].get(f"{network}/{condition}/p{p}", {}).get("methods", {}))
+        cell = None if rows_of else res["cells"].get(f"{network}/{condition}/p{p}", {})
+        rows = rows_of(p) if rows_of else cell.get("methods", {})
         if not rows:
             ev.append(f"p = {p} not run yet")
             continue
-        if not rows_of and not res["cells"][f"{network}/{condition}/p{p}"].get("complete", True):
+        if cell and not cell["complete"]:
             ev.append(f"p = {p}: {NOT_ALL_IN}")
             continue
         c = compare(rows, claim_side, other_side, rng)

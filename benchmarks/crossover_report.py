@@ -309,7 +309,7 @@ def cell_text(c: dict | None) -> str:
 
 def so_far(c: dict) -> str:
     """What a cell still waits for (nothing once it is complete)."""
-    if c.get("complete", True):
+    if c["complete"]:
         return ""
     if c.get("missing"):
         n = len([m for m in c["methods"] if m not in c["missing"]])
@@ -366,13 +366,14 @@ def segments(res: dict, network: str, condition: str) -> list[dict]:
     out: list[dict] = []
     for p in res["workers"][1:]:
         c = res["cells"].get(f"{network}/{condition}/p{p}")
-        if not c or not c.get("complete", True):
+        if not c or not c["complete"]:
             continue
         best = c["fastest"]
-        fam = "miss" if best is None else "tie" if any(FAMILY[m] != FAMILY[best] for m in c.get("tied", [])) \
-            else FAMILY[best]
-        names = [] if best is None else [best] + ([m for m in c["tied"] if FAMILY[m] != FAMILY[best]]
-                                                  if fam == "tie" else [])
+        if best is None:
+            fam, names = "miss", []
+        else:
+            other = [m for m in c["tied"] if FAMILY[m] != FAMILY[best]]
+            fam, names = ("tie", [best, *other]) if other else (FAMILY[best], [best])
         if out and out[-1]["family"] == fam:
             out[-1]["to"] = p
             out[-1]["methods"] += [m for m in names if m not in out[-1]["methods"]]
@@ -443,7 +444,7 @@ def figure(res: dict, path: Path, provisional: bool = False) -> None:
                 ax.add_patch(Rectangle((j, i), 1, 1, facecolor=COLORS.get(best, "white"), edgecolor="white",
                                        hatch="//" if cl and cl.get("tied") else None))
                 label = "—" if not cl else "miss" if best is None else secs(cl["methods"][best]["mean_seconds"])
-                label += "" if not cl or cl.get("complete", True) else "*"
+                label += "" if not cl or cl["complete"] else "*"
                 r, g, b = matplotlib.colors.to_rgb(COLORS.get(best, "white"))
                 ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
                 ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", fontsize=8, color=ink)
