@@ -42,7 +42,6 @@ from . import profile as P
 from . import variability as V
 
 STUDY = Path(__file__).parent / "study" / "crossover.json"
-TASK = dict(model="resnet8", width=0.5, image_size=16, batch_size=8, num_classes=10)
 SYNC = {"allreduce", "localsgd", "single"}
 
 
@@ -58,27 +57,29 @@ def load_study(path: Path = STUDY) -> dict:
     return study
 
 
-def task_config():
-    """The study's task as a Config (``jobs/glyphs.toml``: what its steps and bytes are timed as)."""
-    import dataclasses  # noqa: PLC0415
+def task_config(study: dict):
+    """The study's task as a Config: the job file it ran (``study["task"]["job"]``, the text of
+    ``jobs/glyphs.toml``), read as ``--config`` reads it, so that its steps and bytes are timed as
+    the study's runs were."""
+    import tempfile  # noqa: PLC0415
 
-    from .. import config as C  # noqa: PLC0415
-    cfg = C.Config()
-    return dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, model=TASK["model"], width=TASK["width"]),
-        data=dataclasses.replace(cfg.data, image_size=TASK["image_size"], batch_size=TASK["batch_size"]))
+    from ..cli import make_parser, resolve_config  # noqa: PLC0415
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "task.toml"
+        job.write_text(study["task"]["job"])
+        return resolve_config(make_parser().parse_args(["--config", str(job)]))
 
 
-def balance(prof: P.Profile) -> dict:
+def balance(prof: P.Profile, study: dict) -> dict:
     """One step's compute (seconds) and the ratio of one gradient's transfer to it, for the study's
     task timed as ``prof`` times it."""
     if prof.measured:
         raise ConfigError(f"--profile {prof.name}: a measured profile has no compute figure to plan "
                           "with; give images_per_second (and reference) or step_seconds")
-    cfg = task_config()
-    step = P.Compute(prof, cfg, TASK["num_classes"], condition=V.load("none")).seconds
-    nbytes = 4 * P.model_params(TASK["model"], TASK["num_classes"], TASK["width"]) \
-        * P.byte_scale(prof, cfg, TASK["num_classes"])
+    cfg = task_config(study)
+    classes = study["task"]["classes"]
+    step = P.Compute(prof, cfg, classes, condition=V.load("none")).seconds
+    nbytes = 4 * P.model_params(cfg.model.model, classes, cfg.model.width) * P.byte_scale(prof, cfg, classes)
     comm = nbytes * 8 / (prof.link_gbps * 1e9) + prof.latency_us * 1e-6
     return dict(step_seconds=step, comm_seconds=comm, ratio=comm / step)
 
@@ -180,8 +181,8 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
     p = nearest_p(study, workers) if workers > 1 else 1
     cond, cond_note = condition_name(prof, condition)
     yours = P.condition_of(prof, condition)
-    mine = balance(prof)
-    nets = {n: balance(P.load(n)) for n in study["networks"]}
+    mine = balance(prof, study)
+    nets = {n: balance(P.load(n), study) for n in study["networks"]}
     net = min(nets, key=lambda n: abs(math.log(nets[n]["ratio"]) - math.log(mine["ratio"])))
     key = f"{net}/{cond}/p{p}"
     cell = study["cells"].get(key)
