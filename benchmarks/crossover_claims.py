@@ -38,6 +38,8 @@ was judged, the evidence as numbers, and a verdict that follows from them:
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 import crossover as X
@@ -49,8 +51,18 @@ NOT_ALL_IN = "its runs are not all in yet"
 BOOT = 4000
 
 
-def _interval(d: np.ndarray, rng) -> tuple[float, float]:
-    b = d[rng.integers(0, len(d), size=(BOOT, len(d)))].mean(axis=1)
+@functools.lru_cache(maxsize=None)
+def resamples(n: int, stream: int = 0, boot: int = BOOT) -> np.ndarray:
+    """``boot`` resamples, with replacement, of the indices of n seeds: the same for every
+    comparison of n seeds (common random numbers).  So one difference gets one interval wherever it
+    is judged (a cell of the map, a claim), and a piece of the study that leaves a comparison's seeds
+    alone leaves its interval alone.  ``stream`` tells apart the two sides of an unpaired ratio."""
+    return np.random.default_rng([20_260_000, n, stream]).integers(0, n, size=(boot, n))
+
+
+def boot_interval(d: np.ndarray) -> tuple[float, float]:
+    """The 95% bootstrap interval of the mean of ``d`` (one value per seed)."""
+    b = d[resamples(len(d))].mean(axis=1)
     return float(np.percentile(b, 2.5)), float(np.percentile(b, 97.5))
 
 
@@ -63,7 +75,7 @@ def side_entry(rows: dict, side) -> tuple[str, dict] | None:
     return m, {s: v["seconds"] for s, v in r["seeds"].items()}
 
 
-def compare(rows: dict, claim_side, other_side, rng) -> dict:
+def compare(rows: dict, claim_side, other_side) -> dict:
     a, b = side_entry(rows, claim_side), side_entry(rows, other_side)
     if a is None and b is None:
         return dict(outcome="neither")
@@ -71,7 +83,7 @@ def compare(rows: dict, claim_side, other_side, rng) -> dict:
         return dict(outcome="other" if a is None else "claim", claim=a and a[0], other=b and b[0])
     seeds = sorted(set(a[1]) & set(b[1]))
     d = np.array([a[1][s] - b[1][s] for s in seeds])
-    lo, hi = _interval(d, rng) if len(d) >= 2 else (-np.inf, np.inf)
+    lo, hi = boot_interval(d) if len(d) >= 2 else (-np.inf, np.inf)
     out = "claim" if hi < 0 else "other" if lo > 0 else "tie"
     return dict(outcome=out, claim=a[0], other=b[0], diff=float(d.mean()), lo=lo, hi=hi, seeds=len(seeds),
                 claim_mean=float(np.mean([a[1][s] for s in seeds])),
@@ -107,7 +119,7 @@ def _say(p: int, c: dict) -> str:
             f"(difference {c['diff']:+.3g} s [{c['lo']:+.3g}, {c['hi']:+.3g}], {c['seeds']} paired seeds) → {word}")
 
 
-def family_row(res, claim, network, condition, ps, claim_side, other_side, rng, rows_of=None) -> dict:
+def family_row(res, claim, network, condition, ps, claim_side, other_side, rows_of=None) -> dict:
     outcomes, ev = [], []
     for p in ps:
         cell = None if rows_of else res["cells"].get(f"{network}/{condition}/p{p}", {})
@@ -118,7 +130,7 @@ def family_row(res, claim, network, condition, ps, claim_side, other_side, rng, 
         if cell and not cell["complete"]:
             ev.append(f"p = {p}: {NOT_ALL_IN}")
             continue
-        c = compare(rows, claim_side, other_side, rng)
+        c = compare(rows, claim_side, other_side)
         outcomes.append(c["outcome"])
         ev.append(_say(p, c))
     return dict(claim=claim, network=network, condition=condition,
@@ -141,7 +153,7 @@ def authors_rows(st: X.Study, p: int, condition: str) -> dict:
     return out
 
 
-def j3(st: X.Study, rng) -> dict:
+def j3(st: X.Study) -> dict:
     """Fixed rates 0.05 and 0.2 in the tuning runs: gossip's time over all-reduce's."""
     outcomes, ev = [], []
     for p in X.WORKERS:
@@ -168,7 +180,7 @@ def j3(st: X.Study, rng) -> dict:
                 evidence="; ".join(ev), verdict=verdict(outcomes, ev))
 
 
-def slowdown(res, network: str, p: int, methods, rng) -> tuple[str, float, float, float] | None:
+def slowdown(res, network: str, p: int, methods) -> tuple[str, float, float, float] | None:
     """The fastest of ``methods`` (typical) and its stragglers/typical time ratio, paired by seed."""
     a = res["cells"].get(f"{network}/typical/p{p}", {}).get("methods", {})
     b = res["cells"].get(f"{network}/stragglers/p{p}", {}).get("methods", {})
@@ -177,17 +189,17 @@ def slowdown(res, network: str, p: int, methods, rng) -> tuple[str, float, float
         if m in a and m in b and a[m]["reached_all"] and b[m]["reached_all"]:
             seeds = sorted(set(a[m]["seeds"]) & set(b[m]["seeds"]))
             r = np.array([b[m]["seeds"][s]["seconds"] / a[m]["seeds"][s]["seconds"] for s in seeds])
-            lo, hi = _interval(r, rng) if len(r) >= 2 else (np.nan, np.nan)
+            lo, hi = boot_interval(r) if len(r) >= 2 else (np.nan, np.nan)
             if best is None or a[m]["mean_seconds"] < best[4]:
                 best = (m, float(r.mean()), lo, hi, a[m]["mean_seconds"])
     return None if best is None else best[:4]
 
 
-def j4(res, network: str, rng) -> list[dict]:
+def j4(res, network: str) -> list[dict]:
     sync_out, gossip_out, ev_s, ev_g = [], [], [], []
     for p in X.WORKERS:
-        ar = slowdown(res, network, p, ("allreduce",), rng)
-        go = slowdown(res, network, p, ("gossip-pull", "pushsum-ov"), rng)
+        ar = slowdown(res, network, p, ("allreduce",))
+        go = slowdown(res, network, p, ("gossip-pull", "pushsum-ov"))
         if ar is None:
             ev_s.append(f"p = {p} not run yet")
             continue
@@ -251,7 +263,7 @@ def j5(st: X.Study, network: str) -> dict:
                 verdict=("agrees" if ok else "disagrees") + (" so far" if covered < X.WORKERS[-1] else ""))
 
 
-def p1(res, network: str, rng, condition: str = "typical", many=None, label: str = "P1") -> dict:
+def p1(res, network: str, condition: str = "typical", many=None, label: str = "P1") -> dict:
     """A-SGD at p = 8 (the tuned one, or ``many``: the authors' form's rows, empty while they are not
     run) against one worker."""
     one = res["cells"].get(f"{network}/{condition}/p1", {}).get("methods", {}).get("single")
@@ -271,7 +283,7 @@ def p1(res, network: str, rng, condition: str = "typical", many=None, label: str
                              f"at {np.mean([v['final_error'] for v in missed]):.0%} error)", verdict="disagrees")
     a = np.array([v["seconds"] for v in one["seeds"].values()])
     b = np.array([v["seconds"] for v in many["seeds"].values()])
-    boots = (a[rng.integers(0, len(a), (BOOT, len(a)))].mean(1) / b[rng.integers(0, len(b), (BOOT, len(b)))].mean(1))
+    boots = a[resamples(len(a), 1)].mean(1) / b[resamples(len(b), 2)].mean(1)
     lo, hi = float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
     sp = float(a.mean() / b.mean())
     verdict = "agrees" if hi >= PAINE else "disagrees"
@@ -307,30 +319,29 @@ def p3(st: X.Study) -> dict:
                 scale=f"{X.NSYNC_P} clients, up to {X.NSYNC_EPOCHS} epochs", evidence=ev, verdict=v)
 
 
-def claims(res: dict, st: X.Study, seed: int = 1) -> list[dict]:
-    rng = np.random.default_rng(seed)
+def claims(res: dict, st: X.Study) -> list[dict]:
     rows = []
     for n in X.NETWORKS:
         for c in X.CONDITIONS:
-            rows.append(family_row(res, "J1 (every method)", n, c, J1_P, ASYNC_SIDE, SYNC_SIDE, rng))
+            rows.append(family_row(res, "J1 (every method)", n, c, J1_P, ASYNC_SIDE, SYNC_SIDE))
     for c in X.AUTHORS_CONDITIONS:
         rows.append(family_row(res, "J1 (the authors' forms)", X.AUTHORS_NETWORK, c, J1_P,
-                               ("easgd-authors", "gossip-authors"), ("allreduce-authors",), rng,
+                               ("easgd-authors", "gossip-authors"), ("allreduce-authors",),
                                rows_of=lambda p, c=c: authors_rows(st, p, c)))
     for n in X.NETWORKS:
         for c in X.CONDITIONS:
-            rows.append(family_row(res, "J2", n, c, J2_P, SYNC_SIDE, ASYNC_SIDE, rng))
+            rows.append(family_row(res, "J2", n, c, J2_P, SYNC_SIDE, ASYNC_SIDE))
     for c in X.AUTHORS_CONDITIONS:
         rows.append(family_row(res, "J2 (the authors' forms)", X.AUTHORS_NETWORK, c, J2_P,
-                               ("allreduce-authors",), ("easgd-authors", "gossip-authors"), rng,
+                               ("allreduce-authors",), ("easgd-authors", "gossip-authors"),
                                rows_of=lambda p, c=c: authors_rows(st, p, c)))
-    rows.append(j3(st, rng))
+    rows.append(j3(st))
     for n in X.NETWORKS:
-        rows += j4(res, n, rng)
+        rows += j4(res, n)
         rows.append(j5(st, n))
-        rows.append(p1(res, n, rng))
+        rows.append(p1(res, n))
     for c in X.AUTHORS_CONDITIONS:
-        rows.append(p1(res, X.AUTHORS_NETWORK, rng, c, authors_rows(st, 8, c).get("asgd-authors", {}),
+        rows.append(p1(res, X.AUTHORS_NETWORK, c, authors_rows(st, 8, c).get("asgd-authors", {}),
                        "P1 (the authors' form)"))
     rows.append(p3(st))
     return rows
