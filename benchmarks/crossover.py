@@ -632,9 +632,11 @@ def status() -> int:
 
 def projection(st: Study, ready: list[Run], waiting: list[str], total: float) -> str:
     """Per p (tuning and reported runs): runs and machine-hours so far, open or complete; then the
-    whole study projected: each open p at the mean of the complete ones, or at the costliest of them
-    (a p has cost more as p grew), the authors' rows and P3 at the mean cost of a reported run (a
-    planning figure, not a measurement)."""
+    whole study projected.  A p's cost follows its samples to target (its horizons are multiples of
+    them), so each open p costs the complete ones' machine-hours per sample to target (their mean,
+    or the costliest) times its own best samples to target: measured where its pilots have run, else
+    grown from the last measured p by the last doubling's growth.  The authors' rows and P3 at the
+    mean cost of a reported run.  A planning figure, not a measurement."""
     import re  # noqa: PLC0415
     hours: dict[int, float] = {}
     runs: dict[int, int] = {}
@@ -652,20 +654,31 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
              f"{'open' if p in open_p or p not in hours else 'complete'}" for p in (1, *WORKERS)]
     if mean_p is None or not sweep:
         return "\n".join(lines)
-    top = max(done_p, key=lambda p: hours[p])
     todo = [p for p in WORKERS if p in open_p or p not in hours]
-    left = sum(max(0.0, mean_p - hours.get(p, 0.0)) for p in todo)
-    left_hi = sum(max(0.0, hours[top] - hours.get(p, 0.0)) for p in todo)
+    best = {p: st.best_samples(p) for p in WORKERS}
+    per = {p: hours[p] / best[p] for p in done_p if best[p]}
+    if not per:
+        return "\n".join(lines)
+    k_mean, k_top = sum(per.values()) / len(per), max(per.values())
+    top = max(per, key=per.get)
+    known = [p for p in WORKERS if best[p]]
+    grow = ((best[known[-1]] / best[known[-2]]) ** (1 / math.log2(known[-1] / known[-2]))   # per doubling
+            if len(known) >= 2 else 1.0)
+    need = {p: best[p] or best[known[-1]] * grow ** math.log2(p / known[-1]) for p in todo}
+    left = sum(max(0.0, k_mean * need[p] - hours.get(p, 0.0)) for p in todo)
+    left_hi = sum(max(0.0, k_top * need[p] - hours.get(p, 0.0)) for p in todo)
     kinds = [r["kind"] for r in st.recs.values()]
     authors_left = len(AUTHORS) * len(WORKERS) * len(SEEDS) * 2 - kinds.count("authors")
     own_h = authors_left * sum(sweep) / len(sweep) / 3600
     if "extra" not in kinds:                 # P3's runs: their whole horizon, at the planning cost
         p3 = Run("extra", "asgd", NSYNC_P, "", 0, "", "", NSYNC_EPOCHS)
         own_h += len(NSYNC) * len(NSYNC_SEEDS) * p3.cost / 3600
+    said = ", ".join(f"p = {p}: {need[p] / 1e3:.0f}k{'' if best[p] else ' (grown)'}" for p in todo)
     lines.append(f"projection: a complete p has cost {mean_p:.2f} machine-hours on average ({len(done_p)} of them), "
-                 f"the costliest {hours[top]:.2f} (p = {top}); the authors' rows and P3 about {own_h:.1f}: the study "
-                 f"about {total + left + own_h:.1f}–{total + left_hi + own_h:.1f} machine-hours in all (each open "
-                 "p at the mean, or at the costliest), or more where larger p need more samples")
+                 f"{k_mean * 1e5:.2f} per 100k samples to target (the costliest {k_top * 1e5:.2f}, p = {top}); "
+                 f"the open p need {said} samples to target (x{grow:.2f} a doubling past p = {known[-1]}); "
+                 f"the authors' rows and P3 about {own_h:.1f}: the study about "
+                 f"{total + left + own_h:.1f}–{total + left_hi + own_h:.1f} machine-hours in all")
     return "\n".join(lines)
 
 

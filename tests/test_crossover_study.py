@@ -118,7 +118,23 @@ def test_status_projects_the_open_p_at_the_complete_ones_mean(study):
                   ("tune", "time", "sweep")) / 3600 for p in X.WORKERS}
     part = X.projection(st, [], ["sweep easgd p8 titanx-fdr-resnet18: tuning"], total)
     assert "machine-hours, open" in part.splitlines()[2] and f"{per[2]:.2f} machine-hours on average (1 of them)" in part
-    assert f"the costliest {per[2]:.2f} (p = 2)" in part
+    # p = 8 costs p = 2's machine-hours per sample to target times its own samples to target
+    k = per[2] / st.best_samples(2)
+    assert f"{k * 1e5:.2f} per 100k samples to target (the costliest {k * 1e5:.2f}, p = 2)" in part
+    assert f"p = 8: {st.best_samples(8) / 1e3:.0f}k samples" in part
+    left = max(0.0, k * st.best_samples(8) - per[8])
+    own = part.split("P3 about ")[1].split(":")[0]
+    assert part.endswith(f"the study about {total + left + float(own):.1f}–{total + left + float(own):.1f} "
+                         "machine-hours in all")
+    # a p without pilots yet: its samples grown from the last measured p by the last doubling's growth
+    mp = pytest.MonkeyPatch()
+    mp.setattr(X, "WORKERS", (2, 8, 32))
+    try:
+        more = X.projection(st, [], [], total)
+    finally:
+        mp.undo()
+    grow = (st.best_samples(8) / st.best_samples(2)) ** 0.5
+    assert f"p = 32: {st.best_samples(8) * grow ** 2 / 1e3:.0f}k (grown)" in more and f"(x{grow:.2f} a doubling" in more
 
 
 def test_the_authors_rows_and_the_n_sync_runs(study):
