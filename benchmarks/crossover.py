@@ -35,7 +35,8 @@ configuration that missed the target in a tuning seed ranks after every one that
 **Reported runs** (``sweep``): each method's configuration chosen for the network, ``SEEDS`` seeds
 (the same seeds for every method: paired) on the main split, under every condition; seeds
 ``MORE_SEEDS`` too for the two fastest methods of a cell whose means are within ``CLOSE`` (ranked
-over ``SEEDS``, then again over every seed each method has, until no new pair is close).
+over ``SEEDS``, then, once their extra seeds are in, again over every seed each method has; the
+driver's plan repeats that until no new pair is close).
 Horizons: a tuning run ends at ``CAP_SAMPLES`` x the samples the most sample-efficient
 configuration at that p needed; a reported asynchronous run at ``CAP_TIME`` x the best synchronous
 method's time in its cell (a method that needs more cannot be the fastest; it is reported with
@@ -394,32 +395,39 @@ class Study:
         t = self.get(Run("time", method, p, config, 0, network, TUNE_CONDITION))
         return None if t is None else t["seconds_per_sample"]
 
-    def cell_means(self, p: int, network: str, condition: str, seeds) -> dict[str, float | None]:
+    def seed_times(self, p: int, network: str, condition: str, method: str) -> dict[int, float | None]:
+        """The method's recorded seeds in the cell: seed -> time to target (None: it missed)."""
+        c = self.chosen(method, p, network)
         out = {}
-        for m in (("single",) if p == 1 else METHODS):
-            c = self.chosen(m, p, network)
-            if c is None:
-                continue
-            ts = [seconds_to(r, network, condition) if r else None
-                  for s in seeds for r in [self.get(Run("sweep", m, p, c, s, network, condition))]]
-            out[m] = None if None in ts else sum(ts) / len(ts)
+        for s in (*SEEDS, *MORE_SEEDS):
+            r = None if c is None else self.get(Run("sweep", method, p, c, s, network, condition))
+            if r is not None:
+                out[s] = seconds_to(r, network, condition)
         return out
 
     def close_methods(self, p: int, network: str, condition: str) -> list[str]:
         """The methods of the cell that get ``MORE_SEEDS``: the two fastest when their means are
-        within CLOSE, ranked by their means over ``SEEDS`` and again over every seed each has.  The
-        second ranking closes the rule on itself: extra seeds can move a third method, with two
-        seeds, within CLOSE of the new leader, and it gets them too (the rule holds of the cell as
-        reported, not only of its first two seeds)."""
+        within CLOSE, ranked over ``SEEDS``; once their extra seeds are all in, ranked again over
+        every seed each method has (a method that missed a seed is not ranked, as in the report).
+        The second ranking carries the rule to the cell as reported: extra seeds can move a third
+        method, with two seeds, within CLOSE of the new leader, and it gets them too (on the next
+        call; each call ranks once more, and every method gets its extra seeds at most once)."""
         def two_close(means: dict) -> list[str]:
             ranked = sorted(means, key=means.get)
             return ranked[:2] if len(ranked) >= 2 and means[ranked[1]] <= CLOSE * means[ranked[0]] else []
 
-        first = {m: v for m, v in self.cell_means(p, network, condition, SEEDS).items() if v is not None}
-        every = {m: v for m, v in self.cell_means(p, network, condition, (*SEEDS, *MORE_SEEDS)).items()
-                 if v is not None}
+        def mean(ts: list) -> float | None:
+            return None if not ts or None in ts else sum(ts) / len(ts)
+
+        times = {m: self.seed_times(p, network, condition, m) for m in METHODS if p > 1}
+        first = {m: v for m, t in times.items() for v in [mean([t.get(s) for s in SEEDS])] if v is not None}
         out = two_close(first)
-        return out + [m for m in two_close({**first, **every}) if m not in out]
+        partial = [m for m, t in times.items() if 0 < sum(s in t for s in MORE_SEEDS) < len(MORE_SEEDS)]
+        if any(sum(s in times[m] for s in MORE_SEEDS) < len(MORE_SEEDS) for m in out) or partial:
+            return out + [m for m in partial if m not in out]       # (their extra seeds still running)
+        every = {m: v for m, t in times.items() if all(s in t for s in SEEDS)
+                 for v in [mean(list(t.values()))] if v is not None}
+        return out + [m for m in two_close(every) if m not in out]
 
     # ---- everything, in order
     def plan(self) -> tuple[list[Run], list[str]]:
@@ -674,10 +682,12 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
         p3 = Run("extra", "asgd", NSYNC_P, "", 0, "", "", NSYNC_EPOCHS)
         own_h += len(NSYNC) * len(NSYNC_SEEDS) * p3.cost / 3600
     said = ", ".join(f"p = {p}: {need[p] / 1e3:.0f}k{'' if best[p] else ' (grown)'}" for p in todo)
+    growth = (f"x{grow:.2f} a doubling past p = {known[-1]}" if len(known) >= 2 else
+              "as at the last measured p: one p measured, no growth to go by, so larger p will cost more")
+    need_said = f"the open p need {said} samples to target ({growth}); " if todo else ""
     lines.append(f"projection: a complete p has cost {mean_p:.2f} machine-hours on average ({len(done_p)} of them), "
                  f"{k_mean * 1e5:.2f} per 100k samples to target (the costliest {k_top * 1e5:.2f}, p = {top}); "
-                 f"the open p need {said} samples to target (x{grow:.2f} a doubling past p = {known[-1]}); "
-                 f"the authors' rows and P3 about {own_h:.1f}: the study about "
+                 f"{need_said}the authors' rows and P3 about {own_h:.1f}: the study about "
                  f"{total + left + own_h:.1f}–{total + left_hi + own_h:.1f} machine-hours in all")
     return "\n".join(lines)
 

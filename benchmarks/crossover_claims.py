@@ -51,13 +51,19 @@ NOT_ALL_IN = "its runs are not all in yet"
 BOOT = 4000
 
 
-@functools.lru_cache(maxsize=None)
-def resamples(n: int, stream: int = 0, boot: int = BOOT) -> np.ndarray:
+def resamples(n: int, stream: int = 0) -> np.ndarray:
     """``boot`` resamples, with replacement, of the indices of n seeds: the same for every
     comparison of n seeds (common random numbers).  So one difference gets one interval wherever it
     is judged (a cell of the map, a claim), and a piece of the study that leaves a comparison's seeds
     alone leaves its interval alone.  ``stream`` tells apart the two sides of an unpaired ratio."""
-    return np.random.default_rng([20_260_000, n, stream]).integers(0, n, size=(boot, n))
+    return _resamples(n, stream, BOOT)
+
+
+@functools.lru_cache(maxsize=None)
+def _resamples(n: int, stream: int, boot: int) -> np.ndarray:
+    idx = np.random.default_rng([20_260_000, n, stream]).integers(0, n, size=(boot, n))
+    idx.setflags(write=False)                # (shared by every caller)
+    return idx
 
 
 def boot_interval(d: np.ndarray) -> tuple[float, float]:

@@ -377,14 +377,16 @@ def map_markdown(res: dict) -> str:
 def segments(res: dict, network: str, condition: str) -> list[dict]:
     """Along p (cells with runs, p > 1): runs of the same first family (``tie``: a method of the other
     family ties with the fastest; ``miss``: none reached the target; ``open``: the cell's runs are
-    not all in, so it names no family and no run reaches across it), with the methods first in each."""
+    not all in, or not begun below a p that has runs, so it names no family and no run reaches
+    across it), with the methods first in each."""
     out: list[dict] = []
+    ps = [p for p in res["workers"][1:] if f"{network}/{condition}/p{p}" in res["cells"]]
     for p in res["workers"][1:]:
+        if not ps or p > ps[-1]:
+            break                            # (the p not run yet, past the last with runs)
         c = res["cells"].get(f"{network}/{condition}/p{p}")
-        if not c:
-            continue
-        best = c["fastest"]
-        if not c["complete"]:
+        best = c and c["fastest"]
+        if not c or not c["complete"]:
             fam, names = "open", []
         elif best is None:
             fam, names = "miss", []
@@ -443,7 +445,7 @@ def budget_words(res: dict, final: bool) -> str:
             f"{BUDGET_HOURS:g} budgeted")
     if hours <= BUDGET_HOURS:
         return text + "."
-    step = f" ({ms:.1f} ms of one core, measured over every run)" if ms else ""
+    step = f" ({ms:.1f} ms of one core, all of a run's real time counted)" if ms else ""
     return (text + f", {hours - BUDGET_HOURS:.1f} more. The budget was set for worker-steps "
             f"{STEP_SPEEDUP:g}× cheaper than this code's{step}; none of the cuts that would have kept within it "
             "(a smaller search, fewer seeds, the asynchronous methods under one condition, a shorter horizon) "

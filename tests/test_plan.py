@@ -140,6 +140,15 @@ def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):
         assert L.main(args if "--study" in args else [*args, "--study", str(made["path"])]) != 0
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("scalesgd: error")]
         assert len(err) == 1 and needle in err[0], (args, err)
+    # a study file whose task is missing, or whose job does not parse, is one line naming it
+    study = json.loads(made["path"].read_text())
+    for task, needle in ((None, "its 'task' needs the job it ran"),
+                         ({**study["task"], "job": "[model]\nmodel = "}, "the study's task (its 'task.job'): the job")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({**study, "task": task}))
+        assert L.main(["--profile", "a100-ib100-resnet50", "--workers", "4", "--study", str(bad)]) != 0
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("scalesgd: error")]
+        assert len(err) == 1 and needle in err[0] and "tmp" not in err[0].split("bad.json")[-1], (task, err)
 
 
 def test_the_shipped_study_file_plans_for_a_users_profile(tmp_path):

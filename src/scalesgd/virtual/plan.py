@@ -54,6 +54,10 @@ def load_study(path: Path = STUDY) -> dict:
         raise ConfigError(f"{path}: not a study file ({exc})") from exc
     if "cells" not in study:
         raise ConfigError(f"{path}: not a study file (no 'cells')")
+    task = study.get("task")
+    if not isinstance(task, dict) or not {"job", "classes", "train", "eval_every"} <= set(task):
+        raise ConfigError(f"{path}: not a study file (its 'task' needs the job it ran, its classes, "
+                          "training images and validation interval)")
     return study
 
 
@@ -67,16 +71,19 @@ def task_config(study: dict):
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "task.toml"
         job.write_text(study["task"]["job"])
-        return resolve_config(make_parser().parse_args(["--config", str(job)]))
+        try:
+            return resolve_config(make_parser().parse_args(["--config", str(job)]))
+        except ConfigError as exc:
+            raise ConfigError(f"the study's task (its 'task.job'): {str(exc).replace(str(job), 'the job')}") from None
 
 
-def balance(prof: P.Profile, study: dict) -> dict:
+def balance(prof: P.Profile, study: dict, cfg=None) -> dict:
     """One step's compute (seconds) and the ratio of one gradient's transfer to it, for the study's
-    task timed as ``prof`` times it."""
+    task (``cfg``: its Config, read once by the caller) timed as ``prof`` times it."""
     if prof.measured:
         raise ConfigError(f"--profile {prof.name}: a measured profile has no compute figure to plan "
                           "with; give images_per_second (and reference) or step_seconds")
-    cfg = task_config(study)
+    cfg = cfg or task_config(study)
     classes = study["task"]["classes"]
     step = P.Compute(prof, cfg, classes, condition=V.load("none")).seconds
     nbytes = 4 * P.model_params(cfg.model.model, classes, cfg.model.width) * P.byte_scale(prof, cfg, classes)
@@ -181,8 +188,9 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
     p = nearest_p(study, workers) if workers > 1 else 1
     cond, cond_note = condition_name(prof, condition)
     yours = P.condition_of(prof, condition)
-    mine = balance(prof, study)
-    nets = {n: balance(P.load(n), study) for n in study["networks"]}
+    cfg = task_config(study)
+    mine = balance(prof, study, cfg)
+    nets = {n: balance(P.load(n), study, cfg) for n in study["networks"]}
     net = min(nets, key=lambda n: abs(math.log(nets[n]["ratio"]) - math.log(mine["ratio"])))
     key = f"{net}/{cond}/p{p}"
     cell = study["cells"].get(key)
