@@ -454,7 +454,7 @@ def crossover_tuning(results: Path) -> str:
             for n, c in t["chosen"].items():
                 by.setdefault(c or "pending", []).append(n.split("-")[0])
             chosen = "; ".join(f"{c} ({', '.join(ns)})" if len(by) > 1 else c for c, ns in by.items())
-            cells.append(f"{len(t['configs'])} points, {done} runs: {chosen}"
+            cells.append(f"{len(t['configs'])} points, {done} run{'' if done == 1 else 's'}: {chosen}"
                          + (" (so far)" if done < t["runs"] else ""))
         rows.append(f"| {R.SHORT.get(m, m)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
