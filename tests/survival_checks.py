@@ -24,8 +24,13 @@ def check_survived(run_dir: Path, dead: list[int], workers_after: int, ranks: in
     s = summary(run_dir)
     # (ranks that die close together may be survived in one recovery or in two)
     assert sorted(r for f in s["failures"] for r in f["ranks"]) == sorted(dead)
-    for f in s["failures"]:
-        assert f["recovery_seconds"] > 0 and f["shrink_seconds"] > 0 and f["global_samples"] > 0
+    for i, f in enumerate(s["failures"]):
+        assert f["recovery_seconds"] > 0 and f["shrink_seconds"] > 0 and f["global_samples"] >= 0
+        if f["global_samples"] == 0:     # only if no survivor had trained a step before it: a rank
+            for rank in set(range(ranks)) - set(dead):    # that ran ahead alone may die with its
+                recs = lines(run_dir, rank)               # count (push-sum's counter host)
+                first = [j for j, r in enumerate(recs) if r["kind"] == "failure"][i]
+                assert not [r for r in recs[:first] if r["kind"] == "step"], (rank, f)
     assert s["ranks"] == ranks - len(dead) and s["workers"] == workers_after
     h = s["history"]
     assert [r["global_samples"] for r in h] == sorted({r["global_samples"] for r in h})  # each once
