@@ -422,8 +422,9 @@ class Study:
         times = {m: self.seed_times(p, network, condition, m) for m in METHODS if p > 1}
         first = {m: v for m, t in times.items() for v in [mean([t.get(s) for s in SEEDS])] if v is not None}
         out = two_close(first)
-        partial = [m for m, t in times.items() if 0 < sum(s in t for s in MORE_SEEDS) < len(MORE_SEEDS)]
-        if any(sum(s in times[m] for s in MORE_SEEDS) < len(MORE_SEEDS) for m in out) or partial:
+        extra = {m: sum(s in t for s in MORE_SEEDS) for m, t in times.items()}
+        partial = [m for m, k in extra.items() if 0 < k < len(MORE_SEEDS)]
+        if partial or any(extra[m] < len(MORE_SEEDS) for m in out):
             return out + [m for m in partial if m not in out]       # (their extra seeds still running)
         every = {m: v for m, t in times.items() if all(s in t for s in SEEDS)
                  for v in [mean(list(t.values()))] if v is not None}

@@ -31,10 +31,12 @@ virtual cluster under the profile itself: one seed each, to the target, on the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import sys
+import tempfile
 from pathlib import Path
 
 from ..errors import ConfigError, UserError
@@ -61,16 +63,21 @@ def load_study(path: Path = STUDY) -> dict:
     return study
 
 
+@contextlib.contextmanager
+def task_job(study: dict):
+    """A temporary folder holding the job file the study ran (``task.toml``): yields (folder, job)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "task.toml"
+        job.write_text(study["task"]["job"])
+        yield Path(tmp), job
+
+
 def task_config(study: dict):
     """The study's task as a Config: the job file it ran (``study["task"]["job"]``, the text of
     ``jobs/glyphs.toml``), read as ``--config`` reads it, so that its steps and bytes are timed as
     the study's runs were."""
-    import tempfile  # noqa: PLC0415
-
     from ..cli import make_parser, resolve_config  # noqa: PLC0415
-    with tempfile.TemporaryDirectory() as tmp:
-        job = Path(tmp) / "task.toml"
-        job.write_text(study["task"]["job"])
+    with task_job(study) as (_, job):
         try:
             return resolve_config(make_parser().parse_args(["--config", str(job)]))
         except ConfigError as exc:
@@ -127,19 +134,15 @@ def clock(study: dict, flags: str, workers: int, prof: P.Profile, condition, see
     """(global samples, simulated training seconds) at every validation of the study's task run
     with ``flags`` on ``prof`` under ``condition``, up to ``samples``: a clock-only virtual run
     (``clockonly.py``: the same clock as the real run, no arithmetic)."""
-    import contextlib  # noqa: PLC0415
     import io  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
 
     from ..cli import make_parser, resolve_config  # noqa: PLC0415
     from .run import run as vrun  # noqa: PLC0415
     task = study["task"]
     epochs = max(1, math.ceil(samples / task["train"] - 1e-9))
-    with tempfile.TemporaryDirectory() as tmp:
-        job = Path(tmp) / "task.toml"
-        job.write_text(task["job"])
+    with task_job(study) as (tmp, job):
         argv = ["--config", str(job), *flags.split(), "--seed", str(seed), "--epochs", str(epochs),
-                "--eval-every", str(task["eval_every"]), "--run-dir", str(Path(tmp) / "run")]
+                "--eval-every", str(task["eval_every"]), "--run-dir", str(tmp / "run")]
         cfg = resolve_config(make_parser().parse_args(argv))
         log = logging.getLogger("scalesgd")
         level = log.level
@@ -289,16 +292,12 @@ def show(res: dict, prof: P.Profile) -> str:
 def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2) -> list[dict]:
     """``--run``: the ``top`` fastest predicted methods in the virtual cluster under the profile
     itself, one seed each, to the target, on the study's task; measured against predicted."""
-    import tempfile  # noqa: PLC0415
-
     from .run import main as vmain  # noqa: PLC0415
     if not (data / "manifest.json").exists():
         raise ConfigError(f"--data {data}: no data set there (the study's glyphs: python benchmarks/glyphs.py "
                           f"{data.parent}, then --data {data.parent}/main)")
     out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        job = Path(tmp) / "task.toml"
-        job.write_text(study["task"]["job"])
+    with task_job(study) as (_, job):
         for r in [x for x in res["rows"] if x["mean_seconds"] is not None][:top]:
             run_dir = Path("runs") / f"plan-{r['method']}-p{res['p']}"
             argv = ["--config", str(job), "--data", str(data), *r["flags"].split(), "--workers", str(res["p"]),
