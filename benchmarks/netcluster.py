@@ -149,6 +149,50 @@ def _links(prefix: str) -> list[str]:
     return sorted(r["ifname"] for r in rows if r["ifname"].startswith(f"{prefix}-"))
 
 
+def _holder_of(pid: int) -> str | None:
+    """'PID:START:PIDNS' for a live process (START: its start time in clock ticks since boot, so a
+    reused PID is another holder; PIDNS: the PID namespace the number means something in)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return f"{pid}:{stat.rsplit(')', 1)[1].split()[19]}:{pidns}"
+
+
+def _bridge_alias(prefix: str) -> str | None:
+    rows = json.loads(_cmd(["ip", "-j", "-d", "link", "show"]) or "[]")
+    return next((r.get("ifalias", "") for r in rows if r["ifname"] == f"{prefix}-br"), None)
+
+
+def holder_state(prefix: str = DEFAULT_PREFIX) -> tuple[bool | None, str]:
+    """Whether the process that holds the cluster under ``prefix`` still runs: (True, who) when it
+    does, (False, who) when it has ended (a test or tool killed before its teardown), (None, why)
+    when no one can tell: no holder recorded (a cluster left up on purpose by ``up``, or one made by
+    a version that recorded none), no bridge, or a holder in another PID namespace."""
+    alias = _bridge_alias(check_prefix(prefix))
+    kv = dict(item.split("=", 1) for item in (alias or "").split()[1:] if "=" in item)
+    if "holder" not in kv:
+        return None, "no holder recorded" if alias is not None else "no bridge"
+    pid, start, pidns = kv["holder"].split(":")
+    if str(os.stat("/proc/self/ns/pid").st_ino) != pidns:
+        return None, f"held by pid {pid} of another PID namespace"
+    return _holder_of(int(pid)) == kv["holder"], f"pid {pid}"
+
+
+def reclaim(prefix: str) -> list[str]:
+    """For a prefix that is the caller's own (a test's): removes what exists under it unless a
+    live process holds it (then NetClusterError naming it), and returns what it removed.  What a
+    killed run left, with or without a recorded holder, would otherwise refuse every later run."""
+    left = leftovers(prefix)
+    if not left:
+        return []
+    alive, who = holder_state(prefix)
+    if alive:
+        raise NetClusterError(f"cluster '{prefix}' is in use by {who}, which still runs")
+    return teardown(prefix)
+
+
 def leftovers(prefix: str = DEFAULT_PREFIX) -> list[str]:
     """Everything of a cluster with this prefix that still exists, e.g. ['netns sgdnet-n0', ...]."""
     return [f"netns {n}" for n in _namespaces(prefix)] + [f"link {n}" for n in _links(prefix)]
@@ -295,6 +339,7 @@ class NetCluster:
         sr = server_rate if server_rate is not None else self.rate
         self.server_rate = sr if isinstance(sr, int) else parse_rate(sr)
         self._old_sigterm = None
+        self.holder: str | None = None      # 'PID:START:PIDNS' of the process whose `with` holds it
 
     # names: namespace PREFIX-nK with eth0 inside, bridge port PREFIX-vK, bridge PREFIX-br
     @property
@@ -315,14 +360,13 @@ class NetCluster:
 
     def _alias(self) -> str:
         return (f"netcluster nodes={self.nodes} ranks_per_node={self.ranks_per_node} "
-                f"rate={self.rate} server_rate={self.server_rate} cpus_per_node={self.cpus_per_node}")
+                f"rate={self.rate} server_rate={self.server_rate} cpus_per_node={self.cpus_per_node}"
+                + (f" holder={self.holder}" if self.holder else ""))
 
     @classmethod
     def attach(cls, prefix: str = DEFAULT_PREFIX) -> "NetCluster":
         """The cluster that ``up`` left running under ``prefix`` (settings read from the bridge)."""
-        rows = json.loads(_cmd(["ip", "-j", "-d", "link", "show"]) or "[]")
-        alias = next((r.get("ifalias", "") for r in rows if r["ifname"] == f"{check_prefix(prefix)}-br"),
-                     None)
+        alias = _bridge_alias(check_prefix(prefix))
         if alias is None or not alias.startswith("netcluster "):
             raise NetClusterError(f"no cluster '{prefix}' is up: start one with 'python "
                                   f"benchmarks/netcluster.py up N --rate R{_flag(prefix)}'")
@@ -353,6 +397,13 @@ class NetCluster:
         if why:
             raise NetClusterError(why)
         left = leftovers(self.prefix)
+        alive, who = holder_state(self.prefix) if left else (None, "")
+        if alive is False:
+            # what a killed holder left (its `with` never reached the teardown): no one uses it
+            removed = teardown(self.prefix)
+            print(f"netcluster: removed {len(removed)} namespace(s)/link(s) that {who}, which has "
+                  f"ended, left under '{self.prefix}'", file=sys.stderr, flush=True)
+            left = leftovers(self.prefix)
         if left:
             raise NetClusterError(f"leftovers of an earlier cluster exist ({', '.join(left)}): "
                                   f"remove them with '{CLEAN}{_flag(self.prefix)}'")
@@ -373,6 +424,7 @@ class NetCluster:
     def __enter__(self) -> "NetCluster":
         if threading.current_thread() is threading.main_thread():
             self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm_exits)
+        self.holder = _holder_of(os.getpid())     # this process holds it until its teardown
         try:
             return self.up()
         except BaseException:

@@ -11,6 +11,7 @@ they skip, and the refusal of ``continue`` there is tested instead.
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -189,7 +190,9 @@ def test_survival_across_emulated_nodes(data, tmp_path, method, faults, dead, pr
            "--method", *method, *ARGS, "--batch-size", "2", "--epochs", "1"]
     env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src")]),
            "OMP_NUM_THREADS": "1", "SCALESGD_INJECT_FAULT": faults}
-    assert nc.leftovers(prefix) == [], f"leftovers of an earlier test: {nc.CLEAN} --prefix {prefix}"
+    removed = nc.reclaim(prefix)      # a killed earlier run's cluster (CI once failed on one)
+    if removed:
+        warnings.warn(f"removed what an earlier, killed run left: {', '.join(removed)}", stacklevel=1)
     try:
         with nc.NetCluster(3, rate="1gbit", ranks_per_node=2, prefix=prefix) as c:
             res = c.run(cmd, mpiexec=str(wrapper), env=env, timeout=240, capture=True)
