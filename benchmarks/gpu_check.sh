@@ -92,7 +92,8 @@ else
         record mpi unusable "mpi4py finds no MPI library or no mpiexec: the allreduce case is skipped"
     fi
 fi
-if [ -z "${MPIEXEC_ARGS:-}" ] && [ "$(id -u)" = 0 ] && "$(launcher)" --version 2>/dev/null | grep -q "Open MPI"; then
+# Open MPI 5's launcher says "Open MPI" or "prte" in its version, Open MPI 4's says "OpenRTE".
+if [ -z "${MPIEXEC_ARGS:-}" ] && [ "$(id -u)" = 0 ] && "$(launcher)" --version 2>/dev/null | grep -qiE "Open MPI|OpenRTE|prte"; then
     export MPIEXEC_ARGS="--allow-run-as-root --oversubscribe"       # Open MPI refuses root without it
     note "MPIEXEC_ARGS=$MPIEXEC_ARGS (Open MPI, run as root)"
 fi
@@ -114,8 +115,11 @@ else
     if has cudnn; then
         record cudnn_frontend preinstalled "$("$PY" -c 'import cudnn; print(cudnn.__version__)')"
     else
+        # Its recent wheels require the CUTLASS DSL and TVM FFI wheels (its DSL kernels, which this
+        # project does not use): without them at hand, the frontend alone (--no-deps), if it imports.
         pip_into_prefix cudnn_frontend "nvidia-cudnn-frontend>=1.8" ||
-            record cudnn_frontend skipped "$NOWHERE: the cuDNN path is skipped, im2col runs"
+            { pip_into_prefix cudnn_frontend --no-deps "nvidia-cudnn-frontend>=1.8" && has cudnn; } ||
+            record cudnn_frontend skipped "$NOWHERE, or it does not import without its dependencies: the cuDNN path is skipped, im2col runs"
     fi
     if has cudnn && ! "$PY" -c "import cudnn; cudnn.backend_version()" >/dev/null 2>&1; then
         pip_into_prefix cudnn "nvidia-cudnn-cu${MAJOR}>=9" ||

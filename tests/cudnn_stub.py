@@ -14,6 +14,7 @@ was called, and when (it filters the plans that ``create_execution_plans`` made)
 """
 from __future__ import annotations
 
+import ctypes
 import types
 
 import numpy as np
@@ -154,9 +155,16 @@ class pygraph:  # noqa: N801 - the module's own name
     def execute(self, variant_pack, workspace, handle=None):
         kind, args, outs = self.op
         for t, a in variant_pack.items():        # the Frontend declares 16-byte aligned tensors
-            if np.asarray(a).ctypes.data % 16 and not t.is_pass_by_value:
+            if t.is_pass_by_value:
+                # a host address (int), as the engine passes it: cudnn-frontend 1.32 refused a
+                # NumPy array there ("NumPy only supports stream=None"; measured on an H200)
+                if type(a) is not int:
+                    raise ValueError(f"cudnn stand-in: pass-by-value {t.name!r} is a {type(a).__name__}, "
+                                     "not a host address: NumPy only supports stream=None.")
+            elif np.asarray(a).ctypes.data % 16:
                 raise RuntimeError(f"cudnn stand-in: tensor {t.name!r} is not 16-byte aligned")
-        pack = {id(t): np.asarray(a) for t, a in variant_pack.items()}
+        pack = {id(t): np.array([ctypes.c_float.from_address(a).value], np.float32) if t.is_pass_by_value
+                else np.asarray(a) for t, a in variant_pack.items()}
         get = lambda t: pack[id(t)]                                    # noqa: E731
         if kind.startswith("conv_"):
             (ph, pw), (sh, sw) = args["padding"], args["stride"]

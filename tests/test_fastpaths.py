@@ -349,6 +349,34 @@ def test_the_whole_model_check_catches_stale_weights_and_leaves_the_model_as_it_
     assert hooked, "the run's grad hook is back"
 
 
+def test_a_failed_whole_model_step_says_which_gradients_carry_the_error(tmp_path):
+    """The first GPU run (H200, 2026-12-04) failed the whole-model training step on gradients
+    alone (relative error 1.8e-2 in fp32) while every per-part check passed: the message now says
+    where the error lies.  An engine whose weight gradient of one conv (layer2.0.conv1) is 1.5x
+    too large passes the per-part checks' logits, fails the step, and the message names it."""
+    import cudnn_stub
+    from scalesgd.nn import cudnn_conv as CC
+    model = ResNet("resnet8", 10, 0.25, seed=0)
+    from scalesgd.nn.resnet import _leaves
+    target = next(m for m in _leaves(model.net) if getattr(m, "param_names", None)
+                  and m.param_names[0] == "layer2.0.conv1.weight")
+
+    class WrongWgrad(CC.CudnnEngine):
+        def conv_backward(self, mod, dout, cache, need_dx):
+            dx = super().conv_backward(mod, dout, cache, need_dx)
+            if mod is target:
+                mod.dw *= 1.5
+            return dx
+    model.set_engine(WrongWgrad(cudnn_stub.module(), cudnn_stub.HostXP(), "fp32", model.kernels))
+    cfg = C.build(None, {"data": {"image_size": 8, "batch_size": 6, "scale": [8.0, 10.0]}})
+    (step,) = [c for c in F.model_components(model, types.SimpleNamespace(is_gpu=True, xp=cudnn_stub.HostXP()),
+                                              cfg) if c.name.startswith("model train step")]
+    out = F.validate([step], "auto", speak=False)[step.name]
+    assert out["status"] == "fell back", out
+    assert "grads: relative error" in out["error"], out
+    assert "most of the error in layer2.0.conv1.weight (" in out["error"], out["error"]
+
+
 def test_the_transport_check_runs_with_device_work_in_flight(monkeypatch):
     """Issue 25, deliverable 3: the transport is checked on a buffer whose values are still being
     written by queued device work (tests/device_double.py).  A transport that copies a bucket on

@@ -24,8 +24,8 @@ CHECK_BATCH = 2                      # batch of the cuDNN checks (real H, W, C o
 CONV_TOL = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 3e-2}
 KERNEL_TOL = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 1e-2}
 # the whole model (logits, gradients) against its reference layers: per-layer errors compound over
-# depth, so wider than CONV_TOL; a stale or wrong weight copy is off by O(1).  Estimates: not yet
-# calibrated on a GPU (benchmarks/gpu_check.sh records the errors a GPU gives)
+# depth, so wider than CONV_TOL; a stale or wrong weight copy is off by O(1).  Estimates: the one
+# GPU run so far (H200, docs/benchmarks.md) measured 1.8e-2 in fp32 gradients, not yet explained
 MODEL_TOL = {"fp32": 1e-3, "tf32": 5e-2, "bf16": 0.25}
 EVAL_ROWS = 2                        # rows of an evaluation batch compared (eval rows are independent)
 TRANSPORT_TOL = 1e-6                 # float32 sums of a few ranks: only the summation order differs
@@ -45,6 +45,9 @@ class Component:
     fallback: str                    # what runs instead, in words
     disable: Callable[[], None]
     outputs: tuple = ()              # names of the outputs, for messages
+    # (fast outputs, reference outputs) -> words on where a failed comparison's error lies,
+    # appended to its message (the whole model: which parameters' gradients carry it)
+    explain: Callable[[object, object], str] | None = None
 
 
 # ----------------------------------------------------------------------------- the outcome
@@ -121,9 +124,34 @@ def _check(c: Component) -> tuple[float | None, str | None]:
     if failed is not None:
         return None, _why(failed)
     try:
-        return compare(out, ref, c.tol, c.outputs)
+        err, why = compare(out, ref, c.tol, c.outputs)
     except Exception as exc:  # noqa: BLE001
         return None, _why(exc)
+    if why is not None and c.explain is not None:
+        try:
+            why = f"{why}; {c.explain(out, ref)}"
+        except Exception as exc:  # noqa: BLE001 - the words are a help; the verdict stands
+            why = f"{why}; (no breakdown: {_why(exc)})"
+    return err, why
+
+
+def error_breakdown(got, want, layout, top: int = 3) -> str:
+    """Where ``||got - want||`` of a flat array of ``layout`` lies: the ``top`` tensors with the
+    largest share of the squared error, each with its share and its own relative error; and the
+    error of the first and the last tensor (a per-layer rounding difference compounds towards the
+    input, a wrong layer shows up where it is)."""
+    a, b = _host64(got), _host64(want)
+    total = float(np.sum((a - b) ** 2)) or 1e-300
+    rows = []
+    for spec in layout.specs:
+        lo, hi = layout.offsets[spec.name]
+        d, r = a[lo:hi] - b[lo:hi], b[lo:hi]
+        rows.append((float(np.sum(d * d)) / total, spec.name,
+                     float(np.linalg.norm(d) / max(np.linalg.norm(r), 1e-30))))
+    worst = sorted(rows, reverse=True)[:top]
+    first, last = rows[0], rows[-1]
+    return ("most of the error in " + ", ".join(f"{n} ({sh:.0%}, relative {e:.1e})" for sh, n, e in worst)
+            + f"; first tensor {first[1]} relative {first[2]:.1e}, last {last[1]} {last[2]:.1e}")
 
 
 def _why(exc: BaseException) -> str:

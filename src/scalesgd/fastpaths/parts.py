@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .core import (CHECK_BATCH, CONV_TOL, DECODE_SAMPLES, DECODE_TOL, EVAL_ROWS, KERNEL_TOL, MODEL_TOL,
-                   TRANSPORT_TOL, Component, Report)
+                   TRANSPORT_TOL, Component, Report, error_breakdown)
 
 
 def model_layers(model, n: int, hw: int) -> tuple[dict, dict]:
@@ -270,7 +270,8 @@ def model_components(model, backend, cfg, loaders=(), report: Report | None = No
                      lambda: _train_after_update(model, xp, train_rows, hw, fast=True),
                      lambda: _train_after_update(model, xp, train_rows, hw, fast=False),
                      tol, "the reference layers and kernels for the whole model", fallback,
-                     ("logits", "grads"))]
+                     ("logits", "grads"),
+                     lambda got, want: error_breakdown(got[1], want[1], model.ps.layout))]
     for rows in eval_rows:
         out.append(Component(f"model evaluation after loading another model ({rows} rows)",
                              lambda rows=rows: _eval_after_load(model, xp, rows, hw, fast=True),

@@ -266,7 +266,18 @@ class CudnnEngine:
         self.cache = GraphCache()
         self.io_dtype = _io_dtype(xp, precision)
         self._ws = xp.empty(1, dtype=xp.uint8)
-        self._eps = None
+        self._scalars = {}
+
+    def _host_scalars(self, eps: float, momentum: float) -> tuple[int, int]:
+        """BN's pass-by-value epsilon and momentum, as the host addresses of float32 values this
+        engine keeps alive: a pass-by-value operand of cuDNN's variant pack is a host pointer, and
+        an address is what every Frontend takes for an operand.  A NumPy array there was refused by
+        cudnn-frontend 1.32 on an H200 ("NumPy only supports stream=None": it asks any array without
+        a device pointer for a DLPack capsule with stream=-1), which failed every BN graph."""
+        key = (float(eps), float(momentum))
+        if key not in self._scalars:
+            self._scalars[key] = tuple(np.full((1, 1, 1, 1), v, np.float32) for v in key)
+        return tuple(int(a.ctypes.data) for a in self._scalars[key])
 
     def _run(self, built: Built, pack: dict):
         if self._ws.size < built.workspace:
@@ -275,7 +286,7 @@ class CudnnEngine:
         # the Frontend declares 16-byte aligned operands; BN's per-channel vectors are views into
         # the flat buffers at 4-byte offsets whenever a width is not a multiple of 4 (--width 0.3:
         # 5, 10, 19 channels): those run on aligned copies, copied back afterwards
-        moved = {k: v for k, v in pack.items() if _address(v) % ALIGN}
+        moved = {k: v for k, v in pack.items() if not isinstance(v, int) and _address(v) % ALIGN}
         run = {**pack, **{k: self.xp.array(v, copy=True) for k, v in moved.items()}}
         built.graph.execute({built.tensors[k]: v for k, v in run.items()}, self._ws)
         for k, v in moved.items():
@@ -329,7 +340,7 @@ class CudnnEngine:
         c = x.shape[-1]
         y = xp.empty(x.shape, dtype=self.io_dtype)
         mean, invstd = xp.empty(c, xp.float32), xp.empty(c, xp.float32)
-        hp = _host_scalars(eps, momentum)
+        hp = self._host_scalars(eps, momentum)
         self._run(built, {"X": x, "scale": mod.gamma, "bias": mod.beta, "rmean": mod.rmean,
                           "rvar": mod.rvar, "eps": hp[0], "mom": hp[1], "Y": y, "mean": mean,
                           "invstd": invstd, "rmean_out": mod.rmean, "rvar_out": mod.rvar})
@@ -366,11 +377,6 @@ def _io_dtype(xp, precision: str):
         return xp.float32
     import ml_dtypes  # noqa: PLC0415 - shipped with JAX/PyTorch images; CuPy 14 accepts it
     return ml_dtypes.bfloat16
-
-
-def _host_scalars(eps: float, momentum: float):
-    import numpy as np  # noqa: PLC0415
-    return (np.full((1, 1, 1, 1), eps, np.float32), np.full((1, 1, 1, 1), momentum, np.float32))
 
 
 def resolve(conv_impl: str, backend, dtype: str = "float32") -> tuple[str, str]:
