@@ -349,6 +349,34 @@ def test_the_whole_model_check_catches_stale_weights_and_leaves_the_model_as_it_
     assert hooked, "the run's grad hook is back"
 
 
+def test_a_measured_floor_lifts_the_tolerance_to_the_references_own_rounding_noise():
+    """An ill-conditioned float32 computation (values 1 +- 1e-5, centred): another rounding
+    history, here the same code on inputs moved by other ulps, differs from the reference by ~1e-2,
+    far over a fixed 1e-4, and so would any correct float32 implementation.  With the floor (the
+    reference on inputs moved by one ulp) the tolerance rises to FLOOR_FACTOR times that noise, is
+    recorded, and the sound path passes; a path 1.5x off still fails above the floor."""
+    rng = np.random.default_rng(0)
+    x = (1 + 1e-5 * rng.standard_normal(100_000)).astype(np.float32)
+    a, b = (rng.choice([-1.0, 1.0], x.size) for _ in range(2))
+
+    def centred(signs=None, scale=1.0):
+        v = x if signs is None else (x * (1 + F.ULP * signs)).astype(np.float32)
+        return np.float32(scale) * (v - np.float32(v.sum(dtype=np.float32) / np.float32(v.size)))
+
+    def comp(name, fast, floor):
+        return F.Component(name, fast, centred, 1e-4, "the reference", lambda: None, ("y",),
+                           floor=floor)
+    out = F.validate([comp("fixed", lambda: centred(b), None),
+                      comp("floored", lambda: centred(b), lambda: centred(a)),
+                      comp("wrong", lambda: centred(b, 1.5), lambda: centred(a))], "auto", speak=False)
+    assert out["fixed"]["status"] == "fell back" and 5e-3 < out["fixed"]["rel_error"] < 5e-2, out
+    assert "tolerance" not in out["fixed"]
+    assert out["floored"]["status"] == "used", out
+    (tol,) = out["floored"]["tolerance"]
+    assert F.FLOOR_FACTOR * 5e-3 < tol < F.FLOOR_FACTOR * 5e-2 and out["floored"]["rel_error"] < tol
+    assert out["wrong"]["status"] == "fell back" and "> tolerance" in out["wrong"]["error"], out
+
+
 def test_a_failed_whole_model_step_says_which_gradients_carry_the_error(tmp_path):
     """The first GPU run (H200, 2026-12-04) failed the whole-model training step on gradients
     alone (relative error 1.8e-2 in fp32) while every per-part check passed: the message now says
@@ -375,6 +403,7 @@ def test_a_failed_whole_model_step_says_which_gradients_carry_the_error(tmp_path
     assert out["status"] == "fell back", out
     assert "grads: relative error" in out["error"], out
     assert "most of the error in layer2.0.conv1.weight (" in out["error"], out["error"]
+    assert len(out["tolerance"]) == 2 and min(out["tolerance"]) >= F.MODEL_TOL["fp32"], out
 
 
 def test_the_transport_check_runs_with_device_work_in_flight(monkeypatch):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .core import (CHECK_BATCH, CONV_TOL, DECODE_SAMPLES, DECODE_TOL, EVAL_ROWS, KERNEL_TOL, MODEL_TOL,
-                   TRANSPORT_TOL, Component, Report, error_breakdown)
+                   TRANSPORT_TOL, ULP, Component, Report, error_breakdown)
 
 
 def model_layers(model, n: int, hw: int) -> tuple[dict, dict]:
@@ -256,8 +256,8 @@ def model_components(model, backend, cfg, loaders=(), report: Report | None = No
     xp, hw = backend.xp, cfg.data.image_size
     tol = MODEL_TOL[getattr(engine, "precision", "fp32")]
     train_rows, eval_rows = run_batches(cfg, loaders)
-    if report is not None:               # fast: 2 steps + 2 forwards each; reference: 1 step + rows
-        report.gflops += (9 * forward_gflops(model, train_rows, hw)
+    if report is not None:               # fast: 2 steps + 2 forwards each; reference: 2 steps (one
+        report.gflops += (12 * forward_gflops(model, train_rows, hw)      # on moved images) + rows
                           + sum(2 * forward_gflops(model, r, hw) for r in eval_rows)
                           + len(eval_rows) * forward_gflops(model, EVAL_ROWS, hw))
 
@@ -271,7 +271,8 @@ def model_components(model, backend, cfg, loaders=(), report: Report | None = No
                      lambda: _train_after_update(model, xp, train_rows, hw, fast=False),
                      tol, "the reference layers and kernels for the whole model", fallback,
                      ("logits", "grads"),
-                     lambda got, want: error_breakdown(got[1], want[1], model.ps.layout))]
+                     lambda got, want: error_breakdown(got[1], want[1], model.ps.layout),
+                     lambda: _train_after_update(model, xp, train_rows, hw, fast=False, moved=True))]
     for rows in eval_rows:
         out.append(Component(f"model evaluation after loading another model ({rows} rows)",
                              lambda rows=rows: _eval_after_load(model, xp, rows, hw, fast=True),
@@ -281,10 +282,13 @@ def model_components(model, backend, cfg, loaders=(), report: Report | None = No
     return out
 
 
-def _inputs(xp, rows: int, hw: int, seed: int):
+def _inputs(xp, rows: int, hw: int, seed: int, moved: bool = False):
+    """Images and labels; ``moved``: each pixel moved by one float32 ulp up or down (the floor)."""
     rng = np.random.default_rng([seed, rows])
-    return (xp.array(rng.standard_normal((rows, hw, hw, 3)).astype(np.float32)),
-            xp.array(rng.integers(0, 2, rows)))
+    x = rng.standard_normal((rows, hw, hw, 3)).astype(np.float32)
+    if moved:
+        x = (x * (1 + ULP * np.random.default_rng([seed, rows, 1]).choice([-1.0, 1.0], x.shape)))
+    return xp.array(x.astype(np.float32)), xp.array(rng.integers(0, 2, rows))
 
 
 def _changed(xp, a, seed: int):
@@ -293,12 +297,13 @@ def _changed(xp, a, seed: int):
     return a * xp.array(f.astype(np.float32)).astype(a.dtype)
 
 
-def _train_after_update(model, xp, rows: int, hw: int, fast: bool):
+def _train_after_update(model, xp, rows: int, hw: int, fast: bool, moved: bool = False):
     """Logits and gradients of a training step at ``rows`` after the weights changed in place (as
     the optimizer changes them): the fast path first runs a step at the old weights, so any copy
-    of them it keeps (a weight layout, a graph) must follow the update."""
+    of them it keeps (a weight layout, a graph) must follow the update.  ``moved``: the images
+    moved by one ulp (the reference's rounding noise, core.FLOOR_FACTOR)."""
     from ..nn.layers import softmax_cross_entropy  # noqa: PLC0415
-    x, y = _inputs(xp, rows, hw, 1)
+    x, y = _inputs(xp, rows, hw, 1, moved)
     with _Isolated(model) as iso:
         if fast:
             logits, cache = model.forward(x, True)

@@ -337,6 +337,9 @@ class CudnnEngine:
             return self.kernels.bn_apply(x, scale, mod.beta - mod.rmean * scale, mod.relu), None
         built = self.cache.get(("bn_fwd", x.shape, self.precision),
                                lambda: build_bn(self.cudnn, self.handle, "fwd", x.shape, self.precision))
+        # the graph declares X in the I/O type: a float32 X under bf16 would be read as bf16 bits
+        # (cudnn-frontend 1.32 describes a slot from the declaration); the model's X already is
+        x = xp.ascontiguousarray(x, dtype=self.io_dtype)
         c = x.shape[-1]
         y = xp.empty(x.shape, dtype=self.io_dtype)
         mean, invstd = xp.empty(c, xp.float32), xp.empty(c, xp.float32)
