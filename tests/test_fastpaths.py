@@ -377,6 +377,27 @@ def test_a_measured_floor_lifts_the_tolerance_to_the_references_own_rounding_noi
     assert out["wrong"]["status"] == "fell back" and "> tolerance" in out["wrong"]["error"], out
 
 
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_the_floor_moves_the_images_by_the_precisions_rounding_unit(precision, monkeypatch):
+    """The whole-model step's floor runs the reference on images moved by the engine's rounding
+    unit (one float32 ulp; TF32's unit roundoff 2^-11): the run and the reference see the images
+    as they are, and the tolerance recorded is at least the fixed one."""
+    import cudnn_stub
+    from scalesgd.fastpaths import parts as P
+    from scalesgd.nn import cudnn_conv as CC
+    seen, real = [], P._train_after_update
+    monkeypatch.setattr(P, "_train_after_update",
+                        lambda *a, **k: seen.append(k.get("move", 0.0)) or real(*a, **k))
+    model = ResNet("resnet8", 10, 0.25, seed=0)
+    model.set_engine(CC.CudnnEngine(cudnn_stub.module(), cudnn_stub.HostXP(), precision, model.kernels))
+    cfg = C.build(None, {"data": {"image_size": 8, "batch_size": 6, "scale": [8.0, 10.0]}})
+    (step,) = [c for c in F.model_components(model, types.SimpleNamespace(is_gpu=True, xp=cudnn_stub.HostXP()),
+                                              cfg) if c.name.startswith("model train step")]
+    out = F.validate([step], "auto", speak=False)[step.name]
+    assert seen == [0.0, 0.0, F.MOVE[precision]] and F.MOVE["tf32"] == 2.0 ** -11
+    assert out["status"] == "used" and min(out["tolerance"]) >= F.MODEL_TOL[precision], out
+
+
 def test_a_failed_whole_model_step_says_which_gradients_carry_the_error(tmp_path):
     """The first GPU run (H200, 2026-12-04) failed the whole-model training step on gradients
     alone (relative error 1.8e-2 in fp32) while every per-part check passed: the message now says

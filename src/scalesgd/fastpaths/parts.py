@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .core import (CHECK_BATCH, CONV_TOL, DECODE_SAMPLES, DECODE_TOL, EVAL_ROWS, KERNEL_TOL, MODEL_TOL,
-                   TRANSPORT_TOL, ULP, Component, Report, error_breakdown)
+                   TRANSPORT_TOL, MOVE, Component, Report, error_breakdown)
 
 
 def model_layers(model, n: int, hw: int) -> tuple[dict, dict]:
@@ -272,7 +272,8 @@ def model_components(model, backend, cfg, loaders=(), report: Report | None = No
                      tol, "the reference layers and kernels for the whole model", fallback,
                      ("logits", "grads"),
                      lambda got, want: error_breakdown(got[1], want[1], model.ps.layout),
-                     lambda: _train_after_update(model, xp, train_rows, hw, fast=False, moved=True))]
+                     lambda: _train_after_update(model, xp, train_rows, hw, fast=False,
+                                                 move=MOVE[getattr(engine, "precision", "fp32")]))]
     for rows in eval_rows:
         out.append(Component(f"model evaluation after loading another model ({rows} rows)",
                              lambda rows=rows: _eval_after_load(model, xp, rows, hw, fast=True),
@@ -282,12 +283,13 @@ def model_components(model, backend, cfg, loaders=(), report: Report | None = No
     return out
 
 
-def _inputs(xp, rows: int, hw: int, seed: int, moved: bool = False):
-    """Images and labels; ``moved``: each pixel moved by one float32 ulp up or down (the floor)."""
+def _inputs(xp, rows: int, hw: int, seed: int, move: float = 0.0):
+    """Images and labels; ``move``: each pixel moved up or down by that relative amount (the
+    precision's rounding unit: the floor, core.MOVE)."""
     rng = np.random.default_rng([seed, rows])
     x = rng.standard_normal((rows, hw, hw, 3)).astype(np.float32)
-    if moved:
-        x = (x * (1 + ULP * np.random.default_rng([seed, rows, 1]).choice([-1.0, 1.0], x.shape)))
+    if move:
+        x = (x * (1 + move * np.random.default_rng([seed, rows, 1]).choice([-1.0, 1.0], x.shape)))
     return xp.array(x.astype(np.float32)), xp.array(rng.integers(0, 2, rows))
 
 
@@ -297,13 +299,13 @@ def _changed(xp, a, seed: int):
     return a * xp.array(f.astype(np.float32)).astype(a.dtype)
 
 
-def _train_after_update(model, xp, rows: int, hw: int, fast: bool, moved: bool = False):
+def _train_after_update(model, xp, rows: int, hw: int, fast: bool, move: float = 0.0):
     """Logits and gradients of a training step at ``rows`` after the weights changed in place (as
     the optimizer changes them): the fast path first runs a step at the old weights, so any copy
-    of them it keeps (a weight layout, a graph) must follow the update.  ``moved``: the images
-    moved by one ulp (the reference's rounding noise, core.FLOOR_FACTOR)."""
+    of them it keeps (a weight layout, a graph) must follow the update.  ``move``: the images
+    moved by it (the reference's rounding noise, core.FLOOR_FACTOR)."""
     from ..nn.layers import softmax_cross_entropy  # noqa: PLC0415
-    x, y = _inputs(xp, rows, hw, 1, moved)
+    x, y = _inputs(xp, rows, hw, 1, move)
     with _Isolated(model) as iso:
         if fast:
             logits, cache = model.forward(x, True)
