@@ -253,6 +253,7 @@ def bench(runners: dict, steps: int, warmup: int, blocks: int) -> tuple[dict, di
             errors[k] = err_text(exc)
             del runners[k]
     times = {k: [] for k in runners}
+    queued = {k: [] for k in runners}
     for _ in range(blocks):
         for k, r in list(runners.items()):
             try:
@@ -260,15 +261,38 @@ def bench(runners: dict, steps: int, warmup: int, blocks: int) -> tuple[dict, di
                 t0 = time.perf_counter()
                 for _ in range(steps):
                     r.step()
+                t1 = time.perf_counter()
                 r.sync()
             except Exception as exc:  # noqa: BLE001
                 errors[k] = err_text(exc)
-                del runners[k], times[k]
+                del runners[k], times[k], queued[k]
                 continue
             times[k].append((time.perf_counter() - t0) / steps)
+            queued[k].append((t1 - t0) / steps)
     runs = {k: {"img_s": r.batch / float(np.median(times[k])), "step_s": times[k],
-                "peak_bytes": r.peak_bytes()} for k, r in runners.items()}
+                # the host's time to issue a step: near step_s, the host (Python, launches, or a
+                # synchronisation inside the step) is on the critical path, not the device
+                "host_s": queued[k], "peak_bytes": r.peak_bytes()} for k, r in runners.items()}
+    for k, r in runners.items():
+        if hasattr(r, "model"):             # ours: where a step's host time goes
+            runs[k]["host_profile"] = guarded(host_profile, r)
     return runs, errors
+
+
+def host_profile(runner, top: int = 12) -> list:
+    """One step under cProfile: the ``top`` functions by their own host time, as [function
+    (file:line), calls, own ms, cumulative ms] (the profiler roughly doubles the Python cost)."""
+    import cProfile  # noqa: PLC0415
+    import pstats  # noqa: PLC0415
+    prof = cProfile.Profile()
+    runner.sync()
+    prof.enable()
+    runner.step()
+    prof.disable()
+    runner.sync()
+    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    return [[f"{fn} ({Path(file).name}:{line})", nc, round(tt * 1e3, 3), round(ct * 1e3, 3)]
+            for (file, line, fn), (_, nc, tt, ct, _) in rows]
 
 
 def results_case(args, xp, precision: str, batch: int, emit=print) -> dict:
@@ -281,6 +305,12 @@ def results_case(args, xp, precision: str, batch: int, emit=print) -> dict:
     res = {"precision": precision, "batch": batch, "runs": runs, "errors": {**errors, **failed}}
     for row in table_rows([res]):
         emit(row)
+    for k, v in runs.items():
+        host, step = float(np.median(v["host_s"])), float(np.median(v["step_s"]))
+        prof = v.get("host_profile")
+        top = "; ".join(f"{r[0]} {r[2]:.1f} ms" for r in prof[:3]) if isinstance(prof, list) else prof
+        emit(f"results {precision} {batch} {k}: the host issues a step in {host * 1e3:.1f} ms of "
+             f"{step * 1e3:.1f} ({host / step:.0%})" + (f"; its own time most in {top}" if top else ""))
     for k, v in res["errors"].items():
         emit(f"results {precision} {batch} {k}: FAILED {v}")
     del runners

@@ -57,6 +57,9 @@ def test_gpu_check_sh_dry_run_runs_every_case_and_keeps_everything_under_out(tmp
                    "parity bf16", "results bf16 128", "selfcheck bf16"]
     assert all(c["ran"] for c in rep["plan"]["cases"])
     assert set(rep["seconds"]) == {"env", *G_SECTIONS, "total"}
+    run = rep["results"]["results"][0]["runs"]["im2col"]     # where a step's host time goes
+    assert 0 < run["host_s"][0] <= run["step_s"][0] and "the host issues a step in" in text
+    assert any(row[0].startswith("gemm (conv.py:") and row[2] > 0 for row in run["host_profile"]), run
     for prec in ("fp32", "bf16"):           # the self-check in strict mode, whole-model checks included
         sc = rep["selfcheck"]["precisions"][prec]
         assert sc["error"] is None and sc["gflops"] > 0, sc
