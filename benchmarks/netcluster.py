@@ -150,14 +150,15 @@ def _links(prefix: str) -> list[str]:
 
 
 def _holder_of(pid: int) -> str | None:
-    """'PID:START:PIDNS' for a live process (START: its start time in clock ticks since boot, so a
-    reused PID is another holder; PIDNS: the PID namespace the number means something in)."""
+    """'PID:START:PIDNS' for a running process (START: its start time in clock ticks since boot,
+    so a reused PID is another holder; PIDNS: the PID namespace the number means something in);
+    None when it has ended, a zombie not yet reaped included."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         pidns = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return None
-    return f"{pid}:{stat.rsplit(')', 1)[1].split()[19]}:{pidns}"
+    return None if fields[0] in ("Z", "X") else f"{pid}:{fields[19]}:{pidns}"
 
 
 def _bridge_alias(prefix: str) -> str | None:
@@ -165,32 +166,53 @@ def _bridge_alias(prefix: str) -> str | None:
     return next((r.get("ifalias", "") for r in rows if r["ifname"] == f"{prefix}-br"), None)
 
 
-def holder_state(prefix: str = DEFAULT_PREFIX) -> tuple[bool | None, str]:
-    """Whether the process that holds the cluster under ``prefix`` still runs: (True, who) when it
-    does, (False, who) when it has ended (a test or tool killed before its teardown), (None, why)
-    when no one can tell: no holder recorded (a cluster left up on purpose by ``up``, or one made by
-    a version that recorded none), no bridge, or a holder in another PID namespace."""
+def holder_state(prefix: str = DEFAULT_PREFIX) -> tuple[str, str]:
+    """Who holds the cluster under ``prefix``: ("alive", who) while the process whose `with` made
+    it runs; ("ended", who) once it has ended without its teardown (killed); ("none", why) when no
+    holder is recorded (a cluster left up on purpose by ``up``, or made by a version that recorded
+    none) or there is no bridge; ("unknown", why) when it cannot be told (a holder in another PID
+    namespace, or a record that does not parse)."""
     alias = _bridge_alias(check_prefix(prefix))
     kv = dict(item.split("=", 1) for item in (alias or "").split()[1:] if "=" in item)
     if "holder" not in kv:
-        return None, "no holder recorded" if alias is not None else "no bridge"
-    pid, start, pidns = kv["holder"].split(":")
-    if str(os.stat("/proc/self/ns/pid").st_ino) != pidns:
-        return None, f"held by pid {pid} of another PID namespace"
-    return _holder_of(int(pid)) == kv["holder"], f"pid {pid}"
+        return "none", "no holder recorded" if alias is not None else "no bridge"
+    parts = kv["holder"].split(":")
+    if len(parts) != 3 or not parts[0].isdigit():
+        return "unknown", f"a holder record that does not parse ({kv['holder']!r})"
+    if str(os.stat("/proc/self/ns/pid").st_ino) != parts[2]:
+        return "unknown", f"pid {parts[0]} of another PID namespace"
+    return ("alive" if _holder_of(int(parts[0])) == kv["holder"] else "ended"), f"pid {parts[0]}"
+
+
+@contextlib.contextmanager
+def _prefix_lock(prefix: str):
+    """An exclusive lock per prefix, across processes (flock), held from the look at what exists to
+    the end of building: two that find the same leftovers cannot both remove them and rebuild, nor
+    can the one that loses tear down what the other built."""
+    import fcntl  # noqa: PLC0415 - Linux only, like the rest of this tool
+    folder = Path("/run/lock") if os.access("/run/lock", os.W_OK) else Path(os.environ.get("TMPDIR", "/tmp"))
+    with open(folder / f"netcluster-{check_prefix(prefix)}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def reclaim(prefix: str) -> list[str]:
     """For a prefix that is the caller's own (a test's): removes what exists under it unless a
-    live process holds it (then NetClusterError naming it), and returns what it removed.  What a
-    killed run left, with or without a recorded holder, would otherwise refuse every later run."""
-    left = leftovers(prefix)
-    if not left:
-        return []
-    alive, who = holder_state(prefix)
-    if alive:
-        raise NetClusterError(f"cluster '{prefix}' is in use by {who}, which still runs")
-    return teardown(prefix)
+    process holds it that runs or cannot be told ended (then NetClusterError naming it), and
+    returns what it removed.  What a killed run left, with or without a recorded holder, would
+    otherwise refuse every later run."""
+    with _prefix_lock(prefix):
+        if not leftovers(prefix):
+            return []
+        state, who = holder_state(prefix)
+        if state == "alive":
+            raise NetClusterError(f"cluster '{prefix}' is in use by {who}, which still runs")
+        if state == "unknown":
+            raise NetClusterError(f"cluster '{prefix}' is held by {who}: not removed")
+        return teardown(prefix)
 
 
 def leftovers(prefix: str = DEFAULT_PREFIX) -> list[str]:
@@ -396,9 +418,14 @@ class NetCluster:
         why = requirements_missing()
         if why:
             raise NetClusterError(why)
+        with _prefix_lock(self.prefix):
+            self._build()
+        return self
+
+    def _build(self) -> None:
         left = leftovers(self.prefix)
-        alive, who = holder_state(self.prefix) if left else (None, "")
-        if alive is False:
+        state, who = holder_state(self.prefix) if left else ("none", "")
+        if state == "ended":
             # what a killed holder left (its `with` never reached the teardown): no one uses it
             removed = teardown(self.prefix)
             print(f"netcluster: removed {len(removed)} namespace(s)/link(s) that {who}, which has "
@@ -414,9 +441,8 @@ class NetCluster:
             for k, bits in enumerate(self.rates().values()):
                 self._add_node(k, bits)
         except BaseException:
-            teardown(self.prefix)
+            teardown(self.prefix)           # (under the lock: only what this call built)
             raise
-        return self
 
     def down(self) -> list[str]:
         return teardown(self.prefix)
@@ -435,6 +461,7 @@ class NetCluster:
         try:
             self.down()
         finally:
+            self.holder = None
             self._restore_sigterm()
 
     def _restore_sigterm(self) -> None:

@@ -272,35 +272,69 @@ with nc.NetCluster(2, rate="100mbit", prefix={prefix!r}):
 def test_a_killed_holders_cluster_is_taken_over_a_live_ones_is_not(prefix, capfd):
     """A cluster records the process whose `with` holds it.  While that process runs, a second
     cluster under its prefix is refused and ``reclaim`` refuses too; once it was SIGKILLed (no
-    teardown ran: a CI job killed mid-test left one, and every later run failed on it), the next
-    ``up`` removes what it left, says so, and goes on.  A cluster that ``up`` left on purpose
-    records no holder: ``up`` still refuses it, and ``reclaim`` (a prefix of the caller's own)
-    removes it."""
+    teardown ran: a CI job killed mid-test left one, and every later run failed on it), it counts
+    as ended even before it is reaped (a zombie), and the next ``up`` removes what it left, says so,
+    and goes on.  A cluster that ``up`` left on purpose records no holder: ``up`` still refuses it,
+    and ``reclaim`` (a prefix of the caller's own) removes it."""
     proc = subprocess.Popen([sys.executable, "-c", HOLD.format(bench=str(ROOT / "benchmarks"), prefix=prefix)],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "up"
-        assert nc.holder_state(prefix) == (True, f"pid {proc.pid}")
+        assert nc.holder_state(prefix) == ("alive", f"pid {proc.pid}")
         with pytest.raises(nc.NetClusterError, match=f"down --prefix {prefix}'"):
             nc.NetCluster(2, prefix=prefix).up()
         with pytest.raises(nc.NetClusterError, match=f"in use by pid {proc.pid}, which still runs"):
             nc.reclaim(prefix)
+        proc.kill()
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert nc.holder_state(prefix) == ("ended", f"pid {proc.pid}")      # a zombie has ended
     finally:
         proc.kill()
         proc.wait()
-    assert len(nc.leftovers(prefix)) == 5 and nc.holder_state(prefix) == (False, f"pid {proc.pid}")
+    assert len(nc.leftovers(prefix)) == 5
     capfd.readouterr()
     with nc.NetCluster(2, rate="100mbit", prefix=prefix):
-        assert nc.holder_state(prefix) == (True, f"pid {os.getpid()}")
+        assert nc.holder_state(prefix) == ("alive", f"pid {os.getpid()}")
     assert f"removed 5 namespace(s)/link(s) that pid {proc.pid}, which has ended" in capfd.readouterr().err
     assert nc.leftovers(prefix) == []
     up = subprocess.run([*TOOL, "up", "2", "--rate", "100mbit", "--prefix", prefix],
                         capture_output=True, text=True, timeout=60)
     assert up.returncode == 0, up.stderr
-    assert nc.holder_state(prefix) == (None, "no holder recorded")
+    assert nc.holder_state(prefix) == ("none", "no holder recorded")
     with pytest.raises(nc.NetClusterError, match="leftovers of an earlier cluster"):
         nc.NetCluster(2, prefix=prefix).up()
     assert len(nc.reclaim(prefix)) == 5 and nc.leftovers(prefix) == []
+
+
+RACE = """import sys, time
+sys.path.insert(0, {bench!r})
+import netcluster as nc
+try:
+    with nc.NetCluster(2, rate="100mbit", prefix={prefix!r}):
+        time.sleep(2)
+        print("intact" if len(nc.leftovers({prefix!r})) == 5 else "broken", flush=True)
+except nc.NetClusterError:
+    print("refused", flush=True)
+"""
+
+
+def test_two_that_find_a_killed_holders_cluster_at_once_do_not_break_each_other(prefix):
+    """Two processes start a cluster under the same prefix at once, over what a killed holder
+    left: one takes it over and keeps it whole while it holds it, the other is refused (a lock per
+    prefix spans the look, the removal and the build)."""
+    dead = subprocess.Popen([sys.executable, "-c", HOLD.format(bench=str(ROOT / "benchmarks"), prefix=prefix)],
+                            stdout=subprocess.PIPE, text=True)
+    assert dead.stdout.readline().strip() == "up"
+    dead.kill()
+    dead.wait()
+    code = RACE.format(bench=str(ROOT / "benchmarks"), prefix=prefix)
+    both = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = sorted(p.communicate(timeout=120)[0].strip() for p in both)
+    assert outs == ["intact", "refused"], outs
+    assert nc.leftovers(prefix) == []
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -36,8 +36,8 @@ component), this file (``check``: the run's two rounds).  Callers use ``fastpath
 from __future__ import annotations
 
 from .core import (CHECK_BATCH, CONV_TOL, DECODE_SAMPLES, DECODE_TOL, EVAL_ROWS, KERNEL_TOL,  # noqa: F401
-                   FLOOR_FACTOR, MODEL_TOL, MOVE, TRANSPORT_TOL, ULP, Component, Report, agree_over, compare,
-                   log, validate)
+                   FLOOR_CAP, FLOOR_FACTOR, MODEL_TOL, MOVE, TRANSPORT_TOL, ULP, Component, Report,
+                   agree_over, compare, log, validate)
 from .parts import (cudnn_components, decode_components, decode_crops, forward_gflops,  # noqa: F401
                     kernel_components, model_components, model_layers, run_batches, sound_jpegs,
                     transport_components, written_late)
