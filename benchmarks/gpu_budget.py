@@ -3,9 +3,8 @@ which cases fit.
 
 A first GPU contact is one short attempt on a fresh machine: every cuDNN graph is built cold and every
 CuPy kernel is compiled by NVRTC on first use (no kernel cache survives from another machine).
-**Nothing here has been measured on a GPU**: the unit costs are estimates, taken on the slow side,
-and the check records each case's real seconds beside its estimate (``plan`` in the JSON), so the
-first run calibrates them.
+The unit costs were first estimates, taken on the slow side; the first run on an H200 (2026-12-04)
+recorded each case's real seconds beside its estimate (``plan`` in the JSON) and set them (``UNIT``).
 
 Graph counts come from the model (``fastpaths.model_layers``; ``tests/test_gpu_check.py`` checks
 them): ResNet-50 at 224 px has 23 distinct conv geometries and 12 distinct BN shapes per batch, so a
@@ -30,21 +29,27 @@ from dataclasses import dataclass, field
 BUDGET_S = 480.0              # 8 minutes: gpu_check.sh leaves the rest of a 10-minute call to the rest
 TARGET_FRACTION = 0.75        # planned cases fit 360 s of the 480
 
-# Unit costs, cold, on one H200 (ESTIMATES, not measured; seconds)
+# Unit costs, cold, on one H200, in seconds: set from the first run there (2026-12-04, cuDNN 9.19,
+# frontend 1.32, CuPy 14.2, torch 2.11), about 1.2-1.5x its case totals.  Each case's measured
+# seconds against this estimate: selfcheck fp32 30.8 (38.3), bf16 25.3 (40.3); parity 0.7 / 1.8
+# (2.6); results fp32 128 44.2 (52.2), bf16 34.4 (33.7); nccl 2.1 (4); allreduce 2.5 (10); env 6.1
+# (7).  The split among the units inside a case is not measured (graphs, kernels and steps were
+# timed together): the first estimates (0.25 s a conv graph, 1 s a BN graph, 0.35 s a kernel) had the
+# cases at 493 s, and they ran in 142 s.  DALI has not run there (its estimate is the old one).
 UNIT = {
-    "conv_graph": 0.25,       # one conv graph: validate, heuristics A + fallback, check_support, first plan
-    "bn_graph": 1.0,          # one BN graph (cuDNN 9 normalization engines may be runtime-compiled)
-    "kernel": 0.35,           # one CuPy elementwise/reduction kernel through NVRTC, cold cache
+    "conv_graph": 0.06,       # one conv graph: validate, heuristics A + fallback, check_support, first plan
+    "bn_graph": 0.12,         # one BN graph
+    "kernel": 0.12,           # one CuPy elementwise/reduction kernel through NVRTC, cold cache
     "raw_module": 2.0,        # nn/kernels.py's fused CUDA module, once per dtype pair
-    "cupy_start": 8.0,        # import CuPy, create the context, nvidia-smi, import the cuDNN frontend
-    "torch_start": 10.0,      # import torch and create its context (first results case)
-    "torch_autotune": 15.0,   # cudnn.benchmark's algorithm search in the first steps, per case
-    "step_fp32": 0.12,        # a ResNet-50 training step at batch 128, float32 without TF32 (~1.6 TFLOP)
-    "step_bf16": 0.05,        # the same in bf16
+    "cupy_start": 7.0,        # import CuPy, create the context, nvidia-smi, import the cuDNN frontend
+    "torch_start": 15.0,      # import torch and create its context (first results case)
+    "torch_autotune": 22.0,   # cudnn.benchmark's algorithm search in the first steps, per case
+    "step_fp32": 0.16,        # a ResNet-50 training step at batch 128, float32 without TF32 (ours: 0.158)
+    "step_bf16": 0.065,       # the same in bf16 (ours: 0.058-0.064)
     "selfcheck_compute": 10.0,  # the self-check's whole-model steps, references included (im2col)
-    "nccl": 10.0,             # a subprocess: CuPy, NCCL init, one all-reduce, destroy
-    "allreduce": 25.0,        # mpiexec -n 2: CuPy twice, each transport's sums, 102 MB timed
-    "dali": 20.0,             # DALI's import, a CPU and a mixed pipeline, 256 JPEGs each
+    "nccl": 4.0,              # a subprocess: CuPy, NCCL init, one all-reduce, destroy
+    "allreduce": 10.0,        # mpiexec -n 2: CuPy twice, each transport's sums, 102 MB timed
+    "dali": 20.0,             # DALI's import, a CPU and a mixed pipeline, 256 JPEGs each (not yet run)
 }
 KERNELS = {"selfcheck": 80, "parity": 15, "results": 20}     # distinct CuPy kernels a case compiles
 RESNET50_GRAPHS = {"conv": 23, "bn": 12, "stems": 1}        # distinct per batch (fastpaths.model_layers)
@@ -140,7 +145,7 @@ def plan_lines(out: list[Case], target: float, budget_s: float,
     """The plan as printed at the start of a run (one line per case)."""
     planned = env_s + sum(c.estimate_s for c in out if c.planned)
     lines = [f"plan: budget {budget_s:.0f} s; planned cases fit {target:.0f} s (estimates for a cold "
-             f"H200, not measured); env {env_s:.0f} s"]
+             f"H200, set from one run there); env {env_s:.0f} s"]
     lines += [f"plan {c.name:22s} {c.estimate_s:6.1f} s  {'planned' if c.planned else 'if time is left'}"
               for c in out]
     every = env_s + sum(c.estimate_s for c in out)
