@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -38,13 +39,36 @@ def uses_mpi(test):
     return pytest.mark.mpi(needs_mpi(test))
 
 
+# What Open MPI 5's launcher (PRRTE, with its bundled PMIx) prints when it fails to start its own
+# PMIx server, before it starts any rank.  CI met it once (2026-12-04, Open MPI 5.0.11 wheel); 313
+# launches here while the emulated-cluster tests made and removed their interfaces did not show it.
+# No code of ours has run by then, so such a launch is tried once more, with a warning.
+LAUNCHER_STARTUP_FAILURES = ("The PMIx server's listener thread failed to start",)
+
+
+def launcher_failed_to_start(proc) -> str | None:
+    """The launcher's own start-up failure that ``proc`` (a finished job) shows, if any: a known
+    message on stderr, a non-zero status and nothing on stdout (no rank ran)."""
+    if proc.returncode == 0 or proc.stdout:
+        return None
+    return next((m for m in LAUNCHER_STARTUP_FAILURES if m in (proc.stderr or "")), None)
+
+
 def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = None, cwd=ROOT):
     """Runs ``mpiexec -n N python ARGS`` and returns the CompletedProcess; a timeout is a failure
-    that says so (the job is killed, no rank survives)."""
+    that says so (the job is killed, no rank survives).  A launch that failed in the launcher's own
+    start-up (``launcher_failed_to_start``) is tried once more, with a warning."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                     PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]), **(env or {}))
     cmd = [*mpi_launcher(n), sys.executable, *args]
     try:
+        proc = subprocess.run(cmd, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
+        failure = launcher_failed_to_start(proc)
+        if failure is None:
+            return proc
+        warnings.warn(f"{shlex.join(mpi_launcher(n))}: the launcher failed to start ({failure!r}); "
+                      "launching once more", stacklevel=2)
         return subprocess.run(cmd, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:

@@ -11,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mpirun import ROOT, check, mpi_launcher, mpiexec, run_mpi, uses_mpi
+import pytest
+
+from mpirun import (LAUNCHER_STARTUP_FAILURES, ROOT, check, launcher_failed_to_start, mpi_launcher,
+                    mpiexec, run_mpi, uses_mpi)
 from synth import make_dataset
 
 PRINT_PROBE = ["-c", "import os; print('probe=' + os.environ.get('SCALESGD_PROBE', 'unset'))"]
@@ -65,3 +68,38 @@ def test_run_sh_passes_mpiexec_args_to_the_launcher(tmp_path):
     n = argv.index("-n")
     assert argv[n - len(option):n + 2] == [*option, "-n", "2"], argv
     assert p.stdout.count('"method"') == 2, p.stdout              # each rank printed its config
+
+
+def test_a_launcher_start_up_failure_is_told_from_a_failed_job():
+    """Only the launcher's known message, with a non-zero status and no rank's output, counts."""
+    msg = LAUNCHER_STARTUP_FAILURES[0]
+    job = subprocess.CompletedProcess
+    assert launcher_failed_to_start(job([], 213, "", f"---\n{msg}. We cannot\ncontinue.\n")) == msg
+    assert launcher_failed_to_start(job([], 213, "rank 0 ran\n", msg)) is None      # a rank had run
+    assert launcher_failed_to_start(job([], 0, "", msg)) is None
+    assert launcher_failed_to_start(job([], 1, "", "Traceback ...\nValueError: x")) is None
+
+
+@uses_mpi
+def test_a_launch_that_failed_to_start_is_tried_once_more(tmp_path, monkeypatch):
+    """A launcher that fails its start-up once (as Open MPI's once did in CI): the job runs on the
+    second launch, with a warning; one that always fails it is a failed job, launched twice."""
+    count = tmp_path / "launches"
+    script = tmp_path / "flaky-mpiexec"
+    script.write_text("#!/bin/sh\n"
+                      f"echo x >> {shlex.quote(str(count))}\n"
+                      f'if [ "$(wc -l < {shlex.quote(str(count))})" -le "$FAILS" ]; then\n'
+                      f"  printf '%s\\n' {shlex.quote(LAUNCHER_STARTUP_FAILURES[0] + '. We cannot')} >&2; exit 213\n"
+                      "fi\n"
+                      f'exec {shlex.quote(mpiexec())} "$@"\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("MPIEXEC", str(script))
+    monkeypatch.setenv("FAILS", "1")
+    with pytest.warns(UserWarning, match="failed to start"):
+        out = check(run_mpi(2, PRINT_PROBE, timeout=60))
+    assert out.count("probe=") == 2 and len(count.read_text().splitlines()) == 2
+    count.unlink()
+    monkeypatch.setenv("FAILS", "2")
+    with pytest.warns(UserWarning, match="failed to start"):
+        proc = run_mpi(2, PRINT_PROBE, timeout=60)
+    assert proc.returncode == 213 and len(count.read_text().splitlines()) == 2
