@@ -49,6 +49,7 @@ use_prefix() {   # the prefix's packages, MPI library, launcher and cuDNN librar
 }
 
 pip_into_prefix() {   # NAME REQUIREMENT...: from .whl/ first (offline), then the index unless offline
+    # (recorded as installed, unless PENDING=1: the caller records it once it knows it works)
     local name=$1 from
     shift
     local pip=("$PY" -m pip install -q --disable-pip-version-check --no-cache-dir --prefix "$PREFIX")
@@ -62,7 +63,8 @@ pip_into_prefix() {   # NAME REQUIREMENT...: from .whl/ first (offline), then th
         return 1
     fi
     use_prefix
-    record "$name" installed "$* $from into $PREFIX"
+    INSTALLED="$* $from into $PREFIX"
+    [ "${PENDING:-0}" = 1 ] || record "$name" installed "$INSTALLED"
 }
 
 NOWHERE="no wheel in $WHEELS/ and the package index unreachable or refused (see install.log)"
@@ -118,7 +120,8 @@ else
         # Its recent wheels require the CUTLASS DSL and TVM FFI wheels (its DSL kernels, which this
         # project does not use): without them at hand, the frontend alone (--no-deps), if it imports.
         pip_into_prefix cudnn_frontend "nvidia-cudnn-frontend>=1.8" ||
-            { pip_into_prefix cudnn_frontend --no-deps "nvidia-cudnn-frontend>=1.8" && has cudnn; } ||
+            { PENDING=1 pip_into_prefix cudnn_frontend --no-deps "nvidia-cudnn-frontend>=1.8" && has cudnn &&
+              record cudnn_frontend installed "$INSTALLED (it imports)"; } ||
             record cudnn_frontend skipped "$NOWHERE, or it does not import without its dependencies: the cuDNN path is skipped, im2col runs"
     fi
     if has cudnn && ! "$PY" -c "import cudnn; cudnn.backend_version()" >/dev/null 2>&1; then
