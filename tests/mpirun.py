@@ -40,7 +40,7 @@ def uses_mpi(test):
 
 
 # What Open MPI 5's launcher (PRRTE, with its bundled PMIx) prints when it fails to start its own
-# PMIx server, before it starts any rank.  CI met it once (2026-12-04, Open MPI 5.0.11 wheel); 313
+# PMIx server, before it starts any rank.  CI met it once (2026-12-04, Open MPI 5.0.11 wheel); 989
 # launches here while the emulated-cluster tests made and removed their interfaces did not show it.
 # No code of ours has run by then, so such a launch is tried once more, with a warning.
 LAUNCHER_STARTUP_FAILURES = ("The PMIx server's listener thread failed to start",)
@@ -62,15 +62,14 @@ def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = No
                     PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]), **(env or {}))
     cmd = [*mpi_launcher(n), sys.executable, *args]
     try:
-        proc = subprocess.run(cmd, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=timeout)
-        failure = launcher_failed_to_start(proc)
-        if failure is None:
-            return proc
-        warnings.warn(f"{shlex.join(mpi_launcher(n))}: the launcher failed to start ({failure!r}); "
-                      "launching once more", stacklevel=2)
-        return subprocess.run(cmd, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=timeout)
+        for attempt in (1, 2):
+            proc = subprocess.run(cmd, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=timeout)
+            failure = launcher_failed_to_start(proc)
+            if failure is None or attempt == 2:
+                return proc
+            warnings.warn(f"{shlex.join(mpi_launcher(n))}: the launcher failed to start ({failure!r}); "
+                          "launching once more", stacklevel=2)
     except subprocess.TimeoutExpired as exc:
         out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
         err = (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr

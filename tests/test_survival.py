@@ -179,8 +179,8 @@ def test_survival_across_emulated_nodes(data, tmp_path, method, faults, dead, pr
     at step 5 (after the checkpoint at step 4 of the epoch's 8); the 4 all-reduce ranks on the
     other nodes, talking over TCP, shrink and finish.  EASGD with ``--hierarchy node`` (the server
     a group of its own, then groups {1}, {2, 3}, {4, 5}) loses a group's member, or its leader,
-    whose member leads the group on (at their step 2, of about 10).  (The node's runtime daemon stays: Open MPI
-    5.0's runtime cannot survive a lost daemon.  Gossip's tries across nodes are in
+    whose member leads the group on (at their step 2, of about 10).  (The node's runtime daemon
+    stays: Open MPI 5.0's runtime cannot survive a lost daemon.  Gossip's tries across nodes are in
     benchmarks/survival.py --across-nodes: blocking pull survives, overlapped push-sum does not, its
     one-sided calls going through Open MPI's osc/rdma there; see docs/methods.md.)"""
     nc = _netcluster()
