@@ -125,6 +125,12 @@ def test_plan_is_exact_for_all_reduce_on_the_users_profile(made, tmp_path):
     assert any(f"cell {k} is not complete yet (still to run: pushsum-ov)" in n
                for n in L.predict(part, prof, 2, "stragglers")["notes"])
     assert not any("not complete yet" in n for n in res["notes"])
+    # while the study runs, a complete cell says so; an incomplete one says what is missing
+    running = dict(made["study"], complete=False)
+    assert f"the study is still running, but its cell {k} is complete" in L.show(
+        L.predict(running, prof, 2, "stragglers"), prof)
+    assert "the study is not complete yet: methods or p it has not run are missing below" in L.show(
+        L.predict(dict(part, complete=False), prof, 2, "stragglers"), prof)
 
 
 def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):

@@ -247,7 +247,8 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
     return dict(workers=workers, p=p, network=net, condition=cond, cell=key, studied_p=have,
                 ratio=mine["ratio"], network_ratio=nets[net]["ratio"], notes=notes, rows=rows,
                 complete=study.get("complete", False), target_error=study["target_error"],
-                missing=cell is None, task=study.get("task", {}).get("name", "the study's task"))
+                missing=cell is None, cell_complete=bool(cell) and cell.get("complete", True),
+                task=study.get("task", {}).get("name", "the study's task"))
 
 
 def show(res: dict, prof: P.Profile) -> str:
@@ -260,7 +261,11 @@ def show(res: dict, prof: P.Profile) -> str:
     for n in res["notes"]:
         out.append(f"  note: {n}")
     if not res["complete"]:
-        out.append("  note: the study is not complete yet: methods or p it has not run are missing below")
+        if res["missing"] or not res["cell_complete"]:
+            out.append("  note: the study is not complete yet: methods or p it has not run are missing below")
+        else:
+            out.append(f"  note: the study is still running, but its cell {res['cell']} is complete: every "
+                       "method and seed below is in")
     if res["missing"] or not res["rows"]:
         have = ", ".join(map(str, res.get("studied_p", []))) or "none"
         out.append(f"  the study has no results for {res['cell']} yet (p with results there so far: {have}; "
