@@ -1,5 +1,6 @@
 """What many test modules share to run the program as a user does: the repository root, the tiny
 training flags, one CLI run as a real process, and the checks of its one-line error or warnings."""
+import functools
 import json
 import os
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from mpirun import mpi_launcher
+from mpirun import mpi_launcher, run_launched
 
 ROOT = Path(__file__).resolve().parents[1]
 # a ResNet-20 at a quarter width on 16x16 crops, one epoch, a metrics line per step: seconds per run
@@ -26,10 +27,12 @@ def launch(n: int) -> tuple:
 def run_cli(args, tmp_path, timeout=180, launcher=(), module="src.main", env=None):
     """``[launcher...] python -m MODULE ARGS`` (the training program; ``scalesgd.virtual``: the
     virtual cluster) from the repository root, one BLAS thread, the demo's data under ``tmp_path``,
-    ``env`` added; returns the CompletedProcess (text)."""
+    ``env`` added; returns the CompletedProcess (text).  Under a launcher, a launch that failed in
+    the launcher's own start-up is tried once more (``mpirun.run_launched``)."""
     env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1", **(env or {}))
-    return subprocess.run([*launcher, sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    run = run_launched if launcher else functools.partial(subprocess.run, capture_output=True, text=True)
+    return run([*launcher, sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+               stdin=subprocess.DEVNULL, timeout=timeout)
 
 
 def node_profile(tmp_path, name="two-a-node", **kw) -> str:

@@ -54,22 +54,29 @@ def launcher_failed_to_start(proc) -> str | None:
     return next((m for m in LAUNCHER_STARTUP_FAILURES if m in (proc.stderr or "")), None)
 
 
+def run_launched(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, **kw)`` for a command that starts with
+    the launcher (``mpi_launcher``): a launch that failed in the launcher's own start-up
+    (``launcher_failed_to_start``) is tried once more, with a warning; a second such failure is
+    returned as it is."""
+    for attempt in (1, 2):
+        proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+        failure = launcher_failed_to_start(proc)
+        if failure is None or attempt == 2:
+            return proc
+        warnings.warn(f"{cmd[0]}: the launcher failed to start ({failure!r}); launching once more",
+                      stacklevel=3)
+
+
 def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = None, cwd=ROOT):
     """Runs ``mpiexec -n N python ARGS`` and returns the CompletedProcess; a timeout is a failure
     that says so (the job is killed, no rank survives).  A launch that failed in the launcher's own
-    start-up (``launcher_failed_to_start``) is tried once more, with a warning."""
+    start-up is tried once more (``run_launched``)."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                     PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]), **(env or {}))
-    cmd = [*mpi_launcher(n), sys.executable, *args]
     try:
-        for attempt in (1, 2):
-            proc = subprocess.run(cmd, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
-                                  capture_output=True, text=True, timeout=timeout)
-            failure = launcher_failed_to_start(proc)
-            if failure is None or attempt == 2:
-                return proc
-            warnings.warn(f"{shlex.join(mpi_launcher(n))}: the launcher failed to start ({failure!r}); "
-                          "launching once more", stacklevel=2)
+        return run_launched([*mpi_launcher(n), sys.executable, *args], cwd=cwd, env=full_env,
+                            stdin=subprocess.DEVNULL, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
         err = (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr

@@ -80,10 +80,20 @@ def test_a_launcher_start_up_failure_is_told_from_a_failed_job():
     assert launcher_failed_to_start(job([], 1, "", "Traceback ...\nValueError: x")) is None
 
 
+def launch_probe(via: str, tmp_path):
+    """Two ranks that each print a line, launched through ``run_mpi`` or ``helpers.run_cli``."""
+    if via == "run_mpi":
+        return run_mpi(2, PRINT_PROBE, timeout=60)
+    from helpers import run_cli
+    return run_cli([], tmp_path, timeout=60, launcher=mpi_launcher(2), module="platform")
+
+
 @uses_mpi
-def test_a_launch_that_failed_to_start_is_tried_once_more(tmp_path, monkeypatch):
+@pytest.mark.parametrize("via", ["run_mpi", "run_cli"])
+def test_a_launch_that_failed_to_start_is_tried_once_more(tmp_path, monkeypatch, via):
     """A launcher that fails its start-up once (as Open MPI's once did in CI): the job runs on the
-    second launch, with a warning; one that always fails it is a failed job, launched twice."""
+    second launch, with a warning; one that always fails it is a failed job, launched twice.  Both
+    ways the tests launch jobs: ``run_mpi``, and ``run_cli`` under a launcher."""
     count = tmp_path / "launches"
     script = tmp_path / "flaky-mpiexec"
     script.write_text("#!/bin/sh\n"
@@ -96,10 +106,10 @@ def test_a_launch_that_failed_to_start_is_tried_once_more(tmp_path, monkeypatch)
     monkeypatch.setenv("MPIEXEC", str(script))
     monkeypatch.setenv("FAILS", "1")
     with pytest.warns(UserWarning, match="failed to start"):
-        out = check(run_mpi(2, PRINT_PROBE, timeout=60))
-    assert out.count("probe=") == 2 and len(count.read_text().splitlines()) == 2
+        out = check(launch_probe(via, tmp_path))
+    assert len(out.strip().splitlines()) == 2 and len(count.read_text().splitlines()) == 2
     count.unlink()
     monkeypatch.setenv("FAILS", "2")
     with pytest.warns(UserWarning, match="failed to start"):
-        proc = run_mpi(2, PRINT_PROBE, timeout=60)
+        proc = launch_probe(via, tmp_path)
     assert proc.returncode == 213 and len(count.read_text().splitlines()) == 2
