@@ -641,19 +641,26 @@ def status() -> int:
 
 def projection(st: Study, ready: list[Run], waiting: list[str], total: float) -> str:
     """Per p (tuning and reported runs): runs and machine-hours so far, open or complete; then the
-    whole study projected.  A p's cost follows its samples to target (its horizons are multiples of
-    them), so each open p costs the complete ones' machine-hours per sample to target (their mean,
-    or the costliest) times its own best samples to target: measured where its pilots have run, else
-    grown from the last measured p by the last doubling's growth.  The authors' rows and P3 at the
-    mean cost of a reported run.  A planning figure, not a measurement."""
+    whole study projected.  A p's cost is its samples to target (its horizons are multiples of
+    them: measured where its pilots have run, else grown from the last measured p by the last
+    doubling's growth) times its real cost per worker-step (the ``time`` runs: the same workload
+    at every p; it grows with p) times the machine-hours each complete p spent per sample to
+    target per millisecond of a worker-step: the lowest and highest of them give the range.  The
+    authors' rows and P3 at the mean cost of a reported run.  A planning figure, not a
+    measurement."""
     import re  # noqa: PLC0415
     hours: dict[int, float] = {}
     runs: dict[int, int] = {}
+    timing: dict[int, list[float]] = {}           # p -> [real seconds, worker-steps] of its time runs
     sweep = [r["real_seconds"] for r in st.recs.values() if r["kind"] == "sweep"]
     for r in st.recs.values():
         if r["kind"] in ("tune", "time", "sweep"):
             hours[r["workers"]] = hours.get(r["workers"], 0.0) + r["real_seconds"] / 3600
             runs[r["workers"]] = runs.get(r["workers"], 0) + 1
+        if r["kind"] == "time" and r.get("worker_steps"):
+            tm = timing.setdefault(r["workers"], [0.0, 0.0])
+            tm[0] += r["real_seconds"]
+            tm[1] += r["worker_steps"]
     open_p = {r.workers for r in ready if r.kind in ("tune", "time", "sweep")}
     open_p |= {int(m.group(1)) for w in waiting if not w.startswith("authors")
                for m in [re.search(r"(?:-| )p(\d+)[- ]", w)] if m}
@@ -665,31 +672,43 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
         return "\n".join(lines)
     todo = [p for p in WORKERS if p in open_p or p not in hours]
     best = {p: st.best_samples(p) for p in WORKERS}
-    per = {p: hours[p] / best[p] for p in done_p if best[p]}
+    measured = [p for p in WORKERS if p in timing]
+
+    def ms(p: int) -> float | None:
+        """Real milliseconds per worker-step at p (its time runs; else the nearest p below's)."""
+        below = [q for q in measured if q <= p] or measured
+        return 1e3 * timing[below[-1]][0] / timing[below[-1]][1] if below else None
+    per = {p: hours[p] / best[p] for p in done_p if best[p] and ms(p)}
     if not per:
         return "\n".join(lines)
+    unit = {p: per[p] / ms(p) for p in per}                 # machine-hours per sample per ms
+    u_lo, u_hi = min(unit.values()), max(unit.values())
     k_mean, k_top = sum(per.values()) / len(per), max(per.values())
     top = max(per, key=per.get)
     known = [p for p in WORKERS if best[p]]
     grow = ((best[known[-1]] / best[known[-2]]) ** (1 / math.log2(known[-1] / known[-2]))   # per doubling
             if len(known) >= 2 else 1.0)
     need = {p: best[p] or best[known[-1]] * grow ** math.log2(p / known[-1]) for p in todo}
-    left = sum(max(0.0, k_mean * need[p] - hours.get(p, 0.0)) for p in todo)
-    left_hi = sum(max(0.0, k_top * need[p] - hours.get(p, 0.0)) for p in todo)
+    left = sum(max(0.0, u_lo * ms(p) * need[p] - hours.get(p, 0.0)) for p in todo)
+    left_hi = sum(max(0.0, u_hi * ms(p) * need[p] - hours.get(p, 0.0)) for p in todo)
     kinds = [r["kind"] for r in st.recs.values()]
     authors_left = len(AUTHORS) * len(WORKERS) * len(SEEDS) * 2 - kinds.count("authors")
     own_h = authors_left * sum(sweep) / len(sweep) / 3600
     if "extra" not in kinds:                 # P3's runs: their whole horizon, at the planning cost
         p3 = Run("extra", "asgd", NSYNC_P, "", 0, "", "", NSYNC_EPOCHS)
         own_h += len(NSYNC) * len(NSYNC_SEEDS) * p3.cost / 3600
-    said = ", ".join(f"p = {p}: {need[p] / 1e3:.0f}k{'' if best[p] else ' (grown)'}" for p in todo)
+    said = ", ".join(f"p = {p}: {need[p] / 1e3:.0f}k{'' if best[p] else ' (grown)'} at {ms(p):.2f} ms"
+                     + ("" if p in timing else f" (p = {max(q for q in measured if q <= p)}'s)")
+                     for p in todo)
     growth = (f"x{grow:.2f} a doubling past p = {known[-1]}" if len(known) >= 2 else
               "as at the last measured p: one p measured, no growth to go by, so larger p will cost more")
-    need_said = f"the open p need {said} samples to target ({growth}); " if todo else ""
+    need_said = (f"the open p need {said} (samples to target, {growth}; real cost of a worker-step); "
+                 if todo else "")
+    steps = f"{', '.join(f'{ms(p):.2f}' for p in per)} ms at p = {', '.join(map(str, per))}"
     lines.append(f"projection: a complete p has cost {mean_p:.2f} machine-hours on average ({len(done_p)} of them), "
-                 f"{k_mean * 1e5:.2f} per 100k samples to target (the costliest {k_top * 1e5:.2f}, p = {top}); "
-                 f"{need_said}the authors' rows and P3 about {own_h:.1f}: the study about "
-                 f"{total + left + own_h:.1f}–{total + left_hi + own_h:.1f} machine-hours in all")
+                 f"{k_mean * 1e5:.2f} per 100k samples to target (the costliest {k_top * 1e5:.2f}, p = {top}), "
+                 f"a worker-step costing {steps}; {need_said}the authors' rows and P3 about {own_h:.1f}: "
+                 f"the study about {total + left + own_h:.1f}–{total + left_hi + own_h:.1f} machine-hours in all")
     return "\n".join(lines)
 
 

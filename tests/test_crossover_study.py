@@ -63,7 +63,8 @@ def record(run: X.Run) -> dict:
                seed=run.seed, network=run.network, condition=run.condition, epochs=run.epochs,
                samples_to_target=stop if reached else None, final_error=own[-1]["error"], diverged=False,
                seconds_per_sample=spp(run.method, run.network, run.condition, run.workers), curve=own,
-               real_seconds=1.0, commit="f" * 40, worker_steps=stop / 8)
+               real_seconds=1.0 if run.kind != "time" else 1.0 + run.workers / 8,   # a step dearer at larger p
+               commit="f" * 40, worker_steps=stop / 8)
     if X.is_sync(run.method) and run.kind != "time":
         rec["retimed"] = {f"{n}/{c}": [x["seconds"] for x in curve(n, c)] for n in X.NETWORKS for c in X.CONDITIONS}
     return rec
@@ -120,17 +121,25 @@ def test_status_projects_the_open_p_by_their_samples_to_target(study):
     ks = {p: per[p] / st.best_samples(p) for p in X.WORKERS}
     assert f"{sum(ks.values()) / len(ks) * 1e5:.2f} per 100k samples to target (the costliest " \
            f"{max(ks.values()) * 1e5:.2f}, p = {max(ks, key=ks.get)})" in done and "the open p need" not in done
+
+    def ms(p):         # real milliseconds per worker-step of p's time runs
+        recs = [r for r in st.recs.values() if r["workers"] == p and r["kind"] == "time"]
+        return 1e3 * sum(r["real_seconds"] for r in recs) / sum(r["worker_steps"] for r in recs)
+    assert ms(8) == pytest.approx(1.6 * ms(2))     # the fake's time runs: the same steps, dearer at p = 8
+    assert f"a worker-step costing {ms(2):.2f}, {ms(8):.2f} ms at p = 2, 8;" in done
     part = X.projection(st, [], ["sweep easgd p8 titanx-fdr-resnet18: tuning"], total)
     assert "machine-hours, open" in part.splitlines()[2] and f"{per[2]:.2f} machine-hours on average (1 of them)" in part
-    # p = 8 costs p = 2's machine-hours per sample to target times its own samples to target
+    # p = 8 costs p = 2's machine-hours per sample to target, scaled by its cost per worker-step
+    # against p = 2's, times its own samples to target
     k = per[2] / st.best_samples(2)
     assert f"{k * 1e5:.2f} per 100k samples to target (the costliest {k * 1e5:.2f}, p = 2)" in part
-    assert f"p = 8: {st.best_samples(8) / 1e3:.0f}k samples" in part
-    left = max(0.0, k * st.best_samples(8) - per[8])
+    assert f"p = 8: {st.best_samples(8) / 1e3:.0f}k at {ms(8):.2f} ms" in part
+    left = max(0.0, k / ms(2) * ms(8) * st.best_samples(8) - per[8])
     own = part.split("P3 about ")[1].split(":")[0]
     assert part.endswith(f"the study about {total + left + float(own):.1f}–{total + left + float(own):.1f} "
                          "machine-hours in all")
-    # a p without pilots yet: its samples grown from the last measured p by the last doubling's growth
+    # a p without pilots or time runs yet: its samples grown from the last measured p by the last
+    # doubling's growth, its worker-step at the last measured p's cost
     mp = pytest.MonkeyPatch()
     mp.setattr(X, "WORKERS", (2, 8, 32))
     try:
@@ -138,7 +147,8 @@ def test_status_projects_the_open_p_by_their_samples_to_target(study):
     finally:
         mp.undo()
     grow = (st.best_samples(8) / st.best_samples(2)) ** 0.5
-    assert f"p = 32: {st.best_samples(8) * grow ** 2 / 1e3:.0f}k (grown)" in more and f"(x{grow:.2f} a doubling" in more
+    assert f"p = 32: {st.best_samples(8) * grow ** 2 / 1e3:.0f}k (grown) at {ms(8):.2f} ms (p = 8's)" in more
+    assert f"(samples to target, x{grow:.2f} a doubling" in more
 
 
 def test_the_authors_rows_and_the_n_sync_runs(study):
