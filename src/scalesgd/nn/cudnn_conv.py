@@ -1,8 +1,8 @@
 """Convolutions and batch norm through cuDNN Frontend graphs, on the CuPy views of the flat buffers.
 
 Run once on a GPU (one H200, 2026-12-04): the conv graphs and the fp32 BatchNorm agreed with their
-references there (what ran and what did not: docs/gpu.md).  The im2col
-path of :mod:`layers` is the reference twin and stays selectable (``model.conv_impl = "im2col"``).
+references there (what ran and what did not: docs/gpu.md).  The im2col path of :mod:`layers` is the
+reference twin and stays selectable (``model.conv_impl = "im2col"``).
 
 Layout decisions (cuDNN describes every tensor by dims in N,C,H,W order plus strides):
 
