@@ -702,8 +702,9 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
                      for p in todo)
     growth = (f"x{grow:.2f} a doubling past p = {known[-1]}" if len(known) >= 2 else
               "as at the last measured p: one p measured, no growth to go by, so larger p will cost more")
-    need_said = (f"the open p need {said} (samples to target, {growth}; real cost of a worker-step); "
-                 if todo else "")
+    grown = any(not best[p] for p in todo)
+    need_said = (f"the open p need {said} (samples to target{f', {growth}' if grown else ''}; real cost of a "
+                 "worker-step); " if todo else "")
     steps = f"{', '.join(f'{ms(p):.2f}' for p in per)} ms at p = {', '.join(map(str, per))}"
     lines.append(f"projection: a complete p has cost {mean_p:.2f} machine-hours on average ({len(done_p)} of them), "
                  f"{k_mean * 1e5:.2f} per 100k samples to target (the costliest {k_top * 1e5:.2f}, p = {top}), "

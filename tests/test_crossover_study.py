@@ -133,7 +133,8 @@ def test_status_projects_the_open_p_by_their_samples_to_target(study):
     # against p = 2's, times its own samples to target
     k = per[2] / st.best_samples(2)
     assert f"{k * 1e5:.2f} per 100k samples to target (the costliest {k * 1e5:.2f}, p = 2)" in part
-    assert f"p = 8: {st.best_samples(8) / 1e3:.0f}k at {ms(8):.2f} ms" in part
+    assert f"p = 8: {st.best_samples(8) / 1e3:.0f}k at {ms(8):.2f} ms (samples to target;" in part
+    assert "a doubling" not in part                   # measured, not grown
     left = max(0.0, k / ms(2) * ms(8) * st.best_samples(8) - per[8])
     own = part.split("P3 about ")[1].split(":")[0]
     assert part.endswith(f"the study about {total + left + float(own):.1f}–{total + left + float(own):.1f} "
