@@ -674,10 +674,14 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
     best = {p: st.best_samples(p) for p in WORKERS}
     measured = [p for p in WORKERS if p in timing]
 
+    def source(p: int) -> int | None:
+        """The p whose time runs stand for p's: p itself, else the nearest measured below (above)."""
+        return max((q for q in measured if q <= p), default=min(measured, default=None))
+
     def ms(p: int) -> float | None:
-        """Real milliseconds per worker-step at p (its time runs; else the nearest p below's)."""
-        below = [q for q in measured if q <= p] or measured
-        return 1e3 * timing[below[-1]][0] / timing[below[-1]][1] if below else None
+        """Real milliseconds per worker-step at p (``source(p)``'s time runs)."""
+        q = source(p)
+        return None if q is None else 1e3 * timing[q][0] / timing[q][1]
     per = {p: hours[p] / best[p] for p in done_p if best[p] and ms(p)}
     if not per:
         return "\n".join(lines)
@@ -698,7 +702,7 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
         p3 = Run("extra", "asgd", NSYNC_P, "", 0, "", "", NSYNC_EPOCHS)
         own_h += len(NSYNC) * len(NSYNC_SEEDS) * p3.cost / 3600
     said = ", ".join(f"p = {p}: {need[p] / 1e3:.0f}k{'' if best[p] else ' (grown)'} at {ms(p):.2f} ms"
-                     + ("" if p in timing else f" (p = {max(q for q in measured if q <= p)}'s)")
+                     + ("" if p in timing else f" (p = {source(p)}'s)")
                      for p in todo)
     growth = (f"x{grow:.2f} a doubling past p = {known[-1]}" if len(known) >= 2 else
               "as at the last measured p: one p measured, no growth to go by, so larger p will cost more")

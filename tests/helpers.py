@@ -1,6 +1,5 @@
 """What many test modules share to run the program as a user does: the repository root, the tiny
 training flags, one CLI run as a real process, and the checks of its one-line error or warnings."""
-import functools
 import json
 import os
 import subprocess
@@ -27,12 +26,11 @@ def launch(n: int) -> tuple:
 def run_cli(args, tmp_path, timeout=180, launcher=(), module="src.main", env=None):
     """``[launcher...] python -m MODULE ARGS`` (the training program; ``scalesgd.virtual``: the
     virtual cluster) from the repository root, one BLAS thread, the demo's data under ``tmp_path``,
-    ``env`` added; returns the CompletedProcess (text).  Under a launcher, a launch that failed in
-    the launcher's own start-up is tried once more (``mpirun.run_launched``)."""
+    ``env`` added; returns the CompletedProcess (text).  A launch that failed in a launcher's own
+    start-up is tried once more (``mpirun.run_launched``; a plain process never shows it)."""
     env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1", **(env or {}))
-    run = run_launched if launcher else functools.partial(subprocess.run, capture_output=True, text=True)
-    return run([*launcher, sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-               stdin=subprocess.DEVNULL, timeout=timeout)
+    return run_launched([*launcher, sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+                        stdin=subprocess.DEVNULL, timeout=timeout)
 
 
 def node_profile(tmp_path, name="two-a-node", **kw) -> str:
