@@ -26,7 +26,10 @@ same option for every method; A-SGD's rates are its own rule's, one worker's gri
 the method's own settings spread over them (EASGD's beta, tau and
 servers K; A-SGD's n_sync and K; local SGD's tau and SlowMo), then ``ADAPTIVE`` more for every
 method, one at a time from the choice so far: past the grid's edge when the choice sits on one (a
-choice at an edge extends the grid), else halfway to its better neighbour.  Each configuration: ``TUNE_SEEDS`` seeds on the *tune* split under
+choice at an edge extends the grid), else halfway to its better neighbour; then the choice's rate
+with the method's other settings (one more rate step for a method without settings of its own);
+then, while a choice under some network still sits on an edge, up to ``EDGE_MORE`` more past it
+(``Study.grid``).  Each configuration: ``TUNE_SEEDS`` seeds on the *tune* split under
 ``TUNE_NETWORK`` / ``TUNE_CONDITION``.  Selection is by **time to target**, per network: exactly
 (re-timed) for the synchronous methods; for the asynchronous ones samples to target times the
 configuration's seconds per sample under that network (a ``time`` run of it there).  A
@@ -34,9 +37,9 @@ configuration that missed the target in a tuning seed ranks after every one that
 
 **Reported runs** (``sweep``): each method's configuration chosen for the network, ``SEEDS`` seeds
 (the same seeds for every method: paired) on the main split, under every condition; seeds
-``MORE_SEEDS`` too for the two fastest methods of a cell whose means are within ``CLOSE`` (ranked
-over ``SEEDS``, then, once their extra seeds are in, again over every seed each method has; the
-driver's plan repeats that until no new pair is close).
+``MORE_SEEDS`` too for every method of a cell whose mean is within ``CLOSE`` of the fastest's
+(ranked over ``SEEDS``, then, once their extra seeds are in, again over every seed each method has;
+the driver's plan repeats that until no new method is close).
 Horizons: a tuning run ends at ``CAP_SAMPLES`` x the samples the most sample-efficient
 configuration at that p needed; a reported asynchronous run at ``CAP_TIME`` x the best synchronous
 method's time in its cell (a method that needs more cannot be the fastest; it is reported with
@@ -74,7 +77,8 @@ CAP_SAMPLES = 3.0            # tuning horizon: x the fewest samples to target at
 CAP_TIME = 2.0               # reported asynchronous runs: x the best synchronous time in the cell
 MAX_EPOCHS, MIN_EPOCHS = 12, 3
 TIMING_TRAIN = 25_600        # the timing runs' data set (one epoch)
-ADAPTIVE = 2                 # configurations added to each method's grid at each p (the same for all)
+ADAPTIVE = 2                 # rate steps added to each method's grid at each p (the same for all)
+EDGE_MORE = 2                # at most this many more past an edge a choice still sits on
 STEP_COST_S = 0.0055         # real seconds per worker-step, two runs at a time (for planning only)
 
 SYNC = ("single", "allreduce", "localsgd")          # re-timed: arithmetic independent of the clock
@@ -148,11 +152,16 @@ def flags(method: str, config: str, p: int) -> list[str]:
     return [*FIXED[method], "--lr", f"{lr:.6g}", *(LSW if rule == "L" else []), *KNOBS[knob]]
 
 
-def commit() -> str:
+def pinned() -> str | None:
+    """The pinned commit (``RESULTS/pin.json``), None before one is pinned."""
     try:
-        return json.loads(PIN.read_text())["commit"]
+        return json.loads((RESULTS / PIN.name).read_text())["commit"]
     except (OSError, ValueError, KeyError):
-        sys.exit("crossover: no pinned commit yet: python benchmarks/crossover.py pin [COMMIT]")
+        return None
+
+
+def commit() -> str:
+    return pinned() or sys.exit("crossover: no pinned commit yet: python benchmarks/crossover.py pin [COMMIT]")
 
 
 @dataclass(frozen=True)
@@ -220,30 +229,65 @@ class Study:
     """What has been done (the records) and what can run next."""
 
     def __init__(self):
+        """Loads the records; one of another commit than the pinned one (``foreign``) is left out,
+        as if it had not run."""
         self.recs: dict[str, dict] = {}
+        self.foreign: list[str] = []
+        pin = pinned()
         for f in RESULTS.glob("*/*.json"):
             r = load(f)
             if r is not None and "key" in r:
-                self.recs[r["key"]] = r
+                if pin is not None and r.get("commit") != pin:
+                    self.foreign.append(r["key"])
+                else:
+                    self.recs[r["key"]] = r
+        self.open_cells: set[tuple[int, str, str]] = set()     # (p, network, condition), by plan()
 
     def get(self, run: Run) -> dict | None:
         return self.recs.get(run.key)
 
     # ---- tuning
     def grid(self, method: str, p: int) -> list[str]:
-        """The configurations tuned for (method, p): the base grid, then ``ADAPTIVE`` more, one at a
-        time, each placed by ``next_point`` from the choice under the tuning network so far: every
-        method gets the same number of tuning runs."""
+        """The configurations tuned for (method, p), one at a time, each from the choice so far:
+
+        1. the base grid (``GRIDS``: 4 points, the method's settings paired with rates);
+        2. ``ADAPTIVE`` more, placed by ``next_point`` from the choice under the tuning network;
+        3. the *settings step*: the choice's rule and rate with the method's other settings
+           (``other_settings``), since the base grid pairs each setting with two rates only and a
+           setting paired with rates that fail at some p would otherwise never be tried at a rate
+           that works (A-SGD's sharded server at p >= 8, say); a method without settings of its own
+           gets one more ``next_point`` instead, so that every method gets the same number;
+        4. a choice under any network still at an edge of its rule's rates extends the grid past
+           that edge, up to ``EDGE_MORE`` times (only here can two methods' counts differ)."""
         out = [cname(*g) for g in GRIDS[method]]
-        for _ in range(ADAPTIVE):
+        for step in range(ADAPTIVE + 1):
             c = self.chosen(method, p, TUNE_NETWORK, out)
             if c is None:
                 return out
-            nxt = self.next_point(method, p, out, c)
+            nxt = self.other_settings(method, out, c) if step == ADAPTIVE else None
+            nxt = nxt or self.next_point(method, p, out, c)
+            if nxt is None:
+                return out
+            out.append(nxt)
+        for _ in range(EDGE_MORE):
+            chosen = [self.chosen(method, p, n, out) for n in NETWORKS]
+            if None in chosen:
+                return out
+            edge = next((c for c in chosen if self.on_edge(c, out)), None)
+            nxt = edge and self.next_point(method, p, out, edge)
             if nxt is None:
                 return out
             out.append(nxt)
         return out
+
+    @staticmethod
+    def other_settings(method: str, grid: list[str], config: str) -> str | None:
+        """``config``'s rule and rate with the method's other settings in its base grid (None: it
+        has none, or that configuration is tuned already)."""
+        rule, rate, knob = parse(config)
+        others = sorted({g[2] for g in GRIDS[method]} - {knob})
+        c = others and cname(rule, rate, others[0])
+        return c if c and c not in grid else None
 
     @staticmethod
     def on_edge(config: str, grid: list[str]) -> bool:
@@ -313,6 +357,13 @@ class Study:
         if any(s is None for s in scores.values()):
             return None
         return min(grid, key=lambda c: scores[c])
+
+    def chosen_so_far(self, method: str, p: int, network: str) -> str | None:
+        """The choice among the configurations whose tuning runs are all in (None: none is): what
+        a cell reports, marked open, while the rest of its method's search is still to come."""
+        scores = {c: self.score(method, p, c, network) for c in self.grid(method, p)}
+        done = [c for c, v in scores.items() if v is not None]
+        return min(done, key=lambda c: scores[c]) if done else None
 
     def best_samples(self, p: int) -> float | None:
         """The fewest mean samples to target of any configuration tuned at p (both seeds)."""
@@ -406,15 +457,18 @@ class Study:
         return out
 
     def close_methods(self, p: int, network: str, condition: str) -> list[str]:
-        """The methods of the cell that get ``MORE_SEEDS``: the two fastest when their means are
-        within CLOSE, ranked over ``SEEDS``; once their extra seeds are all in, ranked again over
-        every seed each method has (a method that missed a seed is not ranked, as in the report).
-        The second ranking carries the rule to the cell as reported: extra seeds can move a third
-        method, with two seeds, within CLOSE of the new leader, and it gets them too (on the next
-        call; each call ranks once more, and every method gets its extra seeds at most once)."""
+        """The methods of the cell that get ``MORE_SEEDS``: every method whose mean is within CLOSE
+        of the fastest's (the fastest too, when there is one such), ranked over ``SEEDS``; once
+        their extra seeds are all in, ranked again over every seed each method has (a method that
+        missed a seed is not ranked, as in the report).  So no method within CLOSE of the fastest
+        is judged on two seeds.  The second ranking carries the rule to the cell as reported: extra
+        seeds can move another method, with two seeds, within CLOSE of the new leader, and it gets
+        them too (on the next call; each call ranks once more, and every method gets its extra
+        seeds at most once)."""
         def two_close(means: dict) -> list[str]:
             ranked = sorted(means, key=means.get)
-            return ranked[:2] if len(ranked) >= 2 and means[ranked[1]] <= CLOSE * means[ranked[0]] else []
+            near = [m for m in ranked if means[m] <= CLOSE * means[ranked[0]]] if ranked else []
+            return near if len(near) >= 2 else []
 
         def mean(ts: list) -> float | None:
             return None if not ts or None in ts else sum(ts) / len(ts)
@@ -434,10 +488,14 @@ class Study:
     def plan(self) -> tuple[list[Run], list[str]]:
         """(runs that can start now, in order; what waits and for what)."""
         ready, waiting = [], []
+        self.open_cells = set()
 
         def want(run: Run, epochs: int | None, why: str) -> None:
             if self.get(run) is not None:
                 return
+            if run.kind == "sweep":           # (a synchronous run serves every condition's cell)
+                self.open_cells |= {(run.workers, run.network, c)
+                                    for c in (CONDITIONS if run.method in SYNC else (run.condition,))}
             if epochs is None:
                 waiting.append(f"{run.key}: {why}")
             else:
@@ -460,6 +518,7 @@ class Study:
                     c = self.chosen(m, p, n)
                     if c is None:
                         waiting.append(f"sweep {m} p{p} {n}: tuning")
+                        self.open_cells |= {(p, n, cond) for cond in CONDITIONS}
                         continue
                     conds = (TUNE_CONDITION,) if m in SYNC else CONDITIONS
                     for cond in conds:
@@ -664,13 +723,22 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
     open_p = {r.workers for r in ready if r.kind in ("tune", "time", "sweep")}
     open_p |= {int(m.group(1)) for w in waiting if not w.startswith("authors")
                for m in [re.search(r"(?:-| )p(\d+)[- ]", w)] if m}
-    done_p = [p for p in (1, *WORKERS) if p in hours and p not in open_p and p > 1]
+    # a reopened p (complete once, its cells all swept, then given more to do: a wider search, more
+    # seeds) counts as measured: its own cost stands for the basis, and its runs ready now are its
+    # part of what is left (a lower bound: a choice the new runs change asks for new sweeps)
+    swept = {p for p in WORKERS if all(
+        sum(1 for r in st.recs.values() if r["kind"] == "sweep" and r["workers"] == p and r["method"] == m
+            and (m in SYNC or (r["network"], r["condition"]) == (n, c))) >= len(SEEDS)
+        for m in METHODS for n in NETWORKS for c in ((TUNE_CONDITION,) if m in SYNC else CONDITIONS))}
+    reopened = {p: h for p in swept & open_p for h in [sum(r.cost for r in ready if r.workers == p) / 3600] if h}
+    done_p = [p for p in (1, *WORKERS) if p in hours and (p not in open_p or p in reopened) and p > 1]
     mean_p = sum(hours[p] for p in done_p) / len(done_p) if done_p else None
     lines = [f"p = {p:3d}: {runs.get(p, 0):4d} runs, {hours.get(p, 0.0):5.2f} machine-hours, "
-             f"{'open' if p in open_p or p not in hours else 'complete'}" for p in (1, *WORKERS)]
+             + (f"reopened (at least {reopened[p]:.2f} machine-hours ready now)" if p in reopened else
+                'open' if p in open_p or p not in hours else 'complete') for p in (1, *WORKERS)]
     if mean_p is None or not sweep:
         return "\n".join(lines)
-    todo = [p for p in WORKERS if p in open_p or p not in hours]
+    todo = [p for p in WORKERS if (p in open_p or p not in hours) and p not in reopened]
     best = {p: st.best_samples(p) for p in WORKERS}
     measured = [p for p in WORKERS if p in timing]
 
@@ -693,8 +761,9 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
     grow = ((best[known[-1]] / best[known[-2]]) ** (1 / math.log2(known[-1] / known[-2]))   # per doubling
             if len(known) >= 2 else 1.0)
     need = {p: best[p] or best[known[-1]] * grow ** math.log2(p / known[-1]) for p in todo}
-    left = sum(max(0.0, u_lo * ms(p) * need[p] - hours.get(p, 0.0)) for p in todo)
-    left_hi = sum(max(0.0, u_hi * ms(p) * need[p] - hours.get(p, 0.0)) for p in todo)
+    again = sum(reopened.values())
+    left = again + sum(max(0.0, u_lo * ms(p) * need[p] - hours.get(p, 0.0)) for p in todo)
+    left_hi = again + sum(max(0.0, u_hi * ms(p) * need[p] - hours.get(p, 0.0)) for p in todo)
     kinds = [r["kind"] for r in st.recs.values()]
     authors_left = len(AUTHORS) * len(WORKERS) * len(SEEDS) * 2 - kinds.count("authors")
     own_h = authors_left * sum(sweep) / len(sweep) / 3600
@@ -710,9 +779,11 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
     need_said = (f"the open p need {said} (samples to target{f', {growth}' if grown else ''}; real cost of a "
                  "worker-step); " if todo else "")
     steps = f"{', '.join(f'{ms(p):.2f}' for p in per)} ms at p = {', '.join(map(str, per))}"
-    lines.append(f"projection: a complete p has cost {mean_p:.2f} machine-hours on average ({len(done_p)} of them), "
+    again_said = (f"the reopened p at least {again:.1f} (their runs ready now; the sweeps of a choice they "
+                  "change follow); " if reopened else "")
+    lines.append(f"projection: a p swept in full has cost {mean_p:.2f} machine-hours on average ({len(done_p)} of them), "
                  f"{k_mean * 1e5:.2f} per 100k samples to target (the costliest {k_top * 1e5:.2f}, p = {top}), "
-                 f"a worker-step costing {steps}; {need_said}the authors' rows and P3 about {own_h:.1f}: "
+                 f"a worker-step costing {steps}; {need_said}{again_said}the authors' rows and P3 about {own_h:.1f}: "
                  f"the study about {total + left + own_h:.1f}–{total + left_hi + own_h:.1f} machine-hours in all")
     return "\n".join(lines)
 

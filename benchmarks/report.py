@@ -507,6 +507,12 @@ def crossover_noise(results: Path) -> str:
         lo = f"{ns['b_noise_lo']:.0f}" if ns.get("b_noise_lo") else "—"
         fitted = (f"Fitted B_noise ≈ {ns['b_noise']:.0f} (95% bootstrap interval {lo}–{hi}), "
                   f"S_min ≈ {ns['s_min']:.0f} steps.")
+    elif ns.get("b_noise_fit"):
+        lo = f"{ns['b_noise_lo']:.0f}" if ns.get("b_noise_lo") else "—"
+        fitted = (f"B_noise is **not resolved**: the point fit gives {ns['b_noise_fit']:.0f}, but "
+                  f"{ns['unresolved_share']:.0%} of the bootstrap resamples find no noise scale at all (steps "
+                  "falling as fast as 1/B or faster), so its 95% interval is "
+                  f"{lo}–∞ and only the lower bound, {lo}, is read below.")
     else:
         lo = f"{ns['b_noise_lo']:.0f}" if ns.get("b_noise_lo") else None
         fitted = ("B_noise is **not resolved**: steps to target fall as fast as 1/B or faster over every "
@@ -520,12 +526,12 @@ def crossover_noise(results: Path) -> str:
                      f"{w['imagenet_batch_per_gpu']} images each)."))
     if not gpus:
         return f"Steps to target (mean over seeds) by global batch: {pts}. {fitted}"
-    bound = "at most as far" if w.get("bound") else "as far"
+    bound = "at most " if w.get("bound") else ""
     return (f"Steps to target (mean over seeds) by global batch: {pts}. {fitted} "
             f"With ImageNet's B_noise taken as {w['assumed_imagenet_b_noise']:,} (an assumption) and "
-            f"{w['imagenet_batch_per_gpu']} images per GPU, p workers here sit {bound} past the noise scale "
-            f"as {w['factor']:.2g} p ImageNet GPUs{' (the lower bound of B_noise)' if w.get('bound') else ''}: "
-            f"{gpus}.")
+            f"{w['imagenet_batch_per_gpu']} images per GPU, p workers here train at the global batch to noise "
+            f"scale ratio (8p / B_noise) of {bound}{w['factor']:.2g} p ImageNet GPUs"
+            f"{' (from the lower bound of B_noise)' if w.get('bound') else ''}: {gpus}.")
 
 
 VIEWS = {"crossover-answer": crossover_answer, "crossover-map": crossover_map, "crossover-claims": crossover_claims,

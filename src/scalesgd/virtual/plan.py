@@ -212,7 +212,7 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
                      f"{lo:.3g}-{hi:.3g}: the asynchronous methods' statistics are an extrapolation (a profile "
                      "without stands_for times the study's small model as itself: docs/virtual.md#profiles)")
     if cell and not cell.get("complete", True):
-        still = ", ".join(cell.get("missing", [])) or "the extra seeds of the close methods"
+        still = ", ".join(cell.get("missing", [])) or "more tuning or the extra seeds of the close methods"
         notes.append(f"the study's cell {key} is not complete yet (still to run: {still}): "
                      "the ranking below may change")
     if prof.ranks_per_node > 1:
