@@ -259,26 +259,32 @@ class Study:
            gets one more ``next_point`` instead, so that every method gets the same number;
         4. a choice under any network still at an edge of its rule's rates extends the grid past
            that edge, up to ``EDGE_MORE`` times (only here can two methods' counts differ)."""
+        return self.grid_state(method, p)[0]
+
+    def grid_state(self, method: str, p: int) -> tuple[list[str], bool]:
+        """(``grid``'s configurations so far, whether the search is over: False while a choice it
+        depends on waits for runs, under any network, so that no choice is taken from a grid that
+        may still grow)."""
         out = [cname(*g) for g in GRIDS[method]]
         for step in range(ADAPTIVE + 1):
             c = self.chosen(method, p, TUNE_NETWORK, out)
             if c is None:
-                return out
+                return out, False
             nxt = self.other_settings(method, out, c) if step == ADAPTIVE else None
             nxt = nxt or self.next_point(method, p, out, c)
             if nxt is None:
-                return out
+                break
             out.append(nxt)
-        for _ in range(EDGE_MORE):
+        for k in range(EDGE_MORE + 1):
             chosen = [self.chosen(method, p, n, out) for n in NETWORKS]
             if None in chosen:
-                return out
+                return out, False
             edge = next((c for c in chosen if self.on_edge(c, out)), None)
             nxt = edge and self.next_point(method, p, out, edge)
-            if nxt is None:
-                return out
+            if nxt is None or k == EDGE_MORE:
+                break
             out.append(nxt)
-        return out
+        return out, True
 
     @staticmethod
     def other_settings(method: str, grid: list[str], config: str) -> str | None:
@@ -352,7 +358,12 @@ class Study:
         return (0, sum(times) / len(times))
 
     def chosen(self, method: str, p: int, network: str, grid: list[str] | None = None) -> str | None:
-        grid = grid if grid is not None else self.grid(method, p)
+        """The best-scoring configuration of ``grid`` (default: the method's whole search, None
+        until it is over) under ``network``; None while one of them waits for runs."""
+        if grid is None:
+            grid, final = self.grid_state(method, p)
+            if not final:
+                return None
         scores = {c: self.score(method, p, c, network) for c in grid}
         if any(s is None for s in scores.values()):
             return None
@@ -493,8 +504,12 @@ class Study:
         def want(run: Run, epochs: int | None, why: str) -> None:
             if self.get(run) is not None:
                 return
-            if run.kind == "sweep":           # (a synchronous run serves every condition's cell)
-                self.open_cells |= {(run.workers, run.network, c)
+            if run.kind == "sweep":           # (a synchronous run serves every condition's cell, and
+                nets = [run.network]          # every network's whose choice it is)
+                if run.method in SYNC:
+                    nets += [n for n in NETWORKS if n != run.network and self.chosen(run.method, run.workers, n)
+                             == run.config]
+                self.open_cells |= {(run.workers, n, c) for n in nets
                                     for c in (CONDITIONS if run.method in SYNC else (run.condition,))}
             if epochs is None:
                 waiting.append(f"{run.key}: {why}")

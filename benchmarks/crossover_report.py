@@ -189,11 +189,15 @@ def crossover(cells: dict[int, dict], rng) -> dict:
 # -------------------------------------------------------------------------------------- noise scale
 def noise_scale(st: X.Study, rng) -> dict:
     """Fit steps to target = S_min + S_min B_noise / B over B = 8p (the tuned all-reduce, the
-    tuning network's choice, and one worker), with a bootstrap over seeds."""
-    pts = []
+    tuning network's choice, and one worker), with a bootstrap over seeds.  ``so_far``: the p
+    whose search is still open (their choice so far stands in)."""
+    pts, so_far = [], []
     for p in (1, *X.WORKERS):
         m = "single" if p == 1 else "allreduce"
-        c = st.chosen(m, p, X.TUNE_NETWORK) or st.chosen_so_far(m, p, X.TUNE_NETWORK)
+        c = st.chosen(m, p, X.TUNE_NETWORK)
+        if c is None:
+            c = st.chosen_so_far(m, p, X.TUNE_NETWORK)
+            so_far.append(p)
         if c is None:
             continue
         steps = [r["samples_to_target"] / (8 * p) for s in (*X.SEEDS, *X.MORE_SEEDS)
@@ -201,7 +205,7 @@ def noise_scale(st: X.Study, rng) -> dict:
                  if r is not None and r["samples_to_target"] is not None]
         if steps:
             pts.append((8 * p, steps))
-    return fit_noise(pts, rng)
+    return dict(fit_noise(pts, rng), so_far=[p for p in so_far if any(b == 8 * p for b, _ in pts)])
 
 
 def fit_noise(pts: list[tuple[int, list[float]]], rng) -> dict:
@@ -231,7 +235,7 @@ def fit_noise(pts: list[tuple[int, list[float]]], rng) -> dict:
     unresolved = float(np.mean(~np.isfinite(boots)))
     # resolved: a finite fit whose 95% interval is finite too (over 2.5% of the resamples finding no
     # noise scale leave its upper end at infinity: the point fit alone would say more than the data)
-    resolved = math.isfinite(b_noise) and unresolved <= 0.025
+    resolved = math.isfinite(b_noise) and unresolved < 0.025
     return dict(points=len(pts), resolved=resolved, b_noise=float(b_noise) if resolved else None,
                 b_noise_fit=float(b_noise) if math.isfinite(b_noise) else None,
                 s_min=float(s_min) if resolved else None, b_noise_lo=pct(2.5), b_noise_hi=pct(97.5),
@@ -304,6 +308,7 @@ def analyse(st: X.Study | None = None, seed: int = 0) -> dict:
     out["workload"] = workload(out["noise_scale"])
     out["left"] = dict(ready=len(ready), waiting=len(waiting),
                        ready_hours=sum(r.cost for r in ready) / 3600)
+    out["foreign_records"] = len(st.foreign)          # (of another commit than the pinned one: left out)
     return out
 
 
@@ -561,6 +566,9 @@ def main(argv=None) -> int:
     if a.final:
         PROGRESS.unlink(missing_ok=True)          # docs read crossover.json from now on
     write(STUDY_FILE, study_file(res))
+    if res["foreign_records"]:
+        print(f"crossover: {res['foreign_records']} records of another commit than the pinned one are left out",
+              file=sys.stderr)
     print(f"{res['runs']} runs, {res['machine_hours_total']:.2f} machine-hours; "
           f"{len(res['cells'])} cells; left: {res['left']}")
     for k, v in res["crossovers"].items():

@@ -524,6 +524,9 @@ def crossover_noise(results: Path) -> str:
                      f"{w['assumed_imagenet_b_noise']:,}, an assumption: fewer than "
                      f"{w['assumed_imagenet_b_noise'] // w['imagenet_batch_per_gpu']} GPUs at "
                      f"{w['imagenet_batch_per_gpu']} images each)."))
+    if ns.get("so_far"):
+        fitted += (f" (So far: the search at p = {', '.join(map(str, ns['so_far']))} is still open, and its "
+                   "choice so far stands in.)")
     if not gpus:
         return f"Steps to target (mean over seeds) by global batch: {pts}. {fitted}"
     bound = "at most " if w.get("bound") else ""
