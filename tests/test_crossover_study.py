@@ -470,22 +470,26 @@ def test_the_answer_in_short_follows_the_map(study):
     assert R.budget_words(dict(machine_hours_total=1.0), final=False).endswith("of the 24 budgeted.")
 
 
-def test_a_cell_still_running_is_marked_so_far(study, tmp_path):
+def analyse_without(tmp_path, gone) -> tuple[dict, list]:
+    """The analysis of a copy of the study without the records ``gone(path)`` picks: (it, them)."""
     import shutil
-    st, _, _ = study
     part = tmp_path / "results"
     shutil.copytree(X.RESULTS, part)
-    gone = [f for f in part.rglob("*.json") if f.name.startswith("pushsum-ov-p8-") and "a100" in f.name
-            and "-none" in f.name and f.parent.name == "sweep"]
-    assert gone
-    for f in gone:
+    files = [f for f in part.rglob("*.json") if gone(f)]
+    for f in files:
         f.unlink()
     mp = pytest.MonkeyPatch()
     mp.setattr(X, "RESULTS", part)
     try:
-        res = R.analyse(X.Study())
+        return R.analyse(X.Study()), files
     finally:
         mp.undo()
+
+
+def test_a_cell_still_running_is_marked_so_far(study, tmp_path):
+    res, gone = analyse_without(tmp_path, lambda f: f.name.startswith("pushsum-ov-p8-") and "a100" in f.name
+                                and "-none" in f.name and f.parent.name == "sweep")
+    assert gone
     cl = res["cells"]["a100-ib100-resnet50/none/p8"]
     assert not cl["complete"] and cl["missing"] == ["pushsum-ov"] and res["left"]["ready"] >= len(gone)
 
@@ -512,7 +516,6 @@ def test_a_cell_still_running_is_marked_so_far(study, tmp_path):
 def test_a_synchronous_run_still_to_come_keeps_every_cell_it_enters_open(study, tmp_path):
     """A synchronous run serves every network's cells (one record, re-timed): while it is still to
     come, each of those cells is open, not only the first network's that asked for it."""
-    import shutil
     _, _, full = study
     hit = None
     for key, cell in full["cells"].items():
@@ -526,17 +529,10 @@ def test_a_synchronous_run_still_to_come_keeps_every_cell_it_enters_open(study, 
     m, p, c = hit
     cells = [k for k, cl in full["cells"].items() if cl["workers"] == p and m in cl["methods"]
              and cl["methods"][m]["config"] == c and 2 in cl["methods"][m]["seeds"]]
-    part = tmp_path / "results"
-    shutil.copytree(X.RESULTS, part)
-    for seed in X.MORE_SEEDS:               # (all three: no "extra seeds still running" path keeps it open)
-        (part / "sweep" / f"{m}-p{p}-{c}-s{seed}.json").unlink()
-    mp = pytest.MonkeyPatch()
-    mp.setattr(X, "RESULTS", part)
-    try:
-        res = R.analyse(X.Study())
-    finally:
-        mp.undo()
-    assert res["left"]["ready"] == len(X.MORE_SEEDS)
+    # (all three extra seeds: no "extra seeds still running" path keeps the cells open)
+    names = {f"{m}-p{p}-{c}-s{seed}.json" for seed in X.MORE_SEEDS}
+    res, gone = analyse_without(tmp_path, lambda f: f.parent.name == "sweep" and f.name in names)
+    assert len(gone) == len(X.MORE_SEEDS) and res["left"]["ready"] == len(X.MORE_SEEDS)
     assert len({k.split("/")[0] for k in cells}) >= 2, cells        # (the run serves two networks or more)
     for k in cells:
         assert not res["cells"][k]["complete"], k
