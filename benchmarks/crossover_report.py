@@ -76,8 +76,9 @@ def tuning_row(st: X.Study, method: str, p: int) -> dict:
                           diverged=[bool(r and r["diverged"]) for r in recs],
                           score={n: st.score(method, p, c, n) for n in X.NETWORKS})
     chosen = {n: st.chosen(method, p, n) for n in X.NETWORKS}
+    so_far = {n: st.chosen_so_far(method, p, n) for n, c in chosen.items() if c is None}
     base = len(X.GRIDS[method])
-    return dict(method=method, workers=p, configs=configs, chosen=chosen, base_points=base,
+    return dict(method=method, workers=p, configs=configs, chosen=chosen, chosen_so_far=so_far, base_points=base,
                 adaptive=len(grid) - base, runs=len(grid) * len(X.TUNE_SEEDS),
                 edge=[n for n, c in chosen.items() if c is not None and st.on_edge(c, grid)])
 

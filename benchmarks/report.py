@@ -452,10 +452,12 @@ def crossover_tuning(results: Path) -> str:
                 continue
             by: dict = {}
             for n, c in t["chosen"].items():
-                by.setdefault(c or "pending", []).append(n.split("-")[0])
+                c = c or t.get("chosen_so_far", {}).get(n) or "pending"
+                by.setdefault(c, []).append(n.split("-")[0])
             chosen = "; ".join(f"{c} ({', '.join(ns)})" if len(by) > 1 else c for c, ns in by.items())
-            cells.append(f"{len(t['configs'])} points, {done} run{'' if done == 1 else 's'}: {chosen}"
-                         + (" (so far)" if done < t["runs"] else ""))
+            edge = f" (on an edge of its rates: {', '.join(n.split('-')[0] for n in t['edge'])})" if t.get("edge") else ""
+            cells.append(f"{len(t['configs'])} points, {done} run{'' if done == 1 else 's'}: {chosen}{edge}"
+                         + (" (so far)" if done < t["runs"] or None in t["chosen"].values() else ""))
         rows.append(f"| {R.SHORT.get(m, m)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
