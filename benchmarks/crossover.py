@@ -48,6 +48,7 @@ the error it reached).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -500,6 +501,7 @@ class Study:
         """(runs that can start now, in order; what waits and for what)."""
         ready, waiting = [], []
         self.open_cells = set()
+        choice: dict[tuple[str, str], str | None] = {}     # (method, network) -> its choice at this p
 
         def want(run: Run, epochs: int | None, why: str) -> None:
             if self.get(run) is not None:
@@ -507,8 +509,7 @@ class Study:
             if run.kind == "sweep":           # (a synchronous run serves every condition's cell, and
                 nets = [run.network]          # every network's whose choice it is)
                 if run.method in SYNC:
-                    nets += [n for n in NETWORKS if n != run.network and self.chosen(run.method, run.workers, n)
-                             == run.config]
+                    nets += [n for n in NETWORKS if n != run.network and choice[run.method, n] == run.config]
                 self.open_cells |= {(run.workers, n, c) for n in nets
                                     for c in (CONDITIONS if run.method in SYNC else (run.condition,))}
             if epochs is None:
@@ -528,9 +529,10 @@ class Study:
                          "the pilots' samples to target at this p")
                 for r in self.time_runs(m, p, grid):
                     want(r, 1, "")
+            choice = {(m, n): self.chosen(m, p, n) for m in methods for n in NETWORKS}
             for n in NETWORKS:
                 for m in methods:
-                    c = self.chosen(m, p, n)
+                    c = choice[m, n]
                     if c is None:
                         waiting.append(f"sweep {m} p{p} {n}: tuning")
                         self.open_cells |= {(p, n, cond) for cond in CONDITIONS}
@@ -542,7 +544,7 @@ class Study:
                             want(run, self.sweep_epochs(m, p, c, n, cond), "the synchronous runs of its cell")
                 for cond in CONDITIONS:
                     for m in self.close_methods(p, n, cond):
-                        c = self.chosen(m, p, n)
+                        c = choice[m, n]
                         for s in MORE_SEEDS:
                             run = Run("sweep", m, p, c, s, n, cond if m not in SYNC else TUNE_CONDITION)
                             want(run, self.sweep_epochs(m, p, c, n, cond), "the synchronous runs of its cell")
@@ -741,10 +743,11 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
     # a reopened p (complete once, its cells all swept, then given more to do: a wider search, more
     # seeds) counts as measured: its own cost stands for the basis, and its runs ready now are its
     # part of what is left (a lower bound: a choice the new runs change asks for new sweeps)
-    swept = {p for p in WORKERS if all(
-        sum(1 for r in st.recs.values() if r["kind"] == "sweep" and r["workers"] == p and r["method"] == m
-            and (m in SYNC or (r["network"], r["condition"]) == (n, c))) >= len(SEEDS)
-        for m in METHODS for n in NETWORKS for c in ((TUNE_CONDITION,) if m in SYNC else CONDITIONS))}
+    sweeps = collections.Counter((r["workers"], r["method"], *(() if r["method"] in SYNC else
+                                                                (r["network"], r["condition"])))
+                                 for r in st.recs.values() if r["kind"] == "sweep")
+    swept = {p for p in WORKERS if all(sweeps[(p, m) if m in SYNC else (p, m, n, c)] >= len(SEEDS)
+                                       for m in METHODS for n in NETWORKS for c in CONDITIONS)}
     reopened = {p: h for p in swept & open_p for h in [sum(r.cost for r in ready if r.workers == p) / 3600] if h}
     done_p = [p for p in (1, *WORKERS) if p in hours and (p not in open_p or p in reopened) and p > 1]
     mean_p = sum(hours[p] for p in done_p) / len(done_p) if done_p else None

@@ -103,8 +103,8 @@ def boot_interval(d: np.ndarray) -> tuple[float, float]:
 
 
 def paired(a: dict, b: dict) -> dict | None:
-    """``a`` against ``b`` (seed -> seconds) over their common seeds: the mean difference a - b,
-    its interval (``boot_interval``), and the call: "a" (a first: the interval below 0), "b"
+    """``a`` against ``b`` (seed -> seconds) over their common seeds: the differences a - b
+    (``diffs``, by seed), their mean, its interval (``boot_interval``), and the call: "a" (a first: the interval below 0), "b"
     (above 0) or "tie".  A tie too, whatever the interval, when the two (each by its mean over all
     its seeds, as the driver ranks them) are within ``X.CLOSE`` on fewer paired seeds than the study
     gives such pairs (``X.SEEDS`` and ``X.MORE_SEEDS``: two seeds
@@ -119,7 +119,8 @@ def paired(a: dict, b: dict) -> dict | None:
     wa, wb = float(np.mean(list(a.values()))), float(np.mean(list(b.values())))
     few = len(seeds) < len(X.SEEDS) + len(X.MORE_SEEDS) and max(wa, wb) <= X.CLOSE * min(wa, wb)
     call = "tie" if few or lo <= 0 <= hi else "a" if hi < 0 else "b"
-    return dict(mean=float(d.mean()), lo=lo, hi=hi, seeds=seeds, a_mean=ma, b_mean=mb, few=few, call=call)
+    return dict(mean=float(d.mean()), lo=lo, hi=hi, seeds=seeds, diffs=d, a_mean=ma, b_mean=mb, few=few,
+                call=call)
 
 
 def side_entry(rows: dict, side) -> tuple[str, dict] | None:
@@ -143,7 +144,7 @@ def compare(rows: dict, claim_side, other_side) -> dict:
                     seeds=len(set(a[1]) & set(b[1])), few=True, claim_mean=float("nan"), other_mean=float("nan"))
     out = {"a": "claim", "b": "other", "tie": "tie"}[d["call"]]
     return dict(outcome=out, claim=a[0], other=b[0], diff=d["mean"], lo=d["lo"], hi=d["hi"], seeds=len(d["seeds"]),
-                few=d["few"], claim_mean=d["a_mean"], other_mean=d["b_mean"])
+                diffs=d["diffs"], few=d["few"], claim_mean=d["a_mean"], other_mean=d["b_mean"])
 
 
 def judge(outcomes: list[str]) -> str:

@@ -57,11 +57,7 @@ def mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
-def paired_interval(a: dict[int, float], b: dict[int, float]) -> dict | None:
-    """Mean of t_a - t_b over the seeds both have, with its 95% bootstrap interval and the call
-    (``crossover_claims.paired``; None: < 2 common seeds)."""
-    return crossover_claims.paired(a, b)
-
+paired_interval = crossover_claims.paired   # t_a - t_b over the common seeds: interval and call
 
 # ------------------------------------------------------------------------------------------ tuning
 def tuning_row(st: X.Study, method: str, p: int) -> dict:
@@ -119,7 +115,7 @@ def cell(st: X.Study, p: int, network: str, condition: str) -> dict:
         out["fastest"] = best
         for m in ranked[1:]:
             d = paired_interval({s: v["seconds"] for s, v in rows[m]["seeds"].items()}, tb)
-            rows[m]["vs_fastest"] = d
+            rows[m]["vs_fastest"] = d and {k: v for k, v in d.items() if k != "diffs"}   # (JSON: no array)
             if d is None or d["call"] != "b":       # (not clearly slower: tied)
                 out["tied"].append(m)
         out["tied_set"] = [best, *out["tied"]]
@@ -168,14 +164,10 @@ def crossover(cells: dict[int, dict], rng) -> dict:
     point = sequence_words([(p, c["family"]) for p, c in calls.items()])
     draws = {}                               # p -> BOOT resamples: is the asynchronous entry first?
     for p, c in calls.items():
-        rows = cells[p]["methods"]
-        if "diff" not in c:                  # (one family only reached it)
+        if "diffs" not in c:                 # (one family only reached it)
             draws[p] = np.full(BOOT, c["family"] == "async")
             continue
-        ta = {s: v["seconds"] for s, v in rows[c["claim"]]["seeds"].items()}
-        tb = {s: v["seconds"] for s, v in rows[c["other"]]["seeds"].items()}
-        seeds = sorted(set(ta) & set(tb))
-        d = np.array([ta[s] - tb[s] for s in seeds])
+        d = c["diffs"]                       # (async - sync, by common seed)
         draws[p] = d[rng.integers(0, len(d), size=(BOOT, len(d)))].mean(axis=1) < 0
     counts: dict[str, int] = {}
     for i in range(BOOT):
