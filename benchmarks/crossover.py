@@ -39,7 +39,9 @@ configuration that missed the target in a tuning seed ranks after every one that
 (the same seeds for every method: paired) on the main split, under every condition; seeds
 ``MORE_SEEDS`` too for every method of a cell whose mean is within ``CLOSE`` of the fastest's
 (ranked over ``SEEDS``, then, once their extra seeds are in, again over every seed each method has;
-the driver's plan repeats that until no new method is close).
+the driver's plan repeats that until no new method is close).  The authors' rows (``AUTHORS``) get
+``MORE_SEEDS`` by the same rule among themselves, and P1's two sides (one worker; A-SGD at
+``P1_P``, tuned under ``TUNE_CONDITION`` on every network and the authors' form) always.
 Horizons: a tuning run ends at ``CAP_SAMPLES`` x the samples the most sample-efficient
 configuration at that p needed; a reported asynchronous run at ``CAP_TIME`` x the best synchronous
 method's time in its cell (a method that needs more cannot be the fastest; it is reported with
@@ -123,6 +125,7 @@ AUTHORS = {"allreduce-authors": ("allreduce", "F0.05"),          # Jin et al.'s 
            "gossip-authors": ("gossip-pull-np", "F0.05"),        # blocking pull, no progress thread
            "asgd-authors": ("asgd", "W0.2-a1")}                  # Paine et al.: n_sync 1, one server
 AUTHORS_NETWORK, AUTHORS_CONDITIONS = "titanx-fdr-resnet18", ("none", "stragglers")
+P1_P = 8                     # P1 (Paine et al.): A-SGD on 8 GPUs against one
 # P3 (Paine et al.: a larger n_sync communicates less, coarser but still training): 4 clients, the
 # whole horizon (no stop at the target), long enough that n_sync 100 makes >= 50 exchanges per client
 # (1,600 steps an epoch each)
@@ -458,6 +461,21 @@ class Study:
         t = self.get(Run("time", method, p, config, 0, network, TUNE_CONDITION))
         return None if t is None else t["seconds_per_sample"]
 
+    def authors_seed_times(self, p: int, name: str, condition: str) -> dict[int, float | None]:
+        """An authors' row's recorded seeds under ``condition`` (its synchronous one re-timed)."""
+        m, c = AUTHORS[name]
+        run_cond = TUNE_CONDITION if m in SYNC else condition
+        out = {}
+        for s in (*SEEDS, *MORE_SEEDS):
+            r = self.get(Run("authors", name, p, c, s, AUTHORS_NETWORK, run_cond))
+            if r is not None:
+                out[s] = seconds_to(r, AUTHORS_NETWORK, condition)
+        return out
+
+    def authors_close(self, p: int, condition: str) -> list[str]:
+        """The authors' rows that get ``MORE_SEEDS`` at (p, condition): the cells' rule."""
+        return self.close_of({name: self.authors_seed_times(p, name, condition) for name in AUTHORS})
+
     def seed_times(self, p: int, network: str, condition: str, method: str) -> dict[int, float | None]:
         """The method's recorded seeds in the cell: seed -> time to target (None: it missed)."""
         c = self.chosen(method, p, network)
@@ -477,6 +495,11 @@ class Study:
         seeds can move another method, with two seeds, within CLOSE of the new leader, and it gets
         them too (on the next call; each call ranks once more, and every method gets its extra
         seeds at most once)."""
+        return self.close_of({m: self.seed_times(p, network, condition, m) for m in METHODS if p > 1})
+
+    @staticmethod
+    def close_of(times: dict[str, dict[int, float | None]]) -> list[str]:
+        """``close_methods``' rule on rows' seed times (name -> seed -> seconds, None: missed)."""
         def two_close(means: dict) -> list[str]:
             ranked = sorted(means, key=means.get)
             near = [m for m in ranked if means[m] <= CLOSE * means[ranked[0]]] if ranked else []
@@ -485,7 +508,6 @@ class Study:
         def mean(ts: list) -> float | None:
             return None if not ts or None in ts else sum(ts) / len(ts)
 
-        times = {m: self.seed_times(p, network, condition, m) for m in METHODS if p > 1}
         first = {m: v for m, t in times.items() for v in [mean([t.get(s) for s in SEEDS])] if v is not None}
         out = two_close(first)
         extra = {m: sum(s in t for s in MORE_SEEDS) for m, t in times.items()}
@@ -501,7 +523,7 @@ class Study:
         """(runs that can start now, in order; what waits and for what)."""
         ready, waiting = [], []
         self.open_cells = set()
-        choice: dict[tuple[str, str], str | None] = {}     # (method, network) -> its choice at this p
+        choice: dict[tuple[str, int, str], str | None] = {}     # (method, p, network) -> its choice
 
         def want(run: Run, epochs: int | None, why: str) -> None:
             if self.get(run) is not None:
@@ -509,7 +531,7 @@ class Study:
             if run.kind == "sweep":           # (a synchronous run serves every condition's cell, and
                 nets = [run.network]          # every network's whose choice it is)
                 if run.method in SYNC:
-                    nets += [n for n in NETWORKS if n != run.network and choice[run.method, n] == run.config]
+                    nets += [n for n in NETWORKS if n != run.network and choice[run.method, run.workers, n] == run.config]
                 self.open_cells |= {(run.workers, n, c) for n in nets
                                     for c in (CONDITIONS if run.method in SYNC else (run.condition,))}
             if epochs is None:
@@ -529,10 +551,10 @@ class Study:
                          "the pilots' samples to target at this p")
                 for r in self.time_runs(m, p, grid):
                     want(r, 1, "")
-            choice = {(m, n): self.chosen(m, p, n) for m in methods for n in NETWORKS}
+            choice.update({(m, p, n): self.chosen(m, p, n) for m in methods for n in NETWORKS})
             for n in NETWORKS:
                 for m in methods:
-                    c = choice[m, n]
+                    c = choice[m, p, n]
                     if c is None:
                         waiting.append(f"sweep {m} p{p} {n}: tuning")
                         self.open_cells |= {(p, n, cond) for cond in CONDITIONS}
@@ -544,17 +566,32 @@ class Study:
                             want(run, self.sweep_epochs(m, p, c, n, cond), "the synchronous runs of its cell")
                 for cond in CONDITIONS:
                     for m in self.close_methods(p, n, cond):
-                        c = choice[m, n]
+                        c = choice[m, p, n]
                         for s in MORE_SEEDS:
                             run = Run("sweep", m, p, c, s, n, cond if m not in SYNC else TUNE_CONDITION)
                             want(run, self.sweep_epochs(m, p, c, n, cond), "the synchronous runs of its cell")
-        # last: the authors' forms and P3's n_sync runs (the verdicts' own rows)
+        # last: the authors' forms and P3's n_sync runs (the verdicts' own rows); the authors' rows
+        # get MORE_SEEDS by the cells' rule (within CLOSE of the fastest of theirs), and P1's two
+        # sides (one worker; A-SGD at p = 8, tuned and the authors' form) get them always
         for p in WORKERS:
+            more = {cond: self.authors_close(p, cond) for cond in AUTHORS_CONDITIONS}
             for name, (m, c) in AUTHORS.items():
                 for cond in ((TUNE_CONDITION,) if m in SYNC else AUTHORS_CONDITIONS):
-                    for s in SEEDS:
+                    close = (name == "asgd-authors" and p == P1_P
+                             or any(name in more[k] for k in (AUTHORS_CONDITIONS if m in SYNC else (cond,))))
+                    for s in (*SEEDS, *MORE_SEEDS) if close else SEEDS:
                         run = Run("authors", name, p, c, s, AUTHORS_NETWORK, cond)
                         want(run, self.authors_epochs(name, p, cond), "the tuned synchronous runs of its cell")
+        if P1_P in WORKERS:
+            for m, p, nets in (("single", 1, (TUNE_NETWORK,)), ("asgd", P1_P, NETWORKS)):
+                for n in nets:
+                    c = choice[m, p, n]
+                    for s in MORE_SEEDS:
+                        if c is None:
+                            waiting.append(f"P1's seed {s} of {m} at p = {p}: its choice")
+                        else:
+                            want(Run("sweep", m, p, c, s, n, TUNE_CONDITION),
+                                 self.sweep_epochs(m, p, c, n, TUNE_CONDITION), "the synchronous runs of its cell")
         for c, n in NSYNC.items():
             for s in NSYNC_SEEDS:
                 want(Run("extra", "asgd", NSYNC_P, f"W{0.05 * NSYNC_P:g}-a{n}", s, TUNE_NETWORK, TUNE_CONDITION),
@@ -783,7 +820,7 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
     left = again + sum(max(0.0, u_lo * ms(p) * need[p] - hours.get(p, 0.0)) for p in todo)
     left_hi = again + sum(max(0.0, u_hi * ms(p) * need[p] - hours.get(p, 0.0)) for p in todo)
     kinds = [r["kind"] for r in st.recs.values()]
-    authors_left = len(AUTHORS) * len(WORKERS) * len(SEEDS) * 2 - kinds.count("authors")
+    authors_left = max(0, len(AUTHORS) * len(WORKERS) * len(SEEDS) * 2 - kinds.count("authors"))
     own_h = authors_left * sum(sweep) / len(sweep) / 3600
     if "extra" not in kinds:                 # P3's runs: their whole horizon, at the planning cost
         p3 = Run("extra", "asgd", NSYNC_P, "", 0, "", "", NSYNC_EPOCHS)
