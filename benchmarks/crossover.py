@@ -40,7 +40,7 @@ configuration that missed the target in a tuning seed ranks after every one that
 ``MORE_SEEDS`` too for every method of a cell whose mean is within ``CLOSE`` of the fastest's
 (ranked over ``SEEDS``, then, once their extra seeds are in, again over every seed each method has;
 the driver's plan repeats that until no new method is close).  The authors' rows (``AUTHORS``) get
-``MORE_SEEDS`` by the same rule among themselves, and P1's two sides (one worker; A-SGD at
+``MORE_SEEDS`` by the same rule among the rows J1 and J2 compare, and P1's two sides (one worker; A-SGD at
 ``P1_P``, tuned under ``TUNE_CONDITION`` on every network and the authors' form) always.
 Horizons: a tuning run ends at ``CAP_SAMPLES`` x the samples the most sample-efficient
 configuration at that p needed; a reported asynchronous run at ``CAP_TIME`` x the best synchronous
@@ -125,6 +125,7 @@ AUTHORS = {"allreduce-authors": ("allreduce", "F0.05"),          # Jin et al.'s 
            "gossip-authors": ("gossip-pull-np", "F0.05"),        # blocking pull, no progress thread
            "asgd-authors": ("asgd", "W0.2-a1")}                  # Paine et al.: n_sync 1, one server
 AUTHORS_NETWORK, AUTHORS_CONDITIONS = "titanx-fdr-resnet18", ("none", "stragglers")
+AUTHORS_SYNC, AUTHORS_ASYNC = ("allreduce-authors",), ("easgd-authors", "gossip-authors")   # J1's and J2's sides
 P1_P = 8                     # P1 (Paine et al.): A-SGD on 8 GPUs against one
 # P3 (Paine et al.: a larger n_sync communicates less, coarser but still training): 4 clients, the
 # whole horizon (no stop at the target), long enough that n_sync 100 makes >= 50 exchanges per client
@@ -473,8 +474,10 @@ class Study:
         return out
 
     def authors_close(self, p: int, condition: str) -> list[str]:
-        """The authors' rows that get ``MORE_SEEDS`` at (p, condition): the cells' rule."""
-        return self.close_of({name: self.authors_seed_times(p, name, condition) for name in AUTHORS})
+        """The authors' rows that get ``MORE_SEEDS`` at (p, condition): the cells' rule, among the rows
+        J1 and J2 compare (A-SGD's is P1's, which gives it its own seeds)."""
+        return self.close_of({name: self.authors_seed_times(p, name, condition)
+                              for name in (*AUTHORS_SYNC, *AUTHORS_ASYNC)})
 
     def seed_times(self, p: int, network: str, condition: str, method: str) -> dict[int, float | None]:
         """The method's recorded seeds in the cell: seed -> time to target (None: it missed)."""
@@ -523,11 +526,15 @@ class Study:
         """(runs that can start now, in order; what waits and for what)."""
         ready, waiting = [], []
         self.open_cells = set()
+        self.open_authors = set()                           # (p, condition): an authors' run to come
         choice: dict[tuple[str, int, str], str | None] = {}     # (method, p, network) -> its choice
 
         def want(run: Run, epochs: int | None, why: str) -> None:
             if self.get(run) is not None:
                 return
+            if run.kind == "authors":
+                self.open_authors |= {(run.workers, c) for c in
+                                      (AUTHORS_CONDITIONS if is_sync(run.method) else (run.condition,))}
             if run.kind == "sweep":           # (a synchronous run serves every condition's cell, and
                 nets = [run.network]          # every network's whose choice it is)
                 if run.method in SYNC:
@@ -583,8 +590,8 @@ class Study:
                         run = Run("authors", name, p, c, s, AUTHORS_NETWORK, cond)
                         want(run, self.authors_epochs(name, p, cond), "the tuned synchronous runs of its cell")
         if P1_P in WORKERS:
-            for m, p, nets in (("single", 1, (TUNE_NETWORK,)), ("asgd", P1_P, NETWORKS)):
-                for n in nets:
+            for m, p in (("single", 1), ("asgd", P1_P)):
+                for n in NETWORKS:
                     c = choice[m, p, n]
                     for s in MORE_SEEDS:
                         if c is None:
@@ -601,7 +608,7 @@ class Study:
             if r.key not in seen:
                 seen.add(r.key)
                 out.append(r)
-        return out, waiting
+        return out, list(dict.fromkeys(waiting))
 
 
 # ---------------------------------------------------------------------------------------- running
@@ -783,9 +790,11 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
     sweeps = collections.Counter((r["workers"], r["method"], *(() if r["method"] in SYNC else
                                                                 (r["network"], r["condition"])))
                                  for r in st.recs.values() if r["kind"] == "sweep")
-    swept = {p for p in WORKERS if all(sweeps[(p, m) if m in SYNC else (p, m, n, c)] >= len(SEEDS)
-                                       for m in METHODS for n in NETWORKS for c in CONDITIONS)}
-    reopened = {p: h for p in swept & open_p for h in [sum(r.cost for r in ready if r.workers == p) / 3600] if h}
+    swept = {p for p in (1, *WORKERS) if all(sweeps[(p, m) if m in SYNC else (p, m, n, c)] >= len(SEEDS)
+                                             for m in (METHODS if p > 1 else ("single",))
+                                             for n in NETWORKS for c in CONDITIONS)}
+    reopened = {p: h for p in swept & open_p
+                for h in [sum(r.cost for r in ready if r.workers == p and r.kind != "authors") / 3600] if h}
     done_p = [p for p in (1, *WORKERS) if p in hours and (p not in open_p or p in reopened) and p > 1]
     mean_p = sum(hours[p] for p in done_p) / len(done_p) if done_p else None
     lines = [f"p = {p:3d}: {runs.get(p, 0):4d} runs, {hours.get(p, 0.0):5.2f} machine-hours, "
@@ -820,7 +829,8 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
     left = again + sum(max(0.0, u_lo * ms(p) * need[p] - hours.get(p, 0.0)) for p in todo)
     left_hi = again + sum(max(0.0, u_hi * ms(p) * need[p] - hours.get(p, 0.0)) for p in todo)
     kinds = [r["kind"] for r in st.recs.values()]
-    authors_left = max(0, len(AUTHORS) * len(WORKERS) * len(SEEDS) * 2 - kinds.count("authors"))
+    authors_left = (max(0, len(AUTHORS) * len(WORKERS) * len(SEEDS) * 2 - kinds.count("authors"))
+                    + sum(r.kind == "authors" and r.seed in MORE_SEEDS for r in ready))   # (extra seeds)
     own_h = authors_left * sum(sweep) / len(sweep) / 3600
     if "extra" not in kinds:                 # P3's runs: their whole horizon, at the planning cost
         p3 = Run("extra", "asgd", NSYNC_P, "", 0, "", "", NSYNC_EPOCHS)

@@ -31,8 +31,8 @@ was judged, the evidence as numbers, and a verdict that follows from them:
   second against p stop growing (a doubling adds < 20%) while all-reduce's keep growing.
 * P1 (Paine et al.: A-SGD 3.2x faster on 8 GPUs than one): the speed-up to target of the tuned
   A-SGD at p = 8 over one worker (``typical``), and of the authors' form (n_sync 1, one server,
-  untuned) under the papers' era network without and with stragglers, 5 seeds a side: agrees when
-  its interval reaches 3.2x or lies above, disagrees when below.
+  untuned) under the papers' era network without and with stragglers, 5 seeds a side ("so far"
+  until they are in): agrees when its interval reaches 3.2x or lies above, disagrees when below.
 * P3 (a larger n_sync: less communication, coarser but still training): only comparable when
   n_sync = 100 made >= 50 exchanges per client; then agrees when it reached the target in every
   seed, disagrees when in none while n_sync = 1 did.
@@ -178,7 +178,9 @@ def _say(p: int, c: dict) -> str:
             f"(difference {c['diff']:+.3g} s [{c['lo']:+.3g}, {c['hi']:+.3g}], {c['seeds']} paired seeds) → {word}")
 
 
-def family_row(res, claim, network, condition, ps, claim_side, other_side, rows_of=None) -> dict:
+def family_row(res, claim, network, condition, ps, claim_side, other_side, rows_of=None, pending=None) -> dict:
+    """``rows_of(p)``/``pending(p)`` (the authors' rows: whether a run of them is still to come at p)
+    stand for the cells and their ``complete``."""
     outcomes, ev = [], []
     for p in ps:
         cell = None if rows_of else res["cells"].get(f"{network}/{condition}/p{p}", {})
@@ -186,7 +188,7 @@ def family_row(res, claim, network, condition, ps, claim_side, other_side, rows_
         if not rows:
             ev.append(f"p = {p} not run yet")
             continue
-        if cell and not cell["complete"]:
+        if (cell and not cell["complete"]) or (pending and pending(p)):
             ev.append(f"p = {p}: {NOT_ALL_IN}")
             continue
         c = compare(rows, claim_side, other_side)
@@ -322,12 +324,18 @@ def j5(st: X.Study, network: str) -> dict:
                 verdict=("agrees" if ok else "disagrees") + (" so far" if covered < X.WORKERS[-1] else ""))
 
 
-def p1(res, network: str, condition: str = "typical", many=None, label: str = "P1") -> dict:
+def p1(res, network: str, condition: str = "typical", many=None, label: str = "P1", pending=False) -> dict:
     """A-SGD at p = 8 (the tuned one, or ``many``: the authors' form's rows, empty while they are not
-    run) against one worker."""
-    one = res["cells"].get(f"{network}/{condition}/p1", {}).get("methods", {}).get("single")
+    run, ``pending`` while a run of them is to come) against one worker; "so far" while a side's
+    runs are not all in."""
+    cells = res["cells"]
+    one_cell, many_cell = cells.get(f"{network}/{condition}/p1", {}), cells.get(f"{network}/{condition}/p{X.P1_P}", {})
+    one = one_cell.get("methods", {}).get("single")
+    pending = pending or not one_cell.get("complete")
     if many is None:
-        many = res["cells"].get(f"{network}/{condition}/p{X.P1_P}", {}).get("methods", {}).get("asgd")
+        many = many_cell.get("methods", {}).get("asgd")
+        pending = pending or not many_cell.get("complete")
+    so_far = " so far" if pending else ""
     if not one or not many or not one["reached_all"]:
         return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1",
                     evidence="not run yet" if not one or not many else "one worker missed the target in a seed",
@@ -339,14 +347,15 @@ def p1(res, network: str, condition: str = "typical", many=None, label: str = "P
     if not many["reached_all"]:                 # no speed-up to a target the 8 clients miss
         return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1",
                     evidence=f"8 clients missed the target in {len(missed)} of {len(many['seeds'])} seeds (ending "
-                             f"at {np.mean([v['final_error'] for v in missed]):.0%} error)", verdict="disagrees")
+                             f"at {np.mean([v['final_error'] for v in missed]):.0%} error)",
+                    verdict="disagrees" + so_far)
     a = np.array([v["seconds"] for v in one["seeds"].values()])
     b = np.array([v["seconds"] for v in many["seeds"].values()])
     boots = a[resamples(len(a), 1)].mean(1) / b[resamples(len(b), 2)].mean(1)
     q = 100 * tail(min(len(a), len(b)))
     lo, hi = float(np.percentile(boots, q)), float(np.percentile(boots, 100 - q))
     sp = float(a.mean() / b.mean())
-    verdict = "agrees" if hi >= PAINE else "disagrees"
+    verdict = ("agrees" if hi >= PAINE else "disagrees") + so_far
     how = many.get("config", f"{X.AUTHORS['asgd-authors'][1]}, untuned")
     return dict(claim=label, network=network, condition=condition,
                 scale=f"p = 8 against 1, {len(b)} and {len(a)} seeds",
@@ -386,15 +395,15 @@ def claims(res: dict, st: X.Study) -> list[dict]:
             rows.append(family_row(res, "J1 (every method)", n, c, J1_P, ASYNC_SIDE, SYNC_SIDE))
     for c in X.AUTHORS_CONDITIONS:
         rows.append(family_row(res, "J1 (the authors' forms)", X.AUTHORS_NETWORK, c, J1_P,
-                               ("easgd-authors", "gossip-authors"), ("allreduce-authors",),
-                               rows_of=lambda p, c=c: authors_rows(st, p, c)))
+                               X.AUTHORS_ASYNC, X.AUTHORS_SYNC, rows_of=lambda p, c=c: authors_rows(st, p, c),
+                               pending=lambda p, c=c: (p, c) in st.open_authors))
     for n in X.NETWORKS:
         for c in X.CONDITIONS:
             rows.append(family_row(res, "J2", n, c, J2_P, SYNC_SIDE, ASYNC_SIDE))
     for c in X.AUTHORS_CONDITIONS:
         rows.append(family_row(res, "J2 (the authors' forms)", X.AUTHORS_NETWORK, c, J2_P,
-                               ("allreduce-authors",), ("easgd-authors", "gossip-authors"),
-                               rows_of=lambda p, c=c: authors_rows(st, p, c)))
+                               X.AUTHORS_SYNC, X.AUTHORS_ASYNC, rows_of=lambda p, c=c: authors_rows(st, p, c),
+                               pending=lambda p, c=c: (p, c) in st.open_authors))
     rows.append(j3(st))
     for n in X.NETWORKS:
         rows += j4(res, n)
@@ -402,6 +411,6 @@ def claims(res: dict, st: X.Study) -> list[dict]:
         rows.append(p1(res, n))
     for c in X.AUTHORS_CONDITIONS:
         rows.append(p1(res, X.AUTHORS_NETWORK, c, authors_rows(st, X.P1_P, c).get("asgd-authors", {}),
-                       "P1 (the authors' form)"))
+                       "P1 (the authors' form)", pending=(X.P1_P, c) in st.open_authors))
     rows.append(p3(st))
     return rows

@@ -530,6 +530,33 @@ def test_a_cell_still_running_is_marked_so_far(study, tmp_path):
         [v for v in full["verdicts"] if v["network"] == "titanx-fdr-resnet18"]
 
 
+def test_an_authors_run_still_to_come_keeps_its_verdicts_so_far(study, tmp_path):
+    """An authors' row's extra seed (and P1's) still to come: the verdicts it enters read "so far"
+    at that p, not a call from the seeds in so far; the other condition's are untouched."""
+    _, _, full = study
+    v = lambda res, claim, cond: next(r for r in res["verdicts"]          # noqa: E731
+                                      if r["claim"] == claim and r["condition"] == cond)
+    assert "so far" not in v(full, "P1 (the authors' form)", "none")["verdict"]
+    res, gone = analyse_without(tmp_path, lambda f: f.name.startswith(f"asgd-authors-p{X.P1_P}-")
+                                and f.name.endswith("-s4-titanx-fdr-resnet18-none.json"))
+    assert len(gone) == 1
+    assert v(res, "P1 (the authors' form)", "none")["verdict"] == v(full, "P1 (the authors' form)", "none")[
+        "verdict"] + " so far"
+    assert v(res, "P1 (the authors' form)", "stragglers") == v(full, "P1 (the authors' form)", "stragglers")
+    # a J1 row's extra seed: its p is "not all in"
+    st = X.Study()
+    st.plan()
+    p, cond, name = next((p, c, n) for p in X.WORKERS for c in X.AUTHORS_CONDITIONS
+                         for n in X.AUTHORS_ASYNC if n in st.authors_close(p, c))
+    assert p in C.J1_P
+    res, gone = analyse_without(tmp_path / "j1", lambda f: f.name.startswith(f"{name}-p{p}-")
+                                and f"-s4-titanx-fdr-resnet18-{cond}.json" in f.name)
+    assert len(gone) == 1
+    row = v(res, "J1 (the authors' forms)", cond)
+    assert f"p = {p}: {C.NOT_ALL_IN}" in row["evidence"] and row["verdict"].endswith("so far"), row
+    assert f"p = {p}: {C.NOT_ALL_IN}" not in v(full, "J1 (the authors' forms)", cond)["evidence"]
+
+
 def test_a_synchronous_run_still_to_come_keeps_every_cell_it_enters_open(study, tmp_path):
     """A synchronous run serves every network's cells (one record, re-timed): while it is still to
     come, each of those cells is open, not only the first network's that asked for it."""
