@@ -28,7 +28,8 @@ every method ran the same ones) or, where it missed, the error it reached.  Then
   the seeds (per cell) the share of every outcome, "no crossing in range" included.
 * **the noise scale**: steps to target of the tuned all-reduce (and one worker) against the global
   batch B = 8p, fitted to S = S_min (1 + B_noise / B) (McCandlish et al. 2018), with a bootstrap
-  interval, so that p can be read as B / B_noise.
+  interval; and B_simple measured directly at the target (``noise_scale.py``), which p is read
+  against (B / B_simple) where it is there.
 """
 from __future__ import annotations
 
@@ -198,7 +199,29 @@ def noise_scale(st: X.Study, rng) -> dict:
                  if r is not None and r["samples_to_target"] is not None]
         if steps:
             pts.append((8 * p, steps))
-    return dict(fit_noise(pts, rng), so_far=[p for p in so_far if any(b == 8 * p for b, _ in pts)])
+    return dict(fit_noise(pts, rng), so_far=[p for p in so_far if any(b == 8 * p for b, _ in pts)],
+                measured=measured_noise())
+
+
+def measured_noise(path: Path | None = None) -> dict | None:
+    """The direct measurement (``noise_scale.py``: B_simple from one worker's batch-8 gradients at
+    checkpoints of the study's own one-worker run): its value at the target, and its range over
+    the checkpoints within 0.05 of the target's error (how much it moves from one set of weights
+    to the next, beside the interval of the gradients' sampling at each).  None if not measured."""
+    path = path or X.ROOT / "benchmarks" / "results" / "noise-scale.json"
+    if not path.is_file():
+        return None
+    d = json.loads(path.read_text())
+    at = d.get("at_target")
+    if not at or at.get("b_simple") is None:
+        return None
+    near = [q for q in d["points"] if abs(q["val_error"] - d["target"]) <= 0.05 and q["b_simple"] is not None]
+    return dict(b_simple=at["b_simple"], lo=at["lo"], hi=at["hi"], samples=at["samples"], config=d["config"],
+                seed=d["seed"], gradients=d["points"][0]["gradients"], batch=d["batch"],
+                near=dict(low=min(q["b_simple"] for q in near), high=max(q["b_simple"] for q in near),
+                          errors=[min(q["val_error"] for q in near), max(q["val_error"] for q in near)],
+                          checkpoints=len(near)) if near else None,
+                same_as_study_run=d.get("same_as_study_run"))
 
 
 def fit_noise(pts: list[tuple[int, list[float]]], rng) -> dict:
@@ -243,15 +266,17 @@ IMAGENET_B_NOISE, IMAGENET_BATCH_PER_GPU = 10_000, 32
 
 def workload(ns: dict) -> dict:
     """p of this task read as GPUs of ResNet-50 on ImageNet at the same global batch over noise
-    scale: p_imagenet = p x 8 / B_noise x B_imagenet / 32.  With B_noise not resolved, the same
-    at its lower bound: at most that many GPUs (``bound``: "at most")."""
+    scale: p_imagenet = p x 8 / B_noise x B_imagenet / 32.  B_noise: the measured B_simple at the
+    target (``source`` "measured") where there is one, else the fit's; with the fit not resolved,
+    the same at its lower bound: at most that many GPUs (``bound``: "at most")."""
     out = dict(assumed_imagenet_b_noise=IMAGENET_B_NOISE, imagenet_batch_per_gpu=IMAGENET_BATCH_PER_GPU,
                factor=None)
-    b = ns.get("b_noise") or ns.get("b_noise_lo")
+    m = ns.get("measured")
+    b = (m or {}).get("b_simple") or ns.get("b_noise") or ns.get("b_noise_lo")
     if not b:
         return out
     f = 8 / b * IMAGENET_B_NOISE / IMAGENET_BATCH_PER_GPU
-    out.update(factor=f, bound="" if ns.get("b_noise") else "at most",
+    out.update(factor=f, bound="" if m or ns.get("b_noise") else "at most", source="measured" if m else "fit",
                batch_over_b_noise={p: 8 * p / b for p in X.WORKERS}, imagenet_gpus={p: p * f for p in X.WORKERS})
     return out
 
@@ -324,7 +349,8 @@ def study_file(res: dict) -> dict:
                           classes=10, eval_every=X.EVAL_EVERY, name="the glyphs (jobs/glyphs.toml)"),
                 workers=res["workers"], networks=res["networks"], conditions=res["conditions"],
                 complete=res["left"]["ready"] == 0 and res["left"]["waiting"] == 0,
-                noise_scale={k: res["noise_scale"].get(k) for k in ("b_noise", "b_noise_lo", "b_noise_hi")},
+                noise_scale={**{k: res["noise_scale"].get(k) for k in ("b_noise", "b_noise_lo", "b_noise_hi")},
+                             "b_simple_measured": (res["noise_scale"].get("measured") or {}).get("b_simple")},
                 cells=cells)
 
 

@@ -529,14 +529,37 @@ def crossover_noise(results: Path) -> str:
     if ns.get("so_far"):
         fitted += (f" (So far: the search at p = {', '.join(map(str, ns['so_far']))} is still open, and its "
                    "choice so far stands in.)")
+    m, ps = ns.get("measured"), sorted(int(p) for p in d["workers"])
+    if m:
+        near, width = m.get("near"), m["hi"] - m["lo"]
+        moves = ("" if not near or near["checkpoints"] < 2 else
+                 f"; over the {near['checkpoints']} checkpoints within 0.05 of the target's error "
+                 f"({near['errors'][0]:.2f}–{near['errors'][1]:.2f}) it moves between {near['low']:.0f} and "
+                 f"{near['high']:.0f}, " + ("more than that interval: the weights' own variation dominates"
+                                            if near["high"] - near["low"] > width else "within that interval"))
+        same = m.get("same_as_study_run") or {}
+        fitted += (f" Measured directly (`benchmarks/noise_scale.py`: B_simple = tr(Σ) / |G|², McCandlish et al.'s "
+                   f"appendix A, from {m['gradients']:,} gradients of {m['batch']} training images at each "
+                   f"checkpoint of the study's own one-worker run, {m['config']} seed {m['seed']}"
+                   + (f", whose {same['validations']} validations equal the study's record" if same.get("equal") else "")
+                   + f"): **B_simple ≈ {m['b_simple']:.0f}** at the target (95% jackknife interval "
+                   f"{m['lo']:.0f}–{m['hi']:.0f}, the sampling of the gradients at those weights){moves}. The "
+                   f"study's global batches span 8p / B_simple = {8 * ps[0] / m['b_simple']:.2g} (p = {ps[0]}) to "
+                   f"{8 * ps[-1] / m['b_simple']:.2g} (p = {ps[-1]}).")
+        lo_fit = ns.get("b_noise_lo")
+        if lo_fit and m["hi"] < lo_fit or ns.get("b_noise_hi") and m["lo"] > ns["b_noise_hi"]:
+            fitted += (" The two estimates do not agree: they are different estimators (B_simple leaves out "
+                       "the loss's curvature, which B_noise weighs in; the fit's steps come from a rate tuned "
+                       "at each batch, and least squares in 1/B leans on the smallest batches).")
     if not gpus:
         return f"Steps to target (mean over seeds) by global batch: {pts}. {fitted}"
     bound = "at most " if w.get("bound") else ""
+    src = (" (from the lower bound of B_noise)" if w.get("bound") else
+           " (from the measured B_simple, taken as B_noise: an assumption too)" if w.get("source") == "measured" else "")
     return (f"Steps to target (mean over seeds) by global batch: {pts}. {fitted} "
             f"With ImageNet's B_noise taken as {w['assumed_imagenet_b_noise']:,} (an assumption) and "
             f"{w['imagenet_batch_per_gpu']} images per GPU, p workers here train at the global batch to noise "
-            f"scale ratio (8p / B_noise) of {bound}{w['factor']:.2g} p ImageNet GPUs"
-            f"{' (from the lower bound of B_noise)' if w.get('bound') else ''}: {gpus}.")
+            f"scale ratio (8p / B_noise) of {bound}{w['factor']:.2g} p ImageNet GPUs{src}: {gpus}.")
 
 
 VIEWS = {"crossover-answer": crossover_answer, "crossover-map": crossover_map, "crossover-claims": crossover_claims,

@@ -1,0 +1,98 @@
+"""benchmarks/noise_scale.py: B_simple = tr(Sigma) / |G|^2 from per-batch gradients (McCandlish et
+al. 2018, appendix A), checked against gradients of known noise, and measured end to end on the
+checkpoints of a small virtual one-worker run."""
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import noise_scale as N  # noqa: E402
+
+
+def noisy(rng, n: int, dim: int, g2: float, sigma: float) -> np.ndarray:
+    """n gradients: a true gradient of squared norm g2 plus isotropic noise (tr(Sigma) = dim sigma^2)."""
+    g = np.zeros(dim)
+    g[0] = math.sqrt(g2)
+    return g + sigma * rng.standard_normal((n, dim))
+
+
+def test_b_simple_recovers_a_known_noise_scale_and_its_interval_covers_it():
+    """tr(Sigma_8) = 64 x 0.25 = 16 against |G|^2 = 0.5: B_simple = 8 x 16 / 0.5 = 256.  The point
+    estimate lands near it, and the jackknife's 95% interval covers it in about 95 of 100 draws."""
+    rng = np.random.default_rng(0)
+    truth, covered, est = 256.0, 0, []
+    for _ in range(100):
+        e = N.estimate(noisy(rng, 1024, 64, 0.5, 0.5), 8)
+        est.append(e["b_simple"])
+        covered += e["lo"] <= truth <= e["hi"]
+        assert e["lo"] < e["b_simple"] < e["hi"]
+    assert abs(np.median(est) / truth - 1) < 0.05, np.median(est)
+    assert 88 <= covered <= 100, covered
+    e = N.estimate(noisy(rng, 1024, 64, 0.5, 0.5), 8)
+    assert e["trace_sigma"] == pytest.approx(16, rel=0.05) and e["grad_sq"] == pytest.approx(0.5, rel=0.1)
+
+
+def test_a_gradient_lost_in_its_noise_is_not_resolved():
+    """|G|^2 = 0: no finite B_simple, and no finite upper end."""
+    e = N.estimate(noisy(np.random.default_rng(1), 256, 64, 0.0, 0.5), 8)
+    assert e["b_simple"] is None and e["hi"] == math.inf and e["lo"] > 0
+
+
+def test_the_value_at_the_target_is_interpolated_at_the_first_crossing():
+    pts = [dict(samples=s, val_error=v, b_simple=b, lo=b / 2, hi=b * 2)
+           for s, v, b in ((100, 0.6, 100.0), (200, 0.5, 400.0), (300, 0.3, 800.0), (400, 0.45, 50.0))]
+    t = N.at_target(pts, 0.40)
+    assert t["samples"] == pytest.approx(250) and t["b_simple"] == pytest.approx(math.sqrt(400 * 800))
+    assert t["lo"] == pytest.approx(t["b_simple"] / 2)
+    assert N.at_target(pts[:2], 0.40) is None
+
+
+def test_measured_on_the_checkpoints_of_a_virtual_one_worker_run(tmp_path):
+    """A small glyphs set, one virtual worker with a checkpoint at each validation; each checkpoint's
+    gradients are taken at its weights (the same batches give the same gradients, whatever came
+    before: weights and BN state are set again for every batch), and each point carries the
+    validation error of the run at its samples."""
+    import glyphs  # noqa: PLC0415
+    glyphs.build(tmp_path / "g", train=256, val=64, tune=16, shards=2)
+    data = tmp_path / "g" / "main"
+    run = tmp_path / "run"
+    argv = N.train(run, data, "F0.05", 2, 0.5, 0, tree=ROOT)
+    assert "--checkpoint-every" in argv and "--stop-at-error" not in argv
+    pts = N.measure(run, data, 12)
+    errs = N.history(run)
+    assert [p["samples"] for p in pts] == sorted(errs) == [128, 256, 384, 512]
+    assert all(p["val_error"] == errs[p["samples"]] and p["gradients"] == 12 for p in pts)
+    from scalesgd.io import checkpoint as ckpt  # noqa: PLC0415
+    from scalesgd.data.shards import ShardSet  # noqa: PLC0415
+    cfg = N.V.build(N.V.load_toml(ROOT / "jobs" / "glyphs.toml"))
+    shards = ShardSet.open(data, "train")
+    _, arrays, _ = ckpt.read_rank(ckpt.listing(ckpt.checkpoint_dir(run))[-1], 0)
+    a = N.gradients(cfg, shards, arrays["params"], arrays["buffers"], 6, epoch=1000)
+    b = N.gradients(cfg, shards, arrays["params"], arrays["buffers"], 3, epoch=1000)
+    assert np.array_equal(a[:3], b) and not np.array_equal(a[0], a[1]) and np.isfinite(a).all()
+
+
+def test_the_study_reads_p_against_the_measured_b_simple(tmp_path):
+    """crossover_report: the measured B_simple at the target (and its range near the target) is
+    what the workload's ImageNet GPUs are read from; without it, the fit's lower bound (at most)."""
+    import json  # noqa: PLC0415
+    import crossover_report as R  # noqa: PLC0415
+    pts = [dict(samples=s, val_error=v, b_simple=b, lo=b * 0.9, hi=b * 1.1, gradients=64)
+           for s, v, b in ((100, 0.6, 200.0), (200, 0.43, 300.0), (300, 0.38, 500.0), (400, 0.2, 900.0))]
+    f = tmp_path / "noise-scale.json"
+    f.write_text(json.dumps(dict(points=pts, target=0.40, at_target=N.at_target(pts, 0.40), config="F0.05",
+                                 seed=0, batch=8, same_as_study_run=dict(validations=3, equal=True))))
+    m = R.measured_noise(f)
+    assert m["near"] == dict(low=300.0, high=500.0, errors=[0.38, 0.43], checkpoints=2)
+    assert m["b_simple"] == pytest.approx(math.exp(0.4 * math.log(300) + 0.6 * math.log(500)))
+    w = R.workload(dict(measured=m, b_noise=None, b_noise_lo=744.0))
+    assert w["source"] == "measured" and not w["bound"]
+    assert w["factor"] == pytest.approx(8 / m["b_simple"] * R.IMAGENET_B_NOISE / R.IMAGENET_BATCH_PER_GPU)
+    w = R.workload(dict(measured=None, b_noise=None, b_noise_lo=744.0))
+    assert w["source"] == "fit" and w["bound"] == "at most" and w["factor"] == pytest.approx(8 / 744 * 10_000 / 32)
+    assert R.measured_noise(tmp_path / "none.json") is None
