@@ -29,7 +29,7 @@ every method ran the same ones) or, where it missed, the error it reached.  Then
 * **the noise scale**: steps to target of the tuned all-reduce (and one worker) against the global
   batch B = 8p, fitted to S = S_min (1 + B_noise / B) (McCandlish et al. 2018), with a bootstrap
   interval; and B_simple measured directly at the target (``noise_scale.py``), which p is read
-  against (B / B_simple) where it is there.
+  against (B / B_simple) where the fit is not resolved.
 """
 from __future__ import annotations
 
@@ -226,7 +226,9 @@ def measured_noise(path: Path | None = None) -> dict | None:
 
 def fit_noise(pts: list[tuple[int, list[float]]], rng) -> dict:
     """Fit S = S_min (1 + B_noise / B) to (B, steps to target per seed) by least squares in 1/B,
-    with a bootstrap over seeds.  When the fitted S_min is not positive (steps fall as fast as 1/B
+    weighted by 1/S^2 (relative residuals: a seed's steps vary by a share of them, so unweighted
+    squares would let the smallest batches' thousands of steps decide the fit alone), with a
+    bootstrap over seeds.  When the fitted S_min is not positive (steps fall as fast as 1/B
     or faster: every batch measured is far below the noise scale), or more than 2.5% of the
     resamples find none (the interval's upper end is then infinite), B_noise is *not resolved*:
     ``b_noise`` is None (``b_noise_fit``: the point fit, if finite) and ``b_noise_lo`` is a lower
@@ -238,7 +240,7 @@ def fit_noise(pts: list[tuple[int, list[float]]], rng) -> dict:
     def fit(pairs):
         x = np.array([1.0 / b for b, _ in pairs])
         y = np.array([s for _, s in pairs])
-        slope, icept = np.polyfit(x, y, 1)
+        slope, icept = np.polyfit(x, y, 1, w=1 / y)
         return (slope / icept if icept > 0 and slope > 0 else math.inf), icept
 
     b_noise, s_min = fit([(b, mean(s)) for b, s in pts])
@@ -266,13 +268,14 @@ IMAGENET_B_NOISE, IMAGENET_BATCH_PER_GPU = 10_000, 32
 
 def workload(ns: dict) -> dict:
     """p of this task read as GPUs of ResNet-50 on ImageNet at the same global batch over noise
-    scale: p_imagenet = p x 8 / B_noise x B_imagenet / 32.  B_noise: the measured B_simple at the
-    target (``source`` "measured") where there is one, else the fit's; with the fit not resolved,
-    the same at its lower bound: at most that many GPUs (``bound``: "at most")."""
+    scale: p_imagenet = p x 8 / B_noise x B_imagenet / 32.  B_noise: the fit's where it is resolved
+    (the steps-against-batch trade-off itself, as ImageNet's assumed value is), else the measured
+    B_simple at the target (``source`` "measured"), else the fit's lower bound: at most that many
+    GPUs (``bound``: "at most")."""
     out = dict(assumed_imagenet_b_noise=IMAGENET_B_NOISE, imagenet_batch_per_gpu=IMAGENET_BATCH_PER_GPU,
                factor=None)
-    m = ns.get("measured")
-    b = (m or {}).get("b_simple") or ns.get("b_noise") or ns.get("b_noise_lo")
+    m = None if ns.get("b_noise") else (ns.get("measured") or {}).get("b_simple")
+    b = ns.get("b_noise") or m or ns.get("b_noise_lo")
     if not b:
         return out
     f = 8 / b * IMAGENET_B_NOISE / IMAGENET_BATCH_PER_GPU

@@ -550,12 +550,13 @@ def crossover_noise(results: Path) -> str:
         if lo_fit and m["hi"] < lo_fit or ns.get("b_noise_hi") and m["lo"] > ns["b_noise_hi"]:
             fitted += (" The two estimates do not agree: they are different estimators (B_simple leaves out "
                        "the loss's curvature, which B_noise weighs in; the fit's steps come from a rate tuned "
-                       "at each batch, and least squares in 1/B leans on the smallest batches).")
+                       "at each batch).")
     if not gpus:
         return f"Steps to target (mean over seeds) by global batch: {pts}. {fitted}"
     bound = "at most " if w.get("bound") else ""
     src = (" (from the lower bound of B_noise)" if w.get("bound") else
-           " (from the measured B_simple, taken as B_noise: an assumption too)" if w.get("source") == "measured" else "")
+           " (from the measured B_simple, taken as B_noise: an assumption too)" if w.get("source") == "measured" else
+           " (from the fitted B_noise)")
     return (f"Steps to target (mean over seeds) by global batch: {pts}. {fitted} "
             f"With ImageNet's B_noise taken as {w['assumed_imagenet_b_noise']:,} (an assumption) and "
             f"{w['imagenet_batch_per_gpu']} images per GPU, p workers here train at the global batch to noise "

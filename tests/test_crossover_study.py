@@ -342,12 +342,20 @@ def test_paired_intervals_and_the_noise_scale():
     assert ns["b_noise_lo"] < 32 < ns["b_noise_hi"] and ns["s_min"] == pytest.approx(200, rel=0.01)
     assert R.workload(ns)["bound"] == ""
     assert R.fit_noise([(8, [1.0]), (16, [0.5])], rng)["b_noise"] is None
-    # a finite point fit that many resamples cannot repeat: not resolved, the fit kept aside
-    # (the study's own means at p = 1-64, each seed 5% either side)
-    means = {8: 10150, 16: 4969, 32: 2578, 64: 1030, 128: 711, 256: 379, 512: 242}
-    noisy = R.fit_noise([(b, [v * 0.95, v * 1.05]) for b, v in means.items()], rng)
-    assert noisy["b_noise_fit"] is not None and noisy["unresolved_share"] > 0.025
+    # a finite point fit that many resamples cannot repeat: not resolved, the fit kept aside (every
+    # batch far below a noise scale of 5,000, each seed 20% either side); with 5% it is resolved
+    means = {b: 100 * (1 + 5000 / b) for b in (8, 16, 32, 64, 128, 256, 512)}
+    noisy = R.fit_noise([(b, [v * 0.8, v * 1.2]) for b, v in means.items()], rng)
+    assert noisy["b_noise_fit"] == pytest.approx(5000) and noisy["unresolved_share"] > 0.025
     assert not noisy["resolved"] and noisy["b_noise"] is None and noisy["b_noise_lo"] is not None
+    quiet = R.fit_noise([(b, [v * 0.95, v * 1.05]) for b, v in means.items()], rng)
+    assert quiet["resolved"] and quiet["b_noise_lo"] < 5000 < quiet["b_noise_hi"]
+    # the fit weighs relative residuals: the study's means at p = 1-64 (steps 10,150 at B = 8 to 242
+    # at 512) give a positive S_min; unweighted squares, led by the smallest batches, gave none
+    study = {8: 10150, 16: 4901, 32: 2553, 64: 1030, 128: 711, 256: 379, 512: 242}
+    got = R.fit_noise([(b, [v * 0.97, v * 1.03]) for b, v in study.items()], rng)
+    assert got["resolved"] and 500 < got["b_noise"] < 1200 and np.polyfit(
+        [1 / b for b in study], list(study.values()), 1)[1] < 0
 
 
 def test_small_sample_calls_are_not_overconfident():

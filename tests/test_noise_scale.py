@@ -78,8 +78,9 @@ def test_measured_on_the_checkpoints_of_a_virtual_one_worker_run(tmp_path):
 
 
 def test_the_study_reads_p_against_the_measured_b_simple(tmp_path):
-    """crossover_report: the measured B_simple at the target (and its range near the target) is
-    what the workload's ImageNet GPUs are read from; without it, the fit's lower bound (at most)."""
+    """crossover_report: the workload's ImageNet GPUs are read from the fitted B_noise where it is
+    resolved, else from the measured B_simple at the target (its range near the target kept beside
+    it), else from the fit's lower bound (at most)."""
     import json  # noqa: PLC0415
     import crossover_report as R  # noqa: PLC0415
     pts = [dict(samples=s, val_error=v, b_simple=b, lo=b * 0.9, hi=b * 1.1, gradients=64)
@@ -93,6 +94,8 @@ def test_the_study_reads_p_against_the_measured_b_simple(tmp_path):
     w = R.workload(dict(measured=m, b_noise=None, b_noise_lo=744.0))
     assert w["source"] == "measured" and not w["bound"]
     assert w["factor"] == pytest.approx(8 / m["b_simple"] * R.IMAGENET_B_NOISE / R.IMAGENET_BATCH_PER_GPU)
+    w = R.workload(dict(measured=m, b_noise=800.0, b_noise_lo=600.0))
+    assert w["source"] == "fit" and not w["bound"] and w["factor"] == pytest.approx(8 / 800 * 10_000 / 32)
     w = R.workload(dict(measured=None, b_noise=None, b_noise_lo=744.0))
     assert w["source"] == "fit" and w["bound"] == "at most" and w["factor"] == pytest.approx(8 / 744 * 10_000 / 32)
     assert R.measured_noise(tmp_path / "none.json") is None
