@@ -215,12 +215,15 @@ def measured_noise(path: Path | None = None) -> dict | None:
     at = d.get("at_target")
     if not at or at.get("b_simple") is None:
         return None
-    near = [q for q in d["points"] if abs(q["val_error"] - d["target"]) <= 0.05 and q["b_simple"] is not None]
+    close = [q for q in d["points"] if abs(q["val_error"] - d["target"]) <= 0.05]
+    near = [q for q in close if q["b_simple"] is not None]
+    every = [q["b_simple"] for q in d["points"] if q["b_simple"] is not None]
     return dict(b_simple=at["b_simple"], lo=at["lo"], hi=at["hi"], samples=at["samples"], config=d["config"],
                 seed=d["seed"], gradients=d["points"][0]["gradients"], batch=d["batch"],
                 near=dict(low=min(q["b_simple"] for q in near), high=max(q["b_simple"] for q in near),
                           errors=[min(q["val_error"] for q in near), max(q["val_error"] for q in near)],
-                          checkpoints=len(near)) if near else None,
+                          checkpoints=len(near), unresolved=len(close) - len(near)) if near else None,
+                along=[min(every), max(every)], unresolved=len(d["points"]) - len(every),
                 same_as_study_run=d.get("same_as_study_run"))
 
 
@@ -244,6 +247,8 @@ def fit_noise(pts: list[tuple[int, list[float]]], rng) -> dict:
         return (slope / icept if icept > 0 and slope > 0 else math.inf), icept
 
     b_noise, s_min = fit([(b, mean(s)) for b, s in pts])
+    slope = b_noise * s_min if math.isfinite(b_noise) else None
+    misfit = (max(abs(mean(s) / (s_min + slope / b) - 1) for b, s in pts) if slope else None)  # (the point fit's)
     boots = np.sort([fit([(b, float(np.mean(rng.choice(s, len(s))))) for b, s in pts])[0]
                      for _ in range(BOOT // 4)])
 
@@ -257,7 +262,7 @@ def fit_noise(pts: list[tuple[int, list[float]]], rng) -> dict:
     return dict(points=len(pts), resolved=resolved, b_noise=float(b_noise) if resolved else None,
                 b_noise_fit=float(b_noise) if math.isfinite(b_noise) else None,
                 s_min=float(s_min) if resolved else None, b_noise_lo=pct(2.5), b_noise_hi=pct(97.5),
-                unresolved_share=unresolved, data=data)
+                unresolved_share=unresolved, misfit=misfit, data=data)
 
 
 # An assumption, stated as one: ImageNet's noise scale in ResNet-50 training is of the order of

@@ -1,31 +1,36 @@
 """The crossover study's gradient noise scale, measured directly (McCandlish et al. 2018, "An
 empirical model of large-batch training", appendix A): B_simple = tr(Sigma) / |G|^2.
 
-The study (``crossover.py``) fits the tuned all-reduce's steps to the target against the global
-batch, S = S_min (1 + B_noise / B); on the proxy the steps fall as fast as 1/B over every batch it
-measures, so that fit cannot place B_noise, only bound it below.  This measures it at the weights a
-real training run passes through:
+The study (``crossover_report.py``) fits the tuned all-reduce's steps to the target against the
+global batch, S = S_min (1 + B_crit / B): McCandlish et al.'s critical batch, the noise scale as the
+whole run averages it.  This measures the noise scale itself, at the weights a real training run
+passes through:
 
 1. one worker trains the proxy (``jobs/glyphs.toml`` on ``data/glyphs/main``) with the study's
-   chosen one-worker configuration, writing a checkpoint and a validation every ``--every`` epochs;
+   chosen one-worker configuration and seed (its own run: the study's command from the pinned tree,
+   without the stop at the target), writing a checkpoint and a validation every ``--every`` epochs;
 2. at each checkpoint, ``--batches`` gradients of the training loss, each over one worker's batch
    of 8 augmented training images with batch normalisation in training mode (what a worker computes
    in every method of the study: a global batch of 8p is p such gradients averaged), give
    * tr(Sigma_8) = sum_i |g_i - mean|^2 / (N - 1), the noise of one worker's gradient, and
    * |G|^2 = |mean|^2 - tr(Sigma_8) / N, unbiased for the squared true gradient,
-   so B_simple = 8 tr(Sigma_8) / |G|^2 in images, with a bootstrap interval over the N gradients;
+   so B_simple = 8 tr(Sigma_8) / |G|^2 in images, with a 95% interval from a delete-a-group
+   jackknife over the N gradients.  (The batches are disjoint draws of one epoch, 8,192 of 51,200
+   images: without replacement, which makes B_simple about 1% high.)
 3. the value at the study's target (validation error 0.40) is interpolated in log B_simple between
-   the two checkpoints around the run's first crossing of the target.
+   the two checkpoints around the run's first crossing of the target (its bounds likewise: an
+   interpolation, not an interval measured at any one set of weights).
 
-B_simple equals the noise scale B_noise when the loss's Hessian is a multiple of the identity, and
-approximates it otherwise (McCandlish et al.): an assumption stated with the number
-(docs/results.md, section 11).  Output: ``benchmarks/results/noise-scale.json``.
+B_simple equals the noise scale B_noise = tr(H Sigma) / G^T H G when the loss's Hessian H is a
+multiple of the identity, and approximates it otherwise (McCandlish et al.): an assumption stated
+with the number (docs/results.md, section 11).  Output: ``benchmarks/results/noise-scale.json``.
 
     python benchmarks/noise_scale.py                 # ~3 min on one core
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -61,31 +66,33 @@ def estimate(grads: np.ndarray, batch: int, groups: int = GROUPS) -> dict:
     """B_simple from N gradients (rows of ``grads``), each over ``batch`` samples: the unbiased
     estimates of tr(Sigma_batch) and |G|^2 (McCandlish et al., appendix A, with the per-batch
     gradients' own spread in place of a second batch size), and a 95% interval from a delete-a-group
-    jackknife of log B_simple over ``groups`` groups of rows (a bootstrap's repeated rows would bias
-    both estimates).  ``b_simple`` is None and ``hi`` inf where |G|^2 is not estimated above 0, in
-    all rows or with a group left out (the gradient does not stand out of its noise)."""
+    jackknife over ``groups`` groups of rows (a bootstrap's repeated rows would bias both
+    estimates) of its inverse, r = |G|^2 / (batch tr(Sigma)), which stays smooth where |G|^2 nears 0:
+    [1 / r_hi, 1 / r_lo].  Where r_lo is not above 0 the gradient does not stand out of its noise:
+    ``b_simple`` is None (``b_simple_point``: the point estimate, if finite) and ``hi`` inf, ``lo``
+    still a lower bound."""
     g = np.asarray(grads, np.float64)
     n = len(g)
     parts = np.array_split(np.arange(n), groups)
     sums = np.array([g[q].sum(0) for q in parts])          # each group's sum of gradients
     sqs = np.array([(g[q] ** 2).sum() for q in parts])     # and of their squared norms
 
-    def b_of(total: np.ndarray, sq: float, k: int) -> tuple[float, float, float]:
+    def of(total: np.ndarray, sq: float, k: int) -> tuple[float, float]:
         m2 = float(total @ total) / k ** 2                 # |mean|^2
         tr = (sq - k * m2) / (k - 1)
-        g2 = m2 - tr / k
-        return tr, g2, (batch * tr / g2 if g2 > 0 else math.inf)
+        return tr, m2 - tr / k                             # tr(Sigma_batch), |G|^2
 
-    tr, g2, b = b_of(sums.sum(0), sqs.sum(), n)
-    loo = np.array([b_of(sums.sum(0) - sums[j], sqs.sum() - sqs[j], n - len(q))[2] for j, q in enumerate(parts)])
-    out = dict(b_simple=None, lo=float(min(loo.min(), b)), hi=math.inf, trace_sigma=float(tr), grad_sq=float(g2),
-               gradients=n, batch=batch, groups=groups)
-    if math.isfinite(b) and np.isfinite(loo).all():
-        logs = np.log(loo)
-        se = math.sqrt((groups - 1) / groups * float(((logs - logs.mean()) ** 2).sum()))
-        t = C.t975(groups - 1)
-        out.update(b_simple=float(b), lo=float(b * math.exp(-t * se)), hi=float(b * math.exp(t * se)))
-    return out
+    tr, g2 = of(sums.sum(0), sqs.sum(), n)
+    r = g2 / (batch * tr)
+    loo = np.array([(lambda t, q: q / (batch * t))(*of(sums.sum(0) - sums[j], sqs.sum() - sqs[j], n - len(q)))
+                    for j, q in enumerate(parts)])
+    se = math.sqrt((groups - 1) / groups * float(((loo - loo.mean()) ** 2).sum()))
+    t = C.t975(groups - 1)
+    r_lo, r_hi = r - t * se, r + t * se
+    resolved = r_lo > 0
+    return dict(b_simple=1 / r if resolved else None, b_simple_point=1 / r if r > 0 else None,
+                lo=1 / r_hi if r_hi > 0 else math.inf, hi=1 / r_lo if resolved else math.inf,
+                trace_sigma=float(tr), grad_sq=float(g2), gradients=n, batch=batch, groups=groups)
 
 
 def at_target(points: list[dict], target: float = TARGET) -> dict | None:
@@ -116,16 +123,15 @@ def gradients(cfg, shards: ShardSet, params: np.ndarray, buffers: np.ndarray, n:
                     seed=cfg.train.seed)
     with loader:
         i = 0
-        while i < n:
-            for x, y in loader.epoch(epoch + i):       # (a later epoch's batches when one is short)
+        for e in itertools.count(epoch):              # (the next epoch's batches when one is short)
+            for x, y in loader.epoch(e):
                 model.ps.params[...] = params
                 model.ps.buffers[...] = buffers       # (a training-mode forward moves BN's running stats)
                 train_step(model, x, y)
                 out[i] = model.ps.grads
                 i += 1
                 if i == n:
-                    break
-    return out
+                    return out
 
 
 def train(run_dir: Path, data: Path, config: str, epochs: int, every: float, seed: int,

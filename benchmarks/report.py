@@ -507,7 +507,10 @@ def crossover_noise(results: Path) -> str:
     if ns.get("b_noise"):
         hi = f"{ns['b_noise_hi']:.0f}" if ns.get("b_noise_hi") else "∞"
         lo = f"{ns['b_noise_lo']:.0f}" if ns.get("b_noise_lo") else "—"
-        fitted = (f"Fitted B_noise ≈ {ns['b_noise']:.0f} (95% bootstrap interval {lo}–{hi}), "
+        misfit = (f", which counts the seeds' variation only, not the fit's misses of single batches, up to "
+                  f"{ns['misfit']:.0%}" if ns.get("misfit") else "")
+        fitted = (f"Fitted B_crit ≈ {ns['b_noise']:.0f} (McCandlish et al.'s critical batch E_min / S_min, the "
+                  f"noise scale as the whole run averages it; 95% bootstrap interval {lo}–{hi}{misfit}), "
                   f"S_min ≈ {ns['s_min']:.0f} steps.")
     elif ns.get("b_noise_fit"):
         lo = f"{ns['b_noise_lo']:.0f}" if ns.get("b_noise_lo") else "—"
@@ -535,28 +538,36 @@ def crossover_noise(results: Path) -> str:
         moves = ("" if not near or near["checkpoints"] < 2 else
                  f"; over the {near['checkpoints']} checkpoints within 0.05 of the target's error "
                  f"({near['errors'][0]:.2f}–{near['errors'][1]:.2f}) it moves between {near['low']:.0f} and "
-                 f"{near['high']:.0f}, " + ("more than that interval: the weights' own variation dominates"
-                                            if near["high"] - near["low"] > width else "within that interval"))
+                 f"{near['high']:.0f}, " + ("more than those intervals: the weights' own variation dominates"
+                                            if near["high"] - near["low"] > width else "within those intervals")
+                 + (f" ({near['unresolved']} more not resolved)" if near.get("unresolved") else ""))
         same = m.get("same_as_study_run") or {}
+        spans = f"8p / B_simple = {8 * ps[0] / m['b_simple']:.2g} (p = {ps[0]}) to {8 * ps[-1] / m['b_simple']:.2g}"
+        if ns.get("b_noise"):
+            spans += (f", 8p / B_crit = {8 * ps[0] / ns['b_noise']:.2g} to {8 * ps[-1] / ns['b_noise']:.2g}")
         fitted += (f" Measured directly (`benchmarks/noise_scale.py`: B_simple = tr(Σ) / |G|², McCandlish et al.'s "
                    f"appendix A, from {m['gradients']:,} gradients of {m['batch']} training images at each "
                    f"checkpoint of the study's own one-worker run, {m['config']} seed {m['seed']}"
                    + (f", whose {same['validations']} validations equal the study's record" if same.get("equal") else "")
-                   + f"): **B_simple ≈ {m['b_simple']:.0f}** at the target (95% jackknife interval "
-                   f"{m['lo']:.0f}–{m['hi']:.0f}, the sampling of the gradients at those weights){moves}. The "
-                   f"study's global batches span 8p / B_simple = {8 * ps[0] / m['b_simple']:.2g} (p = {ps[0]}) to "
-                   f"{8 * ps[-1] / m['b_simple']:.2g} (p = {ps[-1]}).")
-        lo_fit = ns.get("b_noise_lo")
-        if lo_fit and m["hi"] < lo_fit or ns.get("b_noise_hi") and m["lo"] > ns["b_noise_hi"]:
-            fitted += (" The two estimates do not agree: they are different estimators (B_simple leaves out "
-                       "the loss's curvature, which B_noise weighs in; the fit's steps come from a rate tuned "
-                       "at each batch).")
+                   + f"): **B_simple ≈ {m['b_simple']:.0f}** at the target ({m['lo']:.0f}–{m['hi']:.0f}: both "
+                   "interpolated between the checkpoints around it, each with a 95% jackknife interval over its "
+                   f"gradients){moves}; along the whole run it ranges over {m['along'][0]:.0f}–{m['along'][1]:.0f}"
+                   + (f" ({m['unresolved']} checkpoints not resolved)" if m.get("unresolved") else "")
+                   + f". The study's global batches span {spans} (p = {ps[-1]}).")
+        if ns.get("b_noise"):
+            r = ns["b_noise"] / m["b_simple"]
+            apart = ns["b_noise_lo"] > m["hi"] or ns["b_noise_hi"] < m["lo"]
+            fitted += (f" The two differ by {max(r, 1 / r):.1f}×" + (", more than their intervals allow" if apart else
+                                                                   ", within their intervals")
+                       + (": B_crit averages the noise scale over the whole run, along which B_simple ranges as "
+                          "above, and B_simple leaves out the curvature that B_noise = tr(HΣ) / GᵀHG weighs in."
+                          if apart else "."))
     if not gpus:
         return f"Steps to target (mean over seeds) by global batch: {pts}. {fitted}"
     bound = "at most " if w.get("bound") else ""
     src = (" (from the lower bound of B_noise)" if w.get("bound") else
            " (from the measured B_simple, taken as B_noise: an assumption too)" if w.get("source") == "measured" else
-           " (from the fitted B_noise)")
+           " (from the fitted B_crit, taken as B_noise)")
     return (f"Steps to target (mean over seeds) by global batch: {pts}. {fitted} "
             f"With ImageNet's B_noise taken as {w['assumed_imagenet_b_noise']:,} (an assumption) and "
             f"{w['imagenet_batch_per_gpu']} images per GPU, p workers here train at the global batch to noise "
