@@ -559,9 +559,9 @@ def crossover_noise(results: Path) -> str:
             apart = ns["b_noise_lo"] > m["hi"] or ns["b_noise_hi"] < m["lo"]
             fitted += (f" The two differ by {max(r, 1 / r):.1f}×" + (", more than their intervals allow" if apart else
                                                                    ", within their intervals")
-                       + (": B_crit averages the noise scale over the whole run, along which B_simple ranges as "
-                          "above, and B_simple leaves out the curvature that B_noise = tr(HΣ) / GᵀHG weighs in."
-                          if apart else "."))
+                       + ("; they are not the same quantity: B_crit is a property of the whole run (along which "
+                          "B_simple ranges as above), and B_simple leaves out the curvature that "
+                          "B_noise = tr(HΣ) / GᵀHG weighs in." if apart else "."))
     if not gpus:
         return f"Steps to target (mean over seeds) by global batch: {pts}. {fitted}"
     bound = "at most " if w.get("bound") else ""
