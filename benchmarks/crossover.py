@@ -577,9 +577,18 @@ class Study:
                         for s in MORE_SEEDS:
                             run = Run("sweep", m, p, c, s, n, cond if m not in SYNC else TUNE_CONDITION)
                             want(run, self.sweep_epochs(m, p, c, n, cond), "the synchronous runs of its cell")
+                if P1_P in WORKERS and p in (1, P1_P):    # P1's two sides, with their cells
+                    m = "single" if p == 1 else "asgd"
+                    c = choice[m, p, n]
+                    for s in MORE_SEEDS:
+                        if c is None:
+                            waiting.append(f"P1's seed {s} of {m} at p = {p}: its choice")
+                        else:
+                            want(Run("sweep", m, p, c, s, n, TUNE_CONDITION),
+                                 self.sweep_epochs(m, p, c, n, TUNE_CONDITION), "the synchronous runs of its cell")
         # last: the authors' forms and P3's n_sync runs (the verdicts' own rows); the authors' rows
-        # get MORE_SEEDS by the cells' rule (within CLOSE of the fastest of theirs), and P1's two
-        # sides (one worker; A-SGD at p = 8, tuned and the authors' form) get them always
+        # get MORE_SEEDS by the cells' rule (within CLOSE of the fastest of theirs), and P1's
+        # authors' A-SGD at p = 8 always (its other sides came with their cells, above)
         for p in WORKERS:
             more = {cond: self.authors_close(p, cond) for cond in AUTHORS_CONDITIONS}
             for name, (m, c) in AUTHORS.items():
@@ -589,16 +598,6 @@ class Study:
                     for s in (*SEEDS, *MORE_SEEDS) if close else SEEDS:
                         run = Run("authors", name, p, c, s, AUTHORS_NETWORK, cond)
                         want(run, self.authors_epochs(name, p, cond), "the tuned synchronous runs of its cell")
-        if P1_P in WORKERS:
-            for m, p in (("single", 1), ("asgd", P1_P)):
-                for n in NETWORKS:
-                    c = choice[m, p, n]
-                    for s in MORE_SEEDS:
-                        if c is None:
-                            waiting.append(f"P1's seed {s} of {m} at p = {p}: its choice")
-                        else:
-                            want(Run("sweep", m, p, c, s, n, TUNE_CONDITION),
-                                 self.sweep_epochs(m, p, c, n, TUNE_CONDITION), "the synchronous runs of its cell")
         for c, n in NSYNC.items():
             for s in NSYNC_SEEDS:
                 want(Run("extra", "asgd", NSYNC_P, f"W{0.05 * NSYNC_P:g}-a{n}", s, TUNE_NETWORK, TUNE_CONDITION),

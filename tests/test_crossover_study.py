@@ -538,6 +538,29 @@ def test_a_cell_still_running_is_marked_so_far(study, tmp_path):
         [v for v in full["verdicts"] if v["network"] == "titanx-fdr-resnet18"]
 
 
+def test_p1s_extra_seeds_run_with_their_cells_not_after_the_authors_rows(study, tmp_path):
+    """P1's extra seeds of the tuned A-SGD are sweeps of a cell: they are planned with that cell's
+    runs (so it does not stay open until the study's last runs), before the authors' rows."""
+    import shutil
+    part = tmp_path / "results"
+    shutil.copytree(X.RESULTS, part)
+    gone = [f for f in part.rglob("*.json") if (f.name.startswith(f"asgd-p{X.P1_P}-") and "-s3-" in f.name
+                                                 and f.name.endswith("-typical.json") and f.parent.name == "sweep")
+            or f.parent.name == "authors" and "-s0" in f.name]
+    assert len(gone) > len(X.NETWORKS)
+    for f in gone:
+        f.unlink()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(X, "RESULTS", part)
+    try:
+        ready, _ = X.Study().plan()
+    finally:
+        mp.undo()
+    kinds = [r.kind for r in ready]
+    p1 = [i for i, r in enumerate(ready) if r.kind == "sweep" and r.method == "asgd"]
+    assert len(p1) == len(X.NETWORKS) and max(p1) < kinds.index("authors"), kinds
+
+
 def test_an_authors_run_still_to_come_keeps_its_verdicts_so_far(study, tmp_path):
     """An authors' row's extra seed (and P1's) still to come: the verdicts it enters read "so far"
     at that p, not a call from the seeds in so far; the other condition's are untouched."""
