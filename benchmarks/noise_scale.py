@@ -42,20 +42,17 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+import crossover as X
+import crossover_claims as C
+from scalesgd.config import values as V
+from scalesgd.data.pipeline import Loader
+from scalesgd.data.shards import ShardSet
+from scalesgd.io import checkpoint as ckpt
+from scalesgd.nn.kernels import Kernels
+from scalesgd.nn.resnet import ResNet
+from scalesgd.train.step import train_step
 
-from scalesgd.config import values as V  # noqa: E402
-from scalesgd.data.pipeline import Loader  # noqa: E402
-from scalesgd.data.shards import ShardSet  # noqa: E402
-from scalesgd.io import checkpoint as ckpt  # noqa: E402
-from scalesgd.nn.kernels import Kernels  # noqa: E402
-from scalesgd.nn.resnet import ResNet  # noqa: E402
-from scalesgd.train.step import train_step  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import crossover as X  # noqa: E402
-import crossover_claims as C  # noqa: E402
+ROOT = X.ROOT
 
 OUT = ROOT / "benchmarks" / "results" / "noise-scale.json"
 TARGET = 0.40
