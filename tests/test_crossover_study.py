@@ -495,8 +495,9 @@ def test_the_answer_in_short_follows_the_map(study):
     assert R.budget_words(dict(machine_hours_total=1.0), final=False).endswith("of the 24 budgeted.")
 
 
-def analyse_without(tmp_path, gone) -> tuple[dict, list]:
-    """The analysis of a copy of the study without the records ``gone(path)`` picks: (it, them)."""
+def study_without(tmp_path, gone, read=R.analyse) -> tuple:
+    """``read`` (the analysis unless told) of a copy of the study without the records
+    ``gone(path)`` picks: (what it returned, them)."""
     import shutil
     part = tmp_path / "results"
     shutil.copytree(X.RESULTS, part)
@@ -506,14 +507,14 @@ def analyse_without(tmp_path, gone) -> tuple[dict, list]:
     mp = pytest.MonkeyPatch()
     mp.setattr(X, "RESULTS", part)
     try:
-        return R.analyse(X.Study()), files
+        return read(X.Study()), files
     finally:
         mp.undo()
 
 
 def test_a_cell_still_running_is_marked_so_far(study, tmp_path):
-    res, gone = analyse_without(tmp_path, lambda f: f.name.startswith("pushsum-ov-p8-") and "a100" in f.name
-                                and "-none" in f.name and f.parent.name == "sweep")
+    res, gone = study_without(tmp_path, lambda f: f.name.startswith("pushsum-ov-p8-") and "a100" in f.name
+                              and "-none" in f.name and f.parent.name == "sweep")
     assert gone
     cl = res["cells"]["a100-ib100-resnet50/none/p8"]
     assert not cl["complete"] and cl["missing"] == ["pushsum-ov"] and res["left"]["ready"] >= len(gone)
@@ -541,21 +542,11 @@ def test_a_cell_still_running_is_marked_so_far(study, tmp_path):
 def test_p1s_extra_seeds_run_with_their_cells_not_after_the_authors_rows(study, tmp_path):
     """P1's extra seeds of the tuned A-SGD are sweeps of a cell: they are planned with that cell's
     runs (so it does not stay open until the study's last runs), before the authors' rows."""
-    import shutil
-    part = tmp_path / "results"
-    shutil.copytree(X.RESULTS, part)
-    gone = [f for f in part.rglob("*.json") if (f.name.startswith(f"asgd-p{X.P1_P}-") and "-s3-" in f.name
-                                                 and f.name.endswith("-typical.json") and f.parent.name == "sweep")
-            or f.parent.name == "authors" and "-s0" in f.name]
+    (ready, _), gone = study_without(
+        tmp_path, lambda f: (f.name.startswith(f"asgd-p{X.P1_P}-") and "-s3-" in f.name
+                             and f.name.endswith("-typical.json") and f.parent.name == "sweep")
+        or f.parent.name == "authors" and "-s0" in f.name, read=lambda st: st.plan())
     assert len(gone) > len(X.NETWORKS)
-    for f in gone:
-        f.unlink()
-    mp = pytest.MonkeyPatch()
-    mp.setattr(X, "RESULTS", part)
-    try:
-        ready, _ = X.Study().plan()
-    finally:
-        mp.undo()
     kinds = [r.kind for r in ready]
     p1 = [i for i, r in enumerate(ready) if r.kind == "sweep" and r.method == "asgd"]
     assert len(p1) == len(X.NETWORKS) and max(p1) < kinds.index("authors"), kinds
@@ -568,8 +559,8 @@ def test_an_authors_run_still_to_come_keeps_its_verdicts_so_far(study, tmp_path)
     v = lambda res, claim, cond: next(r for r in res["verdicts"]          # noqa: E731
                                       if r["claim"] == claim and r["condition"] == cond)
     assert "so far" not in v(full, "P1 (the authors' form)", "none")["verdict"]
-    res, gone = analyse_without(tmp_path, lambda f: f.name.startswith(f"asgd-authors-p{X.P1_P}-")
-                                and f.name.endswith("-s4-titanx-fdr-resnet18-none.json"))
+    res, gone = study_without(tmp_path, lambda f: f.name.startswith(f"asgd-authors-p{X.P1_P}-")
+                              and f.name.endswith("-s4-titanx-fdr-resnet18-none.json"))
     assert len(gone) == 1
     assert v(res, "P1 (the authors' form)", "none")["verdict"] == v(full, "P1 (the authors' form)", "none")[
         "verdict"] + " so far"
@@ -580,8 +571,8 @@ def test_an_authors_run_still_to_come_keeps_its_verdicts_so_far(study, tmp_path)
     p, cond, name = next((p, c, n) for p in X.WORKERS for c in X.AUTHORS_CONDITIONS
                          for n in X.AUTHORS_ASYNC if n in st.authors_close(p, c))
     assert p in C.J1_P
-    res, gone = analyse_without(tmp_path / "j1", lambda f: f.name.startswith(f"{name}-p{p}-")
-                                and f"-s4-titanx-fdr-resnet18-{cond}.json" in f.name)
+    res, gone = study_without(tmp_path / "j1", lambda f: f.name.startswith(f"{name}-p{p}-")
+                              and f"-s4-titanx-fdr-resnet18-{cond}.json" in f.name)
     assert len(gone) == 1
     row = v(res, "J1 (the authors' forms)", cond)
     assert f"p = {p}: {C.NOT_ALL_IN}" in row["evidence"] and row["verdict"].endswith("so far"), row
@@ -606,7 +597,7 @@ def test_a_synchronous_run_still_to_come_keeps_every_cell_it_enters_open(study, 
              and cl["methods"][m]["config"] == c and 2 in cl["methods"][m]["seeds"]]
     # (all three extra seeds: no "extra seeds still running" path keeps the cells open)
     names = {f"{m}-p{p}-{c}-s{seed}.json" for seed in X.MORE_SEEDS}
-    res, gone = analyse_without(tmp_path, lambda f: f.parent.name == "sweep" and f.name in names)
+    res, gone = study_without(tmp_path, lambda f: f.parent.name == "sweep" and f.name in names)
     assert len(gone) == len(X.MORE_SEEDS) and res["left"]["ready"] == len(X.MORE_SEEDS)
     assert len({k.split("/")[0] for k in cells}) >= 2, cells        # (the run serves two networks or more)
     for k in cells:
