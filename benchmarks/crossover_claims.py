@@ -161,8 +161,11 @@ def judge(outcomes: list[str]) -> str:
 
 
 def verdict(outcomes: list[str], ev: list[str]) -> str:
-    """judge(outcomes), marked "so far" while the evidence names a p not run yet."""
+    """judge(outcomes), marked "so far" while the evidence names a p not run yet or one whose
+    runs are not all in; "runs not all in yet" where some ran but no p could be judged."""
     v = judge(outcomes)
+    if v == "not run" and any(NOT_ALL_IN in e for e in ev):
+        return "runs not all in yet"               # (some ran, at no p are they all in)
     return f"{v} so far" if v != "not run" and any("not run yet" in e or NOT_ALL_IN in e for e in ev) else v
 
 
@@ -214,6 +217,12 @@ def authors_rows(st: X.Study, p: int, condition: str) -> dict:
     return out
 
 
+def j3_ratio(gossip: float, allreduce: float) -> str:
+    """Gossip's time over all-reduce's, or which of them missed the target (its time: inf)."""
+    missed = [who for who, t in (("all-reduce", allreduce), ("gossip", gossip)) if math.isinf(t)]
+    return f"{gossip / allreduce:.2f}" if not missed else f"— ({' and '.join(missed)} missed the target)"
+
+
 def j3(st: X.Study) -> dict:
     """Fixed rates 0.05 and 0.2 in the tuning runs: gossip's time over all-reduce's."""
     outcomes, ev = [], []
@@ -235,7 +244,8 @@ def j3(st: X.Study) -> dict:
         small, large = go["F0.05"] / ar["F0.05"], go["F0.2"] / ar["F0.2"]
         ok = small > 1 and large < small
         outcomes.append("claim" if ok else "other")
-        ev.append(f"p = {p}: gossip / all-reduce time {small:.2f} at rate 0.05, {large:.2f} at 0.2")
+        ev.append(f"p = {p}: gossip / all-reduce time {j3_ratio(go['F0.05'], ar['F0.05'])} at rate 0.05, "
+                  f"{j3_ratio(go['F0.2'], ar['F0.2'])} at 0.2")
     return dict(claim="J3", network=X.TUNE_NETWORK, condition=X.TUNE_CONDITION,
                 scale=f"p = {X.WORKERS[0]}–{X.WORKERS[-1]}, tuning runs ({len(X.TUNE_SEEDS)} seeds each)",
                 evidence="; ".join(ev), verdict=verdict(outcomes, ev))
@@ -263,15 +273,19 @@ def j4(res, network: str) -> list[dict]:
         go = slowdown(res, network, p, ("gossip-pull", "pushsum-ov"))
         if ar is None:
             ev_s.append(f"p = {p} not run yet")
+            ev_g.append(f"p = {p} not run yet")
             continue
         sync_out.append("claim" if ar[2] > 1 else "other")
         ev_s.append(f"p = {p}: all-reduce {ar[1]:.2f}x [{ar[2]:.2f}–{ar[3]:.2f}]")
         if go is not None:
             gossip_out.append("claim" if go[3] < ar[2] else "tie" if go[2] < ar[3] else "other")
             ev_g.append(f"p = {p}: {go[0]} {go[1]:.2f}x [{go[2]:.2f}–{go[3]:.2f}] vs all-reduce {ar[1]:.2f}x")
+        else:
+            ev_g.append(f"p = {p}: no slowdown to judge (neither gossip method reached the target in every seed "
+                        "under both conditions)")
     base = dict(network=network, condition="stragglers vs typical", scale=f"p = {X.WORKERS[0]}–{X.WORKERS[-1]}")
     return [dict(base, claim="J4", evidence="; ".join(ev_s), verdict=verdict(sync_out, ev_s)),
-            dict(base, claim="J4b", evidence="; ".join(ev_g) or "not run yet",
+            dict(base, claim="J4b", evidence="; ".join(ev_g),
                  verdict=verdict(gossip_out, ev_s))]
 
 
@@ -337,15 +351,15 @@ def p1(res, network: str, condition: str = "typical", many=None, label: str = "P
         pending = pending or not many_cell.get("complete")
     so_far = " so far" if pending else ""
     if not one or not many or not one["reached_all"]:
-        return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1",
+        return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1 worker",
                     evidence="not run yet" if not one or not many else "one worker missed the target in a seed",
                     verdict="not run")
     missed = [v for v in many["seeds"].values() if v["seconds"] is None]
     if not many["reached_all"] and not missed:  # (its seeds not run yet)
-        return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1",
+        return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1 worker",
                     evidence="not run yet", verdict="not run")
     if not many["reached_all"]:                 # no speed-up to a target the 8 clients miss
-        return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1",
+        return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1 worker",
                     evidence=f"8 clients missed the target in {len(missed)} of {len(many['seeds'])} seeds (ending "
                              f"at {np.mean([v['final_error'] for v in missed]):.0%} error)",
                     verdict="disagrees" + so_far)
@@ -358,7 +372,7 @@ def p1(res, network: str, condition: str = "typical", many=None, label: str = "P
     verdict = ("agrees" if hi >= PAINE else "disagrees") + so_far
     how = many.get("config", f"{X.AUTHORS['asgd-authors'][1]}, untuned")
     return dict(claim=label, network=network, condition=condition,
-                scale=f"p = 8 against 1, {len(b)} and {len(a)} seeds",
+                scale=f"p = 8 ({len(b)} seeds) against 1 worker ({len(a)} seeds)",
                 evidence=f"speed-up to target {sp:.2f}x [{lo:.2f}–{hi:.2f}]: {a.mean():.0f} s with one worker, "
                          f"{b.mean():.0f} s with 8 clients ({how})", verdict=verdict)
 

@@ -465,7 +465,7 @@ def crossover_tuning(results: Path) -> str:
 def crossover_cells(results: Path) -> str:
     """Every method's time to target in every cell, per network: method by p, each cell its mean
     seconds under none / typical / stragglers (bold: the cell's fastest), or, where it missed the
-    target in a seed, the seeds that reached it and the mean error it ended at."""
+    target in a seed, the seeds that reached it and the mean error the seeds that missed ended at."""
     import crossover_report as R  # noqa: PLC0415 - a sibling script
     d, _ = fair_study(results)
     ps = [p for p in d["workers"] if p > 1]
@@ -478,8 +478,11 @@ def crossover_cells(results: Path) -> str:
         if r["reached_all"]:
             t = R.secs(r["mean_seconds"])
             return f"**{t}**" if cl["fastest"] == m else t
-        hit = sum(v["seconds"] is not None for v in r["seeds"].values())
-        return f"{hit}/{len(r['seeds'])} ({r['final_error']:.0%})"
+        missed = [v["final_error"] for v in r["seeds"].values() if v["seconds"] is None]
+        if not missed:                       # (every seed run so far reached it; seeds to come)
+            t = R.secs(sum(v["seconds"] for v in r["seeds"].values()) / len(r["seeds"]))
+            return f"{t} (so far: {len(r['seeds'])} of {len(R.X.SEEDS)} seeds)"
+        return f"{len(r['seeds']) - len(missed)}/{len(r['seeds'])} ({sum(missed) / len(missed):.0%})"
     for n in d["networks"]:
         methods = list(dict.fromkeys(m for k, cl in d["cells"].items() if k.startswith(n + "/")
                                      for m in cl["methods"] if m != "single"))

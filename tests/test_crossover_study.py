@@ -2,6 +2,8 @@
 fake study: runs are "executed" by writing the records a known model of each method predicts, until
 the driver has nothing left to run; then its choices, horizons, extra seeds, cells, ties and
 crossover brackets are checked against that model."""
+import json
+import math
 import sys
 from pathlib import Path
 
@@ -424,6 +426,20 @@ def test_the_claims_follow_their_rules_on_the_model(study):
     assert C.judge(["claim", "neither"]) == "agrees" and C.judge(["tie", "other"]) == "disagrees"
     assert C.judge(["tie", "tie"]) == "tie" and C.judge(["claim", "other"]) == "partly agrees"
     assert C.judge(["neither"]) == "not run"
+    # some runs in, at no p all of them: said so, not "not run"
+    assert C.verdict([], [f"p = 2: {C.NOT_ALL_IN}", "p = 4 not run yet"]) == "runs not all in yet"
+    # J3: a side that missed the target at a rate is named, not a ratio of inf
+    assert C.j3_ratio(2.0, 1.0) == "2.00" and C.j3_ratio(math.inf, 1.0) == "— (gossip missed the target)"
+    assert C.j3_ratio(math.inf, math.inf) == "— (all-reduce and gossip missed the target)"
+    # J4b: a p where all-reduce's slowdown is known and no gossip method's is says why
+    def arm(*secs):
+        return dict(reached_all=None not in secs, mean_seconds=None if None in secs else sum(secs) / len(secs),
+                    seeds={i: dict(seconds=t) for i, t in enumerate(secs)})
+    cells = {f"n/{c}/p2": dict(methods=dict(allreduce=arm(10.0 * k, 11.0 * k), **{"pushsum-ov": arm(9.0, None)}))
+             for c, k in (("typical", 1), ("stragglers", 2))}
+    j4b = C.j4(dict(cells=cells), "n")[1]
+    assert j4b["evidence"].startswith("p = 2: no slowdown to judge (neither gossip method reached the target") and \
+        f"p = {X.WORKERS[1]} not run yet" in j4b["evidence"] and j4b["verdict"] == "not run"
     rows = {"a": dict(reached_all=True, mean_seconds=10.0, seeds={0: dict(seconds=10.0), 1: dict(seconds=10.0)}),
             "b": dict(reached_all=True, mean_seconds=14.0, seeds={0: dict(seconds=14.0), 1: dict(seconds=14.1)}),
             "c": dict(reached_all=False, mean_seconds=None, seeds={0: dict(seconds=None), 1: dict(seconds=5.0)}),
@@ -444,15 +460,23 @@ def test_the_map_claims_and_figure_render(study, tmp_path):
     assert w["factor"] == pytest.approx(8 / 1000 * 10_000 / 32) and w["imagenet_gpus"][8] == pytest.approx(20.0)
     assert R.say_outcome("async -> sync in [4, 8]") == "asynchronous → synchronous between p = 4 and 8"
     assert R.say_outcome("no crossing in range: sync at every p (2-128)") == \
-        "no crossing, synchronous first at every p (2–128)"
+        "no crossing in p = 2–128: synchronous first at every p"
     # every change along p, a tie widening the bracket; ties without a change said as such
     seq = [(2, "async"), (4, "tie"), (8, "sync"), (16, "async")]
     assert R.sequence_words(seq) == "async -> sync in [2, 8] -> async in [8, 16]"
     assert R.say_outcome(R.sequence_words(seq)) == ("asynchronous → synchronous between p = 2 and 8, then → "
                                                     "asynchronous between p = 8 and 16")
-    assert R.say_outcome(R.sequence_words([(2, "sync"), (4, "tie")])) == \
-        "no crossing, synchronous first or tied at every p (2–4)"
+    assert R.say_outcome(R.sequence_words([(2, "tie"), (4, "sync")])) == \
+        "no crossing resolved in p = 2–4: synchronous first wherever the families differ"
     assert R.sequence_words([(2, "tie"), (4, "tie")]) == "no crossing in range: a tie at every p (2-4)"
+    assert R.say_outcome(R.sequence_words([(2, "tie"), (4, "tie")])) == \
+        "no crossing resolved in p = 2–4: the families tie at every p"
+    # the map says the family at each p before the crossing it reads from them (JSON keys: str)
+    per_p = {"2": dict(family="async"), "4": dict(family="tie"), "16": dict(family="tie"), "8": dict(family="sync"),
+             "32": dict(family="sync"), "64": dict(family="sync")}
+    assert R.per_p_words(per_p) == ("asynchronous first at p = 2 · a tie at p = 4 · synchronous first at p = 8 · "
+                                    "a tie at p = 16 · synchronous first at p = 32–64")
+    assert "\n* none: " in md and " first at p = " in md and ". So " in md
     assert R.sequence_words([]) == "no evidence"
     assert R.shares_text({"a": 1.0}) == " (in every bootstrap resample)"
     assert R.shares_text({"no evidence": 0.995, "x": 0.004, "y": 0.001}) == \
@@ -460,6 +484,21 @@ def test_the_map_claims_and_figure_render(study, tmp_path):
     R.figure(res, tmp_path / "map.png")
     assert (tmp_path / "map.png").stat().st_size > 10_000
 
+
+
+def test_the_cells_table_says_seeds_to_come_and_the_missed_seeds_error(tmp_path):
+    """docs/results.md's every-method table: a method whose seeds so far all reached the target is
+    "so far", not k/n; one that missed shows the error the seeds that missed ended at."""
+    import report  # noqa: PLC0415  (benchmarks/report.py)
+    cell = dict(fastest=None, complete=False, methods={
+        "allreduce": dict(reached_all=False, mean_seconds=None, final_error=0.39,
+                          seeds={"0": dict(seconds=30.0, final_error=0.39)}),
+        "easgd": dict(reached_all=False, mean_seconds=None, final_error=0.49,
+                      seeds={"0": dict(seconds=None, final_error=0.6), "1": dict(seconds=20.0, final_error=0.38)})})
+    (tmp_path / "crossover-progress.json").write_text(json.dumps(dict(
+        workers=[1, 2], networks=["n"], conditions=["none"], cells={"n/none/p2": cell})))
+    table = report.crossover_cells(tmp_path)
+    assert f"| all-reduce | 30 (so far: 1 of {len(X.SEEDS)} seeds) |" in table and "| EASGD | 1/2 (60%) |" in table
 
 
 def test_the_answer_in_short_follows_the_map(study):
@@ -485,13 +524,22 @@ def test_the_answer_in_short_follows_the_map(study):
         **{f"{n}/none/p4": dict(fastest=None, tied=[], complete=True) for n in "ab"}})
     assert "`a` and `b`: a tie of the families at p = 2 (push-sum, all-reduce) · no method reaches the target " \
            "in every seed at p = 4." in R.answer_markdown(tie, final=False)
+    # a run of p names each p's methods where they differ (not one list that puts a method at every p)
+    run = dict(workers=[1, 2, 4, 8], networks=["a"], conditions=["none"], machine_hours_total=1.0, cells={
+        "a/none/p2": dict(fastest="pushsum-ov", tied=["localsgd", "easgd"], complete=True),
+        "a/none/p4": dict(fastest="pushsum-ov", tied=["allreduce", "localsgd"], complete=True),
+        "a/none/p8": dict(fastest="allreduce", tied=["pushsum-ov"], complete=True)})
+    assert "a tie of the families at p = 2–8 (p = 2: push-sum, local SGD; p = 4: push-sum, all-reduce, local SGD; " \
+           "p = 8: all-reduce, push-sum)" in R.answer_markdown(run, final=False)
+    assert "Times are simulated seconds" in text and f"to {res['target_error']:.0%} validation error" in text
     # past the budget the answer says by how much, and the worker-step cost it was set against
     assert res["ms_per_worker_step"] == pytest.approx(
         1e3 * sum(r["real_seconds"] for r in st.recs.values()) / sum(r["worker_steps"] for r in st.recs.values()))
     over = R.budget_words(dict(machine_hours_total=R.BUDGET_HOURS + 3.25, ms_per_worker_step=5.6), final=True)
-    assert over.startswith(f"The study took {R.BUDGET_HOURS + 3.25:.1f} machine-hours") and ", 3.2 more." in over
-    assert f"costs this code (5.6 ms of one core, all of a run's real time counted) {R.STEP_SPEEDUP:g}× what " \
-           "issue 36 set out to reach" in over
+    assert over.startswith(f"The study took {R.BUDGET_HOURS + 3.25:.1f} machine-hours") and \
+        f", 3.2 over the {R.BUDGET_HOURS:g} budgeted." in over
+    assert f"costs 5.6 ms of one core (all of a run's real time counted), {R.STEP_SPEEDUP:g}× what the budget " \
+           "assumed" in over
     assert R.budget_words(dict(machine_hours_total=1.0), final=False).endswith("of the 24 budgeted.")
 
 
