@@ -205,9 +205,11 @@ def noise_scale(st: X.Study, rng) -> dict:
 
 def measured_noise(path: Path | None = None) -> dict | None:
     """The direct measurement (``noise_scale.py``: B_simple from one worker's batch-8 gradients at
-    checkpoints of the study's own one-worker run): its value at the target, and its range over
-    the checkpoints within 0.05 of the target's error (how much it moves from one set of weights
-    to the next, beside the interval of the gradients' sampling at each).  None if not measured."""
+    checkpoints of the study's own one-worker run): per seed its value at the target and interval
+    (``seeds``: ``path`` and its siblings ``noise-scale-s<seed>.json`` of the same configuration),
+    their mean (``b_simple``), and, from ``path``'s run, its range over the checkpoints within 0.05
+    of the target's error (how much it moves from one set of weights to the next, beside the
+    interval of the gradients' sampling at each) and along the run.  None if not measured."""
     path = path or X.ROOT / "benchmarks" / "results" / "noise-scale.json"
     if not path.is_file():
         return None
@@ -215,11 +217,20 @@ def measured_noise(path: Path | None = None) -> dict | None:
     at = d.get("at_target")
     if not at or at.get("b_simple") is None:
         return None
+    seeds = []
+    for f in [path, *sorted(path.parent.glob(f"{path.stem}-s*.json"))]:
+        e = json.loads(f.read_text())
+        t = e.get("at_target") or {}
+        if e.get("config") == d["config"] and t.get("b_simple") is not None:
+            seeds.append(dict(seed=e["seed"], b_simple=t["b_simple"], lo=t["lo"], hi=t["hi"], samples=t["samples"],
+                              same_as_study_run=e.get("same_as_study_run")))
+    seeds.sort(key=lambda e: e["seed"])
     close = [q for q in d["points"] if abs(q["val_error"] - d["target"]) <= 0.05]
     near = [q for q in close if q["b_simple"] is not None]
     every = [q["b_simple"] for q in d["points"] if q["b_simple"] is not None]
-    return dict(b_simple=at["b_simple"], lo=at["lo"], hi=at["hi"], samples=at["samples"], config=d["config"],
-                seed=d["seed"], gradients=d["points"][0]["gradients"], batch=d["batch"],
+    return dict(b_simple=mean([e["b_simple"] for e in seeds]), seeds=seeds, lo=at["lo"], hi=at["hi"],
+                samples=at["samples"], config=d["config"], seed=d["seed"], gradients=d["points"][0]["gradients"],
+                batch=d["batch"],
                 near=dict(low=min(q["b_simple"] for q in near), high=max(q["b_simple"] for q in near),
                           errors=[min(q["val_error"] for q in near), max(q["val_error"] for q in near)],
                           checkpoints=len(near), unresolved=len(close) - len(near)) if near else None,

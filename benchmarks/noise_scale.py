@@ -23,9 +23,11 @@ passes through:
 
 B_simple equals the noise scale B_noise = tr(H Sigma) / G^T H G when the loss's Hessian H is a
 multiple of the identity, and approximates it otherwise (McCandlish et al.): an assumption stated
-with the number (docs/results.md, section 11).  Output: ``benchmarks/results/noise-scale.json``.
+with the number (docs/results.md, section 11).  Output: ``benchmarks/results/noise-scale.json``
+(seed 0; ``noise-scale-s<seed>.json`` for the others: the report gives each and their mean).
 
-    python benchmarks/noise_scale.py                 # ~3 min on one core
+    python benchmarks/noise_scale.py                 # ~3 min on one core (seed 0)
+    python benchmarks/noise_scale.py --seed 1        # another seed's run: noise-scale-s1.json
 """
 from __future__ import annotations
 
@@ -180,8 +182,10 @@ def main() -> int:
     ap.add_argument("--every", type=float, default=X.EVAL_EVERY, help="epochs between checkpoints")
     ap.add_argument("--batches", type=int, default=1024, help="gradients of 8 images per checkpoint")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=Path, help="default: noise-scale.json for seed 0, noise-scale-s<seed>.json for "
+                    "another (the report reads them all)")
     a = ap.parse_args()
+    a.out = a.out or (OUT if a.seed == 0 else OUT.with_name(f"{OUT.stem}-s{a.seed}.json"))
     st = X.Study()
     config = st.chosen("single", 1, X.TUNE_NETWORK)
     if config is None:

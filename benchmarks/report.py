@@ -537,29 +537,45 @@ def crossover_noise(results: Path) -> str:
                    "choice so far stands in.)")
     m, ps = ns.get("measured"), sorted(int(p) for p in d["workers"])
     if m:
-        near, width = m.get("near"), m["hi"] - m["lo"]
+        seeds = m.get("seeds") or [dict(seed=m["seed"], b_simple=m["b_simple"], lo=m["lo"], hi=m["hi"],
+                                        same_as_study_run=m.get("same_as_study_run"))]
+        near, width = m.get("near"), max(e["hi"] - e["lo"] for e in seeds)
         moves = ("" if not near or near["checkpoints"] < 2 else
-                 f"; over the {near['checkpoints']} checkpoints within 0.05 of the target's error "
+                 f"over the {near['checkpoints']} checkpoints within 0.05 of the target's error "
                  f"({near['errors'][0]:.2f}–{near['errors'][1]:.2f}) it moves between {near['low']:.0f} and "
                  f"{near['high']:.0f}, " + ("more than those intervals: the weights' own variation dominates"
                                             if near["high"] - near["low"] > width else "within those intervals")
                  + (f" ({near['unresolved']} more not resolved)" if near.get("unresolved") else ""))
-        same = m.get("same_as_study_run") or {}
+        equal = all((e.get("same_as_study_run") or {}).get("equal") for e in seeds)
+        runs = (f"seed {seeds[0]['seed']}" if len(seeds) == 1 else
+                "seeds " + ", ".join(str(e["seed"]) for e in seeds[:-1]) + f" and {seeds[-1]['seed']}")
+        one = [f"{e['b_simple']:.0f} ({e['lo']:.0f}–{e['hi']:.0f})" for e in seeds]
+        how = ("interpolated between the checkpoints around the target, with a 95% jackknife interval over "
+               "the gradients at each")
+        if len(seeds) == 1:
+            value = (f"**B_simple ≈ {m['b_simple']:.0f}** at the target ({m['lo']:.0f}–{m['hi']:.0f}: both {how})"
+                     + (f"; {moves}" if moves else ""))
+        else:
+            spread = max(e["b_simple"] for e in seeds) - min(e["b_simple"] for e in seeds)
+            value = (f"**B_simple ≈ {m['b_simple']:.0f}** at the target, the mean of {', '.join(one[:-1])} and "
+                     f"{one[-1]} over the seeds (each {how}): the seed moves it "
+                     + ("more than those intervals" if spread > width else "within those intervals")
+                     + (f"; in seed {m['seed']}'s run, {moves}" if moves else ""))
         spans = f"8p / B_simple = {8 * ps[0] / m['b_simple']:.2g} (p = {ps[0]}) to {8 * ps[-1] / m['b_simple']:.2g}"
         if ns.get("b_noise"):
             spans += (f", 8p / B_crit = {8 * ps[0] / ns['b_noise']:.2g} to {8 * ps[-1] / ns['b_noise']:.2g}")
         fitted += (f" Measured directly (`benchmarks/noise_scale.py`: B_simple = tr(Σ) / |G|², McCandlish et al.'s "
                    f"appendix A, from {m['gradients']:,} gradients of {m['batch']} training images at each "
-                   f"checkpoint of the study's own one-worker run, {m['config']} seed {m['seed']}"
-                   + (f", whose {same['validations']} validations equal the study's record" if same.get("equal") else "")
-                   + f"): **B_simple ≈ {m['b_simple']:.0f}** at the target ({m['lo']:.0f}–{m['hi']:.0f}: both "
-                   "interpolated between the checkpoints around it, each with a 95% jackknife interval over its "
-                   f"gradients){moves}; along the whole run it ranges over {m['along'][0]:.0f}–{m['along'][1]:.0f}"
+                   f"checkpoint of the study's own one-worker run, {m['config']}, {runs}"
+                   + (f", whose validations equal the study's record{'' if len(seeds) == 1 else 's'}" if equal else "")
+                   + f"): {value}; along the whole run"
+                   + ("" if len(seeds) == 1 else f" of seed {m['seed']}")
+                   + f" it ranges over {m['along'][0]:.0f}–{m['along'][1]:.0f}"
                    + (f" ({m['unresolved']} checkpoints not resolved)" if m.get("unresolved") else "")
                    + f". The study's global batches span {spans} (p = {ps[-1]}).")
         if ns.get("b_noise"):
             r = ns["b_noise"] / m["b_simple"]
-            apart = ns["b_noise_lo"] > m["hi"] or ns["b_noise_hi"] < m["lo"]
+            apart = ns["b_noise_lo"] > max(e["hi"] for e in seeds) or ns["b_noise_hi"] < min(e["lo"] for e in seeds)
             fitted += (f" The two differ by {max(r, 1 / r):.1f}×" + (", more than their intervals allow" if apart else
                                                                    ", within their intervals")
                        + ("; they are not the same quantity: B_crit is a property of the whole run (along which "

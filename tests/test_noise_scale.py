@@ -126,3 +126,11 @@ def test_the_study_reads_p_against_the_measured_b_simple(tmp_path):
     w = R.workload(dict(measured=None, b_noise=None, b_noise_lo=744.0))
     assert w["source"] == "fit" and w["bound"] == "at most" and w["factor"] == pytest.approx(8 / 744 * 10_000 / 32)
     assert R.measured_noise(tmp_path / "none.json") is None
+    # another seed's run (same configuration) joins the mean; one of another configuration does not
+    b0 = m["b_simple"]
+    for seed, config, b in ((1, "F0.05", 300.0), (2, "F0.1", 900.0)):
+        (tmp_path / f"noise-scale-s{seed}.json").write_text(json.dumps(dict(
+            config=config, seed=seed, at_target=dict(samples=250.0, b_simple=b, lo=b * 0.9, hi=b * 1.1))))
+    m = R.measured_noise(f)
+    assert [e["seed"] for e in m["seeds"]] == [0, 1] and m["seeds"][1]["lo"] == pytest.approx(270.0)
+    assert m["b_simple"] == pytest.approx((b0 + 300.0) / 2) and m["near"]["checkpoints"] == 2
