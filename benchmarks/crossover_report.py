@@ -606,7 +606,8 @@ def figure(res: dict, path: Path, provisional: bool = False) -> None:
     fig.legend(handles=[Patch(facecolor=v, label=SHORT[k]) for k, v in COLORS.items()], loc="lower center",
                ncol=(len(COLORS) + 1) // 2, fontsize=8, frameon=False)
     fig.suptitle(("provisional (*: the cell's runs are not all in): " if provisional else "")
-                 + f"fastest to {res['target_error']:.0%} error (seconds; hatched: others tie)", fontsize=10)
+                 + f"fastest to {res['target_error']:.0%} error (hatched: others tie)\n"
+                 "simulated seconds of each profile's GPUs and network", fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 0.96))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
