@@ -138,7 +138,10 @@ def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):
                    "--condition", "typical"], tmp_path, module="scalesgd")
     assert out.returncode == 0, out.stderr
     assert "nearest studied network: v100-10gbe-resnet50" in out.stdout and "timing allreduce" in out.stderr
-    for args, needle in ((["--profile", "cpu-emulated-papers", "--workers", "4"], "a measured profile has no compute"),
+    steps = tmp_path / "steps.json"      # one step of the job a profile runs with: here the study's task
+    steps.write_text(json.dumps({"name": "steps", "step_seconds": 0.2, "link_gbps": 10, "latency_us": 5}))
+    for args, needle in ((["--profile", "cpu-emulated-papers", "--workers", "4"], "not a measured step"),
+                         (["--profile", str(steps), "--workers", "4"], "not step_seconds"),
                          (["--profile", "nosuch", "--workers", "4"], "nosuch"),
                          (["--profile", "a100-ib100-resnet50", "--workers", "0"], "--workers: at least 1"),
                          (["--profile", "a100-ib100-resnet50", "--workers", "4", "--study", str(tmp_path / "x.json")],

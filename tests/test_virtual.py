@@ -269,6 +269,9 @@ def test_profiles_load_and_bad_ones_are_refused(tmp_path):
                          ('{"name": "x", "link_gbps": 0}', "link_gbps must be > 0"),
                          ('{"name": "x", "rma_progress": "maybe"}', "rma_progress"),
                          ('{"name": "x", "images_per_second": 10}', "needs a reference"),
+                         # a network left out is an error, not the defaults' 80 Gbit/s
+                         ('{"name": "x", "link_gbps": 10}', "the network is required: latency_us"),
+                         ('{"name": "x"}', "the network is required: link_gbps, latency_us"),
                          ("{", "cannot read the profile")):
         bad.write_text(text)
         with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):

@@ -185,3 +185,7 @@ def test_a_hierarchical_run_is_not_replayed(data, tmp_path, capsys):
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("scalesgd: error")]
     assert len(err) == 1 and "--hierarchy node run cannot be replayed exactly" in err[0], err
     assert not (tmp_path / "replay").exists()
+    # a flag a replay cannot honour is refused, not silently dropped
+    assert VR.main(["--replay", str(src), "--epochs", "3", "--workers", "8", "--threads", "1"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("scalesgd: error")]
+    assert len(err) == 1 and "--epochs, --workers cannot change it" in err[0], err

@@ -87,9 +87,12 @@ def task_config(study: dict):
 def balance(prof: P.Profile, study: dict, cfg=None) -> dict:
     """One step's compute (seconds) and the ratio of one gradient's transfer to it, for the study's
     task (``cfg``: its Config, read once by the caller) timed as ``prof`` times it."""
-    if prof.measured:
-        raise ConfigError(f"--profile {prof.name}: a measured profile has no compute figure to plan "
-                          "with; give images_per_second (and reference) or step_seconds")
+    if prof.measured or prof.step_seconds is not None:
+        raise ConfigError(f"--profile {prof.name}: plan times the study's own small task on your cluster, so "
+                          "it needs your GPUs' images_per_second on a reference model (and stands_for: your "
+                          "model), not " + ("a measured step" if prof.measured else
+                                            "step_seconds (one step of the job a profile runs with: here the "
+                                            "study's task, not yours)"))
     cfg = cfg or task_config(study)
     classes = study["task"]["classes"]
     step = P.Compute(prof, cfg, classes, condition=V.load("none")).seconds
@@ -326,11 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", required=True, help="your cluster: a shipped profile name or a JSON "
                     "file (docs/virtual.md#profiles)")
     ap.add_argument("--workers", type=int, required=True, help="GPUs (workers) you will train on")
-    ap.add_argument("--condition", help="none, typical or stragglers (default: the profile's variability)")
+    ap.add_argument("--condition", help="none, typical or stragglers, or a condition's JSON file (default: the "
+                    "profile's variability)")
     ap.add_argument("--study", type=Path, default=STUDY, help="the study's results (default: the shipped ones)")
     ap.add_argument("--run", action="store_true", help="then check the two fastest in the virtual "
                     "cluster under your profile (one seed each, minutes)")
-    ap.add_argument("--data", type=Path, default=Path("data/glyphs/main"), help="--run: the glyph data set")
+    ap.add_argument("--data", type=Path, default=Path("data/glyphs/main"), help="--run: the glyph data set "
+                    "(default data/glyphs/main: python benchmarks/glyphs.py data/glyphs)")
     ap.add_argument("--json", action="store_true", help="print the prediction as JSON")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="scalesgd: %(message)s", stream=sys.stderr)

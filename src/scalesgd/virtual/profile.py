@@ -63,6 +63,7 @@ from . import jsonfile
 from . import variability as V
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+REQUIRED = ("link_gbps", "latency_us")           # (besides name; the rest have defaults)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,10 @@ def load(spec: str) -> Profile:
                               "\"batch_size\": ...}")
         if prof.images_per_second is None:
             raise ConfigError(f"--profile {path}: stands_for needs images_per_second (and reference)")
+    missing = [k for k in REQUIRED if k not in raw]
+    if missing:                               # (a network left out would be timed as the defaults')
+        raise ConfigError(f"--profile {path}: the network is required: {', '.join(missing)} "
+                          "(a node's usable Gbit/s each way, one message's latency in µs)")
     return prof
 
 

@@ -32,20 +32,25 @@ log = logging.getLogger("scalesgd")
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("virtual cluster")
-    g.add_argument("--workers", type=int, help="virtual workers (a server method adds its "
+    g.add_argument("--workers", type=int, help="virtual workers, default 4 (a server method adds its "
                    "--servers shards as ranks of their own); with --replay: the run's")
     g.add_argument("--profile", help="hardware profile: a shipped name (--list-profiles) or a JSON "
                    "file (docs/virtual.md); default a100-100gbit; with --replay: ignored for the order")
     g.add_argument("--condition", help="the cluster's variability: a shipped condition (none, typical, "
                    "stragglers; --list-profiles) or a JSON file; default: the profile's own")
     g.add_argument("--replay", metavar="RUN_DIR", help="replay the event order a real MPI run "
-                   "recorded in RUN_DIR/trace (its config is used; flags may not change it), then "
-                   "compare its events and final checkpoint with the run's")
+                   "recorded in RUN_DIR/trace (its config is used: only --run-dir, --profile, --condition "
+                   "and --threads may be given with it), then compare its events and final checkpoint "
+                   "with the run's")
     g.add_argument("--threads", type=int, help="BLAS threads of the process (default: every core "
                    "it may use, and with --replay the real run's ranks' count, summary.json's "
                    "blas_threads; 1 when several virtual runs share a machine: OpenBLAS threads "
                    "spin between calls, and two runs of 2 threads on 2 cores run ~8x slower)")
     g.add_argument("--list-profiles", action="store_true", help="list the shipped profiles and exit")
+
+
+# What a replay takes from the command line (the rest is the recorded run's): argparse dests
+REPLAY_FLAGS = {"replay", "train.run_dir", "profile", "condition", "threads"}
 
 
 def ranks_for(cfg: C.Config, workers: int) -> int:
@@ -251,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         replay_dir = Path(args.replay) if getattr(args, "replay", None) else None
         if replay_dir is not None:
+            ignored = sorted(k for k in vars(args) if k not in REPLAY_FLAGS)
+            if ignored:
+                flags = ", ".join("--" + k.rpartition(".")[2].replace("_", "-") for k in ignored)
+                raise ConfigError(f"--replay redoes the recorded run as it ran: {flags} cannot change it "
+                                  "(with --replay only --run-dir, --profile, --condition and --threads apply)")
             if not (replay_dir / "config.json").is_file():
                 raise ConfigError(f"--replay {replay_dir}: not a run directory (no config.json)")
             saved = json.loads((replay_dir / "config.json").read_text())
