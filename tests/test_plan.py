@@ -113,6 +113,13 @@ def test_plan_is_exact_for_all_reduce_on_the_users_profile(made, tmp_path):
     assert gossip["timing"] == "statistics of v100-10gbe-resnet50 / stragglers"
     text = L.show(res, prof)
     assert "plan: 3 workers on mine" in text and "use: mpirun -n " in text and "python -m scalesgd --method" in text
+    assert "add your job's --config or --data and your launcher" in text
+    # a method that missed the target is listed as such, and what "missed" means is said once
+    lost = dict(res, rows=[*res["rows"][:1], dict(res["rows"][1], mean_seconds=None, reached=1, final_error=0.5)])
+    shown = L.show(lost, prof)
+    assert f"missed (1/{lost['rows'][1]['seeds']} seeds; error 50%)" in shown
+    assert shown.count("missed: not at the target in every seed by the end of the study's runs") == 1
+    assert "missed: not at the target" not in text
     far = L.predict(made["study"], prof, 1000, "stragglers")
     assert far["p"] == 2 and any("far beyond the largest p studied (2)" in n for n in far["notes"])
     # a cell the study has not run: said, with the p it has there

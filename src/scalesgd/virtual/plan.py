@@ -287,13 +287,18 @@ def show(res: dict, prof: P.Profile) -> str:
     wide = [max(len(row[k]) for row in [("rank", "method", "time to target (s)", ""), *table]) for k in range(3)]
     for rank, m, t, settings in [("rank", "method", "time to target (s)", "settings"), *table]:
         out.append(f"  {rank:{wide[0]}s} {m:{wide[1]}s} {t:>{wide[2]}s}  {settings}")
+    if any(r["mean_seconds"] is None for r in res["rows"]):
+        out.append("  missed: not at the target in every seed by the end of the study's runs, with the mean error "
+                   "reached (an asynchronous run stops once it cannot be the fastest: at twice the fastest "
+                   "synchronous method's time)")
     best = res["rows"][0]
     if best["mean_seconds"] is not None:
         servers = int(flag_value(best["flags"], "--servers") or 0) if best["method"] in ("easgd", "asgd") else 0
         ranks = res["workers"] + servers
         who = f"{res['workers']} workers" + (f" + {servers} server rank{'s' if servers > 1 else ''}" if servers else "")
         out.append(f"  use: mpirun -n {ranks} python -m scalesgd {best['flags']}  ({who}; the study's rate is "
-                   "for a batch of 8 per worker: scale it to yours)")
+                   "for a batch of 8 per worker: scale it to yours; add your job's --config or --data and "
+                   "your launcher)")
     return "\n".join(out)
 
 
