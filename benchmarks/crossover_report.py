@@ -218,8 +218,7 @@ def measured_noise(path: Path | None = None) -> dict | None:
     if not at or at.get("b_simple") is None:
         return None
     seeds = []
-    for f in [path, *sorted(path.parent.glob(f"{path.stem}-s*.json"))]:
-        e = json.loads(f.read_text())
+    for e in [d, *(json.loads(f.read_text()) for f in sorted(path.parent.glob(f"{path.stem}-s*.json")))]:
         t = e.get("at_target") or {}
         if e.get("config") == d["config"] and t.get("b_simple") is not None:
             seeds.append(dict(seed=e["seed"], b_simple=t["b_simple"], lo=t["lo"], hi=t["hi"], samples=t["samples"],
@@ -429,19 +428,28 @@ def say_outcome(o: str) -> str:
     return o
 
 
+def runs_of(items) -> list[tuple]:
+    """(p, value) pairs in order of p -> (value, first p, last p) for each run of equal values."""
+    out: list[list] = []
+    for p, v in items:
+        if out and out[-1][0] == v:
+            out[-1][2] = p
+        else:
+            out.append([v, p, p])
+    return [tuple(r) for r in out]
+
+
+def p_span(a, b) -> str:
+    return f"p = {a}" if a == b else f"p = {a}–{b}"
+
+
 def per_p_words(per_p: dict) -> str:
     """The family first at each p (``crossover``'s ``per_p``; keys int, or str as read from JSON),
     runs of p alike together: "asynchronous first at p = 2 · a tie at p = 4 · synchronous first at
     p = 8–64"."""
-    runs: list[list] = []
-    for p in sorted(per_p, key=int):
-        f = per_p[p]["family"]
-        if runs and runs[-1][0] == f:
-            runs[-1][2] = int(p)
-        else:
-            runs.append([f, int(p), int(p)])
-    return " · ".join(("a tie" if f == "tie" else f"{FAMILY_NAME[f]} first")
-                      + f" at p = {a}" + (f"–{b}" if b != a else "") for f, a, b in runs)
+    runs = runs_of((int(p), per_p[p]["family"]) for p in sorted(per_p, key=int))
+    return " · ".join(("a tie" if f == "tie" else f"{FAMILY_NAME[f]} first") + f" at {p_span(a, b)}"
+                      for f, a, b in runs)
 
 
 def shares_text(shares: dict[str, float]) -> str:
@@ -503,17 +511,11 @@ def segments(res: dict, network: str, condition: str) -> list[dict]:
 
 def say_segments(segs: list[dict]) -> str:
     def one(g):
-        span = f"p = {g['from']}" if g["from"] == g["to"] else f"p = {g['from']}–{g['to']}"
+        span = p_span(g["from"], g["to"])
         # the methods of each p, runs of p that name the same together (one list if all do)
-        lists: list[list] = []
-        for p, ms in g.get("by_p", {g["from"]: g["methods"]}).items():
-            ms = ", ".join(SHORT[m] for m in ms)
-            if lists and lists[-1][2] == ms:
-                lists[-1][1] = p
-            else:
-                lists.append([p, p, ms])
-        names = lists[0][2] if len(lists) == 1 else "; ".join(
-            f"p = {a}{f'–{b}' if b != a else ''}: {ms}" for a, b, ms in lists)
+        lists = runs_of((p, ", ".join(SHORT[m] for m in ms))
+                        for p, ms in g.get("by_p", {g["from"]: g["methods"]}).items())
+        names = lists[0][0] if len(lists) == 1 else "; ".join(f"{p_span(a, b)}: {ms}" for ms, a, b in lists)
         if g["family"] == "miss":
             return f"no method reaches the target in every seed at {span}"
         if g["family"] == "open":

@@ -537,8 +537,7 @@ def crossover_noise(results: Path) -> str:
                    "choice so far stands in.)")
     m, ps = ns.get("measured"), sorted(int(p) for p in d["workers"])
     if m:
-        seeds = m.get("seeds") or [dict(seed=m["seed"], b_simple=m["b_simple"], lo=m["lo"], hi=m["hi"],
-                                        same_as_study_run=m.get("same_as_study_run"))]
+        seeds = m["seeds"]
         near, width = m.get("near"), max(e["hi"] - e["lo"] for e in seeds)
         moves = ("" if not near or near["checkpoints"] < 2 else
                  f"over the {near['checkpoints']} checkpoints within 0.05 of the target's error "
