@@ -136,16 +136,20 @@ def wait_for_steps(run_dir: Path, n: int, rank: int = 0) -> None:
 @pytest.mark.parametrize("method,ranks,sig,victim", [("allreduce", 2, signal.SIGUSR1, -1),
                                                      ("easgd", 3, signal.SIGTERM, -1),
                                                      ("gossip", 3, signal.SIGUSR1, -1),
+                                                     ("localsgd", 2, signal.SIGTERM, -1),
                                                      ("easgd-shards", 4, signal.SIGTERM, 1)])
 def test_signal_to_one_rank_checkpoints_everyone_and_resumes(tmp_path, data, method, ranks, sig, victim):
     """The signal goes to the last rank (a worker), or with two server shards to shard 1, whose
-    stop only its replies carry (server 0 decides the phases)."""
+    stop only its replies carry (server 0 decides the phases); local SGD's travels with its next
+    exchange (every 5 steps)."""
     run_dir = tmp_path / "run"
     method, _, shards = method.partition("-")
     args = ["--data", str(data), "--method", method, *TINY, "--epochs", "40", "--batch-size", "4",
             "--run-dir", str(run_dir), "--straggler", "0:20"]
     if method == "gossip":
         args += ["--gossip", "push"]
+    if method == "localsgd":
+        args += ["--tau", "5"]
     if shards:             # one evaluation, at the end: no phase but the stop's can end the run early
         args += ["--servers", "2", "--eval-every", "40"]
     p = start(args, ranks)

@@ -281,3 +281,20 @@ def test_linear_scaling_scales_with_the_global_batch_for_every_method(method, da
     rows = [json.loads(x) for x in (out / "metrics" / "rank-1.jsonl").read_text().splitlines()]
     lrs = {r["lr"] for r in rows if r["kind"] == "step"}
     assert lrs and all(x == pytest.approx(0.04) for x in lrs), lrs
+
+
+def test_local_sgd_replicas_wait_for_each_other_only_at_an_exchange(data, tmp_path):
+    """Local SGD under Jin's stragglers: between exchanges each replica runs on its own clock (no
+    per-step collective makes every step wait for the slowest worker); after each average, every
+    rank's clock agrees.  A stop request travels with the exchange (tests/test_signals)."""
+    tau, ranks = 3, 4
+    run = vrun(["--method", "localsgd", "--workers", str(ranks), "--tau", str(tau),
+                "--profile", "titanx-fdr-resnet18", "--condition", "stragglers"], tmp_path / "run", data)
+    steps = []
+    for r in range(ranks):
+        rows = [json.loads(x) for x in (run / "metrics" / f"rank-{r}.jsonl").read_text().splitlines()]
+        steps.append({x["step"]: x["train_seconds"] for x in rows if x["kind"] == "step"})
+    assert len(steps[0]) >= 2 * tau and all(s.keys() == steps[0].keys() for s in steps)
+    apart = [k for k in steps[0] if len({s[k] for s in steps}) > 1]
+    assert apart and all(k % tau for k in apart), apart       # apart only within a period
+    assert any(k % tau == 0 for k in steps[0])

@@ -20,8 +20,13 @@ evaluation gives.
 
 An exchange moves the whole flat buffer (allreduce moves the gradients every step), so the
 communication per sample is 1/tau of allreduce's; the price is the replicas' drift within a period.
-Global samples advance in lockstep (a synchronous method).  Timers: ``wait`` is one barrier before
-the average (until the slowest worker has finished its period), ``comm`` the all-reduces.
+Global samples advance in lockstep (a synchronous method).  Between exchanges the replicas never
+wait for each other: the stop and checkpoint requests (``Signals``) travel only with an exchange,
+as the maximum taken just before the average (which is also its barrier), so every rank acts on a
+request at the same step, at most tau - 1 steps after it was made.  (A per-step sum of them, as
+the base class does, would make every step wait for the slowest worker: under noise or a
+straggler that costs the slowest worker's delay per step, not per period.)  Timers: ``wait`` is
+that maximum (until the slowest worker has finished its period), ``comm`` the all-reduces.
 """
 from __future__ import annotations
 
@@ -51,14 +56,19 @@ class LocalSGD(Method):
             self.u, self.tmp = xp.zeros_like(ps.params), xp.empty_like(ps.params)
 
     def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
-        if (step + 1) % self.tau == 0 and self.roles.size > 1:
+        """Every ``tau`` steps the average; no collective in between (see the module's doc)."""
+        self.global_samples += samples * self.roles.num_workers
+        if self.roles.size == 1:
+            self.signals.merge(self.signals.raised)
+        elif (step + 1) % self.tau == 0:
             self.average(ps, lr)
-        return super().after_update(step, ps, samples, lr)
+        return self.global_samples
 
     def average(self, ps, lr: float) -> None:
-        """Collective: the replicas' average (params and BN statistics), then SlowMo's outer step."""
+        """Collective: the signals' maximum (the barrier), the replicas' average (params and BN
+        statistics), then SlowMo's outer step."""
         with self.timed("wait"):
-            self.comm.barrier()
+            self.signals.merge(self.comm.allreduce_max_host(self.signals.raised))
         with self.timed("comm"):
             self.comm.allreduce_mean(ps.params)
             self.comm.allreduce_mean(ps.buffers)
