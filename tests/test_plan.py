@@ -156,6 +156,12 @@ def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):
         assert L.main(args if "--study" in args else [*args, "--study", str(made["path"])]) != 0
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("scalesgd: error")]
         assert len(err) == 1 and needle in err[0], (args, err)
+    # the `scalesgd` command (setup.cfg's entry point) dispatches `plan` as `python -m scalesgd` does
+    from scalesgd.__main__ import main as command
+    assert "scalesgd = scalesgd.__main__:main" in (ROOT / "setup.cfg").read_text()
+    assert command(["plan", "--profile", "nosuch", "--workers", "4", "--study", str(made["path"])]) != 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("scalesgd: error")]
+    assert len(err) == 1 and "nosuch" in err[0], err
     # a study file whose task is missing, or whose job does not parse, is one line naming it
     study = json.loads(made["path"].read_text())
     for task, needle in ((None, "its 'task' needs the job it ran"),
