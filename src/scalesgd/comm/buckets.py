@@ -17,8 +17,8 @@ MAX_BUCKET = 25_000_000        # a smaller chunk is latency-bound), at most 25 M
 def auto_bucket_bytes(nbytes: int, ranks: int) -> int:
     """The default bucket size (``dist.bucket_mb = -1``) for a gradient buffer of ``nbytes`` summed
     over ``ranks``: ``nbytes / 8``, at least ``ranks x 64 KiB``, at most 25 MB (docs/methods.md).
-    ResNet-20 (1.09 MB) on 4 ranks: 256 KiB buckets (5); ResNet-18 (46.8 MB): 5.8 MB (8);
-    ResNet-50 (102 MB): 12.8 MB (8) up to 195 ranks, then ranks x 64 KiB."""
+    On 4 ranks: ResNet-20 (1.09 MB): 256 KiB buckets (4); ResNet-18 (46.8 MB): 5.8 MB (6);
+    ResNet-50 (102 MB): 12.8 MB (7), up to 195 ranks, then ranks x 64 KiB."""
     return int(min(max(nbytes / AUTO_BUCKETS, ranks * MIN_CHUNK), MAX_BUCKET))
 
 
