@@ -40,6 +40,6 @@ def test_the_default_bucket_size_overlaps_small_models_and_stays_large_for_big_o
     assert len(make_buckets(r20.layout, 25_000_000, 4)) == 1           # the former default
     assert bucket_bytes_of(types.SimpleNamespace(bucket_mb=0.5), r20.grads, 4) == 500_000
     r50 = 25_557_032 * 4
-    assert auto_bucket_bytes(r50, 64) == r50 // 8                      # 12.8 MB, 8 buckets
-    assert auto_bucket_bytes(r50, 256) == 256 * 64 * 1024              # the floor past 195 ranks
+    assert auto_bucket_bytes(r50, 64) == r50 // 8                      # 12.8 MB, 7 buckets
+    assert auto_bucket_bytes(r50, 256) == 256 * 64 * 1024              # the floor from 195 ranks
     assert auto_bucket_bytes(10 ** 10, 8) == 25_000_000                 # the cap
