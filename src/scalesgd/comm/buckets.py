@@ -18,7 +18,7 @@ def auto_bucket_bytes(nbytes: int, ranks: int) -> int:
     """The default bucket size (``dist.bucket_mb = -1``) for a gradient buffer of ``nbytes`` summed
     over ``ranks``: ``nbytes / 8``, at least ``ranks x 64 KiB``, at most 25 MB (docs/methods.md).
     On 4 ranks: ResNet-20 (1.09 MB): 256 KiB buckets (4); ResNet-18 (46.8 MB): 5.8 MB (6);
-    ResNet-50 (102 MB): 12.8 MB (7), up to 195 ranks, then ranks x 64 KiB."""
+    ResNet-50 (102 MB): 12.8 MB (7), up to 194 ranks, then ranks x 64 KiB."""
     return int(min(max(nbytes / AUTO_BUCKETS, ranks * MIN_CHUNK), MAX_BUCKET))
 
 
@@ -59,7 +59,7 @@ class BucketedAllreduce:
     ``ready``, in bucket order, as every rank must start them in the same order), and ``finish()``
     waits only for the copies still in flight.  So backward's kernel launches never stall on a
     bucket.  Without overlap the buffer is copied down once in ``finish()``.  The sum is copied up
-    once in ``finish()``.  The device path has not been run on a GPU (tests/device_double.py).
+    once in ``finish()``.  On a GPU only the check's 2-rank sum ran it (tests/device_double.py).
     """
 
     transport = "host"

@@ -24,8 +24,9 @@ cannot use is an error on every rank, never a silent fallback, and ``dist.overla
 transport cannot honour (``nccl``) is said in a warning line.  Every decision is a collective (a MIN
 over the ranks), so all ranks take the same path even when their probes differ.
 
-The device paths (CUDA-aware MPI, NCCL, host staging of CuPy arrays) have NOT been run on a GPU; the
-selection, the agreement and the staging logic are tested on CPU (tests/test_gpu_selection.py).
+On a GPU (one H200, 2026-12-04) only the host transport summed CuPy buffers (2 ranks) and NCCL ran
+on one rank; NCCL and CUDA-aware MPI across ranks have NOT run.  The selection, the agreement and
+the staging logic are tested on CPU (tests/test_gpu_selection.py).
 """
 from __future__ import annotations
 

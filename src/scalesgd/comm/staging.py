@@ -54,7 +54,8 @@ class DeviceTimer:
     the stream next): a pair of CUDA events around the work on the current stream.  ``seconds()``
     adds the pairs the device has finished (a query: the host never waits here) and forgets them;
     ``seconds(wait=True)`` waits for the rest first (for a checkpoint or the summary, where the
-    stream has been synchronized anyway).  Not yet run on a GPU (tests/device_double.py)."""
+    stream has been synchronized anyway).  Timed one rank's NCCL sum on an H200; ``settle`` in a
+    training run has not run on a GPU (tests/device_double.py)."""
 
     def __init__(self, arr):
         self.cupy = cupy_of(arr)
@@ -89,8 +90,8 @@ class HostStage:
     before MPI touches it), ``to_device()`` host -> device and waits for it: CuPy's ``set()`` from
     pinned memory is only enqueued on the stream and reads the host buffer when it runs, so without
     the wait the next MPI receive into the same buffer (the EASGD server's next push) could change
-    what the device gets.  The device path has not been run on a GPU (tests/device_double.py checks
-    the contract on the CPU)."""
+    what the device gets.  Run on a GPU only by the check's all-reduce on 2 ranks (tests/device_double.py
+    checks the contract on the CPU)."""
 
     def __init__(self, arr):
         self.arr = arr

@@ -37,7 +37,7 @@ class ModelConfig:
     zero_init_residual: bool = _f(False, "zero-init the last BN gamma of each residual block")
     dtype: str = _f("float32", "parameter and activation dtype", choices=("float32", "float64"))
     conv_impl: str = _f("auto", "GPU convolutions: im2col (cuBLAS GEMMs, the reference), cudnn (cuDNN "
-                        "Frontend graphs), auto (cudnn when it imports and a GPU is present)",
+                        "Frontend graphs), auto (cudnn when it imports, a GPU is present and dtype is float32)",
                         choices=CONV_IMPLS)
     conv_algo: str = _f("auto", "convolutions on the xp path: im2col (one im2col matrix and GEMM per layer "
                         "for the whole batch), blocked (im2col + GEMM per block of images sized to the CPU's "
@@ -124,8 +124,10 @@ class DistConfig:
     overlap: bool = _f(True, "allreduce: start each bucket's all-reduce during backward")
     allreduce_transport: str = _f("auto", "allreduce: how GPU gradients are summed: nccl, cuda_aware_mpi "
                                   "(MPI on device memory), host (MPI on pinned host copies), auto "
-                                  "(nccl if every rank has it, else cuda_aware_mpi if every MPI says so "
-                                  "and a test passes, else host); NumPy gradients always use host",
+                                  "(nccl if every rank has it and no two ranks of a node share a GPU, else "
+                                  "cuda_aware_mpi if every MPI says so and a test passes, else host; "
+                                  "with hierarchy = node the two-level host sum); NumPy gradients always "
+                                  "use host",
                                   choices=ALLREDUCE_TRANSPORTS)
     beta: float = _f(0.8, "easgd: moving rate alpha = beta / workers", lo=0, hi=1, lo_open=True)
     tau: int = _f(1, "easgd, gossip and localsgd: local steps between exchanges", lo=1)

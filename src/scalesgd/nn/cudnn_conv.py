@@ -10,7 +10,8 @@ Layout decisions (cuDNN describes every tensor by dims in N,C,H,W order plus str
 - conv weights are our HWIO views ``(R, S, C, K)`` of the flat parameter buffer.  cuDNN's NHWC
   kernels want the filter as KRSC (dims [K, C, R, S], strides [RSC, 1, SC, C]).  Decision: a
   **KRSC shadow** per conv layer, in the compute dtype (float32, or bf16 for ``precision=bf16``),
-  refreshed by one transpose(+cast) at each training forward (the weights change once per step;
+  refreshed by one transpose(+cast) at each forward, training and evaluation (the weights change
+  once per step, or when a model is loaded;
   ResNet-50's 25.5 M weights are ~100 MB, ~50 us of copy at H200 bandwidth, vs GBs of activations).
   The shadow serves fprop and dgrad.  wgrad writes into a KRSC scratch (float32; with bf16 I/O a
   bf16 one, as every Frontend sample keeps dW in the I/O type, float32 where no engine takes that:
