@@ -106,21 +106,30 @@ def cell(st: X.Study, p: int, network: str, condition: str) -> dict:
                        reached_all=len(times) == len(per) and set(X.SEEDS) <= set(per),
                        mean_seconds=mean(list(times.values())) if len(times) == len(per) else None,
                        final_error=mean([v["final_error"] for v in per.values()]))
-    ranked = sorted((m for m, r in rows.items() if r["reached_all"]), key=lambda m: rows[m]["mean_seconds"])
     out = dict(workers=p, network=network, condition=condition, methods=rows, fastest=None, tied=[],
                missing=[m for m in methods if len(rows.get(m, {}).get("seeds", {})) < len(X.SEEDS)],
                searching=searching)
-    if ranked:
-        best = ranked[0]
-        tb = {s: v["seconds"] for s, v in rows[best]["seeds"].items()}
-        out["fastest"] = best
-        for m in ranked[1:]:
-            d = paired_interval({s: v["seconds"] for s, v in rows[m]["seeds"].items()}, tb)
-            rows[m]["vs_fastest"] = d and {k: v for k, v in d.items() if k != "diffs"}   # (JSON: no array)
-            if d is None or d["call"] != "b":       # (not clearly slower: tied)
-                out["tied"].append(m)
-        out["tied_set"] = [best, *out["tied"]]
+    best, tied = rank_rows(rows)
+    if best is not None:
+        out.update(fastest=best, tied=tied, tied_set=[best, *tied])
     return out
+
+
+def rank_rows(rows: dict) -> tuple[str | None, list[str]]:
+    """A cell's fastest method (the least mean seconds of those that reached the target in every
+    seed) and the methods not clearly slower than it (the paired rule): the tied.  Sets each
+    other's ``vs_fastest`` in ``rows``."""
+    ranked = sorted((m for m, r in rows.items() if r["reached_all"]), key=lambda m: rows[m]["mean_seconds"])
+    if not ranked:
+        return None, []
+    best, tied = ranked[0], []
+    tb = {s: v["seconds"] for s, v in rows[best]["seeds"].items()}
+    for m in ranked[1:]:
+        d = paired_interval({s: v["seconds"] for s, v in rows[m]["seeds"].items()}, tb)
+        rows[m]["vs_fastest"] = d and {k: v for k, v in d.items() if k != "diffs"}   # (JSON: no array)
+        if d is None or d["call"] != "b":       # (not clearly slower: tied)
+            tied.append(m)
+    return best, tied
 
 
 def family_call(rows: dict) -> dict | None:

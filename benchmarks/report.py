@@ -495,6 +495,68 @@ def crossover_cells(results: Path) -> str:
     return "\n".join(out).rstrip()
 
 
+
+def crossover_localsgd(results: Path) -> str:
+    """Local SGD's cells re-timed with the code whose workers wait for each other only at an
+    average (benchmarks/crossover_localsgd.py): per network and condition its mean seconds by p,
+    the change against the study's records, the cells whose calls change, and the check that the
+    same clock-only runs with the code before the fix give the recorded seconds."""
+    import crossover_report as R  # noqa: PLC0415 - a sibling script
+    f = results / "crossover-localsgd.json"
+    if not f.exists():
+        return "Not run yet: `python benchmarks/crossover_localsgd.py`."
+    d = json.loads(f.read_text())
+    study, _ = fair_study(results)
+    cells = d["cells"]
+    done = {k: c for k, c in cells.items() if "after" in c}
+    want = [k for k, c in study["cells"].items() if c["methods"].get("localsgd", {}).get("seeds")]
+    ps = sorted({int(k.rsplit("/p", 1)[1]) for k in want})
+    codes = sorted({c["retimed_code"][:7] for c in done.values()})
+    out = [f"Re-timed with the code of {', '.join(codes) or '-'} (the study's runs: "
+           f"{', '.join(c[:7] for c in d['study_commits'])}): {len(done)} of {len(want)} cells with local SGD"
+           f"{'' if len(done) == len(want) else ' so far'}. Local SGD's mean seconds to target, re-timed, and "
+           "the change against the study's records:", "",
+           "| network | condition | " + " | ".join(f"p = {p}" for p in ps) + " |", "|---|---|" + "---|" * len(ps)]
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    for n in study["networks"]:
+        for c in study["conditions"]:
+            row = []
+            for p in ps:
+                x = cells.get(f"{n}/{c}/p{p}", {})
+                rec, new = x.get("recorded", {}), x.get("retimed", {})
+                both = [s for s in new if new[s] is not None and rec.get(s) is not None]
+                if not both or len(both) < len(rec):
+                    row.append("·" if not new else "missed")
+                    continue
+                a, b = mean([rec[s] for s in both]), mean([new[s] for s in both])
+                row.append(f"{R.secs(b)} ({(b - a) / a:+.1%})")
+            out.append(f"| {n} | {c} | " + " | ".join(row) + " |")
+    changed = []
+    for k, c in done.items():
+        b, a = c["before"], c["after"]
+        what = []
+        if a["fastest"] != b["fastest"]:
+            what.append(f"fastest {R.SHORT.get(b['fastest'], b['fastest'])} -> {R.SHORT.get(a['fastest'], a['fastest'])}")
+        if set(a["tied_set"]) != set(b["tied_set"]):
+            what.append("tied set {" + ", ".join(R.SHORT.get(m, m) for m in b["tied_set"]) + "} -> {"
+                        + ", ".join(R.SHORT.get(m, m) for m in a["tied_set"]) + "}")
+        if (b["family"] or {}).get("first") != (a["family"] or {}).get("first"):
+            what.append(f"families first: {(b['family'] or {}).get('first')} -> {(a['family'] or {}).get('first')}")
+        if what:
+            changed.append(f"{k}: " + "; ".join(what))
+    out += ["", ("With the study's paired rule applied again (the other methods' times as recorded, local SGD's "
+                 "settings as tuned), " + (f"{len(changed)} of {len(done)} cell{'s' * (len(done) != 1)} change{'s' * (len(done) == 1)}: " + " · ".join(sorted(changed))
+                                           if changed else f"no cell's fastest method, tied set or family call changes "
+                                           f"({len(done)} cell{'s' * (len(done) != 1)})") + ".")]
+    chk = [(k, s, v, cells[k]["recorded"][s]) for k, c in cells.items() for s, v in c.get("check", {}).items()]
+    if chk:
+        same = sum(v == r for _, _, v, r in chk)
+        before = ", ".join(sorted({c["check_code"][:7] for c in cells.values() if "check" in c}))
+        out.append(f"The check: with the code before the fix ({before}), {same} of {len(chk)} "
+                   f"seeds' clock-only runs ({len({k for k, *_ in chk})} cell{'s' * (len({k for k, *_ in chk}) != 1)}) give the study's recorded seconds "
+                   "bit for bit.")
+    return "\n".join(out)
+
 def crossover_noise(results: Path) -> str:
     """The gradient noise scale fitted to the tuned all-reduce's steps to target, and what p of this
     task stands for in ImageNet GPUs under the stated assumption (crossover_report.noise_scale,
@@ -594,7 +656,7 @@ def crossover_noise(results: Path) -> str:
 
 VIEWS = {"crossover-answer": crossover_answer, "crossover-map": crossover_map, "crossover-claims": crossover_claims,
          "crossover-tuning": crossover_tuning, "crossover-noise": crossover_noise,
-         "crossover-cells": crossover_cells, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
+         "crossover-cells": crossover_cells, "crossover-localsgd": crossover_localsgd, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
          "conv-candidates": conv_candidates, "buckets": buckets, "survival": survival,
          "mpi-progress": mpi_progress,
          "hierarchy": hierarchy}   # blocks drawn from several files or parts of one

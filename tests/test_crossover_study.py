@@ -687,3 +687,33 @@ def test_a_claim_leaves_out_a_cell_still_running(study):
     assert f"p = 8: {C.NOT_ALL_IN}" in row["evidence"] and row["verdict"].endswith(" so far")
     full = C.family_row(res, "J1", "a100-ib100-resnet50", "none", (2, 8), C.ASYNC_SIDE, C.SYNC_SIDE)
     assert C.NOT_ALL_IN not in full["evidence"] and "so far" not in full["verdict"]
+
+
+def test_local_sgd_re_timed_is_judged_again_by_the_paired_rule(tmp_path):
+    """benchmarks/crossover_localsgd.py: local SGD's new seed times replace the recorded ones, the
+    cell's fastest and tied set follow the study's paired rule, and results.md's block shows each
+    change and the check against the records."""
+    import crossover_localsgd as CL  # noqa: PLC0415  (benchmarks/)
+    import report  # noqa: PLC0415
+    seeds = [str(s) for s in range(5)]
+    row = lambda base: dict(reached_all=True, mean_seconds=base + 2.0, final_error=0.3,  # noqa: E731
+                            seeds={s: dict(seconds=base + int(s), final_error=0.3) for s in seeds})
+    rows = {"allreduce": row(100.0), "localsgd": row(110.0)}
+    new = {s: 90.0 + int(s) for s in seeds}
+    before, after = CL.judged(rows), CL.judged(CL.with_times(rows, new))
+    assert before["fastest"] == "allreduce" and before["tied_set"] == ["allreduce"]
+    assert after["fastest"] == "localsgd" and after["tied_set"] == ["localsgd"]
+    assert rows["localsgd"]["mean_seconds"] == 112.0            # (the study's rows are left as they were)
+    key = "n/none/p2"
+    (tmp_path / "crossover-progress.json").write_text(json.dumps(dict(
+        workers=[1, 2], networks=["n"], conditions=["none"], cells={key: dict(methods=rows)})))
+    recorded = {s: v["seconds"] for s, v in rows["localsgd"]["seeds"].items()}
+    (tmp_path / "crossover-localsgd.json").write_text(json.dumps(dict(
+        study_commits=["c" * 40],
+        cells={key: dict(recorded=recorded, retimed=new, retimed_code="b" * 40, before=before, after=after,
+                         check={**recorded, "4": 0.0}, check_code="a" * 40)})))
+    text = report.crossover_localsgd(tmp_path)
+    assert "| n | none | 92 (-17.9%) |" in text and "code of bbbbbbb (the study's runs: ccccccc)" in text, text
+    assert "1 of 1 cell changes: n/none/p2: fastest all-reduce -> local SGD; tied set {all-reduce} -> {local SGD}" in text
+    assert "before the fix (aaaaaaa), 4 of 5 seeds' clock-only runs (1 cell) give the study's recorded seconds " \
+           "bit for bit" in text
