@@ -495,6 +495,9 @@ def crossover_cells(results: Path) -> str:
     return "\n".join(out).rstrip()
 
 
+def cells_word(n: int) -> str:
+    return f"{n} cell{'s' * (n != 1)}"
+
 
 def crossover_localsgd(results: Path) -> str:
     """Local SGD's cells re-timed with the code whose workers wait for each other only at an
@@ -544,18 +547,20 @@ def crossover_localsgd(results: Path) -> str:
             what.append(f"families first: {(b['family'] or {}).get('first')} -> {(a['family'] or {}).get('first')}")
         if what:
             changed.append(f"{k}: " + "; ".join(what))
+    verb = "changes" if len(done) == 1 else "change"
     out += ["", ("With the study's paired rule applied again (the other methods' times as recorded, local SGD's "
-                 "settings as tuned), " + (f"{len(changed)} of {len(done)} cell{'s' * (len(done) != 1)} change{'s' * (len(done) == 1)}: " + " · ".join(sorted(changed))
-                                           if changed else f"no cell's fastest method, tied set or family call changes "
-                                           f"({len(done)} cell{'s' * (len(done) != 1)})") + ".")]
-    chk = [(k, s, v, cells[k]["recorded"][s]) for k, c in cells.items() for s, v in c.get("check", {}).items()]
-    if chk:
-        same = sum(v == r for _, _, v, r in chk)
-        before = ", ".join(sorted({c["check_code"][:7] for c in cells.values() if "check" in c}))
-        out.append(f"The check: with the code before the fix ({before}), {same} of {len(chk)} "
-                   f"seeds' clock-only runs ({len({k for k, *_ in chk})} cell{'s' * (len({k for k, *_ in chk}) != 1)}) give the study's recorded seconds "
-                   "bit for bit.")
+                 "settings as tuned), " + (f"{len(changed)} of {cells_word(len(done))} {verb}: " + " · ".join(sorted(changed))
+                                           if changed else "no cell's fastest method, tied set or family call changes "
+                                           f"({cells_word(len(done))})") + ".")]
+    checked = {k: c for k, c in cells.items() if "check" in c}
+    if checked:
+        pairs = [(v, c["recorded"][s]) for c in checked.values() for s, v in c["check"].items()]
+        before = ", ".join(sorted({c["check_code"][:7] for c in checked.values()}))
+        out.append(f"The check: with the code before the fix ({before}), {sum(v == r for v, r in pairs)} of "
+                   f"{len(pairs)} seeds' clock-only runs ({cells_word(len(checked))}) give the study's recorded "
+                   "seconds bit for bit.")
     return "\n".join(out)
+
 
 def crossover_noise(results: Path) -> str:
     """The gradient noise scale fitted to the tuned all-reduce's steps to target, and what p of this

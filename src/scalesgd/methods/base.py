@@ -101,11 +101,17 @@ class Method:
         Synchronous methods advance in lockstep; a stop request anywhere is known everywhere after
         the same step (one tiny all-reduce per step; a rank that died inside it is noticed by the
         loop's check after this hook, before the result is used)."""
+        self.merge_signals()
+        return self.count(samples)
+
+    def merge_signals(self) -> None:
+        """Collective: every rank's stop and checkpoint requests, max-merged into ``signals.seen``."""
+        raised = self.signals.raised
+        self.signals.merge(self.comm.allreduce_max_host(raised) if self.roles.size > 1 else raised)
+
+    def count(self, samples: int) -> int:
+        """A lockstep step of ``samples`` per worker: the global count after it."""
         self.global_samples += samples * self.roles.num_workers
-        if self.roles.size > 1:
-            self.signals.merge(self.comm.allreduce_max_host(self.signals.raised))
-        else:
-            self.signals.merge(self.signals.raised)
         return self.global_samples
 
     def serve(self, ps, phases) -> None:

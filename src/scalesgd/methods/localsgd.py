@@ -57,18 +57,17 @@ class LocalSGD(Method):
 
     def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
         """Every ``tau`` steps the average; no collective in between (see the module's doc)."""
-        self.global_samples += samples * self.roles.num_workers
         if self.roles.size == 1:
-            self.signals.merge(self.signals.raised)
+            self.merge_signals()
         elif (step + 1) % self.tau == 0:
-            self.average(ps, lr)
-        return self.global_samples
+            self.average(ps, lr)             # (its barrier merges the signals)
+        return self.count(samples)
 
     def average(self, ps, lr: float) -> None:
         """Collective: the signals' maximum (the barrier), the replicas' average (params and BN
         statistics), then SlowMo's outer step."""
         with self.timed("wait"):
-            self.signals.merge(self.comm.allreduce_max_host(self.signals.raised))
+            self.merge_signals()
         with self.timed("comm"):
             self.comm.allreduce_mean(ps.params)
             self.comm.allreduce_mean(ps.buffers)
