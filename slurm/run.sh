@@ -59,6 +59,17 @@ fi
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-${TMPDIR:-/tmp}/cupy-cache-${USER:-u}-${SLURM_JOB_ID:-0}}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
 mkdir -p "$(dirname "$RUN_DIR")"
+# Requeued before the first checkpoint (say a node failed soon after the start, and --requeue put the
+# job back): RUN_DIR holds the earlier attempt's config and logs but nothing to resume from, and
+# --run-dir refuses a directory that holds a run.  Keep that attempt beside, under a new name, and
+# start again.  (Only on a requeue: a RUN_DIR that a fresh job finds taken is still refused.)
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e "$RUN_DIR/config.json" ] \
+        && ! compgen -G "$RUN_DIR/checkpoints/*.h5" > /dev/null && [ ! -e "$RUN_DIR/summary.json" ]; then
+    aside="$RUN_DIR.restart-$SLURM_RESTART_COUNT"
+    n=1; while [ -e "$aside" ]; do aside="$RUN_DIR.restart-$SLURM_RESTART_COUNT.$n"; n=$((n + 1)); done
+    mv "$RUN_DIR" "$aside" || fail "requeued before the first checkpoint: cannot move $RUN_DIR aside to $aside"
+    echo "$(date -Is) requeued before the first checkpoint: the earlier attempt is kept in $aside; starting again"
+fi
 
 ntasks=${SLURM_NTASKS:-1}
 case "${SCALESGD_LAUNCHER:-srun}" in
