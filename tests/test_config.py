@@ -259,6 +259,31 @@ def test_asgd_default_lr_is_logged_saved_and_used_and_short_epochs_warn_once(tmp
                      "16 = 2 workers x data.batch_size 8): too few updates to train well; a smaller "
                      "--batch-size gives more"], p.stderr
     assert "batch_size not set" not in p.stderr                      # TINY sets --batch-size 8
+    assert "GPU only" not in p.stderr                                # conv_impl, precision: defaults
     assert json.loads((run_dir / "config.json").read_text())["schedule"]["lr"] == 0.05
     steps = [json.loads(ln) for ln in (run_dir / "metrics" / "rank-1.jsonl").read_text().splitlines()]
     assert {r["lr"] for r in steps if r["kind"] == "step"} == {0.05}
+
+
+def test_gpu_only_model_keys_on_numpy_warn_once_and_change_nothing(tmp_path):
+    """A GPU job file's `conv_impl = cudnn` and `precision = bf16` on a CPU run: kept (one job file
+    serves both), one warning line naming both, and the run trains as without them."""
+    import json
+    from synth import make_dataset
+    from helpers import TINY, run_cli
+    data = make_dataset(tmp_path / "d", n=48, n_val=12, num_classes=4)
+    runs = {}
+    for name, extra in (("plain", []), ("gpu", ["--conv-impl", "cudnn", "--precision", "bf16"])):
+        p = run_cli(["--data", str(data), "--run-dir", str(tmp_path / name), "--device", "cpu", *TINY,
+                     *extra], tmp_path, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        runs[name] = (p, json.loads((tmp_path / name / "summary.json").read_text()))
+    warned = [ln for ln in runs["gpu"][0].stderr.splitlines() if "GPU only" in ln]
+    assert warned == ["scalesgd: warning: model.conv_impl = cudnn, model.precision = bf16: GPU only; on "
+                      "NumPy (CPU convolutions follow model.conv_algo) this changes nothing"], runs["gpu"][0].stderr
+    assert "GPU only" not in runs["plain"][0].stderr
+    def losses(name):
+        lines = (tmp_path / name / "metrics" / "rank-0.jsonl").read_text().splitlines()
+        return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "step"]
+    assert len(losses("plain")) == 6 and losses("gpu") == losses("plain")       # bit for bit
+    assert runs["gpu"][1]["val_top1_accuracy"] == runs["plain"][1]["val_top1_accuracy"]

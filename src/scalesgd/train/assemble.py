@@ -90,6 +90,12 @@ def build(cfg: Config, topo, backend, method, control: Control, data_root: Path,
                    seed=cfg.train.seed, conv_algo=m.conv_algo, kernels=Kernels(m.kernels))
     if getattr(backend, "is_gpu", False):
         cudnn_conv.attach(model, m.conv_impl, m.precision, backend, m.dtype)
+    elif topo.is_root:
+        gpu_only = [f"model.{k} = {v}" for k, v in (("conv_impl", m.conv_impl), ("precision", m.precision))
+                    if v not in ("auto", "im2col", "fp32")]
+        if gpu_only:       # a GPU job file run on CPUs: kept (the same file serves both), but said once
+            logging.warning("warning: %s: GPU only; on NumPy (%s) this changes nothing",
+                            ", ".join(gpu_only), "CPU convolutions follow model.conv_algo")
     opt = SGD(model.ps.params, cfg.optim, model.ps.decay_mask(), model.kernels)
     roles, n = method.roles, train_shards.num_samples
     steps = train_steps(n, d.batch_size, roles.num_workers)
