@@ -122,6 +122,12 @@ def test_plan_is_exact_for_all_reduce_on_the_users_profile(made, tmp_path):
     assert "missed: not at the target" not in text
     far = L.predict(made["study"], prof, 1000, "stragglers")
     assert far["p"] == 2 and any("far beyond the largest p studied (2)" in n for n in far["notes"])
+    # while the study runs: a planned p without results there yet gives way to the nearest p with them
+    ahead = dict(made["study"], workers=[1, 2, 4], complete=False)
+    near = L.predict(ahead, prof, 4, "stragglers")
+    assert near["p"] == 2 and near["rows"] and any(
+        "p = 4, the study's nearest to your 4 workers, has no results there yet" in n for n in near["notes"])
+    assert any("far beyond the largest p studied (2)" in n for n in L.predict(ahead, prof, 16, "stragglers")["notes"])
     # a cell the study has not run: said, with the p it has there
     gap = L.predict(dict(made["study"], cells={}), prof, 2, "stragglers")
     assert gap["missing"] and "p with results there so far: none" in L.show(gap, prof)
@@ -188,10 +194,21 @@ def test_the_shipped_study_file_plans_for_a_users_profile(tmp_path):
     assert set(st["networks"]) == set(NETS) and st["target_error"] == 0.4 and "job" in st["task"]
 
 
-def test_run_checks_the_fastest_in_the_virtual_cluster(made, tmp_path, monkeypatch):
+def test_run_checks_the_fastest_in_the_virtual_cluster(made, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     res = L.predict(made["study"], P.load("v100-10gbe-resnet50"), 2, "typical")
-    checks = L.check(made["study"], res, "v100-10gbe-resnet50", made["data"], top=1)
+    checks = L.check(made["study"], res, "v100-10gbe-resnet50", made["data"], top=1, condition="typical")
     assert len(checks) == 1 and checks[0]["predicted"] == res["rows"][0]["mean_seconds"]
     s = json.loads((tmp_path / checks[0]["run_dir"] / "summary.json").read_text())
     assert s["workers"] == 2 and s["virtual"]["profile"]["name"] == "v100-10gbe-resnet50"
+    # under the condition the prediction's clocks used (the profile's own is 'none')
+    assert s["virtual"]["condition"]["name"] == "typical"
+    # the command again, as JSON: the checks join it (stdout stays one JSON document), in new run directories
+    capsys.readouterr()
+    assert L.main(["--profile", "v100-10gbe-resnet50", "--workers", "2", "--study", str(made["path"]),
+                   "--condition", "typical", "--json", "--run", "--data", str(made["data"])]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert [c["method"] for c in again["checks"]] == [r["method"] for r in again["rows"]
+                                                      if r["mean_seconds"] is not None][:2]
+    dirs = {c["run_dir"] for c in again["checks"]}
+    assert len(dirs) == 2 and checks[0]["run_dir"] not in dirs

@@ -7,7 +7,8 @@ a target error at p = 1..128 under three networks (the papers' era, a current In
 stragglers); its per-seed results ship as ``study/crossover.json`` (written by
 ``benchmarks/crossover_report.py``).  ``plan`` reads them for a user's profile:
 
-* **p**: the studied worker count nearest to ``--workers`` (in log2; said when it differs);
+* **p**: the studied worker count nearest to ``--workers`` (in log2; said when it differs); while
+  the study runs, the nearest one with results on that network and condition (said);
 * **network**: the studied one whose ratio of communication to compute is nearest to the
   profile's, for the study's task timed as the profile times it (one gradient's bytes over the
   link, plus the latency, against one step's compute);
@@ -25,8 +26,9 @@ stragglers); its per-seed results ship as ``study/crossover.json`` (written by
 It prints the methods ranked by predicted time to target (mean and range over the seeds, whether
 the study found it tied with the fastest), the settings to use, and the methods that missed the
 target in a seed, with the error they reached.  ``--run`` then checks the two fastest in the
-virtual cluster under the profile itself: one seed each, to the target, on the study's task
-(``--data``: the glyphs, ``python benchmarks/glyphs.py data/glyphs``).
+virtual cluster under the profile itself and the prediction's condition, at its p: one seed each,
+to the target (or 12 epochs), on the study's task (``--data``: the glyphs, ``python
+benchmarks/glyphs.py data/glyphs``); with ``--json`` the checks join the JSON (key ``checks``).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ import logging
 import math
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ..errors import ConfigError, UserError
@@ -101,8 +104,9 @@ def balance(prof: P.Profile, study: dict, cfg=None) -> dict:
     return dict(step_seconds=step, comm_seconds=comm, ratio=comm / step)
 
 
-def nearest_p(study: dict, workers: int) -> int:
-    ps = [p for p in study["workers"] if p > 1] or study["workers"]
+def nearest_p(ps, workers: int) -> int:
+    """The p of ``ps`` nearest to ``workers`` in log2 (the smaller on a tie; p = 1 only if alone)."""
+    ps = [p for p in ps if p > 1] or list(ps)
     return min(ps, key=lambda p: (abs(math.log2(p) - math.log2(workers)), p))
 
 
@@ -191,19 +195,26 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
     """The ranked prediction for ``workers`` workers on ``prof`` (see the module docstring)."""
     if workers < 1:
         raise ConfigError(f"--workers: at least 1, got {workers}")
-    p = nearest_p(study, workers) if workers > 1 else 1
     cond, cond_note = condition_name(prof, condition)
     yours = P.condition_of(prof, condition)
     cfg = task_config(study)
     mine = balance(prof, study, cfg)
     nets = {n: balance(P.load(n), study, cfg) for n in study["networks"]}
     net = min(nets, key=lambda n: abs(math.log(nets[n]["ratio"]) - math.log(mine["ratio"])))
+    have = sorted({int(k.rsplit("/p", 1)[1]) for k in study["cells"] if k.startswith(f"{net}/{cond}/p")})
+    planned = nearest_p(study["workers"], workers) if workers > 1 else 1
+    # while the study runs, the nearest p it has results for (a p it has not reached yet is said)
+    p = planned if workers == 1 or planned in have or not have else nearest_p(have, workers)
     key = f"{net}/{cond}/p{p}"
     cell = study["cells"].get(key)
     notes = []
-    if p != workers:
+    if p != planned:
+        notes.append(f"p = {planned}, the study's nearest to your {workers} workers, has no results there "
+                     f"yet (the study is still running): the ranking is the study's at p = {p}, the nearest "
+                     "p with results")
+    elif p != workers:
         notes.append(f"the study ran p = {p}, the nearest to your {workers} workers")
-    studied = [q for q in study["workers"] if q > 1]
+    studied = [q for q in (have if p != planned else study["workers"]) if q > 1]
     if studied and workers > 2 * max(studied):
         notes.append(f"{workers} workers lie far beyond the largest p studied ({max(studied)}): the ranking "
                      f"is the study's at p = {max(studied)}, an extrapolation")
@@ -246,7 +257,6 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
                          final_error=r["final_error"], tied=m in cell.get("tied_set", []),
                          timing="exact (re-timed)" if sync else f"statistics of {net} / {cond}"))
     rows.sort(key=lambda x: (x["mean_seconds"] is None, x["mean_seconds"] or 0, x["final_error"]))
-    have = sorted({int(k.rsplit("/p", 1)[1]) for k in study["cells"] if k.startswith(f"{net}/{cond}/p")})
     return dict(workers=workers, p=p, network=net, condition=cond, cell=key, studied_p=have,
                 ratio=mine["ratio"], network_ratio=nets[net]["ratio"], notes=notes, rows=rows,
                 complete=study.get("complete", False), target_error=study["target_error"],
@@ -302,9 +312,12 @@ def show(res: dict, prof: P.Profile) -> str:
     return "\n".join(out)
 
 
-def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2) -> list[dict]:
+def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2,
+          condition: str | None = None) -> list[dict]:
     """``--run``: the ``top`` fastest predicted methods in the virtual cluster under the profile
-    itself, one seed each, to the target, on the study's task; measured against predicted."""
+    itself and the condition the prediction's clocks used (``condition``, as given to ``predict``:
+    None is the profile's own), at the prediction's p, one seed each, to the target or 12 epochs,
+    on the study's task; measured against predicted.  Each run gets a new directory under runs/."""
     from .run import main as vmain  # noqa: PLC0415
     if not (data / "manifest.json").exists():
         raise ConfigError(f"--data {data}: no data set there (the study's glyphs: python benchmarks/glyphs.py "
@@ -312,12 +325,14 @@ def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2) -> l
     out = []
     with task_job(study) as (_, job):
         for r in [x for x in res["rows"] if x["mean_seconds"] is not None][:top]:
-            run_dir = Path("runs") / f"plan-{r['method']}-p{res['p']}"
+            run_dir = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-plan-{r['method']}-p{res['p']}"
             argv = ["--config", str(job), "--data", str(data), *r["flags"].split(), "--workers", str(res["p"]),
-                    "--profile", prof_spec, "--condition", res["condition"], "--epochs", "12",
-                    "--eval-every", str(study["task"]["eval_every"]), "--stop-at-error", str(res["target_error"]),
-                    "--threads", "1", "--run-dir", str(run_dir)]
-            if vmain(argv) != 0:
+                    "--profile", prof_spec, *(["--condition", condition] if condition is not None else []),
+                    "--epochs", "12", "--eval-every", str(study["task"]["eval_every"]),
+                    "--stop-at-error", str(res["target_error"]), "--threads", "1", "--run-dir", str(run_dir)]
+            with contextlib.redirect_stdout(sys.stderr):      # its progress: stdout is the plan's
+                rc = vmain(argv)
+            if rc != 0:
                 raise UserError(f"--run: the virtual check of {r['method']} failed")
             s = json.loads((run_dir / "summary.json").read_text())
             hit = s.get("stopped_at_error")
@@ -338,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                     "profile's variability)")
     ap.add_argument("--study", type=Path, default=STUDY, help="the study's results (default: the shipped ones)")
     ap.add_argument("--run", action="store_true", help="then check the two fastest in the virtual "
-                    "cluster under your profile (one seed each, minutes)")
+                    "cluster under your profile and condition, at the study's p (one seed each, at most 12 "
+                    "epochs, minutes; run directories runs/<time>-plan-<method>-p<p>)")
     ap.add_argument("--data", type=Path, default=Path("data/glyphs/main"), help="--run: the glyph data set "
                     "(default data/glyphs/main: python benchmarks/glyphs.py data/glyphs)")
     ap.add_argument("--json", action="store_true", help="print the prediction as JSON")
@@ -349,12 +365,16 @@ def main(argv: list[str] | None = None) -> int:
         study = load_study(a.study)
         res = predict(study, prof, a.workers, a.condition,
                       say=lambda msg: print(f"scalesgd: {msg}", file=sys.stderr, flush=True))
-        print(json.dumps(res, indent=1) if a.json else show(res, prof))
+        if not a.json:
+            print(show(res, prof), flush=True)
         if a.run:
-            for c in check(study, res, a.profile, a.data):
+            res["checks"] = check(study, res, a.profile, a.data, condition=a.condition)
+            for c in res["checks"] if not a.json else ():
                 m = "missed" if c["measured"] is None else f"{c['measured']:.4g} s"
                 print(f"  check: {c['method']}: predicted {c['predicted']:.4g} s, measured {m} "
                       f"(one seed; {c['run_dir']})")
+        if a.json:
+            print(json.dumps(res, indent=1))
     except UserError as exc:
         print(f"scalesgd: error: {exc}", file=sys.stderr)
         return exc.exit_code
