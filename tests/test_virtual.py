@@ -272,12 +272,27 @@ def test_profiles_load_and_bad_ones_are_refused(tmp_path):
                          # a network left out is an error, not the defaults' 80 Gbit/s
                          ('{"name": "x", "link_gbps": 10}', "the network is required: latency_us"),
                          ('{"name": "x"}', "the network is required: link_gbps, latency_us"),
+                         ('{"link_gbps": 10, "latency_us": 5}', "a profile needs a name"),
+                         ('{"name": 3, "link_gbps": 10, "latency_us": 5}', "a profile needs a name"),
                          ("{", "cannot read the profile")):
         bad.write_text(text)
         with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
             P.load(str(bad))
     with pytest.raises(ConfigError, match="no such profile"):
         P.load("h100-nonexistent")
+
+
+def test_dry_run_prints_the_config_and_the_cluster_and_runs_nothing(data, tmp_path):
+    """--dry-run, as the real program's: the resolved config and the parameter count, then the
+    virtual cluster it would run (workers, ranks with the server shards, profile, condition)."""
+    v = tmp_path / "v"
+    p = ok(virtual(["--method", "easgd", "--servers", "2", "--workers", "6", "--data", str(data), *TINY,
+                    "--profile", "v100-10gbe-resnet50", "--condition", "stragglers", "--run-dir", str(v),
+                    "--dry-run"], tmp_path))
+    assert '"method": "easgd"' in p.stdout and "4 classes): " in p.stdout, p.stdout
+    assert p.stdout.splitlines()[-1] == ("virtual: 6 worker(s), 8 rank(s); profile v100-10gbe-resnet50; "
+                                         "condition stragglers"), p.stdout
+    assert not v.exists() and "validation top-1" not in p.stdout + p.stderr
 
 
 def test_multiply_accumulates_match_the_published_counts():

@@ -105,6 +105,8 @@ def load(spec: str) -> Profile:
     raw, origin = jsonfile.read(spec, available(), "profile", "--profile")
     path = origin.split(" ", 1)[1]
     jsonfile.refuse_unknown(raw, Profile, origin)
+    if not isinstance(raw.get("name"), str) or not raw["name"]:
+        raise ConfigError(f"--profile {path}: a profile needs a name (a string: it labels the output)")
     prof = Profile(**raw)
     for key in ("link_gbps", "intra_gbps", "mem_gbps"):
         if not getattr(prof, key) > 0:

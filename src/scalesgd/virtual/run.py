@@ -50,7 +50,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 # What a replay takes from the command line (the rest is the recorded run's): argparse dests
-REPLAY_FLAGS = {"replay", "train.run_dir", "profile", "condition", "threads"}
+REPLAY_FLAGS = {"replay", "train.run_dir", "profile", "condition", "threads", "dry_run"}
 
 
 def ranks_for(cfg: C.Config, workers: int) -> int:
@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             if ignored:
                 flags = ", ".join("--" + k.rpartition(".")[2].replace("_", "-") for k in ignored)
                 raise ConfigError(f"--replay redoes the recorded run as it ran: {flags} cannot change it "
-                                  "(with --replay only --run-dir, --profile, --condition and --threads apply)")
+                                  "(with --replay only --run-dir, --profile, --condition, --threads and "
+                                  "--dry-run apply)")
             if not (replay_dir / "config.json").is_file():
                 raise ConfigError(f"--replay {replay_dir}: not a run directory (no config.json)")
             saved = json.loads((replay_dir / "config.json").read_text())
@@ -283,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         threads = getattr(args, "threads", None)
         if threads is not None and threads < 1:
             raise ConfigError(f"--threads {threads}: need at least 1")
+        if getattr(args, "dry_run", False):          # as the real program's, and the cluster: nothing run
+            from ..cli import dry_run  # noqa: PLC0415
+            dry_run(cfg)
+            print(f"virtual: {workers} worker(s), {ranks_for(cfg, workers)} rank(s); profile {prof.name}; "
+                  f"condition {condition.name}" + (f"; replay of {replay_dir}" if replay_dir else ""))
+            return 0
         run(cfg, workers, prof, replay_dir, threads or recorded, condition)
     except Stopped:
         print(f"scalesgd: stopped; checkpoint written; continue with --resume "
