@@ -212,3 +212,9 @@ def test_run_checks_the_fastest_in_the_virtual_cluster(made, tmp_path, monkeypat
                                                       if r["mean_seconds"] is not None][:2]
     dirs = {c["run_dir"] for c in again["checks"]}
     assert len(dirs) == 2 and checks[0]["run_dir"] not in dirs
+    # the same method checked again within the second: a directory of its own
+    import time as clock
+    frozen = clock.strftime("%Y%m%d-%H%M%S")
+    monkeypatch.setattr(L.time, "strftime", lambda fmt: frozen)
+    twice = [L.check(made["study"], res, "v100-10gbe-resnet50", made["data"], top=1)[0]["run_dir"] for _ in range(2)]
+    assert twice[1] == twice[0] + ".2", twice

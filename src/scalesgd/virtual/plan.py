@@ -325,7 +325,11 @@ def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2,
     out = []
     with task_job(study) as (_, job):
         for r in [x for x in res["rows"] if x["mean_seconds"] is not None][:top]:
-            run_dir = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-plan-{r['method']}-p{res['p']}"
+            base = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-plan-{r['method']}-p{res['p']}"
+            run_dir, n = base, 1
+            while run_dir.exists():                 # (a check of the same method within the second)
+                n += 1
+                run_dir = base.with_name(f"{base.name}.{n}")
             argv = ["--config", str(job), "--data", str(data), *r["flags"].split(), "--workers", str(res["p"]),
                     "--profile", prof_spec, *(["--condition", condition] if condition is not None else []),
                     "--epochs", "12", "--eval-every", str(study["task"]["eval_every"]),
