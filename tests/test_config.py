@@ -259,6 +259,9 @@ def test_asgd_default_lr_is_logged_saved_and_used_and_short_epochs_warn_once(tmp
                      "16 = 2 workers x data.batch_size 8): too few updates to train well; a smaller "
                      "--batch-size gives more"], p.stderr
     assert "batch_size not set" not in p.stderr                      # TINY sets --batch-size 8
+    import os
+    said = [ln for ln in p.stderr.splitlines() if "ranks on this node's" in ln]    # said once, by rank 0
+    assert len(said) == (3 > (os.cpu_count() or 1)), p.stderr        # 3 ranks on a 2-core machine: yield
     assert "GPU only" not in p.stderr                                # conv_impl, precision: defaults
     assert json.loads((run_dir / "config.json").read_text())["schedule"]["lr"] == 0.05
     steps = [json.loads(ln) for ln in (run_dir / "metrics" / "rank-1.jsonl").read_text().splitlines()]

@@ -53,6 +53,26 @@ def test_prepare_sets_the_libraries_async_progress_only_for_mpi_and_keeps_a_user
     assert {k: env[k] for k in added} == {k: v for k, v in ASYNC_ENV.items() if k in added} and added
 
 
+def test_more_ranks_than_cpus_make_waiting_ranks_yield_and_a_users_value_is_kept():
+    """prepare_waiting reads the node's rank count from the launcher (MPICH, Open MPI, srun) and
+    asks both libraries to let a waiting rank sleep only when the node has more ranks than CPUs."""
+    from scalesgd.comm.library import local_size
+    assert local_size({"MPI_LOCALNRANKS": "4"}) == 4 and local_size({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}) == 3
+    slurm = {"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_STEP_NUM_NODES": "4", "SLURM_JOB_NUM_NODES": "4"}
+    assert [local_size({**slurm, "SLURM_NODEID": str(i)}) for i in range(4)] == [2, 2, 2, 1]
+    assert local_size({**slurm, "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "2"}) is None   # a step on part
+    assert local_size({}) is None and local_size({"SLURM_STEP_TASKS_PER_NODE": "x", "SLURM_NODEID": "0"}) is None
+    for ranks, cpus in ((2, 2), (8, 16), (None, 1)):
+        env = {} if ranks is None else {"MPI_LOCALNRANKS": str(ranks)}
+        assert progress.prepare_waiting(env, cpus) == "" and set(env) <= {"MPI_LOCALNRANKS"}
+    env = {"MPI_LOCALNRANKS": "4"}
+    line = progress.prepare_waiting(env, 2)
+    assert env == {"MPI_LOCALNRANKS": "4", **progress.YIELD_ENV} and line.startswith("4 ranks on this node's 2 CPUs")
+    env = {"OMPI_COMM_WORLD_LOCAL_SIZE": "3", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "0"}
+    assert "kept MPIR_CVAR_ENABLE_HEAVY_YIELD=0 as given" in progress.prepare_waiting(env, 2)
+    assert env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "0" and env["OMPI_MCA_mpi_yield_when_idle"] == "1"
+
+
 def test_the_thread_pokes_until_closed_and_ends_on_an_error():
     calls = []
     t = ProgressThread(lambda: calls.append(time.perf_counter()), 0.002)

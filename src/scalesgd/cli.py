@@ -295,9 +295,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from .comm import progress, start
         progress.prepare(cfg.dist.mpi_progress, cfg.train.method)   # (mpi: before MPI_Init)
+        waiting = progress.prepare_waiting()                         # (before MPI_Init)
         topo = start.init()
         if not topo.is_root:
             logging.getLogger().setLevel(logging.WARNING)
+        elif waiting:
+            logging.info("%s", waiting)
         run(cfg, topo, stop)
     except _stopped() as exc:
         from .comm import failures, watchdog

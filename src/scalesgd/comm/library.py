@@ -101,6 +101,26 @@ def launched_size(env=os.environ) -> int:
     return max((_int(env, var) or 0 for var, *_ in LAUNCHER_VARS), default=0)
 
 
+def local_size(env=os.environ) -> int | None:
+    """This node's rank count as the launcher's environment gives it, read without initialising
+    MPI: MPICH's mpiexec (``MPI_LOCALNRANKS``), Open MPI's (``OMPI_COMM_WORLD_LOCAL_SIZE``), or
+    srun (``SLURM_STEP_TASKS_PER_NODE``, e.g. ``2(x3),1``, at ``SLURM_NODEID`` when the step spans
+    every node of the job); None when none of them says."""
+    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        if (n := _int(env, var)) is not None:
+            return n
+    spec, node = env.get("SLURM_STEP_TASKS_PER_NODE", ""), _int(env, "SLURM_NODEID")
+    if not spec or node is None or env.get("SLURM_STEP_NUM_NODES") != env.get("SLURM_JOB_NUM_NODES"):
+        return None
+    counts = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[node] if node < len(counts) else None
+
+
 def load_mpi():
     """mpi4py's MPI module with the library loaded but, where we import it first, not initialised."""
     import mpi4py  # noqa: PLC0415 - MPI is loaded and initialised here, not at import time
