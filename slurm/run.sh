@@ -7,11 +7,15 @@ PY="$VENV/bin/python"
 SIGNAL_LEAD=${SIGNAL_LEAD:-300}   # seconds; must match --signal=B:USR1@N (#SBATCH line or sbatch option)
 fail() { echo "scalesgd: error: $*" >&2; exit 1; }
 RUN_DIR=${RUN_DIR:-${RUNS:-runs}/${SLURM_JOB_NAME:-$SCALESGD_DEFAULT_NAME}-${SLURM_JOB_ID:-local}}
+RUN_DIR=${RUN_DIR%/}                  # (a trailing slash would move the directory into itself below)
+JOB_MARK="$RUN_DIR/slurm-job"         # which job started the run in RUN_DIR (its id, or "local")
+# Whether RUN_DIR holds a checkpoint: the directory part quoted, so that its name is never a pattern.
+has_checkpoint() { local f; for f in "$RUN_DIR"/checkpoints/*.h5; do [ -e "$f" ] && return 0; done; return 1; }
 read -r -a extra <<< "${EXTRA_ARGS:-}"
 args=(-m src.main --config "$CONFIG")
 [ -n "${DATA:-}" ] && args+=(--data "$DATA")
 # Requeued (same job id, same RUN_DIR): continue from the last checkpoint if there is one.
-if compgen -G "$RUN_DIR/checkpoints/*.h5" > /dev/null; then
+if has_checkpoint; then
     args+=(--resume "$RUN_DIR")
 else
     args+=(--run-dir "$RUN_DIR")
@@ -62,13 +66,17 @@ mkdir -p "$(dirname "$RUN_DIR")"
 # Requeued before the first checkpoint (say a node failed soon after the start, and --requeue put the
 # job back): RUN_DIR holds the earlier attempt's config and logs but nothing to resume from, and
 # --run-dir refuses a directory that holds a run.  Keep that attempt beside, under a new name, and
-# start again.  (Only on a requeue: a RUN_DIR that a fresh job finds taken is still refused.)
-if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e "$RUN_DIR/config.json" ] \
-        && ! compgen -G "$RUN_DIR/checkpoints/*.h5" > /dev/null && [ ! -e "$RUN_DIR/summary.json" ]; then
+# start again.  Only on a requeue, and only a run this job started (JOB_MARK): a RUN_DIR that holds
+# another job's run (a RUN_DIR set by hand and shared) is still refused, and never moved.
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] 2>/dev/null && [ -e "$RUN_DIR/config.json" ] && ! has_checkpoint \
+        && [ ! -e "$RUN_DIR/summary.json" ] && [ "$(cat "$JOB_MARK" 2>/dev/null)" = "${SLURM_JOB_ID:-local}" ]; then
     aside="$RUN_DIR.restart-$SLURM_RESTART_COUNT"
     n=1; while [ -e "$aside" ]; do aside="$RUN_DIR.restart-$SLURM_RESTART_COUNT.$n"; n=$((n + 1)); done
     mv "$RUN_DIR" "$aside" || fail "requeued before the first checkpoint: cannot move $RUN_DIR aside to $aside"
     echo "$(date -Is) requeued before the first checkpoint: the earlier attempt is kept in $aside; starting again"
+fi
+if [ ! -e "$RUN_DIR/config.json" ]; then           # a run starts here: mark it as this job's
+    mkdir -p "$RUN_DIR" && echo "${SLURM_JOB_ID:-local}" > "$JOB_MARK" || fail "cannot write $JOB_MARK"
 fi
 
 ntasks=${SLURM_NTASKS:-1}
