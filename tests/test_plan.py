@@ -128,6 +128,10 @@ def test_plan_is_exact_for_all_reduce_on_the_users_profile(made, tmp_path):
     assert near["p"] == 2 and near["rows"] and any(
         "p = 4, the study's nearest to your 4 workers, has no results there yet" in n for n in near["notes"])
     assert any("far beyond the largest p studied (2)" in n for n in L.predict(ahead, prof, 16, "stragglers")["notes"])
+    # ... but never to p = 1 for several workers: a study with results only there has none for them
+    single = dict(made["study"], cells={k.replace("/p2", "/p1"): v for k, v in made["study"]["cells"].items()})
+    none_yet = L.predict(single, prof, 4, "stragglers")
+    assert none_yet["p"] == 2 and none_yet["missing"] and not none_yet["rows"]
     # a cell the study has not run: said, with the p it has there
     gap = L.predict(dict(made["study"], cells={}), prof, 2, "stragglers")
     assert gap["missing"] and "p with results there so far: none" in L.show(gap, prof)
@@ -212,6 +216,11 @@ def test_run_checks_the_fastest_in_the_virtual_cluster(made, tmp_path, monkeypat
                                                       if r["mean_seconds"] is not None][:2]
     dirs = {c["run_dir"] for c in again["checks"]}
     assert len(dirs) == 2 and checks[0]["run_dir"] not in dirs
+    # a check that cannot run: the prediction is still one JSON document on stdout, the error one line
+    assert L.main(["--profile", "v100-10gbe-resnet50", "--workers", "2", "--study", str(made["path"]),
+                   "--condition", "typical", "--json", "--run", "--data", str(tmp_path / "nowhere")]) == 2
+    out = capsys.readouterr()
+    assert "checks" not in json.loads(out.out) and "no data set there" in out.err
     # the same method checked again within the second: a directory of its own
     import time as clock
     frozen = clock.strftime("%Y%m%d-%H%M%S")

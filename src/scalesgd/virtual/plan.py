@@ -203,8 +203,9 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
     net = min(nets, key=lambda n: abs(math.log(nets[n]["ratio"]) - math.log(mine["ratio"])))
     have = sorted({int(k.rsplit("/p", 1)[1]) for k in study["cells"] if k.startswith(f"{net}/{cond}/p")})
     planned = nearest_p(study["workers"], workers) if workers > 1 else 1
-    # while the study runs, the nearest p it has results for (a p it has not reached yet is said)
-    p = planned if workers == 1 or planned in have or not have else nearest_p(have, workers)
+    # while the study runs, the nearest p > 1 it has results for (a p it has not reached yet is said)
+    several = [q for q in have if q > 1]
+    p = planned if workers == 1 or planned in have or not several else nearest_p(several, workers)
     key = f"{net}/{cond}/p{p}"
     cell = study["cells"].get(key)
     notes = []
@@ -318,6 +319,7 @@ def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2,
     itself and the condition the prediction's clocks used (``condition``, as given to ``predict``:
     None is the profile's own), at the prediction's p, one seed each, to the target or 12 epochs,
     on the study's task; measured against predicted.  Each run gets a new directory under runs/."""
+    from ..cli import EXIT_STOPPED  # noqa: PLC0415
     from .run import main as vmain  # noqa: PLC0415
     if not (data / "manifest.json").exists():
         raise ConfigError(f"--data {data}: no data set there (the study's glyphs: python benchmarks/glyphs.py "
@@ -327,15 +329,25 @@ def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2,
         for r in [x for x in res["rows"] if x["mean_seconds"] is not None][:top]:
             base = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-plan-{r['method']}-p{res['p']}"
             run_dir, n = base, 1
-            while run_dir.exists():                 # (a check of the same method within the second)
-                n += 1
-                run_dir = base.with_name(f"{base.name}.{n}")
+            while True:                 # reserved: a check of the same method within the second,
+                try:                    # here or in another plan --run, gets a directory of its own
+                    run_dir.mkdir(parents=True)
+                    break
+                except FileExistsError:
+                    n += 1
+                    run_dir = base.with_name(f"{base.name}.{n}")
             argv = ["--config", str(job), "--data", str(data), *r["flags"].split(), "--workers", str(res["p"]),
                     "--profile", prof_spec, *(["--condition", condition] if condition is not None else []),
                     "--epochs", "12", "--eval-every", str(study["task"]["eval_every"]),
                     "--stop-at-error", str(res["target_error"]), "--threads", "1", "--run-dir", str(run_dir)]
             with contextlib.redirect_stdout(sys.stderr):      # its progress: stdout is the plan's
                 rc = vmain(argv)
+            if rc == EXIT_STOPPED:            # Ctrl-C: the run checkpointed; not a failure
+                stopped = UserError(f"--run: the virtual check of {r['method']} was stopped; its checkpoint "
+                                    f"is in {run_dir} (python -m scalesgd.virtual --resume {run_dir} "
+                                    "continues it)")
+                stopped.exit_code = EXIT_STOPPED
+                raise stopped
             if rc != 0:
                 raise UserError(f"--run: the virtual check of {r['method']} failed")
             s = json.loads((run_dir / "summary.json").read_text())
@@ -371,14 +383,16 @@ def main(argv: list[str] | None = None) -> int:
                       say=lambda msg: print(f"scalesgd: {msg}", file=sys.stderr, flush=True))
         if not a.json:
             print(show(res, prof), flush=True)
-        if a.run:
-            res["checks"] = check(study, res, a.profile, a.data, condition=a.condition)
-            for c in res["checks"] if not a.json else ():
-                m = "missed" if c["measured"] is None else f"{c['measured']:.4g} s"
-                print(f"  check: {c['method']}: predicted {c['predicted']:.4g} s, measured {m} "
-                      f"(one seed; {c['run_dir']})")
-        if a.json:
-            print(json.dumps(res, indent=1))
+        try:
+            if a.run:
+                res["checks"] = check(study, res, a.profile, a.data, condition=a.condition)
+                for c in res["checks"] if not a.json else ():
+                    m = "missed" if c["measured"] is None else f"{c['measured']:.4g} s"
+                    print(f"  check: {c['method']}: predicted {c['predicted']:.4g} s, measured {m} "
+                          f"(one seed; {c['run_dir']})")
+        finally:                        # the prediction, even when a check failed (then without checks)
+            if a.json:
+                print(json.dumps(res, indent=1))
     except UserError as exc:
         print(f"scalesgd: error: {exc}", file=sys.stderr)
         return exc.exit_code
