@@ -68,6 +68,11 @@ def test_more_ranks_than_cpus_make_waiting_ranks_yield_and_a_users_value_is_kept
     env = {"MPI_LOCALNRANKS": "4"}
     line = progress.prepare_waiting(env, 2)
     assert env == {"MPI_LOCALNRANKS": "4", **progress.YIELD_ENV} and line.startswith("4 ranks on this node's 2 CPUs")
+    import os
+    n = os.cpu_count() or 1               # under Slurm: the job's CPUs on the node, when fewer
+    assert progress.prepare_waiting({"MPI_LOCALNRANKS": str(n), "SLURM_CPUS_ON_NODE": str(n)}) == ""
+    assert progress.prepare_waiting({"MPI_LOCALNRANKS": "2", "SLURM_CPUS_ON_NODE": "1"}).startswith(
+        "2 ranks on this node's 1 CPU:")
     env = {"OMPI_COMM_WORLD_LOCAL_SIZE": "3", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "0"}
     assert "kept MPIR_CVAR_ENABLE_HEAVY_YIELD=0 as given" in progress.prepare_waiting(env, 2)
     assert env["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "0" and env["OMPI_MCA_mpi_yield_when_idle"] == "1"

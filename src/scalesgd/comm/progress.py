@@ -113,13 +113,15 @@ YIELD_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1",        # MPICH
 
 def prepare_waiting(env=None, cpus: int | None = None) -> str:
     """Before ``MPI_Init``: when the launcher puts more ranks on this node than it has CPUs
-    (``cpus``, default ``os.cpu_count()``: a demo of 4 ranks on a 2-core machine, not a bound rank
-    on its own cores), let waiting ranks sleep between polls (``YIELD_ENV``; a variable already set
+    (``cpus``, default ``os.cpu_count()``, or the job's CPUs on the node under Slurm,
+    ``SLURM_CPUS_ON_NODE``, when fewer: a demo of 4 ranks on a 2-core machine, never a rank bound
+    to its own cores), let waiting ranks sleep between polls (``YIELD_ENV``; a variable already set
     is kept, so ``MPIR_CVAR_ENABLE_HEAVY_YIELD=0`` keeps the spinning).  Returns the line to log
     (empty when the node is not oversubscribed or the launcher does not say)."""
-    from .library import local_size  # noqa: PLC0415
+    from .library import _int, local_size  # noqa: PLC0415
     env = os.environ if env is None else env
-    ranks, cpus = local_size(env), cpus or os.cpu_count() or 1
+    ranks = local_size(env)
+    cpus = cpus or min(n for n in (os.cpu_count() or 1, _int(env, "SLURM_CPUS_ON_NODE")) if n)
     if ranks is None or ranks <= cpus:
         return ""
     added = [k for k in YIELD_ENV if k not in env]
@@ -127,7 +129,7 @@ def prepare_waiting(env=None, cpus: int | None = None) -> str:
         env[k] = YIELD_ENV[k]
     said = [f"set {k}={env[k]}" for k in added] + [f"kept {k}={env[k]} as given" for k in YIELD_ENV
                                                       if k not in added]
-    return (f"{ranks} ranks on this node's {cpus} CPUs: more than one a CPU, so waiting ranks should "
+    return (f"{ranks} ranks on this node's {cpus} CPU{'s' if cpus > 1 else ''}: more than one a CPU, so waiting ranks should "
             f"sleep between polls, not spin ({'; '.join(said)})")
 
 
