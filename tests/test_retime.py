@@ -126,7 +126,8 @@ def test_conditions_load_and_bad_ones_are_refused(tmp_path):
                         ({"name": "x", "delays": {"dist": "pareto", "prob": 0.1, "scale": 1, "alpha": 1}},
                          "alpha > 1"),
                         ({"name": "x", "slow_nodes": {"fraction": 2, "factor": 2}}, "slow_nodes is"),
-                        ({"name": "x", "jitter": 1}, "unknown key")):
+                        ({"name": "x", "jitter": 1}, "unknown key"),
+                        ({"name": "x", "noise": 0.02}, "noise is dict, got 0.02")):
         bad.write_text(json.dumps(raw))
         with pytest.raises(ConfigError, match=needle):
             V.load(str(bad))

@@ -273,7 +273,12 @@ def test_profiles_load_and_bad_ones_are_refused(tmp_path):
                          ('{"name": "x", "link_gbps": 10}', "the network is required: latency_us"),
                          ('{"name": "x"}', "the network is required: link_gbps, latency_us"),
                          ('{"link_gbps": 10, "latency_us": 5}', "a profile needs a name"),
-                         ('{"name": 3, "link_gbps": 10, "latency_us": 5}', "a profile needs a name"),
+                         ('{"name": 3, "link_gbps": 10, "latency_us": 5}', "name is str, got 3"),
+                         ('{"name": "x", "link_gbps": "10", "latency_us": 5}', 'link_gbps is float, got "10"'),
+                         ('{"name": "x", "link_gbps": 10, "latency_us": 5, "ranks_per_node": true}',
+                          "ranks_per_node is int, got true"),
+                         ('{"name": "x", "link_gbps": 10, "latency_us": 5, "variability": 2}',
+                          "variability is str or dict, got 2"),
                          ("{", "cannot read the profile")):
         bad.write_text(text)
         with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):

@@ -33,3 +33,21 @@ def refuse_unknown(raw: dict, cls, origin: str) -> None:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"{origin}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+
+
+_TYPES = {"float": (int, float), "int": (int,), "str": (str,), "dict": (dict,), "bool": (bool,),
+          "list": (list,), "None": (type(None),)}
+
+
+def refuse_mistyped(raw: dict, cls, origin: str) -> None:
+    """A one-line error naming the first key of ``raw`` whose value is not of its field's type in
+    the dataclass ``cls`` (a number given as a string, say), instead of a TypeError later."""
+    for f in fields(cls):
+        if f.name not in raw:
+            continue
+        text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        names = [t.strip() for t in text.split("|")]
+        allowed = tuple(t for n in names for t in _TYPES.get(n, (object,)))
+        value = raw[f.name]
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise ConfigError(f"{origin}: {f.name} is {' or '.join(names)}, got {json.dumps(value)}")

@@ -105,6 +105,7 @@ def load(spec: str) -> Profile:
     raw, origin = jsonfile.read(spec, available(), "profile", "--profile")
     path = origin.split(" ", 1)[1]
     jsonfile.refuse_unknown(raw, Profile, origin)
+    jsonfile.refuse_mistyped(raw, Profile, origin)
     if not isinstance(raw.get("name"), str) or not raw["name"]:
         raise ConfigError(f"--profile {path}: a profile needs a name (a string: it labels the output)")
     prof = Profile(**raw)

@@ -74,6 +74,7 @@ def load(spec, where: str = "--condition") -> Condition:
     if not isinstance(raw, dict) or "name" not in raw:
         raise ConfigError(f"{origin}: a condition is a JSON object with at least a name")
     jsonfile.refuse_unknown(raw, Condition, origin)
+    jsonfile.refuse_mistyped(raw, Condition, origin)
     cond = Condition(**raw)
     _check(cond, origin)
     return cond
