@@ -129,8 +129,8 @@ def prepare_waiting(env=None, cpus: int | None = None) -> str:
         env[k] = YIELD_ENV[k]
     said = [f"set {k}={env[k]}" for k in added] + [f"kept {k}={env[k]} as given" for k in YIELD_ENV
                                                       if k not in added]
-    return (f"{ranks} ranks on this node's {cpus} CPU{'s' if cpus > 1 else ''}: more than one a CPU, so waiting ranks should "
-            f"sleep between polls, not spin ({'; '.join(said)})")
+    return (f"{ranks} ranks on this node's {cpus} CPU{'s' if cpus > 1 else ''}: more than one a CPU, so "
+            f"waiting ranks should sleep between polls, not spin ({'; '.join(said)})")
 
 
 class ProgressThread:
