@@ -96,9 +96,14 @@ def prepare(setting: str, method: str, env=None) -> list[str]:
     env = os.environ if env is None else env
     if setting != "mpi" or method != "gossip":
         return []
-    added = [k for k in ASYNC_ENV if k not in env]
+    return _set_missing(env, ASYNC_ENV)
+
+
+def _set_missing(env, values: dict) -> list[str]:
+    """Sets each of ``values`` that ``env`` lacks (a value already there is kept); returns those set."""
+    added = [k for k in values if k not in env]
     for k in added:
-        env[k] = ASYNC_ENV[k]
+        env[k] = values[k]
     return added
 
 
@@ -124,9 +129,7 @@ def prepare_waiting(env=None, cpus: int | None = None) -> str:
     cpus = cpus or min(n for n in (os.cpu_count() or 1, _int(env, "SLURM_CPUS_ON_NODE")) if n)
     if ranks is None or ranks <= cpus:
         return ""
-    added = [k for k in YIELD_ENV if k not in env]
-    for k in added:
-        env[k] = YIELD_ENV[k]
+    added = _set_missing(env, YIELD_ENV)
     said = [f"set {k}={env[k]}" for k in added] + [f"kept {k}={env[k]} as given" for k in YIELD_ENV
                                                       if k not in added]
     return (f"{ranks} ranks on this node's {cpus} CPU{'s' if cpus > 1 else ''}: more than one a CPU, so "

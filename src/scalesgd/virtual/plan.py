@@ -215,7 +215,7 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
                      "p with results")
     elif p != workers:
         notes.append(f"the study ran p = {p}, the nearest to your {workers} workers")
-    studied = [q for q in (have if p != planned else study["workers"]) if q > 1]
+    studied = several if p != planned else [q for q in study["workers"] if q > 1]
     if studied and workers > 2 * max(studied):
         notes.append(f"{workers} workers lie far beyond the largest p studied ({max(studied)}): the ranking "
                      f"is the study's at p = {max(studied)}, an extrapolation")

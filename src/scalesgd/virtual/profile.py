@@ -106,7 +106,7 @@ def load(spec: str) -> Profile:
     path = origin.split(" ", 1)[1]
     jsonfile.refuse_unknown(raw, Profile, origin)
     jsonfile.refuse_mistyped(raw, Profile, origin)
-    if not isinstance(raw.get("name"), str) or not raw["name"]:
+    if not raw.get("name"):                   # (its type: refuse_mistyped)
         raise ConfigError(f"--profile {path}: a profile needs a name (a string: it labels the output)")
     prof = Profile(**raw)
     for key in ("link_gbps", "intra_gbps", "mem_gbps"):
