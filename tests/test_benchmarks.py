@@ -141,3 +141,25 @@ def test_buckets_benchmark_measures_every_setting_against_its_baseline(tmp_path)
     assert s["no all-reduce"]["exposed_s"] == 0
     assert s["auto"]["exposed_s"] == s["auto"]["median_s"] - s["no all-reduce"]["median_s"]
     assert "| resnet20 (1.09 MB) | local | auto | 8 |" in proc.stdout
+
+
+@uses_mpi
+def test_oversubscribe_runs_both_waits_and_the_yield_launch_sets_the_variables(tmp_path):
+    """benchmarks/oversubscribe.py at its smallest, with --cpus 2 so that 3 ranks oversubscribe the
+    node on any machine: the spinning launch has none of the yield variables, the yielding one has
+    what prepare_waiting set (and said), and the runs alternate spin, yield, yield, spin."""
+    out = tmp_path / "o.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "oversubscribe.py"), "--ranks", "3", "--cpus", "2",
+                           "--iters", "2", "--rounds", "1", "--repeats", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=benchlib.rank_env())
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["ranks"] == 3 and "3 ranks on this node's 2 CPUs" in r["prepare_waiting_said"]
+    assert [len(r["runs"][m]) for m in ("spin", "yield")] == [2, 2]
+    assert all(len(launch) == 2 and all(len(row) == 2 and min(row) > 0 for row in launch)   # repeats x workers
+               for m in r["runs"] for launch in r["runs"][m])
+    assert not any(r["env"]["spin"].values()), r["env"]
+    assert r["env"]["yield"]["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1", r["env"]
+    assert r["env"]["yield"]["OMPI_MCA_mpi_yield_when_idle"] == "1", r["env"]
+    assert r["spin_over_yield"] > 0 and set(r["over_alone"]) == {"spin", "yield"}
+    assert "spin / yield" in proc.stdout
