@@ -1,25 +1,29 @@
 """What a rank spinning in MPI costs the ranks that compute beside it, and what sleeping saves.
 
-    python benchmarks/oversubscribe.py [--ranks N] [--iters 300] [--rounds 3] [--repeats 3]
+    python benchmarks/oversubscribe.py [--ranks N] [--iters 300] [--modes spin,yield[,throttle]]
+                                       [--rounds 3] [--repeats 3] [--thread-level LEVEL]
                                        [--cpus N] [--python PATH] [--json FILE]
 
 One ``mpiexec -n N`` job (default N = this machine's CPUs + 1, so one rank more than the node has
 CPUs): rank 0 waits in ``MPI_Recv`` for a message from every other rank, as a parameter server
 waits for its workers; ranks 1..N-1 each run the same fixed NumPy workload (one BLAS thread) and
-send its time.  Two modes, each a launch of its own:
+send its time.  Modes, each a launch of its own:
 
-- ``spin``: the libraries' default wait (the variables in ``scalesgd.comm.progress.YIELD_ENV``
-  and MPICH's progress throttle removed from the environment);
+- ``spin``: the libraries' default wait (the variables below, ``scalesgd.comm.progress.YIELD_ENV``
+  and ``MPI4PY_RC_THREAD_LEVEL`` removed from the environment);
 - ``yield``: each rank calls ``scalesgd.comm.progress.prepare_waiting()`` before ``MPI_Init``, as
   ``python -m scalesgd`` does: on a node with more ranks than CPUs it sets the variables that let
   a waiting rank sleep between polls.  Its line is recorded (empty: the node was not
-  oversubscribed, and the mode is the same as ``spin``).
+  oversubscribed, and the mode is the same as ``spin``);
+- ``throttle``: MPICH's progress throttle (``MPIR_CVAR_CH4_PROGRESS_THROTTLE=1``, a short sleep
+  after 64 polls that found nothing; what the test suite sets), for comparison.
 
-The modes alternate spin, yield, yield, spin, ... (``--rounds`` such pairs of pairs), so that a drift of a
-shared machine falls on both; every launch runs the workload ``--repeats`` times.  The baseline is
-the same workload in this process alone, measured before and after.  Printed: the median workload
-time per mode, and the ratios spin / yield and mode / alone (the ideal, with N - 1 workers on the
-node's CPUs, is about max(1, (N - 1) / CPUs)).
+Each round runs the modes in order, then reversed (spin, yield, yield, spin), so that a drift of a
+shared machine falls on all; every launch runs the workload ``--repeats`` times.
+``--thread-level`` starts MPI at that level (mpi4py's default is ``multiple``).  The baseline is the
+same workload in this process alone, measured before and after.  Printed: the median workload time
+per mode, against the workload alone (the ideal, with N - 1 workers on the node's CPUs, is about
+max(1, (N - 1) / CPUs)) and against ``spin``.
 
 Open MPI: ``MPIEXEC=.venv-ompi-lite/bin/mpiexec MPIEXEC_ARGS="--oversubscribe --allow-run-as-root"
 PYTHONPATH=src python benchmarks/oversubscribe.py --python .venv-ompi-lite/bin/python``.
@@ -40,7 +44,11 @@ from pathlib import Path
 from scalesgd.comm.progress import YIELD_ENV, prepare_waiting
 
 # what changes how MPICH waits, removed from both modes' environment (the test suite sets the throttle)
-SPIN_UNSET = (*YIELD_ENV, "MPIR_CVAR_CH4_PROGRESS_THROTTLE", "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT")
+THROTTLE_ENV = {"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
+                "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": "64"}
+SPIN_UNSET = (*YIELD_ENV, *THROTTLE_ENV, "MPI4PY_RC_THREAD_LEVEL")
+# each mode's environment on top of that; 'yield' is the program's own (prepare_waiting, in the rank)
+MODES = {"spin": {}, "yield": {}, "throttle": THROTTLE_ENV}
 
 
 def workload(iters: int) -> float:
@@ -75,7 +83,10 @@ def rank_main(iters: int, repeats: int, mode: str, cpus: int | None) -> None:
             one[0] = workload(iters)
             comm.Send(one, dest=0)
     if rank == 0:
+        levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                  MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
         print("RESULT " + json.dumps({"workers": times[:, 1:].tolist(), "said": said,
+                                      "thread_level": levels.get(MPI.Query_thread(), "?"),
                                       "library": MPI.Get_library_version().splitlines()[0].strip(),
                                       "env": {k: os.environ.get(k) for k in SPIN_UNSET}}), flush=True)
 
@@ -83,7 +94,9 @@ def rank_main(iters: int, repeats: int, mode: str, cpus: int | None) -> None:
 def launch(args, mode: str) -> dict:
     import benchlib  # noqa: PLC0415  (the ranks need none of it)
     env = {k: v for k, v in os.environ.items() if k not in SPIN_UNSET}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", **MODES[mode])
+    if args.thread_level:
+        env["MPI4PY_RC_THREAD_LEVEL"] = args.thread_level
     cmd = [*benchlib.mpi_launcher(args.ranks), args.python, str(Path(__file__).resolve()), "--rank",
            "--mode", mode, "--iters", str(args.iters), "--repeats", str(args.repeats)]
     if args.cpus:
@@ -91,7 +104,8 @@ def launch(args, mode: str) -> dict:
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
-        raise SystemExit(f"oversubscribe: the {mode} launch failed (rc={p.returncode}):\n{p.stdout}\n{p.stderr}")
+        raise SystemExit(f"oversubscribe: the {mode} launch failed (rc={p.returncode}):\n"
+                         f"{p.stdout}\n{p.stderr}")
     return json.loads(lines[-1][7:])
 
 
@@ -99,48 +113,58 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=(os.cpu_count() or 1) + 1)
     ap.add_argument("--iters", type=int, default=300, help="GEMMs per workload (300: about 1 s on one core)")
-    ap.add_argument("--rounds", type=int, default=3, help="spin, yield, yield, spin: this many times")
+    ap.add_argument("--modes", default="spin,yield", help=f"of {', '.join(MODES)}, comma-separated")
+    ap.add_argument("--rounds", type=int, default=3, 
+                    help="the modes in order, then reversed: this many times")
     ap.add_argument("--repeats", type=int, default=3, help="workloads per launch")
     ap.add_argument("--cpus", type=int, default=0, help="the CPU count prepare_waiting compares against")
+    ap.add_argument("--thread-level", choices=("single", "funneled", "serialized", "multiple"),
+                    help="the ranks' MPI thread level (MPI4PY_RC_THREAD_LEVEL; default mpi4py's: multiple)")
     ap.add_argument("--python", default=sys.executable, help="the ranks' Python (Open MPI: its venv's)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--mode", choices=("spin", "yield"), help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.rank:
         rank_main(args.iters, args.repeats, args.mode, args.cpus or None)
         return 0
+    modes = args.modes.split(",")
+    if set(modes) - set(MODES) or len(set(modes)) != len(modes):
+        ap.error(f"--modes {args.modes}: distinct names of {', '.join(MODES)}")
     if args.ranks < 2 or min(args.iters, args.rounds, args.repeats) < 1:
         ap.error("--ranks needs at least 2 (one waits), --iters, --rounds and --repeats at least 1")
     os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     from threadpoolctl import threadpool_limits
     with threadpool_limits(1):
         alone = [workload(args.iters) for _ in range(args.repeats)]
-        runs = {"spin": [], "yield": []}
-        for mode in ("spin", "yield", "yield", "spin") * args.rounds:
+        runs = {m: [] for m in modes}
+        for mode in (modes + modes[::-1]) * args.rounds:
             res = launch(args, mode)
             runs[mode].append(res)
             first = len(runs[mode]) == 1 and res["said"]         # prepare_waiting's line, once
-            print(f"{mode:>5}: workers' median {statistics.median(sum(res['workers'], [])):.3f} s"
+            print(f"{mode:>8}: workers' median {statistics.median(sum(res['workers'], [])):.3f} s"
                   + (f"  ({res['said']})" if first else ""), flush=True)
         alone += [workload(args.iters) for _ in range(args.repeats)]
     med = {m: statistics.median(x for r in rs for row in r["workers"] for x in row) for m, rs in runs.items()}
     base = statistics.median(alone)
-    said = runs["yield"][0]["said"]
     import benchlib  # noqa: PLC0415
+    first = next(iter(runs.values()))[0]
     out = {"commit": benchlib.git_commit(), "cpus": os.cpu_count(), "ranks": args.ranks, "iters": args.iters,
-           "rounds": args.rounds, "repeats": args.repeats, "library": runs["spin"][0]["library"],
-           "prepare_waiting_said": said, "alone_s": alone, "median_s": {"alone": base, **med},
-           "spin_over_yield": med["spin"] / med["yield"],
+           "modes": modes, "rounds": args.rounds, "repeats": args.repeats, "library": first["library"],
+           "thread_level": first["thread_level"],
+           "prepare_waiting_said": runs["yield"][0]["said"] if "yield" in runs else None,
+           "alone_s": alone, "median_s": {"alone": base, **med},
            "over_alone": {m: med[m] / base for m in med},
+           "over_spin": {m: med[m] / med["spin"] for m in med} if "spin" in med else None,
            "env": {m: rs[0]["env"] for m, rs in runs.items()},     # as rank 0 saw it after MPI_Init
            "runs": {m: [r["workers"] for r in rs] for m, rs in runs.items()}}
-    print(f"{out['library']}; {args.ranks} ranks (1 waiting) on {out['cpus']} CPUs")
-    print(f"workload alone {base:.3f} s; beside a spinning rank {med['spin']:.3f} s ({med['spin'] / base:.2f}x), "
-          f"a sleeping one {med['yield']:.3f} s ({med['yield'] / base:.2f}x): spin / yield "
-          f"{out['spin_over_yield']:.2f}")
-    if not said:
-        print("prepare_waiting() set nothing (the node is not oversubscribed): both modes spin")
+    print(f"{out['library']}, thread level {out['thread_level']}; {args.ranks} ranks (1 waiting) on "
+          f"{out['cpus']} CPUs; workload alone {base:.3f} s; median beside the waiting rank:")
+    for m in modes:
+        print(f"  {m:>8}  {med[m]:.3f} s  {med[m] / base:.2f}x alone"
+              + (f"  {med[m] / med['spin']:.2f}x spin" if "spin" in med else ""))
+    if "yield" in runs and not out["prepare_waiting_said"]:
+        print("prepare_waiting() set nothing (the node is not oversubscribed): 'yield' is the default wait")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -156,10 +156,11 @@ def test_oversubscribe_runs_both_waits_and_the_yield_launch_sets_the_variables(t
     r = json.loads(out.read_text())
     assert r["ranks"] == 3 and "3 ranks on this node's 2 CPUs" in r["prepare_waiting_said"]
     assert [len(r["runs"][m]) for m in ("spin", "yield")] == [2, 2]
-    assert all(len(launch) == 2 and all(len(row) == 2 and min(row) > 0 for row in launch)   # repeats x workers
-               for m in r["runs"] for launch in r["runs"][m])
+    assert all(len(launch) == 2 and all(len(row) == 2 and min(row) > 0 for row in launch)   # repeats x
+               for m in r["runs"] for launch in r["runs"][m])                                 # workers
     assert not any(r["env"]["spin"].values()), r["env"]
     assert r["env"]["yield"]["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1", r["env"]
     assert r["env"]["yield"]["OMPI_MCA_mpi_yield_when_idle"] == "1", r["env"]
-    assert r["spin_over_yield"] > 0 and set(r["over_alone"]) == {"spin", "yield"}
-    assert "spin / yield" in proc.stdout
+    assert r["over_spin"]["spin"] == 1 and r["over_spin"]["yield"] > 0
+    assert set(r["over_alone"]) == {"spin", "yield"}
+    assert r["thread_level"] == "multiple" and "x spin" in proc.stdout
