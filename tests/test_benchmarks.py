@@ -141,3 +141,44 @@ def test_buckets_benchmark_measures_every_setting_against_its_baseline(tmp_path)
     assert s["no all-reduce"]["exposed_s"] == 0
     assert s["auto"]["exposed_s"] == s["auto"]["median_s"] - s["no all-reduce"]["median_s"]
     assert "| resnet20 (1.09 MB) | local | auto | 8 |" in proc.stdout
+
+
+@uses_mpi
+def test_oversubscribe_runs_both_waits_and_the_yield_launch_sets_the_variables(tmp_path):
+    """benchmarks/oversubscribe.py at its smallest, with --cpus 2 so that 3 ranks oversubscribe the
+    node on any machine: the spinning launch has none of the yield variables, the yielding one has
+    what prepare_waiting set (and said), and the runs alternate spin, yield, yield, spin."""
+    out = tmp_path / "o.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "oversubscribe.py"), "--ranks", "3", "--cpus", "2",
+                           "--iters", "2", "--rounds", "1", "--repeats", "3", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=benchlib.rank_env())
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["ranks"] == 3 and "3 ranks on this node's 2 CPUs" in r["prepare_waiting_said"]
+    assert r["order"] == ["spin", "yield", "yield", "spin"]
+    assert [len(r["runs"][m]) for m in ("spin", "yield")] == [2, 2]
+    assert all(len(launch) == 3 and all(len(row) == 2 and min(row) > 0 for row in launch)   # repeats x
+               for m in r["runs"] for launch in r["runs"][m])                                 # workers
+    assert len(r["alone_s"]) == 6 and min(r["alone_s"]) > 0                  # 3 before, 3 after
+    assert not any(r["env"]["spin"].values()), r["env"]
+    assert r["env"]["yield"]["MPIR_CVAR_ENABLE_HEAVY_YIELD"] == "1", r["env"]
+    assert r["env"]["yield"]["OMPI_MCA_mpi_yield_when_idle"] == "1", r["env"]
+    assert r["over_spin"]["spin"] == 1 and math.isfinite(r["over_spin"]["yield"])
+    assert set(r["over_alone"]) == {"spin", "yield"}
+    assert r["thread_levels"] == {"spin": ["multiple"] * 2, "yield": ["multiple"] * 2}
+    assert "x spin" in proc.stdout
+
+
+@uses_mpi
+def test_oversubscribe_names_a_launcher_and_python_that_form_no_job(tmp_path):
+    """--ranks 3 launched as 2 ranks (a launcher that starts jobs of another size than asked, as one
+    library's mpiexec does with the other library's mpi4py): one message naming --python, no
+    statistics traceback."""
+    fake = tmp_path / "mpiexec"              # the real launcher, with -n 2 whatever it is asked
+    fake.write_text(f'#!/bin/bash\na=("$@"); for i in "${{!a[@]}}"; do [ "${{a[$i]}}" = -n ] && '
+                    f'a[$((i+1))]=2; done\nexec {benchlib.mpiexec()} "${{a[@]}}"\n')
+    fake.chmod(0o755)
+    proc = subprocess.run([sys.executable, str(BENCH / "oversubscribe.py"), "--ranks", "3", "--iters", "1",
+                           "--rounds", "1", "--repeats", "1"], capture_output=True, text=True, timeout=300,
+                          env={**benchlib.rank_env(), "MPIEXEC": str(fake), "MPIEXEC_ARGS": ""})
+    assert proc.returncode != 0 and "--python" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

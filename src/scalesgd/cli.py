@@ -152,7 +152,8 @@ def together(topo):
 
 
 def _run_dir(cfg: C.Config, topo) -> Path:
-    """``--run-dir``, or ``runs/<time>-<method>-<model>`` named by rank 0 for every rank."""
+    """``--run-dir``, or ``runs/<time>-<method>-<model>`` named by rank 0 for every rank (the virtual
+    cluster names its own: virtual/run.py)."""
     if cfg.train.run_dir:
         return Path(cfg.train.run_dir)
     from .comm.collectives import bcast_text
