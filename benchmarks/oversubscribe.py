@@ -131,10 +131,20 @@ def _result(p, who: str):
     return json.loads(found[-1])
 
 
+def _run(cmd: list[str], env: dict, who: str):
+    """Runs one child of the benchmark (a launch or the baseline) and returns its RESULT."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"oversubscribe: {who} took over 600 s: {' '.join(cmd)}") from None
+    return _result(p, who)
+
+
 def launch(args, mode: str) -> dict:
     import benchlib  # noqa: PLC0415  (the ranks need none of it)
-    env = {k: v for k, v in os.environ.items() if k not in SPIN_UNSET}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", **MODES[mode])
+    env = {k: v for k, v in benchlib.rank_env().items() if k not in SPIN_UNSET}
+    env.update(MODES[mode])
     if args.thread_level:
         env["MPI4PY_RC_THREAD_LEVEL"] = args.thread_level
     cmd = [*benchlib.mpi_launcher(args.ranks), args.python, str(Path(__file__).resolve()), "--rank",
@@ -142,19 +152,13 @@ def launch(args, mode: str) -> dict:
            "--ranks", str(args.ranks)]
     if args.cpus:
         cmd += ["--cpus", str(args.cpus)]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600,
-                           stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise SystemExit(f"oversubscribe: the {mode} launch took over 600 s: {' '.join(cmd)}") from None
-    return _result(p, f"the {mode} launch")
+    return _run(cmd, env, f"the {mode} launch")
 
 
 def alone(args) -> list[float]:
-    p = subprocess.run([args.python, str(Path(__file__).resolve()), "--alone", "--iters", str(args.iters),
-                        "--repeats", str(args.repeats)], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
-    return _result(p, "the workload alone")
+    import benchlib  # noqa: PLC0415
+    return _run([args.python, str(Path(__file__).resolve()), "--alone", "--iters", str(args.iters),
+                 "--repeats", str(args.repeats)], benchlib.rank_env(), "the workload alone")
 
 
 def main(argv=None) -> int:
