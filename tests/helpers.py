@@ -1,9 +1,13 @@
 """What many test modules share to run the program as a user does: the repository root, the tiny
 training flags, one CLI run as a real process, and the checks of its one-line error or warnings."""
+import atexit
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +22,25 @@ TINY = ["--width", "0.25", "--image-size", "16", "--scale", "16,20", "--batch-si
         "--epochs", "1", "--log-every", "1"]
 
 
+@functools.cache
+def _digits_built_once() -> Path:
+    """The built-in digits, built once per test process (a pytest worker) in a temporary folder."""
+    from scalesgd.data.demo import build_digits
+    folder = Path(tempfile.mkdtemp(prefix="scalesgd-test-digits-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return build_digits(folder / "digits")
+
+
+def demo_data(tmp_path) -> str:
+    """``SCALESGD_DATA`` for a test's runs: ``tmp_path/digits``, a copy of the digits this process
+    built once, which the program finds built and reuses (a build is 1,797 JPEG encodings).  The
+    program's own first-use build is run by test_demo.py, test_netcluster.py and test_data.py."""
+    folder = tmp_path / "digits"
+    if not folder.exists():
+        shutil.copytree(_digits_built_once(), folder)
+    return str(folder)
+
+
 def launch(n: int) -> tuple:
     """The argv prefix of an N-rank job: nothing for one rank (a plain process), else mpiexec -n N."""
     return () if n == 1 else tuple(mpi_launcher(n))
@@ -28,7 +51,7 @@ def run_cli(args, tmp_path, timeout=180, launcher=(), module="src.main", env=Non
     virtual cluster) from the repository root, one BLAS thread, the demo's data under ``tmp_path``,
     ``env`` added; returns the CompletedProcess (text).  A launch that failed in a launcher's own
     start-up is tried once more (``mpirun.run_launched``; a plain process never shows it)."""
-    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1", **(env or {}))
+    env = dict(os.environ, SCALESGD_DATA=demo_data(tmp_path), OMP_NUM_THREADS="1", **(env or {}))
     return run_launched([*launcher, sys.executable, "-m", module, *args], cwd=ROOT, env=env,
                         stdin=subprocess.DEVNULL, timeout=timeout)
 

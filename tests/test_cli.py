@@ -7,7 +7,7 @@ import sys
 import h5py
 import pytest
 
-from helpers import ROOT, TINY, bad_sample_warnings, one_line_error, run_cli
+from helpers import ROOT, TINY, bad_sample_warnings, demo_data, one_line_error, run_cli
 from mpirun import mpi_launcher, mpiexec
 from synth import make_dataset
 
@@ -173,7 +173,7 @@ def test_result_files_follow_the_umask(tmp_path, mask):
     """Issue 26: the atomic writes (config.json, summary.json, checkpoints) were 0600 whatever the
     umask, while the metrics followed it; on a shared cluster a group could not read the results.
     Now every file of the run directory has the mode a plain open() gives under the umask."""
-    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, SCALESGD_DATA=demo_data(tmp_path), OMP_NUM_THREADS="1")
     run = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "src.main", *TINY, "--run-dir", str(run)], cwd=ROOT,
                        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180,

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import ROOT, TINY, final_arrays, launch, one_line_error, run_cli
+from helpers import ROOT, TINY, demo_data, final_arrays, launch, one_line_error, run_cli
 from synth import make_dataset
 
 from scalesgd.virtual.transport import tree_sum
@@ -366,7 +366,7 @@ def test_a_rank_told_to_hang_is_a_deadlock_naming_it(data, tmp_path):
     """SCALESGD_INJECT_FAULT=RANK:STEP:hang blocks that virtual rank for ever (the transport's
     ``hang``, a receive nobody answers under MPI): once no rank can move, the scheduler ends the
     run naming what each rank was doing."""
-    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1",
+    env = dict(os.environ, SCALESGD_DATA=demo_data(tmp_path), OMP_NUM_THREADS="1",
                SCALESGD_INJECT_FAULT="1:2:hang")
     p = subprocess.run([sys.executable, "-m", "scalesgd.virtual", "--method", "allreduce", "--workers", "3",
                         "--data", str(data), *TINY, "--batch-size", "4", "--run-dir", str(tmp_path / "run")],
