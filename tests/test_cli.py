@@ -25,6 +25,26 @@ def test_dry_run_prints_config_and_param_count(tmp_path):
     assert cfg["model"]["model"] == "resnet20"
 
 
+def test_dry_run_refuses_an_occupied_run_dir_and_a_batch_the_data_cannot_fill(tmp_path, tiny_data):
+    """What the run refuses before it starts, the dry run refuses too, in the same words: a run
+    directory that holds a run (unless resumed), and a global batch over the training samples
+    (the workers: one for ``single``; under a launcher, its ranks less the servers)."""
+    from mpirun import mpi_launcher
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text("{}")
+    p = run_cli(["--dry-run", "--run-dir", str(run_dir)], tmp_path)
+    one_line_error(p, f"--run-dir {run_dir} already holds a run")
+    assert p.returncode == 2
+    assert run_cli(["--dry-run", "--run-dir", str(run_dir), "--resume", str(run_dir)], tmp_path).returncode == 0
+    p = run_cli(["--dry-run", "--data", str(tiny_data), "--batch-size", "64"], tmp_path)
+    one_line_error(p, "64 x 1 workers exceeds the 48 training samples")
+    p = run_cli(["--dry-run", "--data", str(tiny_data), "--method", "allreduce", "--batch-size", "32"], tmp_path,
+                launcher=mpi_launcher(2))
+    one_line_error(p, "32 x 2 workers exceeds the 48 training samples")
+    assert run_cli(["--dry-run", "--data", str(tiny_data), "--batch-size", "48"], tmp_path).returncode == 0
+
+
 def test_short_training_run_writes_results(tmp_path, tiny_data):
     run_dir = tmp_path / "run"
     p = run_cli(["--data", str(tiny_data), "--run-dir", str(run_dir), *TINY], tmp_path)

@@ -35,7 +35,7 @@ def test_every_user_error_derives_from_the_base_and_stays_where_it_was():
 BUG = """
 import sys
 from scalesgd import cli
-def bug(cfg):
+def bug(cfg, workers=None):
     raise {exc}("operands could not be broadcast together with shapes (3,) (4,)")
 cli.dry_run = bug
 sys.exit(cli.main(["--dry-run"]))

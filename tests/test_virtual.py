@@ -329,6 +329,14 @@ def test_a_batch_the_data_cannot_fill_is_refused_before_anything_is_written(data
                 tmp_path)
     assert p.returncode == 1 and "8 x 64 workers exceeds the 96 training samples" in p.stderr, p.stderr
     assert not v.exists()
+    dry = virtual(["--method", "gossip", "--workers", "64", "--data", str(data), *TINY, "--run-dir", str(v),
+                   "--dry-run"], tmp_path)                 # the dry run refuses it alike
+    assert dry.returncode == 1 and "8 x 64 workers exceeds the 96 training samples" in dry.stderr, dry.stderr
+    v.mkdir()
+    (v / "config.json").write_text("{}")
+    dry = virtual(["--method", "gossip", "--workers", "2", "--data", str(data), *TINY, "--run-dir", str(v),
+                   "--dry-run"], tmp_path)
+    assert dry.returncode == 2 and f"--run-dir {v} already holds a run" in dry.stderr, dry.stderr
 
 
 @pytest.mark.mpi

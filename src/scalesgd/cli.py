@@ -91,8 +91,40 @@ def _num_classes_for_dry_run(cfg: C.Config) -> int:
     return int(read_manifest(Path(cfg.data.data))["num_classes"])
 
 
-def dry_run(cfg: C.Config) -> None:
+def refuse_occupied(run_dir: Path) -> None:
+    """A new run may not reuse a run directory (the real program, the virtual cluster and both dry
+    runs refuse it with this one message)."""
+    if (run_dir / "config.json").exists():
+        raise C.ConfigError(f"--run-dir {run_dir} already holds a run (its config.json): continue "
+                            f"it with --resume {run_dir}, or choose another run directory")
+
+
+def _train_count(cfg: C.Config) -> tuple[int, Path] | None:
+    """(training samples, data root) from the data set's manifest, without building anything;
+    None for the digits not built yet."""
+    from .data.demo import default_data_dir
+    from .data.shards import read_manifest
+    root = Path(cfg.data.data) if cfg.data.data else default_data_dir()
+    if not cfg.data.data and not (root / "manifest.json").is_file():
+        return None
+    return int(read_manifest(root)["splits"]["train"]["count"]), root
+
+
+def dry_run(cfg: C.Config, workers: int | None = None) -> None:
+    """Prints the resolved config and the parameter count; refuses, as the run would, an occupied
+    ``--run-dir`` and (where ``workers`` is known) a global batch larger than the training split."""
     from .nn.resnet import ResNet
+    if cfg.train.run_dir and not cfg.train.resume:
+        refuse_occupied(Path(cfg.train.run_dir))
+    counted = _train_count(cfg) if workers else None
+    if counted is not None:
+        from .data.pipeline import require_one_step
+        from .errors import DataError
+        try:
+            require_one_step(counted[0], cfg.data.batch_size, workers, counted[1])
+        except DataError as exc:        # every rank of a launched dry run finds it alike: one says it
+            exc.shared = True
+            raise
     n_cls = _num_classes_for_dry_run(cfg)
     model = ResNet(cfg.model.model, n_cls, cfg.model.width, cfg.model.zero_init_residual, seed=None)
     print(cfg.to_json())
@@ -237,9 +269,8 @@ def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
     run_dir = _run_dir(cfg, topo)
     with together(topo):
         if topo.is_root:
-            if resume is None and (run_dir / "config.json").exists():
-                raise C.ConfigError(f"--run-dir {run_dir} already holds a run (its config.json): continue "
-                                    f"it with --resume {run_dir}, or choose another run directory")
+            if resume is None:
+                refuse_occupied(run_dir)
             try:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(run_dir / "config.json", cfg.to_dict())
@@ -278,6 +309,17 @@ def _launched_world():
         return None
 
 
+def _dry_run_workers(cfg: C.Config) -> int | None:
+    """The workers a dry run would have: from the launcher's rank count when one started several
+    ranks (no MPI is started), one for ``single``; else unknown (None)."""
+    from .comm import library
+    launched = library.launched_size()
+    if launched > 1:
+        workers = launched - servers_of(cfg.train.method, cfg.dist.servers)
+        return workers if workers > 0 else None
+    return 1 if cfg.train.method == "single" else None
+
+
 def main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else argv)[:1] == ["doctor"]:   # `scalesgd doctor`: doctor/
         from .doctor import main as doctor
@@ -292,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         from .comm import watchdog
         watchdog.configure(cfg.train.stop_timeout)
         if getattr(args, "dry_run", False):
-            dry_run(cfg)
+            dry_run(cfg, _dry_run_workers(cfg))
             return 0
         from .comm import progress, start
         progress.prepare(cfg.dist.mpi_progress, cfg.train.method)   # (mpi: before MPI_Init)
