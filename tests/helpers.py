@@ -41,6 +41,22 @@ def demo_data(tmp_path) -> str:
     return str(folder)
 
 
+def one_cpu():
+    """``preexec_fn`` for a plain process (no launcher) under pytest-xdist: one CPU, this worker's
+    own (worker k: the k-th allowed CPU, round robin), as ``srun --cpus-per-task=1`` binds a task.
+    The program sizes its BLAS and DALI threads by its CPUs (``backend.blas_threads_for``): left
+    with both cores beside the other worker's jobs, a one-process run spun two BLAS threads on a
+    shared core, about 3x the CPU time for the same run.  None when the tests run one at a time,
+    or with SCALESGD_TEST_PIN=0 (to compare)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not worker.startswith("gw") or not count or int(count) < 2 or len(cpus) < 2 \
+            or os.environ.get("SCALESGD_TEST_PIN") == "0":
+        return None
+    cpu = cpus[int(worker[2:]) % len(cpus)]
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
 def launch(n: int) -> tuple:
     """The argv prefix of an N-rank job: nothing for one rank (a plain process), else mpiexec -n N."""
     return () if n == 1 else tuple(mpi_launcher(n))
@@ -53,7 +69,7 @@ def run_cli(args, tmp_path, timeout=180, launcher=(), module="src.main", env=Non
     start-up is tried once more (``mpirun.run_launched``; a plain process never shows it)."""
     env = dict(os.environ, SCALESGD_DATA=demo_data(tmp_path), OMP_NUM_THREADS="1", **(env or {}))
     return run_launched([*launcher, sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-                        stdin=subprocess.DEVNULL, timeout=timeout)
+                        stdin=subprocess.DEVNULL, timeout=timeout, preexec_fn=None if launcher else one_cpu())
 
 
 def node_profile(tmp_path, name="two-a-node", **kw) -> str:
