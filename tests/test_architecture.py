@@ -189,7 +189,8 @@ def mpi_calls(path: Path) -> list[str]:
     capitalised method on a name or attribute called ``comm``) in ``path``."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr[:1].isupper():
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr[:1].isupper():
             owner = node.func.value
             name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
             if name == "comm":
@@ -250,9 +251,12 @@ def test_no_module_keeps_a_runs_state():
 def test_the_state_finder_sees_the_old_globals(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PKG", tmp_path)
     f = tmp_path / "failures.py"
-    f.write_text("import weakref\n_TRACKED = weakref.WeakValueDictionary()\n_SURVIVORS = []\n_TABLE = {1: 2}\n"
-                 "def f(c):\n    global _COUNT\n    _TRACKED[id(c)] = c\n    _SURVIVORS[:] = [c]\n    return _TABLE[1]\n")
-    assert process_state(f) == ["failures.py: global _COUNT", "failures.py: _TRACKED", "failures.py: _SURVIVORS"]
+    f.write_text("import weakref\n_TRACKED = weakref.WeakValueDictionary()\n"
+                 "_SURVIVORS = []\n_TABLE = {1: 2}\n"
+                 "def f(c):\n    global _COUNT\n    _TRACKED[id(c)] = c\n"
+                 "    _SURVIVORS[:] = [c]\n    return _TABLE[1]\n")
+    assert process_state(f) == ["failures.py: global _COUNT", "failures.py: _TRACKED",
+                                "failures.py: _SURVIVORS"]
 
 
 def method_interface_table() -> tuple[set[str], set[str]]:
@@ -283,7 +287,8 @@ def members_of(cls) -> set[str]:
             continue
         out |= {n for n in vars(c) if not n.startswith("_")}
         for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(c)))):
-            for t in getattr(node, "targets", []) + ([node.target] if isinstance(node, ast.AugAssign) else []):
+            for t in (getattr(node, "targets", [])
+                      + ([node.target] if isinstance(node, ast.AugAssign) else [])):
                 for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
                     if isinstance(e, ast.Attribute) and getattr(e.value, "id", "") == "self" \
                             and not e.attr.startswith("_"):
