@@ -6,11 +6,14 @@
 - CuPy is imported in the files the document names, and nowhere else.
 """
 import ast
+import configparser
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -350,3 +353,28 @@ def test_a_change_of_world_is_one_operation_that_never_branches_on_the_method():
             assert not hasattr(cls, gone), (cls.__name__, gone)
     loop = (PKG / "train" / "loop.py").read_text(encoding="utf-8")
     assert "carried" not in loop
+
+
+def test_no_tracked_python_line_is_longer_than_flake8_allows():
+    """Every ``*.py`` file git tracks keeps its lines within setup.cfg's
+    ``[flake8] max-line-length``, counted in characters, not bytes (the sources hold ×, — and the like)."""
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(ROOT / "setup.cfg", encoding="utf-8")
+    limit = cfg.getint("flake8", "max-line-length")
+    try:
+        ls = subprocess.run(["git", "ls-files", "-z", "*.py"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    except FileNotFoundError:
+        pytest.skip("no git on PATH: the tracked files cannot be listed")
+    if ls.returncode != 0:
+        pytest.skip(f"no git metadata for {ROOT}: {ls.stderr.strip()}")
+    long = []
+    for name in filter(None, ls.stdout.split("\0")):
+        path = ROOT / name
+        if not path.is_file():                  # tracked, but deleted in the work tree
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+            if len(line) > limit:
+                long.append(f"{name}:{i}: {len(line)}")
+    assert not long, (f"{len(long)} line(s) longer than {limit} characters (setup.cfg [flake8] "
+                      "max-line-length):\n" + "\n".join(long))
