@@ -36,11 +36,12 @@ def test_dry_run_refuses_an_occupied_run_dir_and_a_batch_the_data_cannot_fill(tm
     p = run_cli(["--dry-run", "--run-dir", str(run_dir)], tmp_path)
     one_line_error(p, f"--run-dir {run_dir} already holds a run")
     assert p.returncode == 2
-    assert run_cli(["--dry-run", "--run-dir", str(run_dir), "--resume", str(run_dir)], tmp_path).returncode == 0
+    assert run_cli(["--dry-run", "--run-dir", str(run_dir), "--resume", str(run_dir)],
+                   tmp_path).returncode == 0
     p = run_cli(["--dry-run", "--data", str(tiny_data), "--batch-size", "64"], tmp_path)
     one_line_error(p, "64 x 1 workers exceeds the 48 training samples")
-    p = run_cli(["--dry-run", "--data", str(tiny_data), "--method", "allreduce", "--batch-size", "32"], tmp_path,
-                launcher=mpi_launcher(2))
+    p = run_cli(["--dry-run", "--data", str(tiny_data), "--method", "allreduce", "--batch-size", "32"],
+                tmp_path, launcher=mpi_launcher(2))
     one_line_error(p, "32 x 2 workers exceeds the 48 training samples")
     assert run_cli(["--dry-run", "--data", str(tiny_data), "--batch-size", "48"], tmp_path).returncode == 0
 

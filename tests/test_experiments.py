@@ -118,13 +118,14 @@ def test_sync_and_easgd_quick_real_runs(tmp_path):
 
 
 @pytest.mark.parametrize("doc,blocks", [
-    ("results.md", {"methods", "sync", "consensus", "model", "crossover-map", "crossover-claims", "crossover-tuning",
-                     "crossover-cells", "crossover-noise"}),
+    ("results.md", {"methods", "sync", "consensus", "model", "crossover-map", "crossover-claims",
+                     "crossover-tuning", "crossover-cells", "crossover-noise"}),
     ("benchmarks.md", {"cpu-step", "cpu-e2e", "cpu-profile", "conv-candidates"}),
     ("cluster.md", {"buckets"})])
 def test_docs_tables_match_the_committed_results(doc, blocks, tmp_path):
-    """The generated blocks of docs/results.md, benchmarks.md and cluster.md are what benchmarks/report.py makes
-    of the JSON files (so no number in them was typed by hand or left stale)."""
+    """The generated blocks of docs/results.md, benchmarks.md and cluster.md are what
+    benchmarks/report.py makes of the JSON files (so no number in them was typed by hand
+    or left stale)."""
     import report  # noqa: PLC0415  (benchmarks/report.py)
     path = ROOT / "docs" / doc
     copy = tmp_path / doc
@@ -147,7 +148,8 @@ def test_report_update_rewrites_only_marked_blocks(tmp_path):
                    "<!-- begin:methods -->\nkeep\n<!-- end:methods -->\n")
     assert report.update(doc, res) == ["consensus"]
     text = doc.read_text()
-    assert "old" not in text and "| pull | uniform | 2 | 1.25e-01 | 0.500 | — | 1.0e-01 |" in text and "keep" in text
+    assert "old" not in text and "| pull | uniform | 2 | 1.25e-01 | 0.500 | — | 1.0e-01 |" in text \
+        and "keep" in text
 
 
 def test_runner_refuses_one_name_for_two_settings(tmp_path):

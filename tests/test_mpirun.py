@@ -100,7 +100,8 @@ def test_a_launch_that_failed_to_start_is_tried_once_more(tmp_path, monkeypatch,
     script.write_text("#!/bin/sh\n"
                       f"echo x >> {shlex.quote(str(count))}\n"
                       f'if [ "$(wc -l < {shlex.quote(str(count))})" -le "$FAILS" ]; then\n'
-                      f"  printf '%s\\n' {shlex.quote(LAUNCHER_STARTUP_FAILURES[0] + '. We cannot')} >&2; exit 213\n"
+                      f"  printf '%s\\n' {shlex.quote(LAUNCHER_STARTUP_FAILURES[0] + '. We cannot')} >&2; "
+                      "exit 213\n"
                       "fi\n"
                       f'exec {shlex.quote(mpiexec())} "$@"\n')
     script.chmod(0o755)

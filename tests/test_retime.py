@@ -269,7 +269,8 @@ def test_a_run_stopped_at_its_target_retimes_exactly(data, tmp_path):
     out = tmp_path / "rt"
     assert VR.main(["retime", str(src), "--profile", "titanx-fdr-resnet18", "--condition", "typical",
                     "--run-dir", str(out)]) == 0
-    full = vrun([*args, "--profile", "titanx-fdr-resnet18", "--condition", "typical"], tmp_path / "full", data)
+    full = vrun([*args, "--profile", "titanx-fdr-resnet18", "--condition", "typical"], tmp_path / "full",
+                data)
     same_run(out, full, 4)
 
 

@@ -130,7 +130,8 @@ def test_a_push_sum_run_with_unscheduled_checkpoints_is_refused(data, tmp_path):
     ok(run_cli(["--method", "gossip", "--gossip", "push", "--data", str(data), *TINY, "--epochs", "3",
                 "--checkpoint-minutes", "0.00001", "--run-dir", str(run)], tmp_path,
                launcher=launch(RANKS)))
-    reasons = [json.loads(line)["reason"] for line in (run / "trace" / "rank-0.jsonl").read_text().splitlines()
+    reasons = [json.loads(line)["reason"]
+               for line in (run / "trace" / "rank-0.jsonl").read_text().splitlines()
                if '"checkpoint"' in line]
     assert "clock" in reasons, reasons          # rank 0's clock asked for checkpoints before the end
     p = virtual(["--replay", str(run), "--run-dir", str(tmp_path / "replay")], tmp_path)
@@ -274,7 +275,8 @@ def test_profiles_load_and_bad_ones_are_refused(tmp_path):
                          ('{"name": "x"}', "the network is required: link_gbps, latency_us"),
                          ('{"link_gbps": 10, "latency_us": 5}', "a profile needs a name"),
                          ('{"name": 3, "link_gbps": 10, "latency_us": 5}', "name is str, got 3"),
-                         ('{"name": "x", "link_gbps": "10", "latency_us": 5}', 'link_gbps is float, got "10"'),
+                         ('{"name": "x", "link_gbps": "10", "latency_us": 5}',
+                          'link_gbps is float, got "10"'),
                          ('{"name": "x", "link_gbps": 10, "latency_us": 5, "ranks_per_node": true}',
                           "ranks_per_node is int, got true"),
                          ('{"name": "x", "link_gbps": 10, "latency_us": 5, "variability": 2}',
@@ -378,6 +380,7 @@ def test_a_rank_told_to_hang_is_a_deadlock_naming_it(data, tmp_path):
                SCALESGD_INJECT_FAULT="1:2:hang")
     p = subprocess.run([sys.executable, "-m", "scalesgd.virtual", "--method", "allreduce", "--workers", "3",
                         "--data", str(data), *TINY, "--batch-size", "4", "--run-dir", str(tmp_path / "run")],
-                       cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=120)
     line = one_line_error(p, "virtual cluster deadlock", "rank 1 at", "hung on purpose")
     assert p.returncode == 1 and "rank 0 at" in line, p.stderr[-2000:]

@@ -2,11 +2,12 @@
 
 Each virtual rank runs the program's own composition root and loop (``train.assemble.assemble``,
 ``train.loop.train``: the method from ``methods.create``, the control plane) against an
-``InProcessTransport``; only the clock is simulated.  Timelines: ``model`` (the default: a hardware ``--profile``) and ``replay``
-(``--replay RUN_DIR``: the order a real MPI run recorded; afterwards its events and final
-checkpoint are compared with the run's).  A run of a method whose arithmetic ignores the clock also
-writes its timeline tape (``RUN_DIR/timeline``), so ``python -m scalesgd.virtual retime`` can time it
-under another profile or condition without computing it again (``retime.py``).
+``InProcessTransport``; only the clock is simulated.  Timelines: ``model`` (the default: a hardware
+``--profile``) and ``replay`` (``--replay RUN_DIR``: the order a real MPI run recorded; afterwards
+its events and final checkpoint are compared with the run's).  A run of a method whose arithmetic
+ignores the clock also writes its timeline tape (``RUN_DIR/timeline``), so
+``python -m scalesgd.virtual retime`` can time it under another profile or condition without
+computing it again (``retime.py``).
 """
 from __future__ import annotations
 
