@@ -41,20 +41,21 @@ def demo_data(tmp_path) -> str:
     return str(folder)
 
 
-def one_cpu():
-    """``preexec_fn`` for a plain process (no launcher) under pytest-xdist: one CPU, this worker's
-    own (worker k: the k-th allowed CPU, round robin), as ``srun --cpus-per-task=1`` binds a task.
-    The program sizes its BLAS and DALI threads by its CPUs (``backend.blas_threads_for``): left
-    with both cores beside the other worker's jobs, a one-process run spun two BLAS threads on a
-    shared core, about 3x the CPU time for the same run.  None when the tests run one at a time,
-    or with SCALESGD_TEST_PIN=0 (to compare)."""
+def one_cpu() -> list[str]:
+    """The argv prefix (``taskset -c CPU``) that runs a command on one CPU under pytest-xdist: this
+    worker's own (worker k: the k-th allowed CPU, round robin), as ``srun --cpus-per-task=1`` binds
+    a task.  The program sizes its BLAS and DALI threads by its CPUs (``backend.blas_threads_for``):
+    left with both cores beside the other worker's jobs, a one-process run spun two BLAS threads on
+    a shared core, about 3x the CPU time for the same run.  The ranks of an mpiexec job the command
+    starts share that CPU (the MPICH progress throttle of conftest.py keeps their waits short; the
+    program's own yield counts os.cpu_count(), not the mask).  Empty when the tests run one at a
+    time, without taskset, or with SCALESGD_TEST_PIN=0 (to compare)."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if not worker.startswith("gw") or not count or int(count) < 2 or len(cpus) < 2 \
-            or os.environ.get("SCALESGD_TEST_PIN") == "0":
-        return None
-    cpu = cpus[int(worker[2:]) % len(cpus)]
-    return lambda: os.sched_setaffinity(0, {cpu})
+            or os.environ.get("SCALESGD_TEST_PIN") == "0" or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", str(cpus[int(worker[2:]) % len(cpus)])]
 
 
 def launch(n: int) -> tuple:
@@ -68,8 +69,8 @@ def run_cli(args, tmp_path, timeout=180, launcher=(), module="src.main", env=Non
     ``env`` added; returns the CompletedProcess (text).  A launch that failed in a launcher's own
     start-up is tried once more (``mpirun.run_launched``; a plain process never shows it)."""
     env = dict(os.environ, SCALESGD_DATA=demo_data(tmp_path), OMP_NUM_THREADS="1", **(env or {}))
-    return run_launched([*launcher, sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-                        stdin=subprocess.DEVNULL, timeout=timeout, preexec_fn=None if launcher else one_cpu())
+    return run_launched([*(launcher or one_cpu()), sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+                        stdin=subprocess.DEVNULL, timeout=timeout)
 
 
 def node_profile(tmp_path, name="two-a-node", **kw) -> str:

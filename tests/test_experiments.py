@@ -71,9 +71,10 @@ def run_driver(*args, timeout=600, one_core=False):
     """``benchmarks/experiments.py ARGS``; ``one_core``: the driver and its runs on this pytest
     worker's CPU (``helpers.one_cpu``), where a one-rank run would otherwise spin two BLAS threads
     beside the other worker's jobs (the sync sweep: 22 s against 62 s, the same numbers)."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "experiments.py"), *args],
+    proc = subprocess.run([*(one_cpu() if one_core else []), sys.executable,
+                           str(ROOT / "benchmarks" / "experiments.py"), *args],
                           capture_output=True, text=True, cwd=ROOT, timeout=timeout,
-                          stdin=subprocess.DEVNULL, preexec_fn=one_cpu() if one_core else None)
+                          stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 

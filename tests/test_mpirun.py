@@ -59,7 +59,7 @@ def test_run_sh_passes_mpiexec_args_to_the_launcher(tmp_path):
     env = dict(os.environ, SCALESGD_LAUNCHER="mpirun", SLURM_NTASKS="2",
                VENV=str(Path(sys.executable).parents[1]), MPIEXEC=str(script),
                MPIEXEC_ARGS=f"{os.environ.get('MPIEXEC_ARGS', '')} {' '.join(option)}",
-               CONFIG="jobs/demo.toml", DATA=str(data), RUN_DIR=str(tmp_path / "run"),
+               CONFIG="jobs/digits-allreduce.toml", DATA=str(data), RUN_DIR=str(tmp_path / "run"),
                EXTRA_ARGS="--dry-run --batch-size 8", SCALESGD_DEFAULT_NAME="t")
     env.pop("SLURM_JOB_ID", None)
     p = subprocess.run(["bash", "slurm/run.sh"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,

@@ -334,6 +334,8 @@ def test_a_batch_the_data_cannot_fill_is_refused_before_anything_is_written(data
     dry = virtual(["--method", "gossip", "--workers", "64", "--data", str(data), *TINY, "--run-dir", str(v),
                    "--dry-run"], tmp_path)                 # the dry run refuses it alike
     assert dry.returncode == 1 and "8 x 64 workers exceeds the 96 training samples" in dry.stderr, dry.stderr
+    # the batch the run would use: unset, 64 // 32 = 2, at least 8: 8 x 32 <= the digits' 1438
+    assert virtual(["--method", "allreduce", "--workers", "32", "--dry-run"], tmp_path).returncode == 0
     v.mkdir()
     (v / "config.json").write_text("{}")
     dry = virtual(["--method", "gossip", "--workers", "2", "--data", str(data), *TINY, "--run-dir", str(v),

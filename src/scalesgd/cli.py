@@ -100,28 +100,39 @@ def refuse_occupied(run_dir: Path) -> None:
 
 
 def _train_count(cfg: C.Config) -> tuple[int, Path] | None:
-    """(training samples, data root) from the data set's manifest, without building anything;
-    None for the digits not built yet."""
+    """(training samples, data root) from the data set's manifest, without building anything; None
+    where the manifest does not say (the ranks then check the shards themselves) and for the digits
+    not built yet, or built by an older version (the run rebuilds them)."""
     from .data.demo import default_data_dir
-    from .data.shards import read_manifest
+    from .data.shards import ShardError, read_manifest
     root = Path(cfg.data.data) if cfg.data.data else default_data_dir()
-    if not cfg.data.data and not (root / "manifest.json").is_file():
+    try:
+        manifest = read_manifest(root)
+    except ShardError:
+        if cfg.data.data:
+            raise                        # the user's data: its one-line error, as the run's
         return None
-    return int(read_manifest(root)["splits"]["train"]["count"]), root
+    count = (manifest["splits"].get("train") or {}).get("count")
+    return (count, root) if isinstance(count, int) and not isinstance(count, bool) else None
 
 
-def dry_run(cfg: C.Config, workers: int | None = None) -> None:
-    """Prints the resolved config and the parameter count; refuses, as the run would, an occupied
-    ``--run-dir`` and (where ``workers`` is known) a global batch larger than the training split."""
+def dry_run(cfg: C.Config, ranks: int | None = None) -> None:
+    """Prints the resolved config and the parameter count; refuses, as the run would before it
+    starts, an occupied ``--run-dir`` and, where the rank count is known, a method that cannot run
+    on it and a global batch (the one the run would use) larger than the training split."""
     from .nn.resnet import ResNet
     if cfg.train.run_dir and not cfg.train.resume:
         refuse_occupied(Path(cfg.train.run_dir))
-    counted = _train_count(cfg) if workers else None
+    counted = _train_count(cfg) if ranks else None
+    if ranks:
+        from .methods import check_ranks
+        check_ranks(cfg, ranks)
     if counted is not None:
         from .data.pipeline import require_one_step
         from .errors import DataError
+        workers = C.workers_of(cfg.train.method, ranks, cfg.dist.servers)
         try:
-            require_one_step(counted[0], cfg.data.batch_size, workers, counted[1])
+            require_one_step(counted[0], C.fitted_batch(cfg, workers), workers, counted[1])
         except DataError as exc:        # every rank of a launched dry run finds it alike: one says it
             exc.shared = True
             raise
@@ -309,14 +320,13 @@ def _launched_world():
         return None
 
 
-def _dry_run_workers(cfg: C.Config) -> int | None:
-    """The workers a dry run would have: from the launcher's rank count when one started several
-    ranks (no MPI is started), one for ``single``; else unknown (None)."""
+def _dry_run_ranks(cfg: C.Config) -> int | None:
+    """The ranks a dry run stands for: the launcher's rank count when one started several (read
+    from its environment: no MPI is started), one for ``single``; else unknown (None)."""
     from .comm import library
     launched = library.launched_size()
     if launched > 1:
-        workers = launched - servers_of(cfg.train.method, cfg.dist.servers)
-        return workers if workers > 0 else None
+        return launched
     return 1 if cfg.train.method == "single" else None
 
 
@@ -334,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         from .comm import watchdog
         watchdog.configure(cfg.train.stop_timeout)
         if getattr(args, "dry_run", False):
-            dry_run(cfg, _dry_run_workers(cfg))
+            dry_run(cfg, _dry_run_ranks(cfg))
             return 0
         from .comm import progress, start
         progress.prepare(cfg.dist.mpi_progress, cfg.train.method)   # (mpi: before MPI_Init)

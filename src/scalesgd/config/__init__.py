@@ -26,4 +26,4 @@ from .schema import (EXTRA_META, GLOBAL_BATCH, MIN_WORKER_BATCH, MULTISCALE_RATI
                      SECTIONS, Config, DataConfig, DistConfig, ModelConfig, TrainConfig, fields_of,
                      flag_name)
 from .values import build, load_json_config, load_toml, parse_straggler  # noqa: F401
-from .world import fit_to_world  # noqa: F401
+from .world import fit_to_world, fitted_batch  # noqa: F401

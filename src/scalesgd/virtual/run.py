@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--threads {threads}: need at least 1")
         if getattr(args, "dry_run", False):          # as the real program's, and the cluster: nothing run
             from ..cli import dry_run  # noqa: PLC0415
-            dry_run(cfg, workers)
+            dry_run(cfg, ranks_for(cfg, workers))
             print(f"virtual: {workers} worker(s), {ranks_for(cfg, workers)} rank(s); profile {prof.name}; "
                   f"condition {condition.name}" + (f"; replay of {replay_dir}" if replay_dir else ""))
             return 0
