@@ -184,10 +184,12 @@ def end_to_end(src: Path, epochs: int) -> dict:
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=repo, timeout=1800)
             if proc.returncode != 0:
-                raise RuntimeError(f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+                raise RuntimeError(f"{name}: exit {proc.returncode}\n"
+                                   f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
             s = json.loads((Path(tmp) / "summary.json").read_text())
         rss = [int(w.split()[1]) for w in proc.stdout.splitlines() if w.startswith("maxrss_kib")]
-        out[name] = {"job": job, "ranks": ranks, "epochs": epochs, "images_per_second": s["images_per_second"],
+        out[name] = {"job": job, "ranks": ranks, "epochs": epochs,
+                     "images_per_second": s["images_per_second"],
                      "val_top1_accuracy": s["val_top1_accuracy"], "train_seconds": s["train_seconds"],
                      "wall_seconds_with_start": time.perf_counter() - t0,
                      "peak_rss_mib_largest_process": rss[-1] / 1024 if rss else None}
@@ -325,7 +327,8 @@ def _describe(src: Path) -> str:
     or another tree's git commit."""
     if src.resolve() == (Path(__file__).resolve().parents[1] / "src"):
         return "src (this checkout)"
-    p = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    p = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True,
+                       text=True)
     return f"src of commit {p.stdout.strip()}" if p.returncode == 0 else "src of another tree"
 
 

@@ -92,7 +92,8 @@ def parse_rates(items: list[str]) -> dict[str, str]:
     for it in items:
         name, _, rate = it.partition("=")
         if name not in MODELS or not rate:
-            raise SystemExit(f"buckets: --rate wants MODEL=RATE with MODEL in {', '.join(MODELS)}, got {it!r}")
+            raise SystemExit(f"buckets: --rate wants MODEL=RATE with MODEL in {', '.join(MODELS)}, "
+                             f"got {it!r}")
         rates[name] = rate
     return rates
 

@@ -119,8 +119,8 @@ def data_seconds(batch: int = 16) -> float:
     from scalesgd.data.shards import ShardSet  # noqa: PLC0415
     root = default_data_dir(32)
     build_digits(root, 32)
-    ld = Loader(ShardSet.open(root, "train"), train=True, batch_size=batch, image_size=32, augment="multiscale",
-                scale=(32.0, 40.0), flip=False, num_threads=1, seed=0)
+    ld = Loader(ShardSet.open(root, "train"), train=True, batch_size=batch, image_size=32,
+                augment="multiscale", scale=(32.0, 40.0), flip=False, num_threads=1, seed=0)
     for _ in ld.epoch(0):                     # warm-up epoch (pipeline build, first decode)
         pass
     t, n = time.perf_counter(), 0

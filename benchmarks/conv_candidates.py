@@ -43,8 +43,10 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     rows = []
     shipped = ("im2col", "blocked", "taps", "winograd")
-    print(f"{'geometry (N, HxW, C->F)':<26}" + "".join(f"{k:>9}" for k in shipped) + f"{'auto':>9}   fwd+bwd ms"
-          + "".join(f"{k:>13}" for k in (*shipped[:3], "winograd_f2", "winograd_f4")) + "   fwd ms (1 thread)")
+    print(f"{'geometry (N, HxW, C->F)':<26}" + "".join(f"{k:>9}" for k in shipped)
+          + f"{'auto':>9}   fwd+bwd ms"
+          + "".join(f"{k:>13}" for k in (*shipped[:3], "winograd_f2", "winograd_f4"))
+          + "   fwd ms (1 thread)")
     with threadpool_limits(limits=1, user_api="blas"):
         for n, h, c, f in GEOMETRIES:
             x = rng.standard_normal((n, h, h, c)).astype(np.float32)
@@ -68,7 +70,8 @@ def main(argv=None) -> int:
                     fwd[name] = lambda plan=plan, ws=ws: CV.conv2d_forward(x, w, 1, 1, ws, plan)[0]
             for m in (2, 4):
                 if h >= 2 * m:
-                    fwd[f"winograd_f{m}"] = lambda m=m: CV.conv2d_forward(x, w, 1, 1, None, ("winograd", m))[0]
+                    fwd[f"winograd_f{m}"] = lambda m=m: CV.conv2d_forward(x, w, 1, 1, None,
+                                                                          ("winograd", m))[0]
             for name, fn in fwd.items():
                 row["max_rel_error"][name] = float(np.abs(fn() - ref).max() / np.abs(ref).max())
                 row["ms"][name] = median_ms(fn, args.repeats)

@@ -3,11 +3,11 @@ copying against the conv's own Python), BN, ReLU, the residual add, the optimize
 
 ``StepProfiler`` wraps functions of ``scalesgd.nn.conv`` and ``scalesgd.nn.layers`` (and a few
 methods) in place for the duration of a profile and times them exclusively (a callee's time is not its
-caller's).  Calls inside a convolution (the im2col copies, ``col2im``, ``gemm``) are charged to the outermost conv call's geometry
-and pass, so the dX convolution that a "same" conv's backward runs counts as that conv's backward.
-Every GEMM's shape is recorded; :func:`attainable` times each shape alone on fresh operands of the
-same layout (the OpenBLAS rate an im2col design can reach at those shapes), so a profile says how
-far each geometry's GEMMs are from that ceiling.
+caller's).  Calls inside a convolution (the im2col copies, ``col2im``, ``gemm``) are charged to the
+outermost conv call's geometry and pass, so the dX convolution that a "same" conv's backward runs
+counts as that conv's backward.  Every GEMM's shape is recorded; :func:`attainable` times each shape
+alone on fresh operands of the same layout (the OpenBLAS rate an im2col design can reach at those
+shapes), so a profile says how far each geometry's GEMMs are from that ceiling.
 
 Used by ``bench_cpu.py`` (``--profile``); the wrappers cost ~1 us per call, which shows up in the
 profile's total (the table reports both).

@@ -125,7 +125,8 @@ AUTHORS = {"allreduce-authors": ("allreduce", "F0.05"),          # Jin et al.'s 
            "gossip-authors": ("gossip-pull-np", "F0.05"),        # blocking pull, no progress thread
            "asgd-authors": ("asgd", "W0.2-a1")}                  # Paine et al.: n_sync 1, one server
 AUTHORS_NETWORK, AUTHORS_CONDITIONS = "titanx-fdr-resnet18", ("none", "stragglers")
-AUTHORS_SYNC, AUTHORS_ASYNC = ("allreduce-authors",), ("easgd-authors", "gossip-authors")   # J1's and J2's sides
+# J1's and J2's sides
+AUTHORS_SYNC, AUTHORS_ASYNC = ("allreduce-authors",), ("easgd-authors", "gossip-authors")
 P1_P = 8                     # P1 (Paine et al.): A-SGD on 8 GPUs against one
 # P3 (Paine et al.: a larger n_sync communicates less, coarser but still training): 4 clients, the
 # whole horizon (no stop at the target), long enough that n_sync 100 makes >= 50 exchanges per client
@@ -166,7 +167,8 @@ def pinned() -> str | None:
 
 
 def commit() -> str:
-    return pinned() or sys.exit("crossover: no pinned commit yet: python benchmarks/crossover.py pin [COMMIT]")
+    return pinned() or sys.exit("crossover: no pinned commit yet: "
+                                "python benchmarks/crossover.py pin [COMMIT]")
 
 
 @dataclass(frozen=True)
@@ -538,7 +540,8 @@ class Study:
             if run.kind == "sweep":           # (a synchronous run serves every condition's cell, and
                 nets = [run.network]          # every network's whose choice it is)
                 if run.method in SYNC:
-                    nets += [n for n in NETWORKS if n != run.network and choice[run.method, run.workers, n] == run.config]
+                    nets += [n for n in NETWORKS
+                             if n != run.network and choice[run.method, run.workers, n] == run.config]
                 self.open_cells |= {(run.workers, n, c) for n in nets
                                     for c in (CONDITIONS if run.method in SYNC else (run.condition,))}
             if epochs is None:
@@ -585,7 +588,8 @@ class Study:
                             waiting.append(f"P1's seed {s} of {m} at p = {p}: its choice")
                         else:
                             want(Run("sweep", m, p, c, s, n, TUNE_CONDITION),
-                                 self.sweep_epochs(m, p, c, n, TUNE_CONDITION), "the synchronous runs of its cell")
+                                 self.sweep_epochs(m, p, c, n, TUNE_CONDITION),
+                                 "the synchronous runs of its cell")
         # last: the authors' forms and P3's n_sync runs (the verdicts' own rows); the authors' rows
         # get MORE_SEEDS by the cells' rule (within CLOSE of the fastest of theirs), and P1's
         # authors' A-SGD at p = 8 always (its other sides came with their cells, above)
@@ -597,11 +601,12 @@ class Study:
                              or any(name in more[k] for k in (AUTHORS_CONDITIONS if m in SYNC else (cond,))))
                     for s in (*SEEDS, *MORE_SEEDS) if close else SEEDS:
                         run = Run("authors", name, p, c, s, AUTHORS_NETWORK, cond)
-                        want(run, self.authors_epochs(name, p, cond), "the tuned synchronous runs of its cell")
+                        want(run, self.authors_epochs(name, p, cond),
+                             "the tuned synchronous runs of its cell")
         for c, n in NSYNC.items():
             for s in NSYNC_SEEDS:
-                want(Run("extra", "asgd", NSYNC_P, f"W{0.05 * NSYNC_P:g}-a{n}", s, TUNE_NETWORK, TUNE_CONDITION),
-                     NSYNC_EPOCHS, "")
+                want(Run("extra", "asgd", NSYNC_P, f"W{0.05 * NSYNC_P:g}-a{n}", s, TUNE_NETWORK,
+                         TUNE_CONDITION), NSYNC_EPOCHS, "")
         seen, out = set(), []
         for r in ready:                       # (a synchronous run serves every network)
             if r.key not in seen:
@@ -646,7 +651,8 @@ def execute(run: Run, sha: str, wt: Path, dirs: dict[str, Path], scratch: Path) 
             "--seed", str(run.seed), "--workers", str(run.workers), "--epochs", str(run.epochs),
             "--eval-every", str(EVAL_EVERY), "--profile", run.network, "--condition", run.condition,
             "--threads", "1", "--run-dir", str(run_dir)]
-    if run.kind not in ("time", "extra"):     # (P3's runs go their whole horizon: its exchanges, its final error)
+    # (P3's runs go their whole horizon: its exchanges, its final error)
+    if run.kind not in ("time", "extra"):
         argv += ["--stop-at-error", str(TARGET)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(wt / "src"))
     t0 = time.perf_counter()
@@ -845,10 +851,11 @@ def projection(st: Study, ready: list[Run], waiting: list[str], total: float) ->
     steps = f"{', '.join(f'{ms(p):.2f}' for p in per)} ms at p = {', '.join(map(str, per))}"
     again_said = (f"the reopened p at least {again:.1f} (their runs ready now; the sweeps of a choice they "
                   "change follow); " if reopened else "")
-    lines.append(f"projection: a p swept in full has cost {mean_p:.2f} machine-hours on average ({len(done_p)} of them), "
-                 f"{k_mean * 1e5:.2f} per 100k samples to target (the costliest {k_top * 1e5:.2f}, p = {top}), "
-                 f"a worker-step costing {steps}; {need_said}{again_said}the authors' rows and P3 about {own_h:.1f}: "
-                 f"the study about {total + left + own_h:.1f}–{total + left_hi + own_h:.1f} machine-hours in all")
+    lines.append(f"projection: a p swept in full has cost {mean_p:.2f} machine-hours on average "
+                 f"({len(done_p)} of them), {k_mean * 1e5:.2f} per 100k samples to target (the costliest "
+                 f"{k_top * 1e5:.2f}, p = {top}), a worker-step costing {steps}; {need_said}{again_said}the "
+                 f"authors' rows and P3 about {own_h:.1f}: the study about "
+                 f"{total + left + own_h:.1f}–{total + left_hi + own_h:.1f} machine-hours in all")
     return "\n".join(lines)
 
 

@@ -104,10 +104,10 @@ def boot_interval(d: np.ndarray) -> tuple[float, float]:
 
 def paired(a: dict, b: dict) -> dict | None:
     """``a`` against ``b`` (seed -> seconds) over their common seeds: the differences a - b
-    (``diffs``, by seed), their mean, its interval (``boot_interval``), and the call: "a" (a first: the interval below 0), "b"
-    (above 0) or "tie".  A tie too, whatever the interval, when the two (each by its mean over all
-    its seeds, as the driver ranks them) are within ``X.CLOSE`` on fewer paired seeds than the study
-    gives such pairs (``X.SEEDS`` and ``X.MORE_SEEDS``: two seeds
+    (``diffs``, by seed), their mean, its interval (``boot_interval``), and the call: "a" (a first:
+    the interval below 0), "b" (above 0) or "tie".  A tie too, whatever the interval, when the two
+    (each by its mean over all its seeds, as the driver ranks them) are within ``X.CLOSE`` on fewer
+    paired seeds than the study gives such pairs (``X.SEEDS`` and ``X.MORE_SEEDS``: two seeds
     that agree in sign say little about a small gap); ``few`` says so.  None: under 2 common seeds."""
     seeds = sorted(set(a) & set(b))
     if len(seeds) < 2:
@@ -141,10 +141,12 @@ def compare(rows: dict, claim_side, other_side) -> dict:
     d = paired(a[1], b[1])
     if d is None:                             # (under 2 common seeds: nothing to call)
         return dict(outcome="tie", claim=a[0], other=b[0], diff=float("nan"), lo=-np.inf, hi=np.inf,
-                    seeds=len(set(a[1]) & set(b[1])), few=True, claim_mean=float("nan"), other_mean=float("nan"))
+                    seeds=len(set(a[1]) & set(b[1])), few=True, claim_mean=float("nan"),
+                    other_mean=float("nan"))
     out = {"a": "claim", "b": "other", "tie": "tie"}[d["call"]]
-    return dict(outcome=out, claim=a[0], other=b[0], diff=d["mean"], lo=d["lo"], hi=d["hi"], seeds=len(d["seeds"]),
-                diffs=d["diffs"], few=d["few"], claim_mean=d["a_mean"], other_mean=d["b_mean"])
+    return dict(outcome=out, claim=a[0], other=b[0], diff=d["mean"], lo=d["lo"], hi=d["hi"],
+                seeds=len(d["seeds"]), diffs=d["diffs"], few=d["few"], claim_mean=d["a_mean"],
+                other_mean=d["b_mean"])
 
 
 def judge(outcomes: list[str]) -> str:
@@ -178,10 +180,12 @@ def _say(p: int, c: dict) -> str:
     if c.get("few"):
         word = f"tie (within {X.CLOSE - 1:.0%} on fewer than {len(X.SEEDS) + len(X.MORE_SEEDS)} seeds)"
     return (f"p = {p}: {c['claim']} {c['claim_mean']:.3g} s vs {c['other']} {c['other_mean']:.3g} s "
-            f"(difference {c['diff']:+.3g} s [{c['lo']:+.3g}, {c['hi']:+.3g}], {c['seeds']} paired seeds) → {word}")
+            f"(difference {c['diff']:+.3g} s [{c['lo']:+.3g}, {c['hi']:+.3g}], {c['seeds']} paired seeds) "
+            f"→ {word}")
 
 
-def family_row(res, claim, network, condition, ps, claim_side, other_side, rows_of=None, pending=None) -> dict:
+def family_row(res, claim, network, condition, ps, claim_side, other_side, rows_of=None,
+               pending=None) -> dict:
     """``rows_of(p)``/``pending(p)`` (the authors' rows: whether a run of them is still to come at p)
     stand for the cells and their ``complete``."""
     outcomes, ev = [], []
@@ -209,11 +213,13 @@ def authors_rows(st: X.Study, p: int, condition: str) -> dict:
         for s in (*X.SEEDS, *X.MORE_SEEDS):            # (the extra seeds where the driver gave them)
             r = st.get(X.Run("authors", name, p, c, s, X.AUTHORS_NETWORK, condition))
             if r is not None:
-                per[s] = dict(seconds=X.seconds_to(r, X.AUTHORS_NETWORK, condition), final_error=r["final_error"])
+                per[s] = dict(seconds=X.seconds_to(r, X.AUTHORS_NETWORK, condition),
+                              final_error=r["final_error"])
         if set(X.SEEDS) <= set(per):
             ok = all(v["seconds"] is not None for v in per.values())
             out[name] = dict(seeds=per, reached_all=ok,
-                             mean_seconds=float(np.mean([v["seconds"] for v in per.values()])) if ok else None)
+                             mean_seconds=(float(np.mean([v["seconds"] for v in per.values()])) if ok
+                                           else None))
     return out
 
 
@@ -281,9 +287,10 @@ def j4(res, network: str) -> list[dict]:
             gossip_out.append("claim" if go[3] < ar[2] else "tie" if go[2] < ar[3] else "other")
             ev_g.append(f"p = {p}: {go[0]} {go[1]:.2f}x [{go[2]:.2f}–{go[3]:.2f}] vs all-reduce {ar[1]:.2f}x")
         else:
-            ev_g.append(f"p = {p}: no slowdown to judge (neither gossip method reached the target in every seed "
-                        "under both conditions)")
-    base = dict(network=network, condition="stragglers vs typical", scale=f"p = {X.WORKERS[0]}–{X.WORKERS[-1]}")
+            ev_g.append(f"p = {p}: no slowdown to judge (neither gossip method reached the target in "
+                        "every seed under both conditions)")
+    base = dict(network=network, condition="stragglers vs typical",
+                scale=f"p = {X.WORKERS[0]}–{X.WORKERS[-1]}")
     return [dict(base, claim="J4", evidence="; ".join(ev_s), verdict=verdict(sync_out, ev_s)),
             dict(base, claim="J4b", evidence="; ".join(ev_g),
                  verdict=verdict(gossip_out, ev_s))]
@@ -329,7 +336,8 @@ def j5(st: X.Study, network: str) -> dict:
         return "does not stall" if p is None else f"stalls after p = {p}"
     ev = [f"{m} one server: " + ", ".join(f"{p}: {x:.0f}" for p, x in rows) + f" samples/s ({stall(rows)})"
           for m, rows in one.items()]
-    ev += [f"{m} 4 shards: " + ", ".join(f"{p}: {x:.0f}" for p, x in rows) for m, rows in shard.items() if rows]
+    ev += [f"{m} 4 shards: " + ", ".join(f"{p}: {x:.0f}" for p, x in rows)
+           for m, rows in shard.items() if rows]
     ev.append("all-reduce: " + ", ".join(f"{p}: {x:.0f}" for p, x in ar) + f" ({stall(ar)})")
     ok = all(stalls(rows) is not None for rows in one.values()) and stalls(ar) is None
     covered = min([ar[-1][0], *(rows[-1][0] for rows in one.values())])
@@ -343,7 +351,8 @@ def p1(res, network: str, condition: str = "typical", many=None, label: str = "P
     run, ``pending`` while a run of them is to come) against one worker; "so far" while a side's
     runs are not all in."""
     cells = res["cells"]
-    one_cell, many_cell = cells.get(f"{network}/{condition}/p1", {}), cells.get(f"{network}/{condition}/p{X.P1_P}", {})
+    one_cell, many_cell = (cells.get(f"{network}/{condition}/p1", {}),
+                           cells.get(f"{network}/{condition}/p{X.P1_P}", {}))
     one = one_cell.get("methods", {}).get("single")
     pending = pending or not one_cell.get("complete")
     if many is None:
@@ -352,7 +361,8 @@ def p1(res, network: str, condition: str = "typical", many=None, label: str = "P
     so_far = " so far" if pending else ""
     if not one or not many or not one["reached_all"]:
         return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1 worker",
-                    evidence="not run yet" if not one or not many else "one worker missed the target in a seed",
+                    evidence=("not run yet" if not one or not many
+                              else "one worker missed the target in a seed"),
                     verdict="not run")
     missed = [v for v in many["seeds"].values() if v["seconds"] is None]
     if not many["reached_all"] and not missed:  # (its seeds not run yet)
@@ -360,8 +370,8 @@ def p1(res, network: str, condition: str = "typical", many=None, label: str = "P
                     evidence="not run yet", verdict="not run")
     if not many["reached_all"]:                 # no speed-up to a target the 8 clients miss
         return dict(claim=label, network=network, condition=condition, scale="p = 8 against 1 worker",
-                    evidence=f"8 clients missed the target in {len(missed)} of {len(many['seeds'])} seeds (ending "
-                             f"at {np.mean([v['final_error'] for v in missed]):.0%} error)",
+                    evidence=f"8 clients missed the target in {len(missed)} of {len(many['seeds'])} seeds "
+                             f"(ending at {np.mean([v['final_error'] for v in missed]):.0%} error)",
                     verdict="disagrees" + so_far)
     a = np.array([v["seconds"] for v in one["seeds"].values()])
     b = np.array([v["seconds"] for v in many["seeds"].values()])
@@ -373,8 +383,8 @@ def p1(res, network: str, condition: str = "typical", many=None, label: str = "P
     how = many.get("config", f"{X.AUTHORS['asgd-authors'][1]}, untuned")
     return dict(claim=label, network=network, condition=condition,
                 scale=f"p = 8 ({len(b)} seeds) against 1 worker ({len(a)} seeds)",
-                evidence=f"speed-up to target {sp:.2f}x [{lo:.2f}–{hi:.2f}]: {a.mean():.0f} s with one worker, "
-                         f"{b.mean():.0f} s with 8 clients ({how})", verdict=verdict)
+                evidence=f"speed-up to target {sp:.2f}x [{lo:.2f}–{hi:.2f}]: {a.mean():.0f} s with one "
+                         f"worker, {b.mean():.0f} s with 8 clients ({how})", verdict=verdict)
 
 
 def p3(st: X.Study) -> dict:
@@ -388,8 +398,8 @@ def p3(st: X.Study) -> dict:
         reached = sum(r["samples_to_target"] is not None for r in recs)
         ex = float(np.mean([r["worker_steps"] / X.NSYNC_P / n for r in recs]))
         per[n] = (reached, ex, float(np.mean([r["final_error"] for r in recs])))
-    ev = "; ".join(f"n_sync {n}: reached in {r} of {len(X.NSYNC_SEEDS)} seeds, {ex:.0f} exchanges per client, "
-                   f"final error {e:.0%}" for n, (r, ex, e) in per.items())
+    ev = "; ".join(f"n_sync {n}: reached in {r} of {len(X.NSYNC_SEEDS)} seeds, {ex:.0f} exchanges per "
+                   f"client, final error {e:.0%}" for n, (r, ex, e) in per.items())
     if per[100][1] < 50:
         v = "not comparable"
     elif per[100][0] == len(X.NSYNC_SEEDS):

@@ -75,8 +75,8 @@ def tuning_row(st: X.Study, method: str, p: int) -> dict:
     chosen = {n: st.chosen(method, p, n) for n in X.NETWORKS}
     so_far = {n: st.chosen_so_far(method, p, n) for n, c in chosen.items() if c is None}
     base = len(X.GRIDS[method])
-    return dict(method=method, workers=p, configs=configs, chosen=chosen, chosen_so_far=so_far, base_points=base,
-                adaptive=len(grid) - base, runs=len(grid) * len(X.TUNE_SEEDS),
+    return dict(method=method, workers=p, configs=configs, chosen=chosen, chosen_so_far=so_far,
+                base_points=base, adaptive=len(grid) - base, runs=len(grid) * len(X.TUNE_SEEDS),
                 edge=[n for n, c in chosen.items() if c is not None and st.on_edge(c, grid)])
 
 
@@ -156,7 +156,8 @@ def sequence_words(seq: list[tuple[int, str]]) -> str:
     words, prev = [], firm[0]
     for p, f in firm[1:]:
         if f != prev[1]:
-            words.append(f"{prev[1]} -> {f} in [{prev[0]}, {p}]" if not words else f"-> {f} in [{prev[0]}, {p}]")
+            words.append(f"{prev[1]} -> {f} in [{prev[0]}, {p}]" if not words
+                         else f"-> {f} in [{prev[0]}, {p}]")
         prev = (p, f)
     if words:
         return " ".join(words)
@@ -184,8 +185,8 @@ def crossover(cells: dict[int, dict], rng) -> dict:
         o = sequence_words([(p, "async" if draws[p][i] else "sync") for p in calls])
         counts[o] = counts.get(o, 0) + 1
     shares = {k: v / BOOT for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
-    per_p = {p: {k: c.get(k) for k in ("family", "claim", "other", "claim_mean", "other_mean", "diff", "lo", "hi",
-                                       "seeds", "few")} for p, c in calls.items()}
+    per_p = {p: {k: c.get(k) for k in ("family", "claim", "other", "claim_mean", "other_mean", "diff", "lo",
+                                       "hi", "seeds", "few")} for p, c in calls.items()}
     return dict(outcome=point, shares=shares, per_p=per_p)
 
 
@@ -230,15 +231,15 @@ def measured_noise(path: Path | None = None) -> dict | None:
     for e in [d, *(json.loads(f.read_text()) for f in sorted(path.parent.glob(f"{path.stem}-s*.json")))]:
         t = e.get("at_target") or {}
         if e.get("config") == d["config"] and t.get("b_simple") is not None:
-            seeds.append(dict(seed=e["seed"], b_simple=t["b_simple"], lo=t["lo"], hi=t["hi"], samples=t["samples"],
-                              same_as_study_run=e.get("same_as_study_run")))
+            seeds.append(dict(seed=e["seed"], b_simple=t["b_simple"], lo=t["lo"], hi=t["hi"],
+                              samples=t["samples"], same_as_study_run=e.get("same_as_study_run")))
     seeds.sort(key=lambda e: e["seed"])
     close = [q for q in d["points"] if abs(q["val_error"] - d["target"]) <= 0.05]
     near = [q for q in close if q["b_simple"] is not None]
     every = [q["b_simple"] for q in d["points"] if q["b_simple"] is not None]
     return dict(b_simple=mean([e["b_simple"] for e in seeds]), seeds=seeds, lo=at["lo"], hi=at["hi"],
-                samples=at["samples"], config=d["config"], seed=d["seed"], gradients=d["points"][0]["gradients"],
-                batch=d["batch"],
+                samples=at["samples"], config=d["config"], seed=d["seed"],
+                gradients=d["points"][0]["gradients"], batch=d["batch"],
                 near=dict(low=min(q["b_simple"] for q in near), high=max(q["b_simple"] for q in near),
                           errors=[min(q["val_error"] for q in near), max(q["val_error"] for q in near)],
                           checkpoints=len(near), unresolved=len(close) - len(near)) if near else None,
@@ -267,7 +268,8 @@ def fit_noise(pts: list[tuple[int, list[float]]], rng) -> dict:
 
     b_noise, s_min = fit([(b, mean(s)) for b, s in pts])
     slope = b_noise * s_min if math.isfinite(b_noise) else None
-    misfit = (max(abs(mean(s) / (s_min + slope / b) - 1) for b, s in pts) if slope else None)  # (the point fit's)
+    # (the point fit's)
+    misfit = (max(abs(mean(s) / (s_min + slope / b) - 1) for b, s in pts) if slope else None)
     boots = np.sort([fit([(b, float(np.mean(rng.choice(s, len(s))))) for b, s in pts])[0]
                      for _ in range(BOOT // 4)])
 
@@ -304,7 +306,8 @@ def workload(ns: dict) -> dict:
         return out
     f = 8 / b * IMAGENET_B_NOISE / IMAGENET_BATCH_PER_GPU
     out.update(factor=f, bound="" if m or ns.get("b_noise") else "at most", source="measured" if m else "fit",
-               batch_over_b_noise={p: 8 * p / b for p in X.WORKERS}, imagenet_gpus={p: p * f for p in X.WORKERS})
+               batch_over_b_noise={p: 8 * p / b for p in X.WORKERS},
+               imagenet_gpus={p: p * f for p in X.WORKERS})
     return out
 
 
@@ -329,8 +332,8 @@ def analyse(st: X.Study | None = None, seed: int = 0) -> dict:
                commits=commits, runs=len(st.recs), machine_hours=hours,
                machine_hours_total=sum(hours.values()))
     timed = [r for r in st.recs.values() if r.get("worker_steps") and r.get("real_seconds")]
-    out["ms_per_worker_step"] = (1e3 * sum(r["real_seconds"] for r in timed) / sum(r["worker_steps"] for r in timed)
-                                 if timed else None)
+    out["ms_per_worker_step"] = (1e3 * sum(r["real_seconds"] for r in timed)
+                                 / sum(r["worker_steps"] for r in timed) if timed else None)
     out["tuning"] = {f"{m}/p{p}": tuning_row(st, m, p)
                      for p in (1, *X.WORKERS) for m in (("single",) if p == 1 else X.METHODS)}
     ready, waiting = st.plan()
@@ -376,7 +379,8 @@ def study_file(res: dict) -> dict:
                           classes=10, eval_every=X.EVAL_EVERY, name="the glyphs (jobs/glyphs.toml)"),
                 workers=res["workers"], networks=res["networks"], conditions=res["conditions"],
                 complete=res["left"]["ready"] == 0 and res["left"]["waiting"] == 0,
-                noise_scale={**{k: res["noise_scale"].get(k) for k in ("b_noise", "b_noise_lo", "b_noise_hi")},
+                noise_scale={**{k: res["noise_scale"].get(k)
+                                for k in ("b_noise", "b_noise_lo", "b_noise_hi")},
                              "b_simple_measured": (res["noise_scale"].get("measured") or {}).get("b_simple")},
                 cells=cells)
 
@@ -397,7 +401,8 @@ def cell_text(c: dict | None) -> str:
         return "none reached the target in every seed" + so_far(c)
     r = c["methods"][c["fastest"]]
     ties = [SHORT[m] for m in c.get("tied", [])]
-    text = f"**{SHORT[c['fastest']]}** {secs(r['mean_seconds'])} s" + (f" (ties {', '.join(ties)})" if ties else "")
+    text = f"**{SHORT[c['fastest']]}** {secs(r['mean_seconds'])} s" + (f" (ties {', '.join(ties)})"
+                                                                       if ties else "")
     return text + so_far(c)
 
 
@@ -426,7 +431,8 @@ def say_outcome(o: str) -> str:
         fam, tie, _ = fam.partition(" or a tie")
         span = span.strip("()").replace("-", "–")
         if tie:
-            return f"no crossing resolved in p = {span}: {FAMILY_NAME[fam]} first wherever the families differ"
+            return (f"no crossing resolved in p = {span}: {FAMILY_NAME[fam]} first wherever the families "
+                    "differ")
         return f"no crossing in p = {span}: {FAMILY_NAME[fam]} first at every p"
     if " -> " in o:
         out, prev = [], o.partition(" -> ")[0]
@@ -467,8 +473,9 @@ def shares_text(shares: dict[str, float]) -> str:
         return ""
     if len(shares) == 1:
         return " (in every bootstrap resample)"
-    return " (bootstrap: " + "; ".join(f"{'<1%' if v < 0.01 else '>99%' if v > 0.99 else f'{v:.0%}'} {say_outcome(k)}"
-                                        for k, v in shares.items()) + ")"
+    return " (bootstrap: " + "; ".join(
+        f"{'<1%' if v < 0.01 else '>99%' if v > 0.99 else f'{v:.0%}'} {say_outcome(k)}"
+        for k, v in shares.items()) + ")"
 
 
 def map_markdown(res: dict) -> str:
@@ -485,7 +492,8 @@ def map_markdown(res: dict) -> str:
         for c in res["conditions"]:
             x = res["crossovers"][f"{n}/{c}"]
             seq = per_p_words(x["per_p"])
-            out.append(f"* {c}: " + (f"{seq}. So " if seq else "") + say_outcome(x["outcome"]) + shares_text(x["shares"]))
+            out.append(f"* {c}: " + (f"{seq}. So " if seq else "") + say_outcome(x["outcome"])
+                       + shares_text(x["shares"]))
         out.append("")
     return "\n".join(out).rstrip()
 
@@ -545,11 +553,14 @@ def answer_markdown(res: dict, final: bool) -> str:
         done.append(p)
     head = ("**In short** (generated from the study): the family first to the target along p." if final else
             "**In short, so far** (generated from the cells complete yet"
-            f"{f', every one through p = {max(done)}' if done else ''}): the family first to the target along p.")
-    head += (f" Times are simulated seconds: the profile's GPU and network (its `stands_for`, e.g. ResNet-50 on "
-             f"A100s) for the steps a proxy task took to {res.get('target_error', X.TARGET):.0%} validation error (the glyphs, "
-             "ResNet-8, batch 8 per worker; the map below, section 11).")
-    words = {"none": "No variability", "typical": "A cluster's typical jitter", "stragglers": "Jin et al.'s stragglers"}
+            f"{f', every one through p = {max(done)}' if done else ''}): "
+            "the family first to the target along p.")
+    head += (f" Times are simulated seconds: the profile's GPU and network (its `stands_for`, e.g. "
+             f"ResNet-50 on A100s) for the steps a proxy task took to "
+             f"{res.get('target_error', X.TARGET):.0%} validation error (the glyphs, ResNet-8, batch 8 per "
+             "worker; the map below, section 11).")
+    words = {"none": "No variability", "typical": "A cluster's typical jitter",
+             "stragglers": "Jin et al.'s stragglers"}
     out = [head, ""]
     for c in res["conditions"]:
         said: dict[str, list[str]] = {}
@@ -566,13 +577,15 @@ def budget_words(res: dict, final: bool) -> str:
     hours, ms = res["machine_hours_total"], res.get("ms_per_worker_step")
     did = "took" if final else "has taken"
     if hours <= BUDGET_HOURS:
-        return f"The study {did} {hours:.1f} machine-hours (one core per run) of the {BUDGET_HOURS:g} budgeted."
+        return (f"The study {did} {hours:.1f} machine-hours (one core per run) of the {BUDGET_HOURS:g} "
+                "budgeted.")
     step = f" {ms:.1f} ms of one core (all of a run's real time counted)," if ms else ""
-    return (f"The study {did} {hours:.1f} machine-hours (one core per run), {hours - BUDGET_HOURS:.1f} over the "
-            f"{BUDGET_HOURS:g} budgeted. A virtual worker-step costs{step} {STEP_SPEEDUP:g}× what the budget "
-            "assumed (worker-steps that many times cheaper, which the virtual cluster did not reach); none of the "
-            "cuts that would have kept within the budget (a smaller search, fewer seeds, the asynchronous methods "
-            "under one condition, a shorter horizon) was made, since each breaks a requirement of a fair study.")
+    return (f"The study {did} {hours:.1f} machine-hours (one core per run), {hours - BUDGET_HOURS:.1f} over "
+            f"the {BUDGET_HOURS:g} budgeted. A virtual worker-step costs{step} {STEP_SPEEDUP:g}× what the "
+            "budget assumed (worker-steps that many times cheaper, which the virtual cluster did not reach); "
+            "none of the cuts that would have kept within the budget (a smaller search, fewer seeds, the "
+            "asynchronous methods under one condition, a shorter horizon) was made, since each breaks a "
+            "requirement of a fair study.")
 
 
 def claims_markdown(res: dict) -> str:
@@ -603,7 +616,8 @@ def figure(res: dict, path: Path, provisional: bool = False) -> None:
                 best = cl and cl["fastest"]
                 ax.add_patch(Rectangle((j, i), 1, 1, facecolor=COLORS.get(best, "white"), edgecolor="white",
                                        hatch="//" if cl and cl.get("tied") else None))
-                label = "—" if not cl else "miss" if best is None else secs(cl["methods"][best]["mean_seconds"])
+                label = ("—" if not cl else "miss" if best is None
+                         else secs(cl["methods"][best]["mean_seconds"]))
                 label += "" if not cl or cl["complete"] else "*"
                 r, g, b = matplotlib.colors.to_rgb(COLORS.get(best, "white"))
                 ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
@@ -634,8 +648,9 @@ def write(path: Path, obj: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--final", action="store_true", help="write crossover.json (refused while runs are left); "
-                    "without it crossover-progress.json (the figure, docs/figures/crossover.png, either way)")
+    ap.add_argument("--final", action="store_true",
+                    help="write crossover.json (refused while runs are left); without it "
+                    "crossover-progress.json (the figure, docs/figures/crossover.png, either way)")
     a = ap.parse_args(argv)
     res = analyse()
     done = res["left"]["ready"] == 0 and res["left"]["waiting"] == 0
@@ -649,8 +664,8 @@ def main(argv=None) -> int:
         PROGRESS.unlink(missing_ok=True)          # docs read crossover.json from now on
     write(STUDY_FILE, study_file(res))
     if res["foreign_records"]:
-        print(f"crossover: {res['foreign_records']} records of another commit than the pinned one are left out",
-              file=sys.stderr)
+        print(f"crossover: {res['foreign_records']} records of another commit than the pinned one are "
+              "left out", file=sys.stderr)
     print(f"{res['runs']} runs, {res['machine_hours_total']:.2f} machine-hours; "
           f"{len(res['cells'])} cells; left: {res['left']}")
     for k, v in res["crossovers"].items():

@@ -56,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-publish", action="store_true",
                     help="write results and figures under --out, not benchmarks/results and docs/figures")
     ap.add_argument("--data", default="", help="a dataset directory (make_shards) instead of the digits")
-    ap.add_argument("--image-size", type=int, default=0, help="with --data: crop side (default: the config's)")
+    ap.add_argument("--image-size", type=int, default=0,
+                    help="with --data: crop side (default: the config's)")
     ap.add_argument("--model", default="", help="override the config's model (e.g. resnet18)")
     ap.add_argument("--epochs", type=int, default=0, help="with --data: epochs of every run (default 3)")
     ap.add_argument("--target", type=float, default=0.0,
@@ -79,7 +80,8 @@ def runner_for(ap: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Runn
     if a.out is None:                                   # quick runs never replace the full ones
         a.out = ROOT / "runs" / ("experiments-quick" if a.quick else "experiments")
     a.out = a.out.resolve()
-    extra = (["--data", a.data] if a.data else []) + (["--image-size", str(a.image_size)] if a.image_size else []) \
+    extra = (["--data", a.data] if a.data else []) \
+        + (["--image-size", str(a.image_size)] if a.image_size else []) \
         + (["--model", a.model] if a.model else []) + (["--epochs", str(a.epochs)] if a.epochs else [])
     if a.target:
         sweep_runner.TARGET_ERROR = a.target

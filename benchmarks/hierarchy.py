@@ -11,13 +11,13 @@ evaluated only at the end, so that the bytes are the training exchanges' (each e
 the replicas, moving about as many bytes with the hierarchy as without under a node-aware
 all-reduce); ``pull``: the authors' blocking pull; ``allreduce``; ``easgd`` (its server rank is a
 group of its own, so node 0's other rank is a worker group of one); ``asgd`` (the same, at the job's
-rate over those who push); ``localsgd``, tau 4) trains ``jobs/experiments.toml`` (ResNet-20 on the built-in digits,
-batch 16 per rank) on NODES emulated nodes of RANKS_PER_NODE ranks (``benchmarks/netcluster.py``;
-root needed), once flat and once with ``--hierarchy node``, per seed.  Recorded per run: the
-bytes every node sent and received over its link (the tc counters) per training sample, the
-seconds to 10% validation error (training clock, evaluation excluded), the final error, and the
-seconds per step split.  Prints a table of means over the seeds.  With ``--json`` an existing file
-of the same setup keeps the runs of the variants not run this time.
+rate over those who push); ``localsgd``, tau 4) trains ``jobs/experiments.toml`` (ResNet-20 on the
+built-in digits, batch 16 per rank) on NODES emulated nodes of RANKS_PER_NODE ranks
+(``benchmarks/netcluster.py``; root needed), once flat and once with ``--hierarchy node``, per seed.
+Recorded per run: the bytes every node sent and received over its link (the tc counters) per
+training sample, the seconds to 10% validation error (training clock, evaluation excluded), the
+final error, and the seconds per step split.  Prints a table of means over the seeds.  With
+``--json`` an existing file of the same setup keeps the runs of the variants not run this time.
 """
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ TARGET = 0.10
 PUSH_OV = ["--method", "gossip", "--gossip", "push", "--gossip-overlap"]
 VARIANTS = {"push-ov": [*PUSH_OV, "--gossip-graph", "exponential"],
             "push-ov-uniform": [*PUSH_OV, "--gossip-graph", "uniform"],       # the flagship jobs' graph
-            "push-ov-uniform-1eval": [*PUSH_OV, "--gossip-graph", "uniform", "--eval-every", "1000"],  # end only
+            "push-ov-uniform-1eval": [*PUSH_OV, "--gossip-graph", "uniform",
+                                      "--eval-every", "1000"],  # end only
             "pull": ["--method", "gossip", "--gossip", "pull"],
             "allreduce": ["--method", "allreduce"],
             "easgd": ["--method", "easgd"],                                     # a server rank alone
@@ -63,9 +64,11 @@ def one(cluster, variant: str, hier: str, seed: int, args, out: Path) -> dict:
     cmd = [sys.executable, "-m", "scalesgd", "--config", str(JOB), *VARIANTS[variant],
            *layout_flags(variant, hier, args.nodes, args.ranks_per_node), "--hierarchy", hier,
            "--seed", str(seed), "--epochs", str(args.epochs), "--run-dir", str(run_dir), "--progress", "off"]
-    r = cluster.run(cmd, capture=True, timeout=3600, env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+    r = cluster.run(cmd, capture=True, timeout=3600,
+                    env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
     if r.returncode != 0:
-        raise SystemExit(f"hierarchy: {variant} {hier} seed {seed} failed (rc={r.returncode}):\n{r.stderr[-3000:]}")
+        raise SystemExit(f"hierarchy: {variant} {hier} seed {seed} failed (rc={r.returncode}):\n"
+                         f"{r.stderr[-3000:]}")
     s = json.loads((run_dir / "summary.json").read_text())
     samples = s["history"][-1]["global_samples"]
     return {"seed": seed, "time_to_target": first_reach(s["history"], TARGET),
@@ -83,14 +86,16 @@ def mean(xs):
 def table(d: dict) -> str:
     rows = ["| variant | hierarchy | bytes per sample, busiest node (sent + received) | flat / hierarchical "
             "| seconds to 10% error (each seed) | final error % (each seed) |", "|---|---|---|---|---|---|"]
-    busiest = {key: mean([max(r["bytes_per_sample"].values()) for r in runs]) for key, runs in d["runs"].items()}
+    busiest = {key: mean([max(r["bytes_per_sample"].values()) for r in runs])
+               for key, runs in d["runs"].items()}
     for key, runs in d["runs"].items():
         variant, hier = key.split()
         b = busiest[key]
         flat = busiest.get(f"{variant} none")
         cut = f"{flat / b:.2f}x" if hier != "none" and flat else ""
         ttt = ("— (evaluated at the end only)" if variant.endswith("-1eval") else
-               ", ".join("never" if r["time_to_target"] is None else f"{r['time_to_target']:.1f}" for r in runs))
+               ", ".join("never" if r["time_to_target"] is None else f"{r['time_to_target']:.1f}"
+                         for r in runs))
         fe = ", ".join(f"{100 * r['final_error']:.1f}" for r in runs)
         rows.append(f"| {variant} | {hier} | {b / 1e3:.1f} kB | {cut} | {ttt} | {fe} |")
     return "\n".join(rows)

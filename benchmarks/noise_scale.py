@@ -109,7 +109,8 @@ def at_target(points: list[dict], target: float = TARGET) -> dict | None:
     return None
 
 
-def gradients(cfg, shards: ShardSet, params: np.ndarray, buffers: np.ndarray, n: int, epoch: int) -> np.ndarray:
+def gradients(cfg, shards: ShardSet, params: np.ndarray, buffers: np.ndarray, n: int,
+              epoch: int) -> np.ndarray:
     """``n`` gradients of the training loss at (params, buffers), each over one batch of the
     training loader's epoch ``epoch`` (its own shuffle and augmentation), BN in training mode."""
     m, d = cfg.model, cfg.data
@@ -182,8 +183,8 @@ def main() -> int:
     ap.add_argument("--every", type=float, default=X.EVAL_EVERY, help="epochs between checkpoints")
     ap.add_argument("--batches", type=int, default=1024, help="gradients of 8 images per checkpoint")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, help="default: noise-scale.json for seed 0, noise-scale-s<seed>.json for "
-                    "another (the report reads them all)")
+    ap.add_argument("--out", type=Path, help="default: noise-scale.json for seed 0, "
+                    "noise-scale-s<seed>.json for another (the report reads them all)")
     a = ap.parse_args()
     a.out = a.out or (OUT if a.seed == 0 else OUT.with_name(f"{OUT.stem}-s{a.seed}.json"))
     st = X.Study()
@@ -196,7 +197,8 @@ def main() -> int:
         command = train(run, a.data, config, a.epochs, a.every, a.seed)
         trained = time.monotonic() - t
         points = measure(run, a.data, a.batches)
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                         text=True).stdout.strip()
     rec = st.get(X.Run("sweep", "single", 1, config, a.seed, X.TUNE_NETWORK, X.TUNE_CONDITION))
     same = None                     # (the study's record of this seed: its validations, to the target)
     if rec is not None:
@@ -207,7 +209,8 @@ def main() -> int:
     out = dict(what="B_simple = tr(Sigma) / |G|^2 of one worker's batch-8 gradients (McCandlish et al. 2018, "
                     "appendix A), at checkpoints of one worker's run of the crossover proxy",
                config=config, command=" ".join(os.path.relpath(x, ROOT) if x.startswith(f"{ROOT}/") else x
-                                               for x in command[:-2]), pinned=X.commit(), seed=a.seed, epochs=a.epochs, every=a.every, target=TARGET,
+                                               for x in command[:-2]),
+               pinned=X.commit(), seed=a.seed, epochs=a.epochs, every=a.every, target=TARGET,
                batch=8, commit=sha, train_seconds=trained, same_as_study_run=same, points=points,
                at_target=at_target(points))
     a.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -43,7 +43,8 @@ def cores(d):
 
 def sync(d):
     return "\n".join([
-        f"{d['workers']} ranks × batch {d['batch']} (allreduce) vs 1 rank × batch {d['workers'] * d['batch']} "
+        f"{d['workers']} ranks × batch {d['batch']} (allreduce) vs 1 rank × batch "
+        f"{d['workers'] * d['batch']} "
         f"({d['workers']} and 1 processes on {cores(d)} cores)", "",
         "| | value |", "|---|---|",
         f"| largest difference of validation error at the same evaluation | "
@@ -54,19 +55,23 @@ def sync(d):
         f"| final validation error, 1 rank / allreduce | {100 * d['val_error_single'][-1]:.2f}% / "
         f"{100 * d['val_error_allreduce'][-1]:.2f}% |",
         f"| final weights, ‖w_allreduce − w_1rank‖ / ‖w_1rank‖ | {d['final_param_rel_diff']:.3f} |",
-        f"| the same for allreduce with another seed (a different run) | {d['other_seed_param_rel_diff']:.3f} |"])
+        f"| the same for allreduce with another seed (a different run) | "
+        f"{d['other_seed_param_rel_diff']:.3f} |"])
 
 
 def methods(d):
     rows = [f"| method | workers (ranks on {cores(d)} cores) | epochs | final error % | best error % | "
-            f"seconds to {100 * d['target_error']:g}% | epochs to {100 * d['target_error']:g}% | img/s | s/step |",
+            f"seconds to {100 * d['target_error']:g}% | epochs to {100 * d['target_error']:g}% | img/s | "
+            "s/step |",
             "|---|---|---|---|---|---|---|---|---|"]
     for v in d["runs"].values():
         rows.append(f"| {v['method']} | {v['workers']} ({v['ranks']}) | {v['epochs']} | "
-                    f"{agg(v['final_error'], 100)} | {agg(v['best_error'], 100)} | {agg(v['time_to_target'])} | "
+                    f"{agg(v['final_error'], 100)} | {agg(v['best_error'], 100)} | "
+                    f"{agg(v['time_to_target'])} | "
                     f"{agg(v['epochs_to_target'], 1, '.2f')} | {agg(v['images_per_second'], 1, '.0f')} | "
                     f"{f(v['step_seconds']['mean'], '.3f')} |")
-    return "\n".join(rows) + (f"\n\nMean over {d['seeds']} seeds [min–max]." if d['seeds'] > 1 else "\n\nOne seed.")
+    return "\n".join(rows) + (f"\n\nMean over {d['seeds']} seeds [min–max]." if d['seeds'] > 1
+                              else "\n\nOne seed.")
 
 
 def methods_net(d):
@@ -76,7 +81,8 @@ def methods_net(d):
     head = (f"Emulated nodes, one rank each; link rate per p from the papers' ratio r = {n['ratio']:.3f} "
             f"of transfer to step time (× {n['factor']:g})." if n.get("ratio") else
             f"Emulated nodes, one rank each, every link at {n['fixed_rate'] / 1e6:g} Mbit/s.")
-    rows = [f"| method | workers (nodes) | link Mbit/s | final error % | seconds to {100 * d['target_error']:g}% | "
+    rows = [f"| method | workers (nodes) | link Mbit/s | final error % | "
+            f"seconds to {100 * d['target_error']:g}% | "
             f"epochs to {100 * d['target_error']:g}% | s/step | compute / comm / wait ms per step | "
             "server ms per exchange (busy) | least MB sent, received by a node |",
             "|---|---|---|---|---|---|---|---|---|---|"]
@@ -85,39 +91,46 @@ def methods_net(d):
         srv = v.get("server_service_ms") or {}
         rows.append(
             f"| {v['method']} | {v['workers']} ({v['ranks']}) | {net.get('rate_bits', 0) / 1e6:.0f} | "
-            f"{agg(v['final_error'], 100)} | {agg(v['time_to_target'])} | {agg(v['epochs_to_target'], 1, '.2f')} | "
+            f"{agg(v['final_error'], 100)} | {agg(v['time_to_target'])} | "
+            f"{agg(v['epochs_to_target'], 1, '.2f')} | "
             f"{f(v['step_seconds']['mean'], '.3f')} | {1e3 * (sp['compute'] + sp['data']):.0f} / "
             f"{1e3 * sp['comm']:.0f} / {1e3 * sp['wait']:.0f} | "
-            + (f"{srv['mean']:.1f} ({100 * v['server_utilization']['mean']:.0f}%)" if srv.get("mean") else "—")
+            + (f"{srv['mean']:.1f} ({100 * v['server_utilization']['mean']:.0f}%)" if srv.get("mean")
+               else "—")
             + f" | {net.get('min_sent_mb', 0):.0f}, {net.get('min_received_mb', 0):.0f} |")
-    return head + "\n\n" + "\n".join(rows) + (f"\n\nMean over {d['seeds']} seeds [min–max]." if d['seeds'] > 1 else "\n\nOne seed.")
+    return head + "\n\n" + "\n".join(rows) + (f"\n\nMean over {d['seeds']} seeds [min–max]."
+                                            if d['seeds'] > 1 else "\n\nOne seed.")
 
 
 def extensions(d):
-    rows = ["| run | workers | final error % | seconds to target | epochs to target | s/step | wait ms per step | "
-            "server ms per exchange (busy) | pushes served / rejected | staleness max |",
+    rows = ["| run | workers | final error % | seconds to target | epochs to target | s/step | "
+            "wait ms per step | server ms per exchange (busy) | pushes served / rejected | staleness max |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for v in d["runs"].values():
         util = v.get("server_utilization")
         srv = (f"{v['server_service_ms']:.1f} ({100 * util:.0f}%)" if v.get("server_service_ms") else "—")
-        rows.append(f"| {v['label']} | {v['workers']} | {100 * v['final_error']:.1f} | {f(v['time_to_target'], '.1f')} | "
+        rows.append(f"| {v['label']} | {v['workers']} | {100 * v['final_error']:.1f} | "
+                    f"{f(v['time_to_target'], '.1f')} | "
                     f"{f(v['epochs_to_target'])} | {v['step_seconds']:.3f} | "
                     f"{1e3 * v['split_per_step']['wait']:.0f} | {srv} | "
-                    f"{f(v.get('served'), 'd')} / {f(v.get('rejected'), 'd')} | {f(v.get('staleness_max'), 'd')} |")
-    return "\n".join(rows) + (f"\n\nOne seed (0); asgd's bound S = {d['max_staleness']}; rows without K are one "
-                               "server, rows without a graph name the uniform graph.")
+                    f"{f(v.get('served'), 'd')} / {f(v.get('rejected'), 'd')} | "
+                    f"{f(v.get('staleness_max'), 'd')} |")
+    return "\n".join(rows) + (f"\n\nOne seed (0); asgd's bound S = {d['max_staleness']}; rows without K are "
+                              "one server, rows without a graph name the uniform graph.")
 
 
 def stragglers(d):
     delays = d["delays_ms"]
-    rows = ["| method | " + " | ".join(f"D = {x} ms: throughput ×, time-to-target ×, final err %" for x in delays)
+    rows = ["| method | " + " | ".join(f"D = {x} ms: throughput ×, time-to-target ×, final err %"
+                                      for x in delays)
             + " |", "|---" * (len(delays) + 1) + "|"]
     for m, row in d["runs"].items():
         rows.append(f"| {m} | " + " | ".join(
-            f"{r['slowdown_images_per_second']:.2f}, {f(r['slowdown_time_to_target'])}, {100 * r['final_error']:.1f}"
+            f"{r['slowdown_images_per_second']:.2f}, {f(r['slowdown_time_to_target'])}, "
+            f"{100 * r['final_error']:.1f}"
             for r in row) + " |")
-    return "\n".join(rows) + (f"\n\n{d['workers']} workers; the last worker rank sleeps U[0, D] ms after each "
-                              "backward pass. ×: slow-down relative to D = 0 (higher is slower).")
+    return "\n".join(rows) + (f"\n\n{d['workers']} workers; the last worker rank sleeps U[0, D] ms after "
+                              "each backward pass. ×: slow-down relative to D = 0 (higher is slower).")
 
 
 def lr(d):
@@ -126,17 +139,20 @@ def lr(d):
     for m, row in d["runs"].items():
         rows.append(f"| {m} | " + " | ".join(f"{100 * r['final_error']:.1f}, {f(r['time_to_target'], '.1f')}"
                                              for r in row) + " |")
-    return "\n".join(rows) + f"\n\n{d['workers']} workers, 3 epochs, target {100 * d['target_error']:g}% error."
+    return "\n".join(rows) + (f"\n\n{d['workers']} workers, 3 epochs, target {100 * d['target_error']:g}% "
+                              "error.")
 
 
 def consensus(d):
-    rows = [f"| variant | graph | ranks (on {cores(d)} cores) | distance after 10 exchanges | decay per exchange | "
-            "exchanges to 1e-3 | drift of the mean (relative) |", "|---|---|---|---|---|---|---|"]
+    rows = [f"| variant | graph | ranks (on {cores(d)} cores) | distance after 10 exchanges | "
+            "decay per exchange | exchanges to 1e-3 | drift of the mean (relative) |",
+            "|---|---|---|---|---|---|---|"]
     for v in d["runs"].values():
         dist = v["distance"]
         rows.append(f"| {v['variant']} | {v.get('graph', 'uniform')} | {v['ranks']} | "
                     f"{dist[min(10, len(dist) - 1)]:.2e} | "
-                    f"{v['rate_per_exchange']:.3f} | {f(v['exchanges_to_1e-3'], 'd')} | {v['mean_drift']:.1e} |")
+                    f"{v['rate_per_exchange']:.3f} | {f(v['exchanges_to_1e-3'], 'd')} | "
+                    f"{v['mean_drift']:.1e} |")
     return "\n".join(rows) + f"\n\nMean over {d['repeats']} repeats; {d['rounds']} exchanges per rank."
 
 
@@ -145,11 +161,13 @@ def easgd(d):
             "mean ‖x_i − center‖ | s to target |", "|---|---|---|---|---|---|---|---|"]
     for row in d["runs"].values():
         for r in row:
-            rows.append(f"| {r['beta']:g} | {r['tau']} | {r['exchanges']} | {f(r['comm_megabytes'], '.0f')} | "
+            rows.append(f"| {r['beta']:g} | {r['tau']} | {r['exchanges']} | "
+                        f"{f(r['comm_megabytes'], '.0f')} | "
                         f"{100 * r['center_error']:.2f} | "
                         f"{', '.join(f'{100 * e:.2f}' for e in r['worker_errors'])} | "
                         f"{f(r['worker_distance'], '.3f')} | {f(r['time_to_target'], '.1f')} |")
-    return "\n".join(rows) + f"\n\n{d['workers']} workers + 1 server ({d['workers'] + 1} ranks on 2 cores), 3 epochs."
+    return "\n".join(rows) + (f"\n\n{d['workers']} workers + 1 server ({d['workers'] + 1} ranks on 2 cores), "
+                              "3 epochs.")
 
 
 def asgd(d):
@@ -158,16 +176,19 @@ def asgd(d):
             "final val err % | staleness mean | exchanges |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["runs"].values():
-        rows.append(f"| {r['n_sync']} | {r['start']} | {r['k']} ({r['k'] + 1}) | {f(r['time_to_train_target'], '.1f')} | "
-                    f"{f(r['speedup'])} | {f(r['minibatches_to_train_target'], 'd')} | {f(r['speedup_k_nodes'])} | "
+        rows.append(f"| {r['n_sync']} | {r['start']} | {r['k']} ({r['k'] + 1}) | "
+                    f"{f(r['time_to_train_target'], '.1f')} | "
+                    f"{f(r['speedup'])} | {f(r['minibatches_to_train_target'], 'd')} | "
+                    f"{f(r['speedup_k_nodes'])} | "
                     f"{100 * r['final_error']:.1f} | {r['staleness_mean']:.1f} | {r['exchanges']} |")
     tt = d["train_target"]
-    return "\n".join(rows) + (f"\n\nTraining error targets: {100 * tt['cold']:g}% (cold), {100 * tt['warm']:g}% "
-                              f"(warm). Batch {d['batch']}, lr {d['lr']:g}/k, training error smoothed over "
-                              f"{d['window']} merged minibatches (all clients'); \"speed-up on k nodes\" = "
-                              "k × minibatches(1 client) / minibatches(k): the speed-up if each client ran as fast "
-                              "as the lone one and the server kept up; warm start = 1 rank trained "
-                              f"{d['warm_epochs']} epoch (validation error {100 * d['warm_val_error']:.1f}%).")
+    return "\n".join(rows) + (f"\n\nTraining error targets: {100 * tt['cold']:g}% (cold), "
+                              f"{100 * tt['warm']:g}% (warm). Batch {d['batch']}, lr {d['lr']:g}/k, training "
+                              f"error smoothed over {d['window']} merged minibatches (all clients'); "
+                              "\"speed-up on k nodes\" = k × minibatches(1 client) / minibatches(k): the "
+                              "speed-up if each client ran as fast as the lone one and the server kept up; "
+                              f"warm start = 1 rank trained {d['warm_epochs']} epoch (validation error "
+                              f"{100 * d['warm_val_error']:.1f}%).")
 
 
 def model(d):
@@ -175,22 +196,27 @@ def model(d):
     v = d.get("validation")
     if v:
         out += ["| run | ranks on 2 cores | measured s/step | predicted | error |", "|---|---|---|---|---|"]
-        out += [f"| {r['run']} | {r['ranks']} | {r['measured']:.3f} | {r['predicted']:.3f} | {100 * r['error']:+.0f}% |"
+        out += [f"| {r['run']} | {r['ranks']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
+                f"{100 * r['error']:+.0f}% |"
                 for r in v["rows"]]
-        out += ["", f"Median |error| {100 * v['median_abs_error']:.0f}%, largest {100 * v['max_abs_error']:.0f}%.", ""]
+        out += ["", f"Median |error| {100 * v['median_abs_error']:.0f}%, "
+                f"largest {100 * v['max_abs_error']:.0f}%.", ""]
     sv = d.get("straggler_validation")
     if sv:
         out += ["| method | D ms | measured slow-down | simulated |", "|---|---|---|---|"]
-        out += [f"| {r['method']} | {r['delay_ms']} | {r['measured']:.2f} | {r['simulated']:.2f} |" for r in sv]
+        out += [f"| {r['method']} | {r['delay_ms']} | {r['measured']:.2f} | {r['simulated']:.2f} |"
+                for r in sv]
         out += [""]
     nv = d.get("net_validation")
     if nv:
-        out += [f"On emulated nodes (link = tbf rate × {nv['efficiency']:g}; the run's own compute per step):", "",
+        out += [f"On emulated nodes (link = tbf rate × {nv['efficiency']:g}; the run's own compute "
+                "per step):", "",
                 "| run | link Mbit/s | compute s/step | measured s/step | predicted | error |",
                 "|---|---|---|---|---|---|"]
         out += [f"| {r['run']} | {r['rate_mbit']:.0f} | {r['compute']:.3f} | {r['measured']:.3f} | "
                 f"{r['predicted']:.3f} | {100 * r['error']:+.0f}% |" for r in nv["rows"]]
-        out += ["", f"Median |error| {100 * nv['median_abs_error']:.0f}%, largest {100 * nv['max_abs_error']:.0f}%.", ""]
+        out += ["", f"Median |error| {100 * nv['median_abs_error']:.0f}%, "
+                f"largest {100 * nv['max_abs_error']:.0f}%.", ""]
     for name, proj in d["projection"].items():
         ws = [r["workers"] for r in next(iter(proj.values()))]
         out += [f"**{name}** — minutes per ImageNet epoch / scaling efficiency (analytic; simulated with "
@@ -202,10 +228,13 @@ def model(d):
         a = d["answers"][name]
         out += ["", f"Server service {a['server_service_ms']:.1f} ms per exchange: saturates at "
                 f"{a['server_saturates_at_workers']:.1f} workers with τ = 1; all-reduce overtakes it from "
-                f"{a['allreduce_overtakes_server_at_workers']} workers; τ keeping one server below saturation: "
+                f"{a['allreduce_overtakes_server_at_workers']} workers; τ keeping one server below "
+                "saturation: "
                 + ", ".join(f"p = {p}: {t}" for p, t in a["easgd_tau_to_keep_up"].items())
-                + ". Gossip-pull ms per step: " + ", ".join(f"{p}: {x:.1f}" for p, x in a["gossip_step_ms"].items())
-                + " (simulated with stragglers: " + ", ".join(f"{x:.1f}" for x in a["gossip_sim_step_ms"].values())
+                + ". Gossip-pull ms per step: "
+                + ", ".join(f"{p}: {x:.1f}" for p, x in a["gossip_step_ms"].items())
+                + " (simulated with stragglers: "
+                + ", ".join(f"{x:.1f}" for x in a["gossip_sim_step_ms"].values())
                 + "); all-reduce ms per step of communication: "
                 + ", ".join(f"{p}: {x:.1f}" for p, x in a["allreduce_comm_ms"].items()) + "."]
         if "shards_saturate_at_workers" in a:
@@ -226,7 +255,8 @@ def virtual(d):
     seconds per epoch, comm + wait per step (with issue 36's goal: within 2x, or both under 5% of
     the step), time to target."""
     out = ["| method | p | s/epoch predicted | measured | error | comm + wait ms/step predicted | "
-           "measured | ratio | goal | time to target predicted | measured | error | reached (virtual / real) |",
+           "measured | ratio | goal | time to target predicted | measured | error | "
+           "reached (virtual / real) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
         cw = [1000 * (sp["comm"] + sp["wait"]) for sp in (r["predicted_split"], r["measured_split"])]
@@ -239,7 +269,8 @@ def virtual(d):
                    f"{pct(r['time_to_target_error'])} | {r['predicted_reached']} / {r['measured_reached']} |")
     s = d["summary"]
     cwg = s.get("comm_wait")
-    out += ["", f"Absolute errors, seconds per epoch: median {pct(s['epoch_seconds']['median'], sign=False)}, "
+    out += ["", "Absolute errors, seconds per epoch: median "
+            f"{pct(s['epoch_seconds']['median'], sign=False)}, "
             f"worst {pct(s['epoch_seconds']['worst'], sign=False)} ({s['epoch_seconds']['n']} settings); "
             f"time to {100 * d['target_error']:.0f}% error: median "
             f"{pct(s['time_to_target']['median'], sign=False)}, worst "
@@ -268,8 +299,9 @@ def cpu_step(results: Path) -> str:
     if (results / "cpu-before.json").exists():
         for r in json.loads((results / "cpu-before.json").read_text())["results"]:
             before[(r["model"], r["threads"])] = r
-    out = ["| configuration | threads | scalesgd img/s | scalesgd im2col | torch NCHW | torch channels_last | "
-           "ratio (goal) | ratio im2col | before: scalesgd / torch best, ratio | other-procs CPU |",
+    out = ["| configuration | threads | scalesgd img/s | scalesgd im2col | torch NCHW | "
+           "torch channels_last | ratio (goal) | ratio im2col | before: scalesgd / torch best, ratio | "
+           "other-procs CPU |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["results"]:
         b = before.get((r["model"], r["threads"]))
@@ -277,7 +309,8 @@ def cpu_step(results: Path) -> str:
               if b else "— (not in that run)")
         out.append(f"| {CPU_NAMES[r['model']]} | {r['threads']} | {_img_s(r['scalesgd'])} | "
                    f"{_img_s(r['scalesgd_im2col'])} | {_img_s(r['torch_nchw'])} | "
-                   f"{_img_s(r['torch_channels_last'])} | **{r['ratio']:.2f}** ({d['targets'][r['model']]}) | "
+                   f"{_img_s(r['torch_channels_last'])} | **{r['ratio']:.2f}** "
+                   f"({d['targets'][r['model']]}) | "
                    f"{r['ratio_scalesgd_im2col']:.2f} | {bt} | {f(r['foreign_cpu'])} |")
     met = [r for r in d["results"] if r["ratio"] >= d["targets"][r["model"]]]
     missed = [r for r in d["results"] if r not in met]
@@ -289,7 +322,8 @@ def cpu_step(results: Path) -> str:
     i = d["info"]
     out += ["", f"Run {i['date']}: {i['cpu_model']} ×{i['cpus']}, Python {i['python']}, NumPy {i['numpy']}, "
             f"BLAS {i['blas']}, torch {i['torch']}; {i['repeats']} interleaved blocks of {i['steps']} steps "
-            f"after {i['warmup']} warm-up steps per runner; median of block medians [range of block medians]."]
+            f"after {i['warmup']} warm-up steps per runner; median of block medians "
+            "[range of block medians]."]
     return "\n".join(out)
 
 
@@ -304,11 +338,13 @@ def cpu_profile(results: Path) -> str:
     for k in keys:
         out.append(f"| {k} | " + " | ".join(f"{p['summary'].get(k, 0.0):.2f}" for p in profs.values()) + " |")
     for name, p in profs.items():
-        out += ["", f"{CPU_NAMES[name]}, per conv geometry (k×k/stride, input H×W, channels; fwd and bwd passes):",
-                "", "| conv | calls | GEMM ms | GFLOP/s | OpenBLAS alone ms | GFLOP/s | im2col ms | col2im ms | "
-                "Winograd ms | conv Python ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+        out += ["", f"{CPU_NAMES[name]}, per conv geometry (k×k/stride, input H×W, channels; fwd and bwd "
+                "passes):",
+                "", "| conv | calls | GEMM ms | GFLOP/s | OpenBLAS alone ms | GFLOP/s | im2col ms | "
+                "col2im ms | Winograd ms | conv Python ms |", "|---|---|---|---|---|---|---|---|---|---|"]
         for c in p["convs"]:
-            out.append(f"| {c['conv']} | {c['calls_per_step']:.0f} | {c['gemm_ms']:.2f} | {f(c['gemm_gflops'], '.0f')} | "
+            out.append(f"| {c['conv']} | {c['calls_per_step']:.0f} | {c['gemm_ms']:.2f} | "
+                       f"{f(c['gemm_gflops'], '.0f')} | "
                        f"{c['openblas_alone_ms']:.2f} | {f(c['openblas_alone_gflops'], '.0f')} | "
                        f"{c['im2col_ms']:.2f} | {c['col2im_ms']:.2f} | {c['winograd_ms']:.2f} | "
                        f"{c['own_python_ms']:.2f} |")
@@ -348,7 +384,8 @@ def conv_candidates(results: Path) -> str:
     for r in d["rows"]:
         out.append(f"| {r['geometry']} | {cells(r['fwd_bwd_ms'], fb)} | {r['auto']} | {cells(r['ms'], fw)} |")
     out.append("| max error / max output (vs float64), forward | " + " | ".join("" for _ in fb) + " | | "
-               + " | ".join(f"{max(r['max_rel_error'].get(k, 0.0) for r in d['rows']):.1e}" for k in fw) + " |")
+               + " | ".join(f"{max(r['max_rel_error'].get(k, 0.0) for r in d['rows']):.1e}" for k in fw)
+               + " |")
     return "\n".join(out)
 
 
@@ -382,7 +419,8 @@ def mpi_progress(results: Path) -> str:
         d = json.loads((results / name).read_text())
         ref = (f"; the one-node reference runs the same {d['nodes']} ranks on one node with the "
                "default setting" if d.get("one_node") else "; no one-node reference")
-        parts.append(f"**{d.get('library', 'MPI library not recorded')}**: {d['nodes']} emulated nodes, 1 rank each, at {d['rate']} "
+        parts.append(f"**{d.get('library', 'MPI library not recorded')}**: {d['nodes']} emulated nodes, "
+                     f"1 rank each, at {d['rate']} "
                      f"({d['cpus_per_node']} CPU per node); `{d['train_args']}`; seconds per step, mean "
                      f"over the ranks{ref}\n\n" + R.table(d))
     return "\n\n".join(parts)
@@ -415,8 +453,8 @@ def crossover_map(results: Path) -> str:
     state = "The study is complete" if final else "**Provisional** (the study is still running)"
     more = "" if final else (f"; {left['ready']} more runs can start now, and the tuning still to come "
                              "decides the rest; a p without runs reads "
-                             "\"not run yet\", one whose runs are not all in \"so far\", and the crossovers use "
-                             "the complete cells")
+                             "\"not run yet\", one whose runs are not all in \"so far\", and the crossovers "
+                             "use the complete cells")
     return (f"{state}: {d['runs']} runs, {d['machine_hours_total']:.1f} machine-hours (one core per run) "
             f"at commit {', '.join(c[:12] for c in d['commits'])}{more}.\n\n" + R.map_markdown(d))
 
@@ -455,7 +493,8 @@ def crossover_tuning(results: Path) -> str:
                 c = c or t.get("chosen_so_far", {}).get(n) or "pending"
                 by.setdefault(c, []).append(n.split("-")[0])
             chosen = "; ".join(f"{c} ({', '.join(ns)})" if len(by) > 1 else c for c, ns in by.items())
-            edge = f" (on an edge of its rates: {', '.join(n.split('-')[0] for n in t['edge'])})" if t.get("edge") else ""
+            edge = (f" (on an edge of its rates: {', '.join(n.split('-')[0] for n in t['edge'])})"
+                    if t.get("edge") else "")
             cells.append(f"{len(t['configs'])} points, {done} run{'' if done == 1 else 's'}: {chosen}{edge}"
                          + (" (so far)" if done < t["runs"] or None in t["chosen"].values() else ""))
         rows.append(f"| {R.SHORT.get(m, m)} | " + " | ".join(cells) + " |")
@@ -490,7 +529,8 @@ def crossover_cells(results: Path) -> str:
                 "|---|" + "---|" * len(ps)]
         for m in methods:
             out.append(f"| {R.SHORT.get(m, m)} | " + " | ".join(
-                " / ".join(one(d["cells"].get(f"{n}/{c}/p{p}"), m) for c in d["conditions"]) for p in ps) + " |")
+                " / ".join(one(d["cells"].get(f"{n}/{c}/p{p}"), m) for c in d["conditions"])
+                for p in ps) + " |")
         out.append("")
     return "\n".join(out).rstrip()
 
@@ -517,9 +557,10 @@ def crossover_localsgd(results: Path) -> str:
     codes = sorted({c["retimed_code"][:7] for c in done.values()})
     out = [f"Re-timed with the code of {', '.join(codes) or '-'} (the study's runs: "
            f"{', '.join(c[:7] for c in d['study_commits'])}): {len(done)} of {len(want)} cells with local SGD"
-           f"{'' if len(done) == len(want) else ' so far'}. Local SGD's mean seconds to target, re-timed, and "
-           "the change against the study's records:", "",
-           "| network | condition | " + " | ".join(f"p = {p}" for p in ps) + " |", "|---|---|" + "---|" * len(ps)]
+           f"{'' if len(done) == len(want) else ' so far'}. Local SGD's mean seconds to target, re-timed, "
+           "and the change against the study's records:", "",
+           "| network | condition | " + " | ".join(f"p = {p}" for p in ps) + " |",
+           "|---|---|" + "---|" * len(ps)]
     mean = lambda v: sum(v) / len(v)  # noqa: E731
     for n in study["networks"]:
         for c in study["conditions"]:
@@ -539,26 +580,29 @@ def crossover_localsgd(results: Path) -> str:
         b, a = c["before"], c["after"]
         what = []
         if a["fastest"] != b["fastest"]:
-            what.append(f"fastest {R.SHORT.get(b['fastest'], b['fastest'])} -> {R.SHORT.get(a['fastest'], a['fastest'])}")
+            what.append(f"fastest {R.SHORT.get(b['fastest'], b['fastest'])} -> "
+                        f"{R.SHORT.get(a['fastest'], a['fastest'])}")
         if set(a["tied_set"]) != set(b["tied_set"]):
             what.append("tied set {" + ", ".join(R.SHORT.get(m, m) for m in b["tied_set"]) + "} -> {"
                         + ", ".join(R.SHORT.get(m, m) for m in a["tied_set"]) + "}")
         if (b["family"] or {}).get("first") != (a["family"] or {}).get("first"):
-            what.append(f"families first: {(b['family'] or {}).get('first')} -> {(a['family'] or {}).get('first')}")
+            what.append(f"families first: {(b['family'] or {}).get('first')} -> "
+                        f"{(a['family'] or {}).get('first')}")
         if what:
             changed.append(f"{k}: " + "; ".join(what))
     verb = "changes" if len(done) == 1 else "change"
-    out += ["", ("With the study's paired rule applied again (the other methods' times as recorded, local SGD's "
-                 "settings as tuned), " + (f"{len(changed)} of {cells_word(len(done))} {verb}: " + " · ".join(sorted(changed))
-                                           if changed else "no cell's fastest method, tied set or family call changes "
-                                           f"({cells_word(len(done))})") + ".")]
+    out += ["", ("With the study's paired rule applied again (the other methods' times as recorded, local "
+                 "SGD's settings as tuned), "
+                 + (f"{len(changed)} of {cells_word(len(done))} {verb}: " + " · ".join(sorted(changed))
+                    if changed else "no cell's fastest method, tied set or family call changes "
+                    f"({cells_word(len(done))})") + ".")]
     checked = {k: c for k, c in cells.items() if "check" in c}
     if checked:
         pairs = [(v, c["recorded"][s]) for c in checked.values() for s, v in c["check"].items()]
         before = ", ".join(sorted({c["check_code"][:7] for c in checked.values()}))
         out.append(f"The check: with the code before the fix ({before}), {sum(v == r for v, r in pairs)} of "
-                   f"{len(pairs)} seeds' clock-only runs ({cells_word(len(checked))}) give the study's recorded "
-                   "seconds bit for bit.")
+                   f"{len(pairs)} seeds' clock-only runs ({cells_word(len(checked))}) give the study's "
+                   "recorded seconds bit for bit.")
     return "\n".join(out)
 
 
@@ -579,14 +623,14 @@ def crossover_noise(results: Path) -> str:
         lo = f"{ns['b_noise_lo']:.0f}" if ns.get("b_noise_lo") else "—"
         misfit = (f", which counts the seeds' variation only, not the fit's misses of single batches, up to "
                   f"{ns['misfit']:.0%}" if ns.get("misfit") else "")
-        fitted = (f"Fitted B_crit ≈ {ns['b_noise']:.0f} (McCandlish et al.'s critical batch E_min / S_min, the "
-                  f"noise scale as the whole run averages it; 95% bootstrap interval {lo}–{hi}{misfit}), "
+        fitted = (f"Fitted B_crit ≈ {ns['b_noise']:.0f} (McCandlish et al.'s critical batch E_min / S_min, "
+                  f"the noise scale as the whole run averages it; 95% bootstrap interval {lo}–{hi}{misfit}), "
                   f"S_min ≈ {ns['s_min']:.0f} steps.")
     elif ns.get("b_noise_fit"):
         lo = f"{ns['b_noise_lo']:.0f}" if ns.get("b_noise_lo") else "—"
         fitted = (f"B_noise is **not resolved**: the point fit gives {ns['b_noise_fit']:.0f}, but "
-                  f"{ns['unresolved_share']:.0%} of the bootstrap resamples find no noise scale at all (steps "
-                  "falling as fast as 1/B or faster), so its 95% interval is "
+                  f"{ns['unresolved_share']:.0%} of the bootstrap resamples find no noise scale at all "
+                  "(steps falling as fast as 1/B or faster), so its 95% interval is "
                   f"{lo}–∞ and only the lower bound, {lo}, is read below.")
     else:
         lo = f"{ns['b_noise_lo']:.0f}" if ns.get("b_noise_lo") else None
@@ -595,8 +639,8 @@ def crossover_noise(results: Path) -> str:
                   "bootstrap resamples neither): the data are consistent with every batch measured "
                   "lying below the noise scale"
                   + (f"; its lower bound (2.5th percentile of the resamples) is {lo}." if lo else
-                     f", so p here reads only as ImageNet below its noise scale (taking ImageNet's B_noise as "
-                     f"{w['assumed_imagenet_b_noise']:,}, an assumption: fewer than "
+                     ", so p here reads only as ImageNet below its noise scale (taking ImageNet's B_noise "
+                     f"as {w['assumed_imagenet_b_noise']:,}, an assumption: fewer than "
                      f"{w['assumed_imagenet_b_noise'] // w['imagenet_batch_per_gpu']} GPUs at "
                      f"{w['imagenet_batch_per_gpu']} images each)."))
     if ns.get("so_far"):
@@ -610,7 +654,8 @@ def crossover_noise(results: Path) -> str:
                  f"over the {near['checkpoints']} checkpoints within 0.05 of the target's error "
                  f"({near['errors'][0]:.2f}–{near['errors'][1]:.2f}) it moves between {near['low']:.0f} and "
                  f"{near['high']:.0f}, " + ("more than those intervals: the weights' own variation dominates"
-                                            if near["high"] - near["low"] > width else "within those intervals")
+                                            if near["high"] - near["low"] > width
+                                            else "within those intervals")
                  + (f" ({near['unresolved']} more not resolved)" if near.get("unresolved") else ""))
         equal = all((e.get("same_as_study_run") or {}).get("equal") for e in seeds)
         runs = (f"seed {seeds[0]['seed']}" if len(seeds) == 1 else
@@ -619,21 +664,24 @@ def crossover_noise(results: Path) -> str:
         how = ("interpolated between the checkpoints around the target, with a 95% jackknife interval over "
                "the gradients at each")
         if len(seeds) == 1:
-            value = (f"**B_simple ≈ {m['b_simple']:.0f}** at the target ({m['lo']:.0f}–{m['hi']:.0f}: both {how})"
+            value = (f"**B_simple ≈ {m['b_simple']:.0f}** at the target ({m['lo']:.0f}–{m['hi']:.0f}: "
+                     f"both {how})"
                      + (f"; {moves}" if moves else ""))
         else:
             spread = max(e["b_simple"] for e in seeds) - min(e["b_simple"] for e in seeds)
-            value = (f"**B_simple ≈ {m['b_simple']:.0f}** at the target, the mean of {', '.join(one[:-1])} and "
-                     f"{one[-1]} over the seeds (each {how}): the seed moves it "
+            value = (f"**B_simple ≈ {m['b_simple']:.0f}** at the target, the mean of {', '.join(one[:-1])} "
+                     f"and {one[-1]} over the seeds (each {how}): the seed moves it "
                      + ("more than those intervals" if spread > width else "within those intervals")
                      + (f"; in seed {m['seed']}'s run, {moves}" if moves else ""))
-        spans = f"8p / B_simple = {8 * ps[0] / m['b_simple']:.2g} (p = {ps[0]}) to {8 * ps[-1] / m['b_simple']:.2g}"
+        spans = (f"8p / B_simple = {8 * ps[0] / m['b_simple']:.2g} (p = {ps[0]}) to "
+                 f"{8 * ps[-1] / m['b_simple']:.2g}")
         if ns.get("b_noise"):
             spans += (f", 8p / B_crit = {8 * ps[0] / ns['b_noise']:.2g} to {8 * ps[-1] / ns['b_noise']:.2g}")
-        fitted += (f" Measured directly (`benchmarks/noise_scale.py`: B_simple = tr(Σ) / |G|², McCandlish et al.'s "
-                   f"appendix A, from {m['gradients']:,} gradients of {m['batch']} training images at each "
-                   f"checkpoint of the study's own one-worker run, {m['config']}, {runs}"
-                   + (f", whose validations equal the study's record{'' if len(seeds) == 1 else 's'}" if equal else "")
+        fitted += (" Measured directly (`benchmarks/noise_scale.py`: B_simple = tr(Σ) / |G|², McCandlish "
+                   f"et al.'s appendix A, from {m['gradients']:,} gradients of {m['batch']} training images "
+                   f"at each checkpoint of the study's own one-worker run, {m['config']}, {runs}"
+                   + (f", whose validations equal the study's record{'' if len(seeds) == 1 else 's'}"
+                      if equal else "")
                    + f"): {value}; along the whole run"
                    + ("" if len(seeds) == 1 else f" of seed {m['seed']}")
                    + f" it ranges over {m['along'][0]:.0f}–{m['along'][1]:.0f}"
@@ -641,27 +689,31 @@ def crossover_noise(results: Path) -> str:
                    + f". The study's global batches span {spans} (p = {ps[-1]}).")
         if ns.get("b_noise"):
             r = ns["b_noise"] / m["b_simple"]
-            apart = ns["b_noise_lo"] > max(e["hi"] for e in seeds) or ns["b_noise_hi"] < min(e["lo"] for e in seeds)
-            fitted += (f" The two differ by {max(r, 1 / r):.1f}×" + (", more than their intervals allow" if apart else
-                                                                   ", within their intervals")
-                       + ("; they are not the same quantity: B_crit is a property of the whole run (along which "
-                          "B_simple ranges as above), and B_simple leaves out the curvature that "
+            apart = ns["b_noise_lo"] > max(e["hi"] for e in seeds) \
+                or ns["b_noise_hi"] < min(e["lo"] for e in seeds)
+            fitted += (f" The two differ by {max(r, 1 / r):.1f}×"
+                       + (", more than their intervals allow" if apart else ", within their intervals")
+                       + ("; they are not the same quantity: B_crit is a property of the whole run (along "
+                          "which B_simple ranges as above), and B_simple leaves out the curvature that "
                           "B_noise = tr(HΣ) / GᵀHG weighs in." if apart else "."))
     if not gpus:
         return f"Steps to target (mean over seeds) by global batch: {pts}. {fitted}"
     bound = "at most " if w.get("bound") else ""
     src = (" (from the lower bound of B_noise)" if w.get("bound") else
-           " (from the measured B_simple, taken as B_noise: an assumption too)" if w.get("source") == "measured" else
+           " (from the measured B_simple, taken as B_noise: an assumption too)"
+           if w.get("source") == "measured" else
            " (from the fitted B_crit, taken as B_noise)")
     return (f"Steps to target (mean over seeds) by global batch: {pts}. {fitted} "
             f"With ImageNet's B_noise taken as {w['assumed_imagenet_b_noise']:,} (an assumption) and "
-            f"{w['imagenet_batch_per_gpu']} images per GPU, p workers here train at the global batch to noise "
-            f"scale ratio (8p / B_noise) of {bound}{w['factor']:.2g} p ImageNet GPUs{src}: {gpus}.")
+            f"{w['imagenet_batch_per_gpu']} images per GPU, p workers here train at the global batch to "
+            f"noise scale ratio (8p / B_noise) of {bound}{w['factor']:.2g} p ImageNet GPUs{src}: {gpus}.")
 
 
-VIEWS = {"crossover-answer": crossover_answer, "crossover-map": crossover_map, "crossover-claims": crossover_claims,
+VIEWS = {"crossover-answer": crossover_answer, "crossover-map": crossover_map,
+         "crossover-claims": crossover_claims,
          "crossover-tuning": crossover_tuning, "crossover-noise": crossover_noise,
-         "crossover-cells": crossover_cells, "crossover-localsgd": crossover_localsgd, "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
+         "crossover-cells": crossover_cells, "crossover-localsgd": crossover_localsgd,
+         "cpu-step": cpu_step, "cpu-profile": cpu_profile, "cpu-e2e": cpu_end_to_end,
          "conv-candidates": conv_candidates, "buckets": buckets, "survival": survival,
          "mpi-progress": mpi_progress,
          "hierarchy": hierarchy}   # blocks drawn from several files or parts of one
@@ -693,7 +745,8 @@ def update(doc: Path, results: Path) -> list[str]:
         done.append(name)
         base = name.split("-")[0]                  # methods-textures: a tagged rerun of methods
         data = json.loads(p.read_text())
-        fn = model if base == "model" else NET_TABLES.get(base, TABLES[base]) if data.get("net") else TABLES[base]
+        fn = (model if base == "model" else NET_TABLES.get(base, TABLES[base]) if data.get("net")
+              else TABLES[base])
         return f"<!-- begin:{name} -->\n{fn(data)}\n<!-- end:{name} -->"
     new = re.sub(r"<!-- begin:([\w-]+) -->.*?<!-- end:\1 -->", repl, text, flags=re.S)
     cache: dict = {}
@@ -729,7 +782,8 @@ def lookup(doc, path: str):
         elif isinstance(cur, dict) and key in cur:
             cur = cur[key]
         else:
-            raise KeyError(f"{path}: no {key!r} (have {', '.join(map(str, cur)) if isinstance(cur, dict) else cur})")
+            raise KeyError(f"{path}: no {key!r} "
+                           f"(have {', '.join(map(str, cur)) if isinstance(cur, dict) else cur})")
     return cur
 
 

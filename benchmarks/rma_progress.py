@@ -266,7 +266,8 @@ def misses(a: dict) -> list[str]:
 def table(d: dict) -> str:
     """Markdown: per run (variant, mode) the seconds per step and the bounds."""
     rows = ["| variant | --mpi-progress | step s | compute s | comm + wait s (share) | transfer s | "
-            "comm + wait / transfer | wait per exchange ms (median of the ranks' means) | compute / one node | bounds |",
+            "comm + wait / transfer | wait per exchange ms (median of the ranks' means) | "
+            "compute / one node | bounds |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in d["runs"].items():
         variant, mode = name.split()

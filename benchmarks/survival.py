@@ -77,9 +77,10 @@ def run_one(venv: Path, data: Path, runs: Path, name: str, method: str, ranks: i
 
 def across_nodes(venv: Path, tries: int, out: dict, path: Path) -> None:
     """3 emulated nodes of 2 ranks (benchmarks/netcluster.py, 1 Gbit/s), the digits for one epoch of
-    14 steps at batch 16 per rank: both ranks of node 2 die at step 5 (``ranks``), or, once per method, everything on node 2 (its runtime daemon too) is killed
-    after the first checkpoint (``node``).  Records each try's exit status, whether a summary was
-    written and the failures it records."""
+    14 steps at batch 16 per rank: both ranks of node 2 die at step 5 (``ranks``), or, once per
+    method, everything on node 2 (its runtime daemon too) is killed after the first checkpoint
+    (``node``).  Records each try's exit status, whether a summary was written and the failures
+    it records."""
     import threading  # noqa: PLC0415
 
     import netcluster as nc  # noqa: PLC0415 - a sibling script (root, iproute2)
@@ -89,7 +90,8 @@ def across_nodes(venv: Path, tries: int, out: dict, path: Path) -> None:
     wrapper = ROOT / "runs" / "survival" / "mpiexec-ulfm"
     wrapper.write_text(f'#!/bin/sh\nexec {venv / "bin" / "mpiexec"} --with-ft ulfm "$@"\n')
     wrapper.chmod(0o755)
-    plan = [(m, "ranks", t) for m in ("allreduce", "gossip-pull", "gossip-push", "easgd") for t in range(tries)]
+    plan = [(m, "ranks", t) for m in ("allreduce", "gossip-pull", "gossip-push", "easgd")
+            for t in range(tries)]
     plan += [(m, "node", 0) for m in ("allreduce", "gossip-pull")]
     done = {(r["method"], r["kill"], r["try"]) for r in out.get("across_nodes", [])}
     for method, kill, t in plan:
@@ -99,7 +101,8 @@ def across_nodes(venv: Path, tries: int, out: dict, path: Path) -> None:
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
         job, extra = METHODS[method]
         cmd = [str(venv / "bin" / "python"), "-m", "scalesgd", "--data", str(data), "--width", "0.25",
-               "--batch-size", "16", "--epochs", "1", "--checkpoint-every", "0.25", "--run-dir", str(run_dir), "--progress", "off",
+               "--batch-size", "16", "--epochs", "1", "--checkpoint-every", "0.25", "--run-dir", str(run_dir),
+               "--progress", "off",
                "--on-failure", "continue", "--method", job, *extra, "--seed", str(t)]
         env = {"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
         if kill == "ranks":
@@ -224,8 +227,9 @@ def table(out: dict) -> str:
         s = summarize(rec)
         sec = (lambda v: "–" if v is None else f"{v:.2f}")
         rows.append(f"| {m} | {', '.join(f'{100 * v:.1f}' for v in s['killed_top1'])} | "
-                    f"{100 * s['baseline_lo']:.1f}–{100 * s['baseline_hi']:.1f} | {s['within']}/{s['runs']} | "
-                    f"{sec(s['shrink_median'])} | {sec(s['recovery_median'])} | {sec(s['first_step_median'])} |")
+                    f"{100 * s['baseline_lo']:.1f}–{100 * s['baseline_hi']:.1f} | "
+                    f"{s['within']}/{s['runs']} | {sec(s['shrink_median'])} | {sec(s['recovery_median'])} | "
+                    f"{sec(s['first_step_median'])} |")
     return "\n".join(rows)
 
 

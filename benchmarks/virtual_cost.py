@@ -97,10 +97,12 @@ def proxy(a) -> int:
             with tempfile.TemporaryDirectory() as d:
                 code = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
                         "subprocess.run(sys.argv[1:], check=True, capture_output=True); "
-                        "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+                        "print(time.perf_counter() - t, "
+                        "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
                 env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(tree / "src"))
                 p = subprocess.run([sys.executable, "-c", code, sys.executable, *argv(workers, epochs),
-                                    "--run-dir", f"{d}/run"], cwd=tree, capture_output=True, text=True, env=env)
+                                    "--run-dir", f"{d}/run"], cwd=tree, capture_output=True, text=True,
+                                   env=env)
                 if p.returncode:
                     raise SystemExit(f"{tree}: {' '.join(argv(workers, epochs))}:\n{p.stderr[-3000:]}")
                 wall, kib = p.stdout.split()[-2:]
@@ -126,11 +128,13 @@ def proxy(a) -> int:
                    baseline=a.baseline, commit=head, proxy="jobs/glyphs.toml, allreduce", reps=a.reps,
                    worker_steps_per_second_p128={k: dict(median=med[k], all=v) for k, v in rate.items()},
                    speedup_p128=med["this tree"] / med[base_name], p1024=big,
-                   speedup_p1024=big[base_name]["ms_per_worker_step"] / big["this tree"]["ms_per_worker_step"])
+                   speedup_p1024=(big[base_name]["ms_per_worker_step"]
+                                  / big["this tree"]["ms_per_worker_step"]))
         print(json.dumps({k: out[k] for k in ("speedup_p128", "speedup_p1024")}))
         a.json.write_text(json.dumps(out, indent=1) + "\n")
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
+                       capture_output=True)
         tmp.cleanup()
     return 0
 

@@ -16,10 +16,11 @@ calls waiting for a busy target (``rma_progress = target``), and the all-reduce 
 measured on emulated nodes (``buckets.json``, ResNet-20: one bucket's exposed time over the pure
 transfer; the auto buckets' exposed time over one bucket's).  Communication, waiting and the
 method's statistics are the virtual cluster's own.  ``--no-terms`` builds the profiles as before
-(no variability, the all-reduce hidden as NCCL would), for the before/after table.  It compares, per method and p, the predicted and measured training seconds per epoch
-(the timing model) and time to the sweep's target error (timing and statistics: the virtual run's
-own error curve, which follows another exchange order than the real run's, as another seed would).
-Writes ``benchmarks/results/virtual-validation.json``; finished virtual runs are reused.
+(no variability, the all-reduce hidden as NCCL would), for the before/after table.  It compares, per
+method and p, the predicted and measured training seconds per epoch (the timing model) and time to
+the sweep's target error (timing and statistics: the virtual run's own error curve, which follows
+another exchange order than the real run's, as another seed would).  Writes
+``benchmarks/results/virtual-validation.json``; finished virtual runs are reused.
 """
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def host_allreduce(buckets: dict) -> dict:
 
 def profile_for(run: dict, jitter_cv: float = 0.0, host: dict | None = None) -> dict:
     split, spread = run["split_per_step"], run.get("compute_spread")
-    prof = dict(name="emulated", jitter_cv=jitter_cv, description="built from one emulated-cluster run's compute",
+    prof = dict(name="emulated", jitter_cv=jitter_cv,
+                description="built from one emulated-cluster run's compute",
                 step_seconds=split["compute"] + split["data"], compute_source="measured on the "
                 "emulated cluster (compute + data seconds per step)",
                 link_gbps=run["net"]["rate_bits"] / 1e9, latency_us=LATENCY_US, ranks_per_node=1,
@@ -122,7 +124,8 @@ def main() -> int:
     if a.no_terms:
         a.out = a.out.with_name(f"{a.out.name}-noterms")
         a.json = a.json.with_name(a.json.name.replace(".json", "-noterms.json"))
-    host = None if a.no_terms else host_allreduce(json.loads((ROOT / "benchmarks/results/buckets.json").read_text()))
+    host = (None if a.no_terms
+            else host_allreduce(json.loads((ROOT / "benchmarks/results/buckets.json").read_text())))
     a.measured = a.measured.resolve()
     measured = json.loads(a.measured.read_text())
     target, seeds = measured["target_error"], a.seeds or measured["seeds"]
@@ -146,7 +149,8 @@ def main() -> int:
                    predicted_time_to_target=float(np.mean(reached)) if reached else None,
                    predicted_reached=f"{len(reached)}/{len(ttt)}",
                    measured_time_to_target=run["time_to_target"]["mean"],
-                   measured_reached=f"{run['time_to_target']['n']}/{run['time_to_target']['n'] + run['time_to_target']['missing']}",
+                   measured_reached=f"{run['time_to_target']['n']}/"
+                                    f"{run['time_to_target']['n'] + run['time_to_target']['missing']}",
                    predicted_split=_split(dirs, int(w), label), measured_split=run["split_per_step"])
         for k in ("epoch_seconds", "time_to_target"):
             p, m = row[f"predicted_{k}"], row[f"measured_{k}"]
@@ -154,7 +158,8 @@ def main() -> int:
         row.update(comm_wait_goal(row["predicted_split"], row["measured_split"]))
         rows.append(row)
         write(a, measured, target, seeds, rows, skipped)      # after every row: a piece at a time
-        print(f"{key:22s} epoch s: {row['predicted_epoch_seconds']:7.2f} vs {row['measured_epoch_seconds']:7.2f}"
+        print(f"{key:22s} epoch s: {row['predicted_epoch_seconds']:7.2f} "
+              f"vs {row['measured_epoch_seconds']:7.2f}"
               f"  ({_pct(row['epoch_seconds_error'])})   to target: {_f(row['predicted_time_to_target'])} vs "
               f"{_f(row['measured_time_to_target'])} ({_pct(row['time_to_target_error'])})", flush=True)
     summary = write(a, measured, target, seeds, rows, skipped, done=True)
@@ -162,7 +167,8 @@ def main() -> int:
     return 0
 
 
-def write(a, measured: dict, target: float, seeds: int, rows: list, skipped: list, done: bool = False) -> dict:
+def write(a, measured: dict, target: float, seeds: int, rows: list, skipped: list,
+          done: bool = False) -> dict:
     """The JSON (rewritten after every row: an interrupted validation keeps what it finished, and
     a rerun reuses the finished virtual runs); returns its summary."""
     summary = dict(comm_wait=dict(met=sum(r["comm_wait_ok"] for r in rows), n=len(rows)))
@@ -170,7 +176,8 @@ def write(a, measured: dict, target: float, seeds: int, rows: list, skipped: lis
         errs = [abs(r[f"{k}_error"]) for r in rows if r[f"{k}_error"] is not None]
         summary[k] = dict(median=float(np.median(errs)) if errs else None,
                           worst=float(np.max(errs)) if errs else None, n=len(errs))
-    a.json.write_text(json.dumps(dict(experiment="virtual-validation", measured=str(a.measured.relative_to(ROOT)),
+    a.json.write_text(json.dumps(dict(experiment="virtual-validation",
+                                      measured=str(a.measured.relative_to(ROOT)),
                                       target_error=target, seeds=seeds, latency_us=LATENCY_US,
                                       jitter_cv=a.jitter_cv, terms=not a.no_terms, complete=done,
                                       commit=COMMIT,

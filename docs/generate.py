@@ -72,7 +72,8 @@ def imports_of(path: Path, src: Path) -> list[tuple[str, bool, bool]]:
                 u = next((c for c in (parts[1] + "/", parts[1] + ".py") if c in units), None)
                 if u is not None:
                     out.append((u, True, lazy))
-            elif parts[0] != "scalesgd" and parts[0] not in sys.stdlib_module_names and parts[0] != "__future__":
+            elif parts[0] != "scalesgd" and parts[0] not in sys.stdlib_module_names \
+                    and parts[0] != "__future__":
                 out.append((".".join(parts[:2]) if parts[0] in NAMESPACES else parts[0], False, lazy))
     return out
 

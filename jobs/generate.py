@@ -73,15 +73,22 @@ eval_every = 1.0
 {dist}"""
 
 
-DIST = {"allreduce": "bucket_mb = -1.0                    # auto: about 8 buckets (docs/methods.md)\noverlap = true\n",
-        "easgd": "beta = 0.8                         # alpha = 0.8 / workers, as the authors ran it\ntau = 1\n",
-        "gossip": "gossip = \"push\"                    # overlapped push-sum: across nodes (MPICH) it spent 0-2% of a\n"
-                  "gossip_overlap = true             # step communicating, blocking pull 38-42% (docs/cluster.md)\n"
-                  "gossip_graph = \"uniform\"           # the authors' random peer\ngossip_self = true\ntau = 1\n"}
+DIST = {"allreduce": "bucket_mb = -1.0                    # auto: about 8 buckets (docs/methods.md)\n"
+                     "overlap = true\n",
+        "easgd": "beta = 0.8                         # alpha = 0.8 / workers, as the authors ran it\n"
+                 "tau = 1\n",
+        "gossip": "gossip = \"push\"                    "
+                  "# overlapped push-sum: across nodes (MPICH) it spent 0-2% of a\n"
+                  "gossip_overlap = true             "
+                  "# step communicating, blocking pull 38-42% (docs/cluster.md)\n"
+                  "gossip_graph = \"uniform\"           # the authors' random peer\n"
+                  "gossip_self = true\ntau = 1\n"}
 # under the hierarchy the workers EASGD sees are the node groups: alpha = beta / groups
-DIST_HIER = dict(DIST, easgd="beta = 0.8                         # alpha = 0.8 / node groups (8 GPUs each)\ntau = 1\n")
+DIST_HIER = dict(DIST, easgd="beta = 0.8                         # alpha = 0.8 / node groups (8 GPUs each)\n"
+                             "tau = 1\n")
 # the authors' exact gossip (blocking pull, uniform graph), kept to reproduce the paper
-AUTHORS_GOSSIP = ("gossip = \"pull\"\ngossip_gamma = 0.5\ngossip_graph = \"uniform\"              # the authors' random peer\n"
+AUTHORS_GOSSIP = ("gossip = \"pull\"\ngossip_gamma = 0.5\n"
+                  "gossip_graph = \"uniform\"              # the authors' random peer\n"
                   "gossip_self = true\ntau = 1\n")
 
 
@@ -96,11 +103,13 @@ def imagenet_jobs() -> dict[str, str]:
                                                                       dist=DIST[method])
             if method == "gossip":
                 out[f"imagenet-gossip-{n}-authors.toml"] = (
-                    f"# Jin et al. 2016 exactly: blocking pull gossip on {n} nodes ({n} ranks), ResNet-18 on ImageNet.\n"
+                    f"# Jin et al. 2016 exactly: blocking pull gossip on {n} nodes ({n} ranks), "
+                    "ResNet-18 on ImageNet.\n"
                     f"#   sbatch slurm/gossip_{n}.sh  with CONFIG=jobs/imagenet-gossip-{n}-authors.toml\n"
                     "# Across nodes each pull waits until its peer next enters MPI (docs/cluster.md: 38-42%\n"
                     "# of a step on 2-8 emulated nodes). To reproduce the paper; train with\n"
-                    f"# imagenet-gossip-{n}.toml (overlapped push-sum) under MPICH. Under Open MPI over TCP,\n"
+                    f"# imagenet-gossip-{n}.toml (overlapped push-sum) under MPICH. "
+                    "Under Open MPI over TCP,\n"
                     "# whose Accumulate is slow, this pull job with OMPI_MCA_btl_tcp_progress_thread=1.\n"
                     + imagenet_body(method, per_node_batch(n), dist=AUTHORS_GOSSIP))
     for method in ("easgd", "gossip"):
@@ -116,7 +125,8 @@ def imagenet_jobs() -> dict[str, str]:
                 + ("# talks to the server (alpha = beta / node groups).\n" if method == "easgd"
                    else "# gossips, so one exchange per node crosses the network.\n")
                 + imagenet_body(method, per_node_batch(ranks),
-                                dist=DIST_HIER[method] + 'hierarchy = "node"                 # docs/cluster.md\n'))
+                                dist=DIST_HIER[method]
+                                + 'hierarchy = "node"                 # docs/cluster.md\n'))
     return out
 
 
@@ -153,9 +163,10 @@ def asgd_jobs() -> dict[str, str]:
         + imagenet_body("single", 128, epochs=5))}
     out.update(asgd_sweep(
         "imagenet", NSYNC,
-        lambda n, start: (f"# Paine et al. 2013 A-SGD: 8 clients + 1 parameter server (9 ranks), n_sync = {n}, "
-                          f"{start} start.\n#   sbatch slurm/asgd_8.sh  with CONFIG=jobs/imagenet-asgd8-nsync"
-                          f"{n}-{start}.toml\n"),
+        lambda n, start: ("# Paine et al. 2013 A-SGD: 8 clients + 1 parameter server (9 ranks), "
+                          f"n_sync = {n}, {start} start.\n"
+                          "#   sbatch slurm/asgd_8.sh  with CONFIG="
+                          f"jobs/imagenet-asgd8-nsync{n}-{start}.toml\n"),
         lambda n, train: imagenet_body("asgd", 128, dist=f"n_sync = {n}\n", train=train)))
     return out
 
@@ -189,7 +200,8 @@ def laptop_jobs() -> dict[str, str]:
     out.update(asgd_sweep(
         "laptop", LAPTOP_NSYNC,
         lambda n, start: (f"# A-SGD on the digits, CPU: 8 clients + 1 server, n_sync = {n}, {start} start.\n"
-                          f"#   mpiexec -n 9 python -m src.main --config jobs/laptop-asgd8-nsync{n}-{start}.toml\n"
+                          "#   mpiexec -n 9 python -m src.main --config "
+                          f"jobs/laptop-asgd8-nsync{n}-{start}.toml\n"
                           f"# The server sums 8 clients' updates: lr 0.1/8.\n"),
         lambda n, train: laptop_body("asgd", 12, 0.0125, dist=f"n_sync = {n}\n", train=train)))
     return out

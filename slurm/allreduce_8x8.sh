@@ -8,7 +8,7 @@
 #   SCALESGD_LAUNCHER=srun|mpirun  SCALESGD_PMI=pmi2|pmix  (srun's --mpi plugin: pmi2 for the MPICH
 #   wheel, pmix for Open MPI; a wrong one is refused at start)
 #   SIGNAL_LEAD=300 (seconds; when you pass sbatch --signal=B:USR1@N, set it to the same N)
-# Before launching, the script checks VENV, the time limit and (by a dry run) the config and data.
+# Before launching, the script checks VENV, the time limit and (by a dry run) the config, data and run dir.
 # See docs/slurm.md.  GENERATED from slurm/template.sh by slurm/generate.py -- edit those instead.
 #SBATCH --job-name=allreduce_8x8
 #SBATCH --nodes=8

@@ -33,7 +33,8 @@ def wall_time(nodes: int) -> str:
 def spec(method: str, nodes: int) -> dict[str, str]:
     if method in ("easgd", "asgd"):
         tasks = f"#SBATCH --ntasks={nodes + 1}"
-        title = f"{method} with {nodes} workers + 1 parameter server ({nodes + 1} ranks) on {nodes} GPU nodes."
+        title = (f"{method} with {nodes} workers + 1 parameter server ({nodes + 1} ranks) "
+                 f"on {nodes} GPU nodes.")
     else:
         tasks = "#SBATCH --ntasks-per-node=1"
         title = f"{method} on {nodes} GPU nodes, one rank and one GPU per node."
@@ -61,13 +62,15 @@ def multi_gpu_spec(method: str, nodes: int) -> dict[str, str]:
         title = f"allreduce on {nodes} nodes x {g} GPUs ({ranks} ranks), flat (NCCL is topology-aware)."
     config = (f"jobs/imagenet-allreduce-{ranks}.toml" if method == "allreduce"
               else f"jobs/imagenet-{method}-{nodes}x{g}.toml")
-    return dict(NAME=f"{method}_{nodes}x{g}", TITLE=f"Jin et al.'s ImageNet setup on multi-GPU nodes: {title}",
+    return dict(NAME=f"{method}_{nodes}x{g}",
+                TITLE=f"Jin et al.'s ImageNet setup on multi-GPU nodes: {title}",
                 NODES=str(nodes), TASKS=tasks, CPUS="6", GPUS=f"#SBATCH --gres=gpu:{g}",   # 9 x 6 <= 64 cores
                 TIME=wall_time(ranks), CONFIG=config)
 
 
 def demo_spec() -> dict[str, str]:
-    return dict(NAME="demo", TITLE="The built-in demo: ResNet-20 on the digits, all-reduce SGD on 4 CPU ranks.",
+    return dict(NAME="demo",
+                TITLE="The built-in demo: ResNet-20 on the digits, all-reduce SGD on 4 CPU ranks.",
                 NODES="1", TASKS="#SBATCH --ntasks=4", CPUS="1", GPUS="# (no GPU)", TIME="00:15:00",
                 CONFIG="jobs/digits-allreduce.toml")
 

@@ -50,19 +50,6 @@ if [ -n "$left" ]; then
     fi
 fi
 
-# The config, the data and the model, checked as the ranks will check them (a dry run, one process).
-err=$("$PY" "${args[@]}" --dry-run 2>&1 >/dev/null); dry=$?
-if [ "$dry" -ne 0 ]; then
-    line=$(grep '^scalesgd: error: ' <<< "$err" | tail -n 1)
-    echo "${line:-scalesgd: error: $(tail -n 1 <<< "$err")} (checked before launching: CONFIG=$CONFIG" \
-         "DATA=${DATA:-unset}; see docs/slurm.md)" >&2
-    exit "$dry"
-fi
-
-# CuPy compiles kernels into a cache; keep it on node-local disk, one per job and node.
-export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-${TMPDIR:-/tmp}/cupy-cache-${USER:-u}-${SLURM_JOB_ID:-0}}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
-mkdir -p "$(dirname "$RUN_DIR")"
 # Requeued before the first checkpoint (say a node failed soon after the start, and --requeue put the
 # job back): RUN_DIR holds the earlier attempt's config and logs but nothing to resume from, and
 # --run-dir refuses a directory that holds a run.  Keep that attempt beside, under a new name, and
@@ -75,6 +62,20 @@ if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] 2>/dev/null && [ -e "$RUN_DIR/config.js
     mv "$RUN_DIR" "$aside" || fail "requeued before the first checkpoint: cannot move $RUN_DIR aside to $aside"
     echo "$(date -Is) requeued before the first checkpoint: the earlier attempt is kept in $aside; starting again"
 fi
+# The config, the data, the model and the run directory, checked as the ranks will check them (a dry
+# run, one process; after the move above, which frees RUN_DIR for a requeued attempt).
+err=$("$PY" "${args[@]}" --dry-run 2>&1 >/dev/null); dry=$?
+if [ "$dry" -ne 0 ]; then
+    line=$(grep '^scalesgd: error: ' <<< "$err" | tail -n 1)
+    echo "${line:-scalesgd: error: $(tail -n 1 <<< "$err")} (checked before launching: CONFIG=$CONFIG" \
+         "DATA=${DATA:-unset}; see docs/slurm.md)" >&2
+    exit "$dry"
+fi
+
+# CuPy compiles kernels into a cache; keep it on node-local disk, one per job and node.
+export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-${TMPDIR:-/tmp}/cupy-cache-${USER:-u}-${SLURM_JOB_ID:-0}}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+mkdir -p "$(dirname "$RUN_DIR")"
 if [ ! -e "$RUN_DIR/config.json" ]; then           # a run starts here: mark it as this job's
     mkdir -p "$RUN_DIR" && echo "${SLURM_JOB_ID:-local}" > "$JOB_MARK" || fail "cannot write $JOB_MARK"
 fi

@@ -50,7 +50,8 @@ _LIBS: dict = {}
 
 def available() -> str | None:
     """None when the double can be built here, else why not (for a skip reason)."""
-    return None if COMPILER else "no C++ compiler (g++ or c++) on PATH: the CUDA source cannot be built for the host"
+    return None if COMPILER else ("no C++ compiler (g++ or c++) on PATH: the CUDA source cannot be built "
+                                  "for the host")
 
 
 def host_source(act: str, par: str) -> str:

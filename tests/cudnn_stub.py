@@ -123,7 +123,8 @@ class pygraph:  # noqa: N801 - the module's own name
     def batchnorm_backward(self, grad, input, scale, mean, inv_variance, peer_stats=(),  # noqa: A002
                            compute_data_type=NOT_SET, name=""):
         return self._record("batchnorm_backward", dict(grad=grad, input=input, scale=scale, mean=mean,
-                                                       inv_variance=inv_variance), [Tensor() for _ in range(3)])
+                                                       inv_variance=inv_variance),
+                            [Tensor() for _ in range(3)])
 
     # ---- the build sequence
     def validate(self):

@@ -5,7 +5,8 @@ import numpy as np
 
 
 def numeric_grad(f, x: np.ndarray, idx=None, eps: float = 1e-6) -> np.ndarray:
-    """Central differences of scalar ``f()`` w.r.t. entries ``idx`` of ``x`` (all if None); x changed in place."""
+    """Central differences of scalar ``f()`` w.r.t. entries ``idx`` of ``x`` (all if None); x
+    changed in place."""
     flat = x.reshape(-1)
     idx = np.arange(flat.size) if idx is None else idx
     out = np.empty(len(idx))

@@ -1,9 +1,13 @@
 """What many test modules share to run the program as a user does: the repository root, the tiny
 training flags, one CLI run as a real process, and the checks of its one-line error or warnings."""
+import atexit
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +22,49 @@ TINY = ["--width", "0.25", "--image-size", "16", "--scale", "16,20", "--batch-si
         "--epochs", "1", "--log-every", "1"]
 
 
+@functools.cache
+def _digits_built_once() -> Path | None:
+    """The built-in digits, built once per test process (a pytest worker) in a temporary folder;
+    None where they cannot be built here (an environment without scikit-learn, such as the Open MPI
+    quick run's, whose tests train on their own data)."""
+    from scalesgd.data.demo import build_digits
+    folder = Path(tempfile.mkdtemp(prefix="scalesgd-test-digits-"))
+    atexit.register(shutil.rmtree, folder, True)
+    try:
+        return build_digits(folder / "digits")
+    except ImportError:
+        return None
+
+
+def demo_data(tmp_path) -> str:
+    """``SCALESGD_DATA`` for a test's runs: ``tmp_path/digits``, a copy of the digits this process
+    built once, which the program finds built and reuses (a build is 1,797 JPEG encodings); left
+    empty where they cannot be built here.  The program's own first-use build is run by
+    test_demo.py, test_netcluster.py and test_data.py."""
+    folder = tmp_path / "digits"
+    built = None if folder.exists() else _digits_built_once()
+    if built is not None:
+        shutil.copytree(built, folder)
+    return str(folder)
+
+
+def one_cpu() -> list[str]:
+    """The argv prefix (``taskset -c CPU``) that runs a command on one CPU under pytest-xdist: this
+    worker's own (worker k: the k-th allowed CPU, round robin), as ``srun --cpus-per-task=1`` binds
+    a task.  The program sizes its BLAS and DALI threads by its CPUs (``backend.blas_threads_for``):
+    left with both cores beside the other worker's jobs, a one-process run spun two BLAS threads on
+    a shared core, about 3x the CPU time for the same run.  The ranks of an mpiexec job the command
+    starts share that CPU (the MPICH progress throttle of conftest.py keeps their waits short; the
+    program's own yield counts os.cpu_count(), not the mask).  Empty when the tests run one at a
+    time, without taskset, or with SCALESGD_TEST_PIN=0 (to compare)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not worker.startswith("gw") or not count or int(count) < 2 or len(cpus) < 2 \
+            or os.environ.get("SCALESGD_TEST_PIN") == "0" or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", str(cpus[int(worker[2:]) % len(cpus)])]
+
+
 def launch(n: int) -> tuple:
     """The argv prefix of an N-rank job: nothing for one rank (a plain process), else mpiexec -n N."""
     return () if n == 1 else tuple(mpi_launcher(n))
@@ -28,8 +75,8 @@ def run_cli(args, tmp_path, timeout=180, launcher=(), module="src.main", env=Non
     virtual cluster) from the repository root, one BLAS thread, the demo's data under ``tmp_path``,
     ``env`` added; returns the CompletedProcess (text).  A launch that failed in a launcher's own
     start-up is tried once more (``mpirun.run_launched``; a plain process never shows it)."""
-    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1", **(env or {}))
-    return run_launched([*launcher, sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+    env = dict(os.environ, SCALESGD_DATA=demo_data(tmp_path), OMP_NUM_THREADS="1", **(env or {}))
+    return run_launched([*(launcher or one_cpu()), sys.executable, "-m", module, *args], cwd=ROOT, env=env,
                         stdin=subprocess.DEVNULL, timeout=timeout)
 
 

@@ -152,7 +152,8 @@ class Cluster:
             try:
                 self.run(["scancel", "--full", "-u", "root"], 10)
                 deadline = time.monotonic() + 15
-                while time.monotonic() < deadline and self.run(["squeue", "-h", "-o", "%i"], 10).stdout.strip():
+                while time.monotonic() < deadline \
+                        and self.run(["squeue", "-h", "-o", "%i"], 10).stdout.strip():
                     time.sleep(0.3)
             except (subprocess.TimeoutExpired, OSError):
                 pass

@@ -6,11 +6,14 @@
 - CuPy is imported in the files the document names, and nowhere else.
 """
 import ast
+import configparser
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -189,7 +192,8 @@ def mpi_calls(path: Path) -> list[str]:
     capitalised method on a name or attribute called ``comm``) in ``path``."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr[:1].isupper():
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr[:1].isupper():
             owner = node.func.value
             name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
             if name == "comm":
@@ -250,9 +254,12 @@ def test_no_module_keeps_a_runs_state():
 def test_the_state_finder_sees_the_old_globals(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PKG", tmp_path)
     f = tmp_path / "failures.py"
-    f.write_text("import weakref\n_TRACKED = weakref.WeakValueDictionary()\n_SURVIVORS = []\n_TABLE = {1: 2}\n"
-                 "def f(c):\n    global _COUNT\n    _TRACKED[id(c)] = c\n    _SURVIVORS[:] = [c]\n    return _TABLE[1]\n")
-    assert process_state(f) == ["failures.py: global _COUNT", "failures.py: _TRACKED", "failures.py: _SURVIVORS"]
+    f.write_text("import weakref\n_TRACKED = weakref.WeakValueDictionary()\n"
+                 "_SURVIVORS = []\n_TABLE = {1: 2}\n"
+                 "def f(c):\n    global _COUNT\n    _TRACKED[id(c)] = c\n"
+                 "    _SURVIVORS[:] = [c]\n    return _TABLE[1]\n")
+    assert process_state(f) == ["failures.py: global _COUNT", "failures.py: _TRACKED",
+                                "failures.py: _SURVIVORS"]
 
 
 def method_interface_table() -> tuple[set[str], set[str]]:
@@ -283,7 +290,8 @@ def members_of(cls) -> set[str]:
             continue
         out |= {n for n in vars(c) if not n.startswith("_")}
         for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(c)))):
-            for t in getattr(node, "targets", []) + ([node.target] if isinstance(node, ast.AugAssign) else []):
+            for t in (getattr(node, "targets", [])
+                      + ([node.target] if isinstance(node, ast.AugAssign) else [])):
                 for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
                     if isinstance(e, ast.Attribute) and getattr(e.value, "id", "") == "self" \
                             and not e.attr.startswith("_"):
@@ -345,3 +353,28 @@ def test_a_change_of_world_is_one_operation_that_never_branches_on_the_method():
             assert not hasattr(cls, gone), (cls.__name__, gone)
     loop = (PKG / "train" / "loop.py").read_text(encoding="utf-8")
     assert "carried" not in loop
+
+
+def test_no_tracked_python_line_is_longer_than_flake8_allows():
+    """Every ``*.py`` file git tracks keeps its lines within setup.cfg's
+    ``[flake8] max-line-length``, counted in characters, not bytes (the sources hold ×, — and the like)."""
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(ROOT / "setup.cfg", encoding="utf-8")
+    limit = cfg.getint("flake8", "max-line-length")
+    try:
+        ls = subprocess.run(["git", "ls-files", "-z", "*.py"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    except FileNotFoundError:
+        pytest.skip("no git on PATH: the tracked files cannot be listed")
+    if ls.returncode != 0:
+        pytest.skip(f"no git metadata for {ROOT}: {ls.stderr.strip()}")
+    long = []
+    for name in filter(None, ls.stdout.split("\0")):
+        path = ROOT / name
+        if not path.is_file():                  # tracked, but deleted in the work tree
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+            if len(line) > limit:
+                long.append(f"{name}:{i}: {len(line)}")
+    assert not long, (f"{len(long)} line(s) longer than {limit} characters (setup.cfg [flake8] "
+                      "max-line-length):\n" + "\n".join(long))

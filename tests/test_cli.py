@@ -7,7 +7,7 @@ import sys
 import h5py
 import pytest
 
-from helpers import ROOT, TINY, bad_sample_warnings, one_line_error, run_cli
+from helpers import ROOT, TINY, bad_sample_warnings, demo_data, one_line_error, run_cli
 from mpirun import mpi_launcher, mpiexec
 from synth import make_dataset
 
@@ -23,6 +23,48 @@ def test_dry_run_prints_config_and_param_count(tmp_path):
     assert "272,474 parameters" in p.stdout
     cfg = json.loads(p.stdout[:p.stdout.rindex("}") + 1])
     assert cfg["model"]["model"] == "resnet20"
+
+
+def test_dry_run_refuses_an_occupied_run_dir_and_a_batch_the_data_cannot_fill(tmp_path, tiny_data):
+    """What the run refuses before it starts, the dry run refuses too, in the same words: a run
+    directory that holds a run (unless resumed), and a global batch over the training samples,
+    where it knows the workers (one process: ``single`` only)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text("{}")
+    p = run_cli(["--dry-run", "--run-dir", str(run_dir)], tmp_path)
+    one_line_error(p, f"--run-dir {run_dir} already holds a run")
+    assert p.returncode == 2
+    resumed = run_cli(["--dry-run", "--run-dir", str(run_dir), "--resume", str(run_dir)], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    p = run_cli(["--dry-run", "--data", str(tiny_data), "--batch-size", "64"], tmp_path)
+    one_line_error(p, "64 x 1 workers exceeds the 48 training samples")
+    assert p.returncode == 1
+    assert run_cli(["--dry-run", "--data", str(tiny_data), "--batch-size", "48"], tmp_path).returncode == 0
+    manifest = json.loads((tiny_data / "manifest.json").read_text())      # a count the manifest does
+    del manifest["splits"]["train"]["count"]                              # not give: left to the ranks
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in tiny_data.iterdir():
+        (bare / f.name).symlink_to(f)
+    (bare / "manifest.json").unlink()
+    (bare / "manifest.json").write_text(json.dumps(manifest))
+    assert run_cli(["--dry-run", "--data", str(bare), "--batch-size", "64"], tmp_path).returncode == 0
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the [mpi] extra)")
+def test_a_launched_dry_run_checks_the_rank_count_and_the_batch_the_run_would_use(tmp_path):
+    """Under mpiexec the dry run knows the ranks (from the launcher's environment, no MPI started):
+    it refuses, once, a method that cannot run on them, and checks the batch the run would use:
+    unset, the demo's global batch of 64 split over the workers (32 x 2 fits 100 samples)."""
+    data = ["--dry-run", "--data", str(make_dataset(tmp_path / "d", n=100, n_val=8, num_classes=4))]
+    p = run_cli(data, tmp_path, launcher=mpi_launcher(2))
+    one_line_error(p, "method 'single' trains on one rank, but this job has 2 ranks")
+    assert run_cli([*data, "--method", "allreduce"], tmp_path, launcher=mpi_launcher(2)).returncode == 0
+    p = run_cli([*data, "--method", "allreduce", "--batch-size", "64"], tmp_path, launcher=mpi_launcher(2))
+    one_line_error(p, "64 x 2 workers exceeds the 100 training samples")
+    assert p.returncode == 1
 
 
 def test_short_training_run_writes_results(tmp_path, tiny_data):
@@ -173,7 +215,7 @@ def test_result_files_follow_the_umask(tmp_path, mask):
     """Issue 26: the atomic writes (config.json, summary.json, checkpoints) were 0600 whatever the
     umask, while the metrics followed it; on a shared cluster a group could not read the results.
     Now every file of the run directory has the mode a plain open() gives under the umask."""
-    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, SCALESGD_DATA=demo_data(tmp_path), OMP_NUM_THREADS="1")
     run = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "src.main", *TINY, "--run-dir", str(run)], cwd=ROOT,
                        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180,

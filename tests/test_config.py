@@ -90,7 +90,8 @@ def test_docs_list_every_key_and_flag():
     """docs/cli.md is the user's reference: its key table is the generated one, verbatim."""
     from pathlib import Path
     text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
-    assert C.reference_markdown() in text, "docs/cli.md is stale: regenerate its table (see config/reference.py)"
+    assert C.reference_markdown() in text, \
+        "docs/cli.md is stale: regenerate its table (see config/reference.py)"
     for section in C.SECTIONS:
         for f, _ in C.fields_of(section):
             assert f"`--{C.flag_name(section, f.name).replace('_', '-')}" in text, f.name
@@ -283,7 +284,8 @@ def test_gpu_only_model_keys_on_numpy_warn_once_and_change_nothing(tmp_path):
         runs[name] = (p, json.loads((tmp_path / name / "summary.json").read_text()))
     warned = [ln for ln in runs["gpu"][0].stderr.splitlines() if "GPU only" in ln]
     assert warned == ["scalesgd: warning: model.conv_impl = cudnn, model.precision = bf16: GPU only; on "
-                      "NumPy (CPU convolutions follow model.conv_algo) this changes nothing"], runs["gpu"][0].stderr
+                      "NumPy (CPU convolutions follow model.conv_algo) this changes nothing"], \
+        runs["gpu"][0].stderr
     assert "GPU only" not in runs["plain"][0].stderr
     def losses(name):
         lines = (tmp_path / name / "metrics" / "rank-0.jsonl").read_text().splitlines()

@@ -125,8 +125,9 @@ def test_model_cli_validates_and_projects(tmp_path):
         "easgd/w2": {"method": "easgd", "workers": 2, "ranks": 3, "step_seconds": step},
         "gossip-push/w2": {"method": "gossip-push", "workers": 2, "ranks": 2, "step_seconds": step}}}))
     out, fig = tmp_path / "out.json", tmp_path / "fig.png"
-    proc = subprocess.run([sys.executable, "-m", "scalesgd.costmodel", "--calibration", str(cal), "--measured",
-                           str(measured), "--stragglers", str(tmp_path / "none.json"), "--workers", "8", "32",
+    proc = subprocess.run([sys.executable, "-m", "scalesgd.costmodel", "--calibration", str(cal),
+                           "--measured", str(measured), "--stragglers", str(tmp_path / "none.json"),
+                           "--workers", "8", "32",
                            "--sim-steps", "60", "--figure", str(fig), "--json", str(out)],
                           capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"),
                                                                          "PATH": "/usr/bin:/bin"})
@@ -149,7 +150,8 @@ def test_model_cli_validates_and_projects(tmp_path):
     assert rows["easgd/w2"]["predicted"] == pytest.approx(2 / x, rel=1e-4)
     assert "resnet50" in res["projection"] and fig.stat().st_size > 10_000
     assert "saturates at" in proc.stdout and "all-reduce overtakes it" in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "scalesgd.costmodel", "--calibration", str(tmp_path / "x.json")],
+    bad = subprocess.run([sys.executable, "-m", "scalesgd.costmodel",
+                          "--calibration", str(tmp_path / "x.json")],
                          capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src")})
     assert bad.returncode == 2 and "benchmarks/calibrate.py" in bad.stderr
 

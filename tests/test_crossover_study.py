@@ -65,10 +65,12 @@ def record(run: X.Run) -> dict:
                seed=run.seed, network=run.network, condition=run.condition, epochs=run.epochs,
                samples_to_target=stop if reached else None, final_error=own[-1]["error"], diverged=False,
                seconds_per_sample=spp(run.method, run.network, run.condition, run.workers), curve=own,
-               real_seconds=1.0 if run.kind != "time" else 1.0 + run.workers / 8,   # a step dearer at larger p
+               # a step dearer at larger p
+               real_seconds=1.0 if run.kind != "time" else 1.0 + run.workers / 8,
                commit="f" * 40, worker_steps=stop / 8)
     if X.is_sync(run.method) and run.kind != "time":
-        rec["retimed"] = {f"{n}/{c}": [x["seconds"] for x in curve(n, c)] for n in X.NETWORKS for c in X.CONDITIONS}
+        rec["retimed"] = {f"{n}/{c}": [x["seconds"] for x in curve(n, c)]
+                          for n in X.NETWORKS for c in X.CONDITIONS}
     return rec
 
 
@@ -148,7 +150,8 @@ def test_a_choice_on_an_edge_under_any_network_extends_the_grid(monkeypatch):
     # while a network cannot score the newest configuration yet (its timing run to come), the
     # search is not over, and no network has a choice: no sweep starts from a grid that may grow
     newest = g[-1]
-    monkeypatch.setattr(st, "score", lambda m, p, c, n: None if (c, n[:4]) == (newest, "v100") else score(m, p, c, n),
+    monkeypatch.setattr(st, "score",
+                        lambda m, p, c, n: None if (c, n[:4]) == (newest, "v100") else score(m, p, c, n),
                         raising=False)
     assert st.grid_state("easgd", 8) == (g, False)
     assert all(st.chosen("easgd", 8, n) is None for n in X.NETWORKS)
@@ -157,12 +160,14 @@ def test_status_projects_the_open_p_by_their_samples_to_target(study):
     st, _, _ = study
     total = sum(r["real_seconds"] for r in st.recs.values()) / 3600
     done = X.projection(st, [], [], total)
-    assert "p =   8:" in done and ", open" not in done and f"the study about {total:.1f}–{total:.1f} machine-hours" in done
+    assert "p =   8:" in done and ", open" not in done and \
+        f"the study about {total:.1f}–{total:.1f} machine-hours" in done
     per = {p: sum(r["real_seconds"] for r in st.recs.values() if r["workers"] == p and r["kind"] in
                   ("tune", "time", "sweep")) / 3600 for p in X.WORKERS}
     ks = {p: per[p] / st.best_samples(p) for p in X.WORKERS}
     assert f"{sum(ks.values()) / len(ks) * 1e5:.2f} per 100k samples to target (the costliest " \
-           f"{max(ks.values()) * 1e5:.2f}, p = {max(ks, key=ks.get)})" in done and "the open p need" not in done
+           f"{max(ks.values()) * 1e5:.2f}, p = {max(ks, key=ks.get)})" in done and \
+        "the open p need" not in done
 
     def ms(p):         # real milliseconds per worker-step of p's time runs
         recs = [r for r in st.recs.values() if r["workers"] == p and r["kind"] == "time"]
@@ -176,7 +181,8 @@ def test_status_projects_the_open_p_by_their_samples_to_target(study):
         again.splitlines()[1]
     assert f"the reopened p at least {run.cost / 3600:.1f} (their runs ready now" in again
     part = X.projection(st, [], ["sweep easgd p8 titanx-fdr-resnet18: tuning"], total)
-    assert "machine-hours, open" in part.splitlines()[2] and f"{per[2]:.2f} machine-hours on average (1 of them)" in part
+    assert "machine-hours, open" in part.splitlines()[2] and \
+        f"{per[2]:.2f} machine-hours on average (1 of them)" in part
     # p = 8 costs p = 2's machine-hours per sample to target, scaled by its cost per worker-step
     # against p = 2's, times its own samples to target
     k = per[2] / st.best_samples(2)
@@ -217,9 +223,10 @@ def test_the_authors_rows_and_the_n_sync_runs(study):
                 seeds = set(st.authors_seed_times(p, name, cond))
                 near = name in st.authors_close(p, cond)      # (a synchronous row's seeds serve both)
                 close += near
-                near = near or X.is_sync(name) and any(name in st.authors_close(p, k) for k in X.AUTHORS_CONDITIONS)
-                assert seeds == (five if near or (name == "asgd-authors" and p == X.P1_P) else set(X.SEEDS)), (
-                    p, cond, name, seeds)
+                near = near or X.is_sync(name) and any(name in st.authors_close(p, k)
+                                                       for k in X.AUTHORS_CONDITIONS)
+                assert seeds == (five if near or (name == "asgd-authors" and p == X.P1_P)
+                                 else set(X.SEEDS)), (p, cond, name, seeds)
             rows = C.authors_rows(st, p, cond)
             assert all(set(r["seeds"]) == set(st.authors_seed_times(p, n, cond)) for n, r in rows.items())
     assert close, "the model has no authors' rows within CLOSE"
@@ -234,7 +241,8 @@ def test_the_authors_rows_and_the_n_sync_runs(study):
 def test_horizons_follow_the_pilots_and_the_synchronous_best(study):
     st, _, _ = study
     best = st.best_samples(8)
-    assert st.tune_epochs(8) == max(X.MIN_EPOCHS, min(X.MAX_EPOCHS, int(np.ceil(X.CAP_SAMPLES * best / 51_200))))
+    assert st.tune_epochs(8) == max(X.MIN_EPOCHS,
+                                    min(X.MAX_EPOCHS, int(np.ceil(X.CAP_SAMPLES * best / 51_200))))
     c = st.chosen("easgd", 8, "v100-10gbe-resnet50")
     e = st.sweep_epochs("easgd", 8, c, "v100-10gbe-resnet50", "none")
     sync = st.cell_sync_best(8, "v100-10gbe-resnet50", "none")
@@ -281,7 +289,8 @@ def test_close_methods_ranks_again_over_the_extra_seeds(monkeypatch):
     slowed to 12.4 and local SGD to 13.2, so push-sum (12.6 on its two seeds) is now second and
     within CLOSE of the leader: it gets the seeds too.  Not before the extra seeds are all in, and a
     method that missed a seed is not ranked (as in the report)."""
-    two = {"allreduce": [10.0, 10.0], "localsgd": [12.0, 12.0], "pushsum-ov": [12.6, 12.6], "easgd": [30.0, 31.0]}
+    two = {"allreduce": [10.0, 10.0], "localsgd": [12.0, 12.0], "pushsum-ov": [12.6, 12.6],
+           "easgd": [30.0, 31.0]}
     extra = {"allreduce": [14.0, 14.0, 14.0], "localsgd": [14.0, 14.0, 14.0]}
     st = X.Study.__new__(X.Study)
     monkeypatch.setattr(st, "seed_times", lambda p, n, c, m: dict(zip((*X.SEEDS, *X.MORE_SEEDS),
@@ -326,8 +335,10 @@ def test_paired_intervals_and_the_noise_scale():
     # one difference, one interval, wherever it is judged: a map cell and a claim agree to the bit
     a = dict(enumerate([10.0, 11.0, 9.0, 10.5, 10.0]))
     b = dict(enumerate([10.2, 10.5, 9.4, 10.2, 10.1]))
-    rows = {"x": dict(reached_all=True, mean_seconds=np.mean(list(a.values())), seeds={s: dict(seconds=v) for s, v in a.items()}),
-            "y": dict(reached_all=True, mean_seconds=np.mean(list(b.values())), seeds={s: dict(seconds=v) for s, v in b.items()})}
+    rows = {"x": dict(reached_all=True, mean_seconds=np.mean(list(a.values())),
+                      seeds={s: dict(seconds=v) for s, v in a.items()}),
+            "y": dict(reached_all=True, mean_seconds=np.mean(list(b.values())),
+                      seeds={s: dict(seconds=v) for s, v in b.items()})}
     c, d = C.compare(rows, ("x",), ("y",)), R.paired_interval(a, b)
     assert (c["lo"], c["hi"]) == (d["lo"], d["hi"]) and d["lo"] < 0 < d["hi"]
     assert C.resamples(5).shape == (C.BOOT, 5) and C.resamples(5) is C.resamples(5)
@@ -408,17 +419,21 @@ def test_the_claims_follow_their_rules_on_the_model(study):
     assert "1.60x" in v[("J4", "a100-ib100-resnet50", "stragglers vs typical")]["evidence"]
     assert v[("J4b", "a100-ib100-resnet50", "stragglers vs typical")]["verdict"] == "agrees"
     eth = v[("J1 (every method)", "v100-10gbe-resnet50", "stragglers")]
-    assert eth["verdict"] in ("agrees so far", "partly agrees so far") and "p = 2: pushsum-ov" in eth["evidence"]
+    assert eth["verdict"] in ("agrees so far", "partly agrees so far") and \
+        "p = 2: pushsum-ov" in eth["evidence"]
     assert "p = 16 not run yet" in eth["evidence"]                 # (this study stops at p = 8)
     assert C.verdict(["claim"], ["p = 2: ...", "p = 4 not run yet"]) == "agrees so far"
-    assert C.verdict(["claim"], ["p = 2: ..."]) == "agrees" and C.verdict([], ["p = 2 not run yet"]) == "not run"
+    assert C.verdict(["claim"], ["p = 2: ..."]) == "agrees" and \
+        C.verdict([], ["p = 2 not run yet"]) == "not run"
     assert v[("J2", "a100-ib100-resnet50", "none")]["verdict"] == "not run"
     assert v[("J2 (the authors' forms)", "titanx-fdr-resnet18", "stragglers")]["verdict"] == "not run"
-    assert v[("P3", "(statistics only)", "—")]["verdict"] in ("not comparable", "agrees", "disagrees", "partly agrees")
+    assert v[("P3", "(statistics only)", "—")]["verdict"] in ("not comparable", "agrees", "disagrees",
+                                                              "partly agrees")
     assert v[("J1 (the authors' forms)", "titanx-fdr-resnet18", "none")]["verdict"] != "not run"
     # P1: a speed-up with an interval, or "disagrees" when the 8 clients miss the target
     pa = v[("P1 (the authors' form)", "titanx-fdr-resnet18", "stragglers")]
-    assert pa["verdict"] == "disagrees" and "x [" in pa["evidence"] and "W0.2-a1, untuned" in pa["evidence"], pa
+    assert pa["verdict"] == "disagrees" and "x [" in pa["evidence"] and \
+        "W0.2-a1, untuned" in pa["evidence"], pa
     pa = v[("P1 (the authors' form)", "titanx-fdr-resnet18", "none")]
     assert pa["verdict"] == "disagrees" and "8 clients missed the target in 5 of 5" in pa["evidence"], pa
     # without the authors' own runs their row is not run (not the tuned A-SGD's numbers)
@@ -433,17 +448,24 @@ def test_the_claims_follow_their_rules_on_the_model(study):
     assert C.j3_ratio(math.inf, math.inf) == "— (all-reduce and gossip missed the target)"
     # J4b: a p where all-reduce's slowdown is known and no gossip method's is says why
     def arm(*secs):
-        return dict(reached_all=None not in secs, mean_seconds=None if None in secs else sum(secs) / len(secs),
+        return dict(reached_all=None not in secs,
+                    mean_seconds=None if None in secs else sum(secs) / len(secs),
                     seeds={i: dict(seconds=t) for i, t in enumerate(secs)})
-    cells = {f"n/{c}/p2": dict(methods=dict(allreduce=arm(10.0 * k, 11.0 * k), **{"pushsum-ov": arm(9.0, None)}))
+    cells = {f"n/{c}/p2": dict(methods=dict(allreduce=arm(10.0 * k, 11.0 * k),
+                                            **{"pushsum-ov": arm(9.0, None)}))
              for c, k in (("typical", 1), ("stragglers", 2))}
     j4b = C.j4(dict(cells=cells), "n")[1]
-    assert j4b["evidence"].startswith("p = 2: no slowdown to judge (neither gossip method reached the target") and \
+    assert j4b["evidence"].startswith("p = 2: no slowdown to judge (neither gossip method reached the "
+                                      "target") and \
         f"p = {X.WORKERS[1]} not run yet" in j4b["evidence"] and j4b["verdict"] == "not run"
-    rows = {"a": dict(reached_all=True, mean_seconds=10.0, seeds={0: dict(seconds=10.0), 1: dict(seconds=10.0)}),
-            "b": dict(reached_all=True, mean_seconds=14.0, seeds={0: dict(seconds=14.0), 1: dict(seconds=14.1)}),
-            "c": dict(reached_all=False, mean_seconds=None, seeds={0: dict(seconds=None), 1: dict(seconds=5.0)}),
-            "d": dict(reached_all=True, mean_seconds=12.0, seeds={0: dict(seconds=12.0), 1: dict(seconds=12.1)})}
+    rows = {"a": dict(reached_all=True, mean_seconds=10.0,
+                      seeds={0: dict(seconds=10.0), 1: dict(seconds=10.0)}),
+            "b": dict(reached_all=True, mean_seconds=14.0,
+                      seeds={0: dict(seconds=14.0), 1: dict(seconds=14.1)}),
+            "c": dict(reached_all=False, mean_seconds=None,
+                      seeds={0: dict(seconds=None), 1: dict(seconds=5.0)}),
+            "d": dict(reached_all=True, mean_seconds=12.0,
+                      seeds={0: dict(seconds=12.0), 1: dict(seconds=12.1)})}
     assert C.compare(rows, ("a",), ("b",))["outcome"] == "claim"
     near = C.compare(rows, ("a",), ("d",))          # 20% apart on two seeds: not told apart
     assert near["outcome"] == "tie" and near["few"] and "fewer than 5 seeds" in C._say(2, near)
@@ -457,7 +479,8 @@ def test_the_map_claims_and_figure_render(study, tmp_path):
     assert "**v100-10gbe-resnet50**" in md and "| stragglers |" in md and "**push-sum**" in md
     assert "| J4 | a100-ib100-resnet50 |" in R.claims_markdown(res)
     w = R.workload(dict(b_noise=1000.0))
-    assert w["factor"] == pytest.approx(8 / 1000 * 10_000 / 32) and w["imagenet_gpus"][8] == pytest.approx(20.0)
+    assert w["factor"] == pytest.approx(8 / 1000 * 10_000 / 32) and \
+        w["imagenet_gpus"][8] == pytest.approx(20.0)
     assert R.say_outcome("async -> sync in [4, 8]") == "asynchronous → synchronous between p = 4 and 8"
     assert R.say_outcome("no crossing in range: sync at every p (2-128)") == \
         "no crossing in p = 2–128: synchronous first at every p"
@@ -472,10 +495,10 @@ def test_the_map_claims_and_figure_render(study, tmp_path):
     assert R.say_outcome(R.sequence_words([(2, "tie"), (4, "tie")])) == \
         "no crossing resolved in p = 2–4: the families tie at every p"
     # the map says the family at each p before the crossing it reads from them (JSON keys: str)
-    per_p = {"2": dict(family="async"), "4": dict(family="tie"), "16": dict(family="tie"), "8": dict(family="sync"),
-             "32": dict(family="sync"), "64": dict(family="sync")}
-    assert R.per_p_words(per_p) == ("asynchronous first at p = 2 · a tie at p = 4 · synchronous first at p = 8 · "
-                                    "a tie at p = 16 · synchronous first at p = 32–64")
+    per_p = {"2": dict(family="async"), "4": dict(family="tie"), "16": dict(family="tie"),
+             "8": dict(family="sync"), "32": dict(family="sync"), "64": dict(family="sync")}
+    assert R.per_p_words(per_p) == ("asynchronous first at p = 2 · a tie at p = 4 · synchronous first at "
+                                    "p = 8 · a tie at p = 16 · synchronous first at p = 32–64")
     assert "\n* none: " in md and " first at p = " in md and ". So " in md
     assert R.sequence_words([]) == "no evidence"
     assert R.shares_text({"a": 1.0}) == " (in every bootstrap resample)"
@@ -494,11 +517,13 @@ def test_the_cells_table_says_seeds_to_come_and_the_missed_seeds_error(tmp_path)
         "allreduce": dict(reached_all=False, mean_seconds=None, final_error=0.39,
                           seeds={"0": dict(seconds=30.0, final_error=0.39)}),
         "easgd": dict(reached_all=False, mean_seconds=None, final_error=0.49,
-                      seeds={"0": dict(seconds=None, final_error=0.6), "1": dict(seconds=20.0, final_error=0.38)})})
+                      seeds={"0": dict(seconds=None, final_error=0.6),
+                             "1": dict(seconds=20.0, final_error=0.38)})})
     (tmp_path / "crossover-progress.json").write_text(json.dumps(dict(
         workers=[1, 2], networks=["n"], conditions=["none"], cells={"n/none/p2": cell})))
     table = report.crossover_cells(tmp_path)
-    assert f"| all-reduce | 30 (so far: 1 of {len(X.SEEDS)} seeds) |" in table and "| EASGD | 1/2 (60%) |" in table
+    assert f"| all-reduce | 30 (so far: 1 of {len(X.SEEDS)} seeds) |" in table and \
+        "| EASGD | 1/2 (60%) |" in table
 
 
 def test_the_answer_in_short_follows_the_map(study):
@@ -522,24 +547,25 @@ def test_the_answer_in_short_follows_the_map(study):
     tie = dict(workers=[1, 2, 4], networks=["a", "b"], conditions=["none"], machine_hours_total=1.0, cells={
         **{f"{n}/none/p2": dict(fastest="pushsum-ov", tied=["allreduce"], complete=True) for n in "ab"},
         **{f"{n}/none/p4": dict(fastest=None, tied=[], complete=True) for n in "ab"}})
-    assert "`a` and `b`: a tie of the families at p = 2 (push-sum, all-reduce) · no method reaches the target " \
-           "in every seed at p = 4." in R.answer_markdown(tie, final=False)
+    assert "`a` and `b`: a tie of the families at p = 2 (push-sum, all-reduce) · no method reaches the " \
+           "target in every seed at p = 4." in R.answer_markdown(tie, final=False)
     # a run of p names each p's methods where they differ (not one list that puts a method at every p)
     run = dict(workers=[1, 2, 4, 8], networks=["a"], conditions=["none"], machine_hours_total=1.0, cells={
         "a/none/p2": dict(fastest="pushsum-ov", tied=["localsgd", "easgd"], complete=True),
         "a/none/p4": dict(fastest="pushsum-ov", tied=["allreduce", "localsgd"], complete=True),
         "a/none/p8": dict(fastest="allreduce", tied=["pushsum-ov"], complete=True)})
-    assert "a tie of the families at p = 2–8 (p = 2: push-sum, local SGD; p = 4: push-sum, all-reduce, local SGD; " \
-           "p = 8: all-reduce, push-sum)" in R.answer_markdown(run, final=False)
+    assert "a tie of the families at p = 2–8 (p = 2: push-sum, local SGD; p = 4: push-sum, all-reduce, " \
+           "local SGD; p = 8: all-reduce, push-sum)" in R.answer_markdown(run, final=False)
     assert "Times are simulated seconds" in text and f"to {res['target_error']:.0%} validation error" in text
     # past the budget the answer says by how much, and the worker-step cost it was set against
     assert res["ms_per_worker_step"] == pytest.approx(
-        1e3 * sum(r["real_seconds"] for r in st.recs.values()) / sum(r["worker_steps"] for r in st.recs.values()))
+        1e3 * sum(r["real_seconds"] for r in st.recs.values())
+        / sum(r["worker_steps"] for r in st.recs.values()))
     over = R.budget_words(dict(machine_hours_total=R.BUDGET_HOURS + 3.25, ms_per_worker_step=5.6), final=True)
     assert over.startswith(f"The study took {R.BUDGET_HOURS + 3.25:.1f} machine-hours") and \
         f", 3.2 over the {R.BUDGET_HOURS:g} budgeted." in over
-    assert f"costs 5.6 ms of one core (all of a run's real time counted), {R.STEP_SPEEDUP:g}× what the budget " \
-           "assumed" in over
+    assert f"costs 5.6 ms of one core (all of a run's real time counted), {R.STEP_SPEEDUP:g}× what the " \
+           "budget assumed" in over
     assert R.budget_words(dict(machine_hours_total=1.0), final=False).endswith("of the 24 budgeted.")
 
 
@@ -582,7 +608,8 @@ def test_a_cell_still_running_is_marked_so_far(study, tmp_path):
     for k, v in full["cells"].items():
         if k != "a100-ib100-resnet50/none/p8":
             assert res["cells"][k] == v, k
-    assert res["crossovers"]["a100-ib100-resnet50/typical"] == full["crossovers"]["a100-ib100-resnet50/typical"]
+    assert res["crossovers"]["a100-ib100-resnet50/typical"] == \
+        full["crossovers"]["a100-ib100-resnet50/typical"]
     assert [v for v in res["verdicts"] if v["network"] == "titanx-fdr-resnet18"] == \
         [v for v in full["verdicts"] if v["network"] == "titanx-fdr-resnet18"]
 
@@ -664,7 +691,8 @@ def test_the_answer_never_reaches_across_a_cell_still_running():
                cells={"a/none/p2": cell("allreduce", False), "a/none/p4": cell("allreduce", True),
                       "a/none/p8": cell("allreduce", True)})
     text = R.answer_markdown(res, final=False)
-    assert said_of(text, "a", "No variability") == "runs still to come at p = 2 · synchronous at p = 4–8 (all-reduce)"
+    assert said_of(text, "a", "No variability") == \
+        "runs still to come at p = 2 · synchronous at p = 4–8 (all-reduce)"
     assert "cells complete yet):" in text                # not "every one through p = 8": p = 2 is open
     res["cells"].update({"a/none/p2": cell("allreduce", True), "a/none/p4": cell("allreduce", False)})
     text = R.answer_markdown(res, final=False)
@@ -675,7 +703,8 @@ def test_the_answer_never_reaches_across_a_cell_still_running():
     assert said_of(R.answer_markdown(res, final=False), "a", "No variability") == \
         "synchronous at p = 2 (all-reduce) · runs still to come at p = 4 · synchronous at p = 8 (all-reduce)"
     del res["cells"]["a/none/p8"]                # past the last p with runs: not said
-    assert said_of(R.answer_markdown(res, final=False), "a", "No variability") == "synchronous at p = 2 (all-reduce)"
+    assert said_of(R.answer_markdown(res, final=False), "a", "No variability") == \
+        "synchronous at p = 2 (all-reduce)"
 
 
 def test_a_claim_leaves_out_a_cell_still_running(study):
@@ -713,7 +742,9 @@ def test_local_sgd_re_timed_is_judged_again_by_the_paired_rule(tmp_path):
         cells={key: dict(recorded=recorded, retimed=new, retimed_code="b" * 40, before=before, after=after,
                          check={**recorded, "4": 0.0}, check_code="a" * 40)})))
     text = report.crossover_localsgd(tmp_path)
-    assert "| n | none | 92 (-17.9%) |" in text and "code of bbbbbbb (the study's runs: ccccccc)" in text, text
-    assert "1 of 1 cell changes: n/none/p2: fastest all-reduce -> local SGD; tied set {all-reduce} -> {local SGD}" in text
-    assert "before the fix (aaaaaaa), 4 of 5 seeds' clock-only runs (1 cell) give the study's recorded seconds " \
-           "bit for bit" in text
+    assert "| n | none | 92 (-17.9%) |" in text and \
+        "code of bbbbbbb (the study's runs: ccccccc)" in text, text
+    assert "1 of 1 cell changes: n/none/p2: fastest all-reduce -> local SGD; " \
+           "tied set {all-reduce} -> {local SGD}" in text
+    assert "before the fix (aaaaaaa), 4 of 5 seeds' clock-only runs (1 cell) give the study's recorded " \
+           "seconds bit for bit" in text

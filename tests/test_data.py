@@ -27,6 +27,23 @@ def digits(tmp_path_factory):
 
 
 # ----------------------------------------------------------------------------- digits + format
+def test_the_digits_are_read_from_sklearns_file_exactly_as_load_digits_gives_them(monkeypatch):
+    """The build reads scikit-learn's CSV file without importing sklearn (1.5 s of SciPy); it must
+    hold exactly what load_digits() returns, and load_digits() stays the fallback."""
+    from sklearn.datasets import load_digits
+    from scalesgd.data import demo
+    d = load_digits()
+    assert demo._digits_csv() is not None                  # the fast path is the one taken here
+    images, labels = demo._load_digits()
+    assert images.shape == (1797, 8, 8) and images.dtype == np.uint8 and labels.dtype == np.int64
+    np.testing.assert_array_equal(labels, d.target)
+    np.testing.assert_array_equal(images, np.rint(d.images * (255.0 / 16.0)).astype(np.uint8))
+    monkeypatch.setattr(demo, "_digits_csv", lambda: None)
+    fallback_images, fallback_labels = demo._load_digits()
+    np.testing.assert_array_equal(fallback_images, images)
+    np.testing.assert_array_equal(fallback_labels, labels)
+
+
 def test_build_digits_counts_and_reuse(digits):
     train, val = ShardSet.open(digits, "train"), ShardSet.open(digits, "val")
     assert train.num_samples + val.num_samples == 1797

@@ -169,7 +169,8 @@ def test_a_bad_data_dir_or_run_dir_fails_its_row(tmp_path):
              "garbage": (tmp_path / "garbage", tmp_path / "runs"),
              "changed": (changed, tmp_path / "runs")}
     procs = {name: start_doctor(["--data", str(d), "--run-dir", str(r), "--json",
-                                 str(tmp_path / f"{name}.json")], clean_env()) for name, (d, r) in cases.items()}
+                                 str(tmp_path / f"{name}.json")], clean_env())
+             for name, (d, r) in cases.items()}
     done = {name: (*p.communicate(timeout=120), p.returncode) for name, p in procs.items()}
     needles = {"missing": "nowhere/manifest.json: manifest not found",
                "garbage": "train-00000-of-00002.h5[1]: Corrupt JPEG data",

@@ -113,8 +113,8 @@ def test_a_diverging_allreduce_run_is_reported_once(world, tmp_path):
     NaN at the same step, and every rank printed the error.  Now it is one shared error: one line."""
     p = run_cli(["--data", str(world["data"]), *TINY, "--batch-size", "4", "--lr", "1e30",
                  "--method", "allreduce", "--run-dir", str(tmp_path / "run")], tmp_path, launcher=launch(2))
-    line = one_line_error(p, "training loss became non-finite", "the replicas are identical, so every rank stops",
-                          "lower --lr")
+    line = one_line_error(p, "training loss became non-finite",
+                          "the replicas are identical, so every rank stops", "lower --lr")
     assert line.startswith("scalesgd: error: "), line     # rank 0 alone, not "error (rank r/p)"
 
 
@@ -152,9 +152,9 @@ def test_a_shared_error_in_training_frees_the_windows_before_mpi_finalize(world,
     and "destroying inuse region": the windows were not freed on that path)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", SCALESGD_INJECT_FAULT="*:3:shared")
     p = subprocess.run([*mpi_launcher(3), sys.executable, "-m", "src.main", "--data", str(world["data"]),
-                        "--method", "gossip", "--gossip", *gossip, *TINY, "--batch-size", "4", "--epochs", "2",
-                        "--run-dir", str(tmp_path / "run")], cwd=ROOT, stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True, timeout=120, env=env)
+                        "--method", "gossip", "--gossip", *gossip, *TINY, "--batch-size", "4",
+                        "--epochs", "2", "--run-dir", str(tmp_path / "run")], cwd=ROOT,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, env=env)
     one_line_error(p, "injected shared fault")
     assert p.returncode == 1, p.stderr
     for leak in ("pending", "not returned", "inuse region", "MPI_Abort"):   # (UCX writes to stdout)

@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from helpers import one_cpu  # noqa: E402
 from sweeps.figures import pm  # noqa: E402
 from sweeps.runner import Net, Result, Runner, papers_ratio, ranks_for  # noqa: E402
 from sweeps.stats import (  # noqa: E402
@@ -66,8 +67,12 @@ def test_mean_curve_averages_seeds_at_each_evaluation():
     assert lo.tolist() == pytest.approx([0.2, 0.1]) and hi.tolist() == pytest.approx([0.4, 0.2])
 
 
-def run_driver(*args, timeout=600):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "experiments.py"), *args],
+def run_driver(*args, timeout=600, one_core=False):
+    """``benchmarks/experiments.py ARGS``; ``one_core``: the driver and its runs on this pytest
+    worker's CPU (``helpers.one_cpu``), where a one-rank run would otherwise spin two BLAS threads
+    beside the other worker's jobs (the sync sweep: 22 s against 62 s, the same numbers)."""
+    proc = subprocess.run([*(one_cpu() if one_core else []), sys.executable,
+                           str(ROOT / "benchmarks" / "experiments.py"), *args],
                           capture_output=True, text=True, cwd=ROOT, timeout=timeout,
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -98,29 +103,30 @@ def test_experiments_rejects_unknown_name():
 def test_sync_and_easgd_quick_real_runs(tmp_path):
     """The two sweeps with the most plumbing (per-rank loss averaging; replicas from checkpoints)
     end to end on real runs; a second invocation reuses every run directory."""
-    run_driver("sync", "--quick", "--out", str(tmp_path))
+    run_driver("sync", "--quick", "--out", str(tmp_path), one_core=True)
     s = json.loads((tmp_path / "sync.json").read_text())
     assert s["workers"] == 2 and len(s["val_error_single"]) == len(s["val_error_allreduce"]) == 2
     # same weights, same 32 samples at step 0: only the BN batch statistics (16 vs 32) differ
     assert s["loss_rel_diff_first_step"] < 0.2
     # the trained weights stay far closer to the one-rank run than another seed's run is
     assert s["final_param_rel_diff"] < 0.4 * s["other_seed_param_rel_diff"]
-    run_driver("easgd", "--quick", "--out", str(tmp_path))
+    run_driver("easgd", "--quick", "--out", str(tmp_path), one_core=True)
     e = json.loads((tmp_path / "easgd.json").read_text())
     row = e["runs"]["beta0.8"][0]
     assert row["exchanges"] > 0 and len(row["worker_errors"]) == 2 and 0 <= row["center_error"] <= 1
-    again = run_driver("sync", "--quick", "--out", str(tmp_path))
+    again = run_driver("sync", "--quick", "--out", str(tmp_path), one_core=True)
     assert "0 runs launched, 3 reused" in again          # the 2 runs + the seed-1 run of the weights check
 
 
 @pytest.mark.parametrize("doc,blocks", [
-    ("results.md", {"methods", "sync", "consensus", "model", "crossover-map", "crossover-claims", "crossover-tuning",
-                     "crossover-cells", "crossover-noise"}),
+    ("results.md", {"methods", "sync", "consensus", "model", "crossover-map", "crossover-claims",
+                     "crossover-tuning", "crossover-cells", "crossover-noise"}),
     ("benchmarks.md", {"cpu-step", "cpu-e2e", "cpu-profile", "conv-candidates"}),
     ("cluster.md", {"buckets"})])
 def test_docs_tables_match_the_committed_results(doc, blocks, tmp_path):
-    """The generated blocks of docs/results.md, benchmarks.md and cluster.md are what benchmarks/report.py makes
-    of the JSON files (so no number in them was typed by hand or left stale)."""
+    """The generated blocks of docs/results.md, benchmarks.md and cluster.md are what
+    benchmarks/report.py makes of the JSON files (so no number in them was typed by hand
+    or left stale)."""
     import report  # noqa: PLC0415  (benchmarks/report.py)
     path = ROOT / "docs" / doc
     copy = tmp_path / doc
@@ -143,7 +149,8 @@ def test_report_update_rewrites_only_marked_blocks(tmp_path):
                    "<!-- begin:methods -->\nkeep\n<!-- end:methods -->\n")
     assert report.update(doc, res) == ["consensus"]
     text = doc.read_text()
-    assert "old" not in text and "| pull | uniform | 2 | 1.25e-01 | 0.500 | — | 1.0e-01 |" in text and "keep" in text
+    assert "old" not in text and "| pull | uniform | 2 | 1.25e-01 | 0.500 | — | 1.0e-01 |" in text \
+        and "keep" in text
 
 
 def test_runner_refuses_one_name_for_two_settings(tmp_path):

@@ -418,8 +418,9 @@ class WrongGrads:
 def _train_component(model):
     import cudnn_stub
     cfg = C.build(None, {"data": {"image_size": 8, "batch_size": 6, "scale": [8.0, 10.0]}})
-    (step,) = [c for c in F.model_components(model, types.SimpleNamespace(is_gpu=True, xp=cudnn_stub.HostXP()),
-                                              cfg) if c.name.startswith("model train step")]
+    (step,) = [c for c in F.model_components(model,
+                                             types.SimpleNamespace(is_gpu=True, xp=cudnn_stub.HostXP()), cfg)
+               if c.name.startswith("model train step")]
     return step
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import one_cpu
 from mpirun import ROOT, logging_launcher, uses_mpi
 
 BENCH = ROOT / "benchmarks"
@@ -42,8 +43,10 @@ def test_gpu_check_sh_dry_run_runs_every_case_and_keeps_everything_under_out(tmp
     estimates, every case in order (the strict self-check first, parity, fp32, the one-rank NCCL
     test on the CuPy 14 double, the 2-rank all-reduce, DALI, then bf16), and the JSON, the table,
     the log and the install record in $OUT."""
-    proc = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "--dry-run"], env=sh_env(tmp_path),
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    # on this pytest worker's CPU: its one-process cases size their BLAS threads by their CPUs
+    proc = subprocess.run([*one_cpu(), "bash", str(BENCH / "gpu_check.sh"), "--dry-run"],
+                          env=sh_env(tmp_path), capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
     out = tmp_path / "out"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout

@@ -173,7 +173,8 @@ def test_config_keys():
     cfg = C.build(None, {"model": {"conv_impl": "im2col", "precision": "bf16"},
                          "dist": {"allreduce_transport": "cuda_aware_mpi"}})
     assert cfg.model.conv_impl == "im2col" and cfg.model.precision == "bf16"
-    assert cfg.dist.allreduce_transport == "cuda_aware_mpi" and C.build(None).dist.allreduce_transport == "auto"
+    assert cfg.dist.allreduce_transport == "cuda_aware_mpi" \
+        and C.build(None).dist.allreduce_transport == "auto"
     with pytest.raises(C.ConfigError):
         C.build(None, {"model": {"conv_impl": "winograd"}})
     with pytest.raises(C.ConfigError, match="allreduce_transport"):

@@ -20,7 +20,8 @@ def test_hierarchy_is_refused_where_it_is_not_built():
     C.build(None, {"train": {"method": "gossip"}, "dist": {"hierarchy": "node"}})
     C.build(None, {"train": {"method": "gossip", "on_failure": "continue"}, "dist": {"hierarchy": "node"}})
     with pytest.raises(C.ConfigError, match="all-reduce's two-level sum cannot survive a lost rank"):
-        C.build(None, {"train": {"method": "allreduce", "on_failure": "continue"}, "dist": {"hierarchy": "node"}})
+        C.build(None, {"train": {"method": "allreduce", "on_failure": "continue"},
+                       "dist": {"hierarchy": "node"}})
     for method in ("localsgd", "easgd", "asgd"):
         C.build(None, {"train": {"method": method}, "dist": {"hierarchy": "node"}})
     with pytest.raises(C.ConfigError, match="dist.allreduce_transport = nccl"):

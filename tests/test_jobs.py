@@ -49,7 +49,8 @@ def test_flagship_gossip_jobs_run_what_works_across_nodes_and_the_authors_stay_a
                 theirs.dist.gossip_graph) == ("pull", False, 0.5, "uniform")
         assert ours.to_dict()["model"] == theirs.to_dict()["model"]
         assert ours.to_dict()["schedule"] == theirs.to_dict()["schedule"]
-        assert f"CONFIG=${{CONFIG:-jobs/imagenet-gossip-{n}.toml}}" in (ROOT / "slurm" / f"gossip_{n}.sh").read_text()
+        assert f"CONFIG=${{CONFIG:-jobs/imagenet-gossip-{n}.toml}}" in \
+            (ROOT / "slurm" / f"gossip_{n}.sh").read_text()
 
 
 def test_multi_gpu_node_jobs_run_the_hierarchy_with_the_global_batch_of_as_many_single_gpu_nodes():

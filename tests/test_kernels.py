@@ -190,7 +190,8 @@ def test_types_keys_and_choice():
     assert k1 == CC.graph_key("fprop", [2, 8, 8, 3], [3, 3, 3, 4], 1, 1, "fp32")
     assert k1 != CC.graph_key("fprop", (2, 8, 8, 3), (3, 3, 3, 4), 1, 1, "bf16")
     assert CC.choose_conv_impl("auto", True, True, True)[0] == "cudnn"
-    assert CC.choose_conv_impl("auto", True, False, True) == ("im2col", "auto: missing the cudnn frontend module")
+    assert CC.choose_conv_impl("auto", True, False, True) == \
+        ("im2col", "auto: missing the cudnn frontend module")
     assert CC.choose_conv_impl("auto", False, False, False)[0] == "im2col"
     assert CC.choose_conv_impl("im2col", True, True, True)[0] == "im2col"
     assert CC.choose_conv_impl("auto", True, True, True, "float64")[0] == "im2col"

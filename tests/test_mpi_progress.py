@@ -61,13 +61,15 @@ def test_more_ranks_than_cpus_make_waiting_ranks_yield_and_a_users_value_is_kept
     slurm = {"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_STEP_NUM_NODES": "4", "SLURM_JOB_NUM_NODES": "4"}
     assert [local_size({**slurm, "SLURM_NODEID": str(i)}) for i in range(4)] == [2, 2, 2, 1]
     assert local_size({**slurm, "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "2"}) is None   # a step on part
-    assert local_size({}) is None and local_size({"SLURM_STEP_TASKS_PER_NODE": "x", "SLURM_NODEID": "0"}) is None
+    assert local_size({}) is None \
+        and local_size({"SLURM_STEP_TASKS_PER_NODE": "x", "SLURM_NODEID": "0"}) is None
     for ranks, cpus in ((2, 2), (8, 16), (None, 1)):
         env = {} if ranks is None else {"MPI_LOCALNRANKS": str(ranks)}
         assert progress.prepare_waiting(env, cpus) == "" and set(env) <= {"MPI_LOCALNRANKS"}
     env = {"MPI_LOCALNRANKS": "4"}
     line = progress.prepare_waiting(env, 2)
-    assert env == {"MPI_LOCALNRANKS": "4", **progress.YIELD_ENV} and line.startswith("4 ranks on this node's 2 CPUs")
+    assert env == {"MPI_LOCALNRANKS": "4", **progress.YIELD_ENV} \
+        and line.startswith("4 ranks on this node's 2 CPUs")
     import os
     n = os.cpu_count() or 1               # under Slurm: the job's CPUs on the node, when fewer
     assert progress.prepare_waiting({"MPI_LOCALNRANKS": str(n), "SLURM_CPUS_ON_NODE": str(n)}) == ""

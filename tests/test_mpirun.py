@@ -59,8 +59,8 @@ def test_run_sh_passes_mpiexec_args_to_the_launcher(tmp_path):
     env = dict(os.environ, SCALESGD_LAUNCHER="mpirun", SLURM_NTASKS="2",
                VENV=str(Path(sys.executable).parents[1]), MPIEXEC=str(script),
                MPIEXEC_ARGS=f"{os.environ.get('MPIEXEC_ARGS', '')} {' '.join(option)}",
-               CONFIG="jobs/demo.toml", DATA=str(data), RUN_DIR=str(tmp_path / "run"),
-               EXTRA_ARGS="--dry-run", SCALESGD_DEFAULT_NAME="t")
+               CONFIG="jobs/digits-allreduce.toml", DATA=str(data), RUN_DIR=str(tmp_path / "run"),
+               EXTRA_ARGS="--dry-run --batch-size 8", SCALESGD_DEFAULT_NAME="t")
     env.pop("SLURM_JOB_ID", None)
     p = subprocess.run(["bash", "slurm/run.sh"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=120)
@@ -100,7 +100,8 @@ def test_a_launch_that_failed_to_start_is_tried_once_more(tmp_path, monkeypatch,
     script.write_text("#!/bin/sh\n"
                       f"echo x >> {shlex.quote(str(count))}\n"
                       f'if [ "$(wc -l < {shlex.quote(str(count))})" -le "$FAILS" ]; then\n'
-                      f"  printf '%s\\n' {shlex.quote(LAUNCHER_STARTUP_FAILURES[0] + '. We cannot')} >&2; exit 213\n"
+                      f"  printf '%s\\n' {shlex.quote(LAUNCHER_STARTUP_FAILURES[0] + '. We cannot')} >&2; "
+                      "exit 213\n"
                       "fi\n"
                       f'exec {shlex.quote(mpiexec())} "$@"\n')
     script.chmod(0o755)

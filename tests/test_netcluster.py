@@ -172,13 +172,13 @@ def test_every_method_trains_resumes_after_a_kill_and_leaves_nothing_on_three_no
     evaluations and checkpoints also fall between two averages, where a node's ranks must still
     agree on the leader's count), on 3 nodes x 2 ranks (1 Gbit/s), with ``--hierarchy node``, and
     flat for one method per protocol (``FLAT``; issue 39 trimmed the flat half to keep the suite
-    under 10 minutes) (with the hierarchy a node's replicas are identical at the end, and differ across nodes under EASGD,
-    A-SGD and pull gossip).  Each run is SIGKILLed in one rank
+    under 10 minutes) (with the hierarchy a node's replicas are identical at the end, and differ
+    across nodes under EASGD, A-SGD and pull gossip).  Each run is SIGKILLed in one rank
     after its first checkpoint: the whole job ends by itself (non-zero, no summary), no rank
-    survives and no MPI segment is left in /dev/shm.  Resumed from that run's checkpoint, it finishes its 2 epochs on 6
-    ranks with every rank's metrics, and every node's NIC carried at least a model's worth of
-    bytes each way.  Across nodes gossip runs its progress thread.  One CPU per node: one BLAS
-    thread per rank."""
+    survives and no MPI segment is left in /dev/shm.  Resumed from that run's checkpoint, it
+    finishes its 2 epochs on 6 ranks with every rank's metrics, and every node's NIC carried at
+    least a model's worth of bytes each way.  Across nodes gossip runs its progress thread.  One
+    CPU per node: one BLAS thread per rank."""
     from helpers import final_arrays
     env = {"OMP_NUM_THREADS": "1", "SCALESGD_DATA": str(tmp_path / "digits")}
     with nc.NetCluster(3, rate="1gbit", prefix=prefix, ranks_per_node=2, cpus_per_node=1) as c:
@@ -277,7 +277,8 @@ def test_a_killed_holders_cluster_is_taken_over_a_live_ones_is_not(prefix, capfd
     as ended even before it is reaped (a zombie), and the next ``up`` removes what it left, says so,
     and goes on.  A cluster that ``up`` left on purpose records no holder: ``up`` still refuses it,
     and ``reclaim`` (a prefix of the caller's own) removes it."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD.format(bench=str(ROOT / "benchmarks"), prefix=prefix)],
+    proc = subprocess.Popen([sys.executable, "-c",
+                             HOLD.format(bench=str(ROOT / "benchmarks"), prefix=prefix)],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "up"
@@ -326,13 +327,15 @@ def test_two_that_find_a_killed_holders_cluster_at_once_do_not_break_each_other(
     """Two processes start a cluster under the same prefix at once, over what a killed holder
     left: one takes it over and keeps it whole while it holds it, the other is refused (a lock per
     prefix spans the look, the removal and the build)."""
-    dead = subprocess.Popen([sys.executable, "-c", HOLD.format(bench=str(ROOT / "benchmarks"), prefix=prefix)],
+    dead = subprocess.Popen([sys.executable, "-c",
+                             HOLD.format(bench=str(ROOT / "benchmarks"), prefix=prefix)],
                             stdout=subprocess.PIPE, text=True)
     assert dead.stdout.readline().strip() == "up"
     dead.kill()
     dead.wait()
     code = RACE.format(bench=str(ROOT / "benchmarks"), prefix=prefix)
-    both = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    both = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            for _ in range(2)]
     outs = sorted(p.communicate(timeout=120)[0].strip() for p in both)
     assert outs == ["intact", "refused"], outs
     assert nc.leftovers(prefix) == []
@@ -398,7 +401,8 @@ def test_the_two_level_allreduce_sends_fewer_bytes_across_nodes(tmp_path, tiny_d
     ``--hierarchy node`` trains and logs 2 nodes of 2 ranks.  Under Open MPI, whose all-reduce is
     not node-aware, its busiest node sends far fewer bytes over its link than with the flat
     all-reduce (one copy of each bucket per node crosses, not one per rank: 14.9 -> 11.5 MB
-    measured in this test's epoch, evaluation and checkpoint included; 28.6 -> 18.3 MB over 2); MPICH 5's own all-reduce already is node-aware, so there it must only cost no more.
+    measured in this test's epoch, evaluation and checkpoint included; 28.6 -> 18.3 MB over 2);
+    MPICH 5's own all-reduce already is node-aware, so there it must only cost no more.
     Run with -s to see the bytes."""
     env = {"OMP_NUM_THREADS": "1", "SCALESGD_DATA": str(tmp_path / "digits")}
     sent = {}
@@ -443,8 +447,8 @@ def test_hierarchical_runs_resume_on_more_ranks_from_the_saved_leaders(tmp_path,
         else:
             want = ((saved["rank-00000/params"].astype(np.float64) + saved["rank-00002/params"]) / 2
                     ).astype(np.float32)
-        res = c.run([sys.executable, "-m", "src.main", "--resume", str(run_dir), "--epochs", "2", "--lr", "0"],
-                    env=env, cwd=ROOT, capture=True, timeout=120, layout=[3, 3])
+        res = c.run([sys.executable, "-m", "src.main", "--resume", str(run_dir), "--epochs", "2",
+                     "--lr", "0"], env=env, cwd=ROOT, capture=True, timeout=120, layout=[3, 3])
         assert res.returncode == 0, f"rc={res.returncode}\n{res.stdout}\n{res.stderr}"
     groups = "3 group(s) of 1/2/3 rank(s)" if method == "asgd" else "2 group(s) of 3 rank(s)"
     assert "written by 4 ranks, on 6" in res.stderr and groups in res.stderr, res.stderr

@@ -124,7 +124,8 @@ def test_the_study_reads_p_against_the_measured_b_simple(tmp_path):
     w = R.workload(dict(measured=m, b_noise=800.0, b_noise_lo=600.0))
     assert w["source"] == "fit" and not w["bound"] and w["factor"] == pytest.approx(8 / 800 * 10_000 / 32)
     w = R.workload(dict(measured=None, b_noise=None, b_noise_lo=744.0))
-    assert w["source"] == "fit" and w["bound"] == "at most" and w["factor"] == pytest.approx(8 / 744 * 10_000 / 32)
+    assert w["source"] == "fit" and w["bound"] == "at most" \
+        and w["factor"] == pytest.approx(8 / 744 * 10_000 / 32)
     assert R.measured_noise(tmp_path / "none.json") is None
     # another seed's run (same configuration) joins the mean; one of another configuration does not
     b0 = m["b_simple"]

@@ -25,7 +25,8 @@ batch_size = 8
 [train]
 log_every = 1
 """
-METHODS = {"allreduce": "--method allreduce --lr 0.1", "gossip-pull": "--method gossip --gossip pull --lr 0.1",
+METHODS = {"allreduce": "--method allreduce --lr 0.1",
+           "gossip-pull": "--method gossip --gossip pull --lr 0.1",
            "easgd": "--method easgd --lr 0.1 --tau 2 --servers 2"}
 
 
@@ -33,7 +34,8 @@ def vrun(data, run_dir, flags, *more):
     assert VR.main([*flags.split(), "--data", str(data), *TINY, "--workers", "2", "--epochs", "2",
                     "--eval-every", "0.25", "--threads", "1", "--run-dir", str(run_dir), *more]) == 0
     rows = [json.loads(x) for x in (run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()]
-    return [(r["global_samples"], r["train_seconds"], 1 - r["val_top1_accuracy"]) for r in rows if r["kind"] == "val"]
+    return [(r["global_samples"], r["train_seconds"], 1 - r["val_top1_accuracy"]) for r in rows
+            if r["kind"] == "val"]
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +61,11 @@ def made(tmp_path_factory):
                      for s, cv in per.items()}
             ok = all(v["seconds"] is not None for v in seeds.values())
             methods[m] = dict(config="F0.1", flags=METHODS[m], reached_all=ok, final_error=0.3,
-                              mean_seconds=sum(v["seconds"] for v in seeds.values()) / len(seeds) if ok else None,
+                              mean_seconds=(sum(v["seconds"] for v in seeds.values()) / len(seeds)
+                                            if ok else None),
                               seeds=seeds)
-        cells[f"v100-10gbe-resnet50/{c}/p2"] = dict(fastest="allreduce", tied_set=["allreduce"], methods=methods)
+        cells[f"v100-10gbe-resnet50/{c}/p2"] = dict(fastest="allreduce", tied_set=["allreduce"],
+                                                    methods=methods)
     study = dict(workers=[1, 2], networks=NETS, conditions=["none", "typical", "stragglers"],
                  target_error=target, complete=True, cells=cells,
                  task=dict(job=JOB, train=96, val=16, classes=4, eval_every=0.25, name="a tiny task"))
@@ -102,7 +106,8 @@ def test_plan_is_exact_for_all_reduce_on_the_users_profile(made, tmp_path):
     for s in (0, 1):
         out = made["tmp"] / f"rt-{s}"
         if not out.exists():
-            assert VR.main(["retime", str(made["tmp"] / f"allreduce-{s}"), "--profile", str(tmp_path / "mine.json"),
+            assert VR.main(["retime", str(made["tmp"] / f"allreduce-{s}"),
+                            "--profile", str(tmp_path / "mine.json"),
                             "--condition", "stragglers", "--run-dir", str(out)]) == 0
         rows = [json.loads(x) for x in (out / "metrics" / "rank-0.jsonl").read_text().splitlines()]
         truth.append(made["to"]([(r["global_samples"], r["train_seconds"], 1 - r["val_top1_accuracy"])
@@ -112,10 +117,12 @@ def test_plan_is_exact_for_all_reduce_on_the_users_profile(made, tmp_path):
     gossip = next(r for r in res["rows"] if r["method"] == "gossip-pull")
     assert gossip["timing"] == "statistics of v100-10gbe-resnet50 / stragglers"
     text = L.show(res, prof)
-    assert "plan: 3 workers on mine" in text and "use: mpirun -n " in text and "python -m scalesgd --method" in text
+    assert "plan: 3 workers on mine" in text and "use: mpirun -n " in text \
+        and "python -m scalesgd --method" in text
     assert "add your job's --config or --data and your launcher" in text
     # a method that missed the target is listed as such, and what "missed" means is said once
-    lost = dict(res, rows=[*res["rows"][:1], dict(res["rows"][1], mean_seconds=None, reached=1, final_error=0.5)])
+    lost = dict(res, rows=[*res["rows"][:1],
+                           dict(res["rows"][1], mean_seconds=None, reached=1, final_error=0.5)])
     shown = L.show(lost, prof)
     assert f"missed (1/{lost['rows'][1]['seeds']} seeds; error 50%)" in shown
     assert shown.count("missed: not at the target in every seed by the end of the study's runs") == 1
@@ -127,9 +134,11 @@ def test_plan_is_exact_for_all_reduce_on_the_users_profile(made, tmp_path):
     near = L.predict(ahead, prof, 4, "stragglers")
     assert near["p"] == 2 and near["rows"] and any(
         "p = 4, the study's nearest to your 4 workers, has no results there yet" in n for n in near["notes"])
-    assert any("far beyond the largest p studied (2)" in n for n in L.predict(ahead, prof, 16, "stragglers")["notes"])
+    assert any("far beyond the largest p studied (2)" in n
+               for n in L.predict(ahead, prof, 16, "stragglers")["notes"])
     # ... but never to p = 1 for several workers: a study with results only there has none for them
-    single = dict(made["study"], cells={k.replace("/p2", "/p1"): v for k, v in made["study"]["cells"].items()})
+    single = dict(made["study"],
+                  cells={k.replace("/p2", "/p1"): v for k, v in made["study"]["cells"].items()})
     none_yet = L.predict(single, prof, 4, "stragglers")
     assert none_yet["p"] == 2 and none_yet["missing"] and not none_yet["rows"]
     # a cell the study has not run: said, with the p it has there
@@ -138,7 +147,8 @@ def test_plan_is_exact_for_all_reduce_on_the_users_profile(made, tmp_path):
     # a cell whose runs are not all in: said, with what it still waits for
     k = "v100-10gbe-resnet50/stragglers/p2"
     part = dict(made["study"], cells={**made["study"]["cells"],
-                                      k: dict(made["study"]["cells"][k], complete=False, missing=["pushsum-ov"])})
+                                      k: dict(made["study"]["cells"][k], complete=False,
+                                              missing=["pushsum-ov"])})
     assert any(f"cell {k} is not complete yet (still to run: pushsum-ov)" in n
                for n in L.predict(part, prof, 2, "stragglers")["notes"])
     assert not any("not complete yet" in n for n in res["notes"])
@@ -161,8 +171,8 @@ def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):
                          (["--profile", str(steps), "--workers", "4"], "not step_seconds"),
                          (["--profile", "nosuch", "--workers", "4"], "nosuch"),
                          (["--profile", "a100-ib100-resnet50", "--workers", "0"], "--workers: at least 1"),
-                         (["--profile", "a100-ib100-resnet50", "--workers", "4", "--study", str(tmp_path / "x.json")],
-                          "cannot be read")):
+                         (["--profile", "a100-ib100-resnet50", "--workers", "4",
+                           "--study", str(tmp_path / "x.json")], "cannot be read")):
         assert L.main(args if "--study" in args else [*args, "--study", str(made["path"])]) != 0
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("scalesgd: error")]
         assert len(err) == 1 and needle in err[0], (args, err)
@@ -175,7 +185,8 @@ def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):
     # a study file whose task is missing, or whose job does not parse, is one line naming it
     study = json.loads(made["path"].read_text())
     for task, needle in ((None, "its 'task' needs the job it ran"),
-                         ({**study["task"], "job": "[model]\nmodel = "}, "the study's task (its 'task.job'): the job")):
+                         ({**study["task"], "job": "[model]\nmodel = "},
+                          "the study's task (its 'task.job'): the job")):
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps({**study, "task": task}))
         assert L.main(["--profile", "a100-ib100-resnet50", "--workers", "4", "--study", str(bad)]) != 0
@@ -186,12 +197,14 @@ def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):
 def test_the_shipped_study_file_plans_for_a_users_profile(tmp_path):
     """What a fresh clone has: the shipped results, a profile file of the user's own."""
     mine = tmp_path / "my-cluster.json"
-    mine.write_text(json.dumps({"name": "my-cluster", "description": "A40s on 25 GbE", "images_per_second": 500,
+    mine.write_text(json.dumps({"name": "my-cluster", "description": "A40s on 25 GbE",
+                                "images_per_second": 500,
                                 "reference": {"model": "resnet50", "image_size": 224},
                                 "stands_for": {"model": "resnet50", "image_size": 224, "batch_size": 32},
                                 "link_gbps": 20, "latency_us": 10, "ranks_per_node": 1, "intra_gbps": 100,
                                 "mem_gbps": 700}))
-    out = run_cli(["plan", "--profile", str(mine), "--workers", "1"], tmp_path, module="scalesgd", timeout=600)
+    out = run_cli(["plan", "--profile", str(mine), "--workers", "1"], tmp_path, module="scalesgd",
+                  timeout=600)
     assert out.returncode == 0, out.stderr
     assert "plan: 1 worker on my-cluster" in out.stdout and "nearest studied network" in out.stdout
     st = L.load_study()
@@ -225,5 +238,6 @@ def test_run_checks_the_fastest_in_the_virtual_cluster(made, tmp_path, monkeypat
     import time as clock
     frozen = clock.strftime("%Y%m%d-%H%M%S")
     monkeypatch.setattr(L.time, "strftime", lambda fmt: frozen)
-    twice = [L.check(made["study"], res, "v100-10gbe-resnet50", made["data"], top=1)[0]["run_dir"] for _ in range(2)]
+    twice = [L.check(made["study"], res, "v100-10gbe-resnet50", made["data"], top=1)[0]["run_dir"]
+             for _ in range(2)]
     assert twice[1] == twice[0] + ".2", twice

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, TINY, run_cli
+from helpers import ROOT, TINY, demo_data, run_cli
 from mpirun import mpi_launcher, uses_mpi
 from synth import make_dataset
 
@@ -124,7 +124,7 @@ def bare_cr(text: str) -> int:
 def run_on_pty(args, tmp_path) -> str:
     """``python -m src.main ARGS`` with stdout on a fresh pty, as in a terminal; returns its output."""
     master, slave = os.openpty()
-    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, SCALESGD_DATA=demo_data(tmp_path), OMP_NUM_THREADS="1")
     for var in LAUNCHER_VARS:                     # pytest itself may run under a launcher
         env.pop(var, None)
     with open(tmp_path / "stderr", "w") as err:

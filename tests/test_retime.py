@@ -222,12 +222,12 @@ def test_without_dali_training_stops_at_start_with_one_line_and_writes_nothing(e
     what to install, in one line, before a run directory exists."""
     import subprocess
     import sys
-    from helpers import ROOT
+    from helpers import ROOT, demo_data
     run_dir = tmp_path / "run"
     code = BLOCK_DALI + (f"from {entry} import main; sys.exit(main(['--method', 'single', '--epochs', '1', "
                          f"'--run-dir', {str(run_dir)!r}]))")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**__import__("os").environ, "SCALESGD_DATA": str(tmp_path / "digits")})
+                       env={**__import__("os").environ, "SCALESGD_DATA": demo_data(tmp_path)})
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith(("scalesgd: error", "Traceback"))]
     assert p.returncode != 0 and len(lines) == 1, p.stderr[-2000:]
     assert "DALI" in lines[0] and "pip install -e '.[cpu]'" in lines[0]
@@ -269,7 +269,8 @@ def test_a_run_stopped_at_its_target_retimes_exactly(data, tmp_path):
     out = tmp_path / "rt"
     assert VR.main(["retime", str(src), "--profile", "titanx-fdr-resnet18", "--condition", "typical",
                     "--run-dir", str(out)]) == 0
-    full = vrun([*args, "--profile", "titanx-fdr-resnet18", "--condition", "typical"], tmp_path / "full", data)
+    full = vrun([*args, "--profile", "titanx-fdr-resnet18", "--condition", "typical"], tmp_path / "full",
+                data)
     same_run(out, full, 4)
 
 

@@ -47,7 +47,8 @@ def test_cli_run_ends_and_writes_summary(tmp_path, tiny_data, method, extra, bou
         [(h["global_samples"], h["server_version"], h["staleness_max"]) for h in s["history"]]
     last_known = []
     for rank in (1, 2):
-        rows = [json.loads(ln) for ln in (run_dir / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        rows = [json.loads(ln)
+                for ln in (run_dir / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
         steps = [r for r in rows if r["kind"] == "step"]
         assert steps[-1]["exchanges"] >= 1
         assert "staleness" in steps[-1] and "wait_seconds" in steps[-1]

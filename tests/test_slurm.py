@@ -104,7 +104,8 @@ def gossip_job(cluster, tmp_path_factory):
     job = p.stdout.strip().split(";")[0]
     state = wait_for_job(cluster, job, timeout=120) if job.isdigit() else "not submitted"
     logs = "\n".join(f.read_text(errors="replace") for f in tmp.glob("*.out"))
-    report = f"final state {state}; sbatch rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}\njob log:\n{logs}\n{cluster.logs()}"
+    report = (f"final state {state}; sbatch rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}\n"
+              f"job log:\n{logs}\n{cluster.logs()}")
     assert job.isdigit(), report
     return job, tmp / "runs" / f"gossip_64-{job}", report
 
@@ -119,7 +120,8 @@ def test_gossip_64_script_completes_on_one_node_with_4_ranks(cluster, gossip_job
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["method"] == "gossip" and summary["ranks"] == 4, summary
     for r in range(4):
-        kinds = {json.loads(ln)["kind"] for ln in (run_dir / "metrics" / f"rank-{r}.jsonl").read_text().splitlines()}
+        kinds = {json.loads(ln)["kind"]
+                 for ln in (run_dir / "metrics" / f"rank-{r}.jsonl").read_text().splitlines()}
         assert {"step", "val"} <= kinds, (r, kinds)
 
 
@@ -136,7 +138,8 @@ def test_easgd_on_8_gpu_nodes_script_runs_its_hierarchy_on_one_node(cluster, tmp
     """slurm/easgd_8x8.sh (8 nodes x 8 GPUs, --hierarchy node) shrunk to one node without GPUs,
     1 server + 4 workers: under srun the ranks find their node through MPI, the server is a group
     of its own and the 4 workers one group whose leader alone talks to it; the job completes."""
-    (tmp_path / "tiny.toml").write_text(TINY_JOB.replace('"gossip"', '"easgd"') + '[dist]\nhierarchy = "node"\n')
+    (tmp_path / "tiny.toml").write_text(TINY_JOB.replace('"gossip"', '"easgd"')
+                                        + '[dist]\nhierarchy = "node"\n')
     data = make_dataset(tmp_path / "data", n=96, n_val=24, num_classes=4)
     env = dict(cluster.env, CONFIG=str(tmp_path / "tiny.toml"), DATA=str(data), VENV=sys.prefix,
                SCALESGD_PMI="pmi2", RUNS=str(tmp_path / "runs"))

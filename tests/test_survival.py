@@ -100,9 +100,10 @@ def test_survival_allreduce(survive):
 @needs_ulfm
 def test_survival_pushsum_loses_root_then_another(survive):
     """Overlapped push-sum loses rank 0 (the sample counter's host and the summary's writer), then
-    rank 3 (one recovery or two, as the deaths are noticed); each reports the weight lost; afterwards the survivors' weights sum to
-    their count (renormalised mass), the global count went on from the survivors'.  The step
-    lines, which the first worker prints, go on from the new first worker after rank 0 died."""
+    rank 3 (one recovery or two, as the deaths are noticed); each reports the weight lost;
+    afterwards the survivors' weights sum to their count (renormalised mass), the global count
+    went on from the survivors'.  The step lines, which the first worker prints, go on from the
+    new first worker after rank 0 died."""
     p, run_dir = survive(["--method", "gossip", "--gossip", "push", "--gossip-overlap"],
                          "0:8:kill,3:11:kill",     # (3 at 14 came, when rank 3 ran ahead, after the
                          progress="lines")         # last evaluation: 1 Open MPI run in 8 failed)

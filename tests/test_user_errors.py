@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import ROOT, TINY, one_line_error, run_cli
+from helpers import ROOT, TINY, demo_data, one_line_error, run_cli
 
 from scalesgd import errors
 
@@ -35,7 +35,7 @@ def test_every_user_error_derives_from_the_base_and_stays_where_it_was():
 BUG = """
 import sys
 from scalesgd import cli
-def bug(cfg):
+def bug(cfg, workers=None):
     raise {exc}("operands could not be broadcast together with shapes (3,) (4,)")
 cli.dry_run = bug
 sys.exit(cli.main(["--dry-run"]))
@@ -43,7 +43,7 @@ sys.exit(cli.main(["--dry-run"]))
 
 
 def _python(code: str, tmp_path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, SCALESGD_DATA=demo_data(tmp_path), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=120)
 
@@ -58,7 +58,7 @@ def test_a_bug_raising_valueerror_or_oserror_prints_its_traceback(tmp_path):
 
 
 def test_an_injected_fault_is_a_bug_and_a_run_dir_in_the_way_a_user_error(tmp_path):
-    env_fault = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1",
+    env_fault = dict(os.environ, SCALESGD_DATA=demo_data(tmp_path), OMP_NUM_THREADS="1",
                      SCALESGD_INJECT_FAULT="0:1")
     p = subprocess.run([sys.executable, "-m", "src.main", *TINY, "--run-dir", str(tmp_path / "f2")],
                        cwd=ROOT, env=env_fault, stdin=subprocess.DEVNULL, capture_output=True, text=True,

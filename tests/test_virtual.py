@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import ROOT, TINY, final_arrays, launch, one_line_error, run_cli
+from helpers import ROOT, TINY, demo_data, final_arrays, launch, one_line_error, run_cli
 from synth import make_dataset
 
 from scalesgd.virtual.transport import tree_sum
@@ -130,7 +130,8 @@ def test_a_push_sum_run_with_unscheduled_checkpoints_is_refused(data, tmp_path):
     ok(run_cli(["--method", "gossip", "--gossip", "push", "--data", str(data), *TINY, "--epochs", "3",
                 "--checkpoint-minutes", "0.00001", "--run-dir", str(run)], tmp_path,
                launcher=launch(RANKS)))
-    reasons = [json.loads(line)["reason"] for line in (run / "trace" / "rank-0.jsonl").read_text().splitlines()
+    reasons = [json.loads(line)["reason"]
+               for line in (run / "trace" / "rank-0.jsonl").read_text().splitlines()
                if '"checkpoint"' in line]
     assert "clock" in reasons, reasons          # rank 0's clock asked for checkpoints before the end
     p = virtual(["--replay", str(run), "--run-dir", str(tmp_path / "replay")], tmp_path)
@@ -274,7 +275,8 @@ def test_profiles_load_and_bad_ones_are_refused(tmp_path):
                          ('{"name": "x"}', "the network is required: link_gbps, latency_us"),
                          ('{"link_gbps": 10, "latency_us": 5}', "a profile needs a name"),
                          ('{"name": 3, "link_gbps": 10, "latency_us": 5}', "name is str, got 3"),
-                         ('{"name": "x", "link_gbps": "10", "latency_us": 5}', 'link_gbps is float, got "10"'),
+                         ('{"name": "x", "link_gbps": "10", "latency_us": 5}',
+                          'link_gbps is float, got "10"'),
                          ('{"name": "x", "link_gbps": 10, "latency_us": 5, "ranks_per_node": true}',
                           "ranks_per_node is int, got true"),
                          ('{"name": "x", "link_gbps": 10, "latency_us": 5, "variability": 2}',
@@ -329,6 +331,16 @@ def test_a_batch_the_data_cannot_fill_is_refused_before_anything_is_written(data
                 tmp_path)
     assert p.returncode == 1 and "8 x 64 workers exceeds the 96 training samples" in p.stderr, p.stderr
     assert not v.exists()
+    dry = virtual(["--method", "gossip", "--workers", "64", "--data", str(data), *TINY, "--run-dir", str(v),
+                   "--dry-run"], tmp_path)                 # the dry run refuses it alike
+    assert dry.returncode == 1 and "8 x 64 workers exceeds the 96 training samples" in dry.stderr, dry.stderr
+    # the batch the run would use: unset, 64 // 32 = 2, at least 8: 8 x 32 <= the digits' 1438
+    assert virtual(["--method", "allreduce", "--workers", "32", "--dry-run"], tmp_path).returncode == 0
+    v.mkdir()
+    (v / "config.json").write_text("{}")
+    dry = virtual(["--method", "gossip", "--workers", "2", "--data", str(data), *TINY, "--run-dir", str(v),
+                   "--dry-run"], tmp_path)
+    assert dry.returncode == 2 and f"--run-dir {v} already holds a run" in dry.stderr, dry.stderr
 
 
 @pytest.mark.mpi
@@ -366,10 +378,11 @@ def test_a_rank_told_to_hang_is_a_deadlock_naming_it(data, tmp_path):
     """SCALESGD_INJECT_FAULT=RANK:STEP:hang blocks that virtual rank for ever (the transport's
     ``hang``, a receive nobody answers under MPI): once no rank can move, the scheduler ends the
     run naming what each rank was doing."""
-    env = dict(os.environ, SCALESGD_DATA=str(tmp_path / "digits"), OMP_NUM_THREADS="1",
+    env = dict(os.environ, SCALESGD_DATA=demo_data(tmp_path), OMP_NUM_THREADS="1",
                SCALESGD_INJECT_FAULT="1:2:hang")
     p = subprocess.run([sys.executable, "-m", "scalesgd.virtual", "--method", "allreduce", "--workers", "3",
                         "--data", str(data), *TINY, "--batch-size", "4", "--run-dir", str(tmp_path / "run")],
-                       cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=120)
     line = one_line_error(p, "virtual cluster deadlock", "rank 1 at", "hung on purpose")
     assert p.returncode == 1 and "rank 0 at" in line, p.stderr[-2000:]

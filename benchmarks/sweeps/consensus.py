@@ -33,7 +33,8 @@ class ConsensusSweep(Experiment):
                     d = json.loads(out.read_text())
                     table[key] = d
                     ax[i, j].plot(np.arange(len(d["distance"])), d["distance"], "o-", ms=3, label=f"p = {p}")
-                ax[i, j].set(yscale="log", xlabel="exchanges per rank", ylabel="consensus distance (relative)",
+                ax[i, j].set(yscale="log", xlabel="exchanges per rank",
+                             ylabel="consensus distance (relative)",
                              title=f"gossip {variant}, {graph} graph, no gradients", ylim=(1e-12, 2))
                 ax[i, j].legend(fontsize=8)
         print(f"{'run':>22} {'rate/exchange':>14} {'exchanges to 1e-3':>18} {'mean drift':>11}")

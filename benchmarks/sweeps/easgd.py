@@ -21,7 +21,8 @@ class EasgdSweep(Experiment):
             row = []
             for tau in taus:
                 default = (tau, beta) == (1, 0.8)           # the config's: experiment 2's run
-                res = self.method_run("easgd", w, 0, [] if default else ["--tau", str(tau), "--beta", f"{beta:g}"],
+                res = self.method_run("easgd", w, 0,
+                                      [] if default else ["--tau", str(tau), "--beta", f"{beta:g}"],
                                       tag="" if default else f"-tau{tau}-beta{beta:g}")
                 server = [r for r in read_rank0_server(res)]
                 served = server[-1]["served"] if server else None
@@ -35,10 +36,12 @@ class EasgdSweep(Experiment):
             table[f"beta{beta:g}"] = row
             ax[0, 0].plot([r["comm_megabytes"] for r in row], [100 * r["center_error"] for r in row], "o-",
                           label=f"center, beta {beta:g}")
-            ax[0, 0].plot([r["comm_megabytes"] for r in row], [100 * np.mean(r["worker_errors"]) for r in row],
+            ax[0, 0].plot([r["comm_megabytes"] for r in row],
+                          [100 * np.mean(r["worker_errors"]) for r in row],
                           "s--", label=f"workers (mean), beta {beta:g}")
             for r in row:
-                ax[0, 0].annotate(f"tau {r['tau']}", (r["comm_megabytes"], 100 * r["center_error"]), fontsize=7)
+                ax[0, 0].annotate(f"tau {r['tau']}", (r["comm_megabytes"], 100 * r["center_error"]),
+                                  fontsize=7)
             ax[0, 1].plot(taus, [r["worker_distance"] for r in row], "o-", label=f"beta {beta:g}")
         ax[0, 0].set(xscale="log", xlabel="MB moved through the server", ylabel="final validation error (%)",
                      title=f"EASGD, {w} workers")
@@ -51,7 +54,8 @@ class EasgdSweep(Experiment):
         print(f"{'beta':>5} {'tau':>4} {'exch':>6} {'MB':>8} {'center err':>10} {'worker errs':>24}")
         for row in table.values():
             for r in row:
-                print(f"{r['beta']:>5} {r['tau']:>4} {r['exchanges']:>6} {fmt(r['comm_megabytes'], '.0f'):>8} "
+                print(f"{r['beta']:>5} {r['tau']:>4} {r['exchanges']:>6} "
+                      f"{fmt(r['comm_megabytes'], '.0f'):>8} "
                       f"{100 * r['center_error']:>9.2f}% "
                       f"{' '.join(f'{100 * e:.2f}' for e in r['worker_errors']):>24}")
         return self.save(fig, dict(workers=w, runs=table))

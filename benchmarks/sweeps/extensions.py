@@ -44,7 +44,8 @@ class ExtensionsSweep(Experiment):
             for label, method, flags, tag in self.settings(w):
                 epochs = MethodsSweep.EPOCHS.get(w) if not self.quick else None
                 if epochs:
-                    flags, tag = [*flags, "--epochs", str(epochs)], f"{tag}-e{epochs}" if tag else f"-e{epochs}"
+                    flags, tag = ([*flags, "--epochs", str(epochs)],
+                                  f"{tag}-e{epochs}" if tag else f"-e{epochs}")
                 res = self.method_run(method, w, 0, flags, tag=tag)
                 srv = read_rank0_server(res)
                 last = srv[-1] if srv else {}

@@ -140,7 +140,8 @@ def aggregate(results: list[Result], target: float | None = None) -> dict:
     if nets:                          # the proof the traffic crossed the links: least bytes per node
         out["net"] = dict(rate_bits=nets[0]["rate_bits"], nodes=nets[0]["nodes"],
                           min_sent_mb=min(t["sent"] for n in nets for t in n["traffic"].values()) / 1e6,
-                          min_received_mb=min(t["received"] for n in nets for t in n["traffic"].values()) / 1e6)
+                          min_received_mb=min(t["received"] for n in nets
+                                              for t in n["traffic"].values()) / 1e6)
     return out
 
 

@@ -16,8 +16,8 @@ class StepSizeSweep(Experiment):
     def run(self) -> dict:
         w = 2 if self.quick else 4
         lrs = [0.4, 0.1] if self.quick else [0.4, 0.2, 0.1, 0.05]
-        ms = ["allreduce", "gossip-pull"] if self.quick else ["allreduce", "easgd", "gossip-pull", "gossip-push",
-                                                               "asgd lr/p"]
+        ms = (["allreduce", "gossip-pull"] if self.quick
+              else ["allreduce", "easgd", "gossip-pull", "gossip-push", "asgd lr/p"])
         table, fig, ax = {}, *new_figure(1, 2)
         for m in ms:
             row = []
@@ -40,6 +40,7 @@ class StepSizeSweep(Experiment):
         ax[0, 0].legend(fontsize=8)
         print(f"{'method':>12} " + " ".join(f"{'lr=' + str(lr):>20}" for lr in lrs))
         for m, row in table.items():
-            print(f"{m:>12} " + " ".join(f"{100 * r['final_error']:>6.2f}% {fmt(r['time_to_target'], '.1f'):>6}s"
+            print(f"{m:>12} " + " ".join(f"{100 * r['final_error']:>6.2f}% "
+                                         f"{fmt(r['time_to_target'], '.1f'):>6}s"
                                          f"{'':>6}" for r in row))
         return self.save(fig, dict(workers=w, lrs=lrs, target_error=runner.TARGET_ERROR, runs=table))

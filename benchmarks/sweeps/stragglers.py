@@ -26,7 +26,8 @@ class StragglersSweep(Experiment):
             row = []
             for d in delays:
                 flags = ["--straggler", f"{last}:{d / 2:g}:{d / 2:g}"] if d else []
-                runs = [measures(self.method_run(m, w, s, flags, tag=f"-strag{d}" if d else "")) for s in seeds]
+                runs = [measures(self.method_run(m, w, s, flags, tag=f"-strag{d}" if d else ""))
+                        for s in seeds]
                 row.append(dict(delay_ms=d, seeds=len(seeds), **seed_mean(runs)))
             base = row[0]
             for r in row:
@@ -35,7 +36,8 @@ class StragglersSweep(Experiment):
                 r["slowdown_time_to_target"] = (r["time_to_target"] / base["time_to_target"]
                                                 if r["time_to_target"] and base["time_to_target"] else None)
             table[m] = row
-            ax[0, 0].plot(delays, [r["slowdown_images_per_second"] for r in row], "o-", color=COLORS[m], label=m)
+            ax[0, 0].plot(delays, [r["slowdown_images_per_second"] for r in row], "o-", color=COLORS[m],
+                          label=m)
             ax[0, 1].plot(delays, [100 * r["final_error"] for r in row], "o-", color=COLORS[m], label=m)
         ax[0, 0].set(xlabel="straggler delay D (ms, U[0, D] per step on one worker)",
                      ylabel="slow-down of throughput (x)", title=f"{w} workers, one straggler")
@@ -44,6 +46,7 @@ class StragglersSweep(Experiment):
         print(f"{'method':>12} " + " ".join(f"{'D=' + str(d):>26}" for d in delays))
         for m, row in table.items():
             print(f"{m:>12} " + " ".join(
-                f"{r['slowdown_images_per_second']:>6.2f}x thr {fmt(r['slowdown_time_to_target'], '.2f'):>5}x tt "
+                f"{r['slowdown_images_per_second']:>6.2f}x thr "
+                f"{fmt(r['slowdown_time_to_target'], '.2f'):>5}x tt "
                 f"{100 * r['final_error']:>5.2f}%" for r in row))
         return self.save(fig, dict(workers=w, delays_ms=delays, target_error=runner.TARGET_ERROR, runs=table))

@@ -23,7 +23,7 @@ CONV_ALGOS = ("auto", "im2col", "blocked", "taps", "winograd")   # model.conv_al
 PROGRESS_MODES = ("auto", "bar", "lines", "off")   # train.progress (io/progress.py)
 KERNEL_IMPLS = ("fused", "reference")              # model.kernels (nn/kernels.py)
 FAST_PATH_MODES = ("auto", "strict", "off")        # model.fast_paths (fastpaths/)
-ALLREDUCE_TRANSPORTS = ("auto", "host", "cuda_aware_mpi", "nccl")   # dist.allreduce_transport (comm/device.py)
+ALLREDUCE_TRANSPORTS = ("auto", "host", "cuda_aware_mpi", "nccl")  # dist.allreduce_transport (comm/device.py)
 
 
 # ----------------------------------------------------------------------------- ranks and workers

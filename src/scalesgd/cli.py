@@ -91,8 +91,51 @@ def _num_classes_for_dry_run(cfg: C.Config) -> int:
     return int(read_manifest(Path(cfg.data.data))["num_classes"])
 
 
-def dry_run(cfg: C.Config) -> None:
+def refuse_occupied(run_dir: Path) -> None:
+    """A new run may not reuse a run directory (the real program, the virtual cluster and both dry
+    runs refuse it with this one message)."""
+    if (run_dir / "config.json").exists():
+        raise C.ConfigError(f"--run-dir {run_dir} already holds a run (its config.json): continue "
+                            f"it with --resume {run_dir}, or choose another run directory")
+
+
+def _train_count(cfg: C.Config) -> tuple[int, Path] | None:
+    """(training samples, data root) from the data set's manifest, without building anything; None
+    where the manifest does not say (the ranks then check the shards themselves) and for the digits
+    not built yet, or built by an older version (the run rebuilds them)."""
+    from .data.demo import default_data_dir
+    from .data.shards import ShardError, read_manifest
+    root = Path(cfg.data.data) if cfg.data.data else default_data_dir()
+    try:
+        manifest = read_manifest(root)
+    except ShardError:
+        if cfg.data.data:
+            raise                        # the user's data: its one-line error, as the run's
+        return None
+    count = (manifest["splits"].get("train") or {}).get("count")
+    return (count, root) if isinstance(count, int) and not isinstance(count, bool) else None
+
+
+def dry_run(cfg: C.Config, ranks: int | None = None) -> None:
+    """Prints the resolved config and the parameter count; refuses, as the run would before it
+    starts, an occupied ``--run-dir`` and, where the rank count is known, a method that cannot run
+    on it and a global batch (the one the run would use) larger than the training split."""
     from .nn.resnet import ResNet
+    if cfg.train.run_dir and not cfg.train.resume:
+        refuse_occupied(Path(cfg.train.run_dir))
+    counted = _train_count(cfg) if ranks else None
+    if ranks:
+        from .methods import check_ranks
+        check_ranks(cfg, ranks)
+    if counted is not None:
+        from .data.pipeline import require_one_step
+        from .errors import DataError
+        workers = C.workers_of(cfg.train.method, ranks, cfg.dist.servers)
+        try:
+            require_one_step(counted[0], C.fitted_batch(cfg, workers), workers, counted[1])
+        except DataError as exc:        # every rank of a launched dry run finds it alike: one says it
+            exc.shared = True
+            raise
     n_cls = _num_classes_for_dry_run(cfg)
     model = ResNet(cfg.model.model, n_cls, cfg.model.width, cfg.model.zero_init_residual, seed=None)
     print(cfg.to_json())
@@ -237,9 +280,8 @@ def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
     run_dir = _run_dir(cfg, topo)
     with together(topo):
         if topo.is_root:
-            if resume is None and (run_dir / "config.json").exists():
-                raise C.ConfigError(f"--run-dir {run_dir} already holds a run (its config.json): continue "
-                                    f"it with --resume {run_dir}, or choose another run directory")
+            if resume is None:
+                refuse_occupied(run_dir)
             try:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(run_dir / "config.json", cfg.to_dict())
@@ -278,6 +320,16 @@ def _launched_world():
         return None
 
 
+def _dry_run_ranks(cfg: C.Config) -> int | None:
+    """The ranks a dry run stands for: the launcher's rank count when one started several (read
+    from its environment: no MPI is started), one for ``single``; else unknown (None)."""
+    from .comm import library
+    launched = library.launched_size()
+    if launched > 1:
+        return launched
+    return 1 if cfg.train.method == "single" else None
+
+
 def main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else argv)[:1] == ["doctor"]:   # `scalesgd doctor`: doctor/
         from .doctor import main as doctor
@@ -292,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         from .comm import watchdog
         watchdog.configure(cfg.train.stop_timeout)
         if getattr(args, "dry_run", False):
-            dry_run(cfg)
+            dry_run(cfg, _dry_run_ranks(cfg))
             return 0
         from .comm import progress, start
         progress.prepare(cfg.dist.mpi_progress, cfg.train.method)   # (mpi: before MPI_Init)

@@ -88,7 +88,8 @@ def time_transport(comm, xp, name: str, repeats: int = 5) -> None:
         times.append(time.perf_counter() - t0)
     red.close()
     if comm.rank == 0:
-        print(f"time {name}: {1000 * float(np.median(times[1:])):.3f} ms per {n * 4 / 1e6:.1f} MB", flush=True)
+        print(f"time {name}: {1000 * float(np.median(times[1:])):.3f} ms per {n * 4 / 1e6:.1f} MB",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -328,4 +328,5 @@ if __name__ == "__main__":
                nccl_reducer_gets_rank0_id_and_does_not_overlap, nccl_id_of_cupy13_is_passed_as_its_tuple,
                nccl_lifecycle_every_communicator_is_destroyed,
                nccl_id_failure_on_rank0_ends_every_rank, nccl_is_not_chosen_when_ranks_share_a_gpu,
-               nccl_time_is_measured_on_the_device, buckets_start_before_the_barrier_however_far_each_device_got)
+               nccl_time_is_measured_on_the_device,
+               buckets_start_before_the_barrier_however_far_each_device_got)

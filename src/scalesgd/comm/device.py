@@ -14,15 +14,16 @@ backward) starts each bucket whose tensors are all final, ``finish()`` completes
   backward; does not overlap.
 
 ``auto`` (the default) picks, for device (CuPy) buffers: ``nccl`` when CuPy has NCCL bindings on every
-rank and no two ranks of a node use the same GPU (NCCL refuses that); else ``cuda_aware_mpi`` when every rank's MPI library says it is CUDA-aware
-(``MPIX_Query_cuda_support``, looked up in the loaded libmpi) AND a small device all-reduce gives the
-right sum; else ``host``.  Without the query answering yes no device pointer is handed to MPI (a
-non-CUDA-aware MPI crashes: SIGSEGV) unless ``cuda_aware_mpi`` is asked for by name, and never when
-some rank's query answers no (then that name is an error).  NumPy buffers always
-take ``host`` (the only transport that exists for them).  A transport asked for by name that some rank
-cannot use is an error on every rank, never a silent fallback, and ``dist.overlap`` that the chosen
-transport cannot honour (``nccl``) is said in a warning line.  Every decision is a collective (a MIN
-over the ranks), so all ranks take the same path even when their probes differ.
+rank and no two ranks of a node use the same GPU (NCCL refuses that); else ``cuda_aware_mpi`` when
+every rank's MPI library says it is CUDA-aware (``MPIX_Query_cuda_support``, looked up in the loaded
+libmpi) AND a small device all-reduce gives the right sum; else ``host``.  Without the query answering
+yes no device pointer is handed to MPI (a non-CUDA-aware MPI crashes: SIGSEGV) unless
+``cuda_aware_mpi`` is asked for by name, and never when some rank's query answers no (then that name
+is an error).  NumPy buffers always take ``host`` (the only transport that exists for them).  A
+transport asked for by name that some rank cannot use is an error on every rank, never a silent
+fallback, and ``dist.overlap`` that the chosen transport cannot honour (``nccl``) is said in a warning
+line.  Every decision is a collective (a MIN over the ranks), so all ranks take the same path even
+when their probes differ.
 
 On a GPU (one H200, 2026-12-04) only the host transport summed CuPy buffers (2 ranks) and NCCL ran
 on one rank; NCCL and CUDA-aware MPI across ranks have NOT run.  The selection, the agreement and

@@ -57,7 +57,8 @@ class NodeGroups:
         self.node, self.is_leader = split.node.comm, split.is_leader
         self.node_bcast = self.node.Dup()
         self.leaders = split.leaders.comm if split.is_leader else None
-        self.local_size, self.num_nodes, self.max_local_size = split.node.size, split.num_nodes, split.max_local_size
+        self.local_size, self.num_nodes, self.max_local_size = (split.node.size, split.num_nodes,
+                                                                split.max_local_size)
         return self
 
     def free(self) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import TopologyError  # noqa: F401 - re-exported where it was first raised: topology.TopologyError
+# re-exported where it was first raised: topology.TopologyError
+from ..errors import TopologyError  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class NodeSplit:
     order, a server rank (``alone``) a group of its own; the groups' leaders are their lowest ranks."""
 
     node: object             # the transport of this rank's group
-    leaders: object          # the transport of the groups' leaders (leader order = job order); None on a member
+    leaders: object          # the transport of the groups' leaders (leader order = job order);
+                             # None on a member
     leader_rank: int         # the job rank of this group's leader
     group_index: int         # its leader's rank among the leaders
     sizes: tuple             # every group's size, in leader order

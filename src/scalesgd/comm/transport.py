@@ -18,9 +18,9 @@ The surface, by group (a new transport implements all of it):
 - identity and time: ``rank``, ``size``, ``clock()`` (seconds; the virtual one is simulated),
   ``step_done()`` (a worker finished a step's compute: the virtual timeline charges its compute
   time there), ``sleep(seconds)`` (a straggler's delay), ``split(color, key)`` (a sub-transport);
-- collectives (buffers, never pickles): ``broadcast``, ``bcast_text``, ``allgather_text``, ``allgather_int64``,
-  ``allreduce_sum_host``, ``allreduce_max_host``, ``iallreduce_max_host``, ``allreduce_mean``,
-  ``barrier``, ``funnel``;
+- collectives (buffers, never pickles): ``broadcast``, ``bcast_text``, ``allgather_text``,
+  ``allgather_int64``, ``allreduce_sum_host``, ``allreduce_max_host``, ``iallreduce_max_host``,
+  ``allreduce_mean``, ``barrier``, ``funnel``;
 - endpoints: ``worker_port(servers, bounds)``, ``server_port()`` (``comm/protocol.py``);
 - windows: ``published_vector(n, dtype)``, ``inbox(n, dtype)``, ``sample_counter(root)``,
   ``courier()`` (``comm/window.py``), ``thread_level()``;

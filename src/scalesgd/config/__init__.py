@@ -1,11 +1,11 @@
 """Typed, frozen, validated configuration: TOML file sections + command-line overrides.
 
 A config has six sections, each a frozen dataclass: ``[model]``, ``[data]``, ``[optim]``,
-``[schedule]``, ``[train]``, ``[dist]``.  Every field is also a command-line flag named after it (``--batch-size``,
-``--lr``, ``--nesterov/--no-nesterov``...); field names are unique across sections.  Precedence:
-defaults < ``--config FILE.toml`` < flags.  Unknown keys, wrong types, non-finite numbers and
-out-of-range values raise :class:`ConfigError` naming the key.  The defaults are the built-in demo
-(ResNet-20 on the digits).
+``[schedule]``, ``[train]``, ``[dist]``.  Every field is also a command-line flag named after it
+(``--batch-size``, ``--lr``, ``--nesterov/--no-nesterov``...); field names are unique across
+sections.  Precedence: defaults < ``--config FILE.toml`` < flags.  Unknown keys, wrong types,
+non-finite numbers and out-of-range values raise :class:`ConfigError` naming the key.  The
+defaults are the built-in demo (ResNet-20 on the digits).
 
 Derived defaults follow the data and the job, but only for keys nobody set (``Config.explicit`` holds
 the keys the job file or the flags set; an explicit value is never changed):
@@ -26,4 +26,4 @@ from .schema import (EXTRA_META, GLOBAL_BATCH, MIN_WORKER_BATCH, MULTISCALE_RATI
                      SECTIONS, Config, DataConfig, DistConfig, ModelConfig, TrainConfig, fields_of,
                      flag_name)
 from .values import build, load_json_config, load_toml, parse_straggler  # noqa: F401
-from .world import fit_to_world  # noqa: F401
+from .world import fit_to_world, fitted_batch  # noqa: F401

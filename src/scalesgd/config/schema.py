@@ -37,7 +37,8 @@ class ModelConfig:
     zero_init_residual: bool = _f(False, "zero-init the last BN gamma of each residual block")
     dtype: str = _f("float32", "parameter and activation dtype", choices=("float32", "float64"))
     conv_impl: str = _f("auto", "GPU convolutions: im2col (cuBLAS GEMMs, the reference), cudnn (cuDNN "
-                        "Frontend graphs), auto (cudnn when it imports, a GPU is present and dtype is float32)",
+                        "Frontend graphs), auto (cudnn when it imports, a GPU is present and dtype is "
+                        "float32)",
                         choices=CONV_IMPLS)
     conv_algo: str = _f("auto", "convolutions on the xp path: im2col (one im2col matrix and GEMM per layer "
                         "for the whole batch), blocked (im2col + GEMM per block of images sized to the CPU's "
@@ -156,7 +157,8 @@ class DistConfig:
                         "profile's ranks_per_node); built so far for "
                         "allreduce (a two-level all-reduce over MPI host buffers); the other methods: "
                         "the ranks of a node average gradients every step and their leader exchanges "
-                        "(gossip, local SGD) or talks to the server (easgd, asgd; servers stay alone)", choices=HIERARCHIES)
+                        "(gossip, local SGD) or talks to the server (easgd, asgd; servers stay alone)",
+                        choices=HIERARCHIES)
     mpi_progress: str = _f("auto", "what keeps a rank's MPI progressing while it computes, so that "
                            "one-sided calls aimed at it (gossip) never wait: auto (across nodes a "
                            "progress thread, or overlapped gossip's courier, which polls every 5 ms "

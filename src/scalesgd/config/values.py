@@ -118,7 +118,8 @@ def _cross_checks(cfg: Config) -> Config:
         parse_straggler(cfg.dist.straggler)            # raises ConfigError naming dist.straggler
     if -1 < cfg.dist.bucket_mb < 0:
         raise ConfigError(f"dist.bucket_mb: -1 (auto) or a size >= 0 in MB, got {cfg.dist.bucket_mb}")
-    if cfg.dist.hierarchy == "node" and cfg.train.on_failure == "continue" and cfg.train.method == "allreduce":
+    if cfg.dist.hierarchy == "node" and cfg.train.on_failure == "continue" \
+            and cfg.train.method == "allreduce":
         # tried under Open MPI's ULFM on 3 emulated nodes: after a leader's death the two-level
         # sum's non-blocking collectives never returned (the job timed out at 240 s)
         raise ConfigError("dist.hierarchy: all-reduce's two-level sum cannot survive a lost rank yet "

@@ -8,6 +8,14 @@ from ..choices import workers_of
 from .schema import GLOBAL_BATCH, MIN_WORKER_BATCH, Config
 
 
+def fitted_batch(cfg: Config, workers: int) -> int:
+    """The per-worker batch a run of ``workers`` workers uses: ``data.batch_size`` as set, else the
+    demo's global batch split over them, at least MIN_WORKER_BATCH (``fit_to_world``)."""
+    if "data.batch_size" in cfg.explicit:
+        return cfg.data.batch_size
+    return max(MIN_WORKER_BATCH, GLOBAL_BATCH // workers)
+
+
 def fit_to_world(cfg: Config, ranks: int, worker_nodes: int | None = None) -> Config:
     """The defaults that depend on the rank count, for keys nobody set; each change is logged (only
     rank 0 logs at INFO).  An explicit value is kept as given.
@@ -21,7 +29,7 @@ def fit_to_world(cfg: Config, ranks: int, worker_nodes: int | None = None) -> Co
     log = logging.getLogger("scalesgd")
     data, sched = cfg.data, cfg.schedule
     if "data.batch_size" not in cfg.explicit:
-        batch = max(MIN_WORKER_BATCH, GLOBAL_BATCH // workers)
+        batch = fitted_batch(cfg, workers)
         if batch != data.batch_size:
             log.info("data.batch_size not set: %d per worker (global batch %d over %d workers); "
                      "--batch-size sets it", batch, batch * workers, workers)

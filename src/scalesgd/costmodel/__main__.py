@@ -10,11 +10,11 @@
    predicts seconds per local step from the calibration alone: the end-to-end one-rank step time
    (plus, once every core runs a rank, the loader's own CPU time per batch, which a one-rank run
    hides on the idle core) stretched by the measured contention of that many processes computing at
-   once (or, without that measurement, by max(1, ranks / cores)), plus each method's exchange from the measured
-   operation tables at that rank count (all-reduce; Get + mixing; Accumulate + 2 passes; the server
-   by mean-value analysis with the measured service time), and prints the error against the
-   measured step time.  With ``--stragglers`` it also compares the simulated slow-down under a
-   straggler with the measured one (experiment 3).
+   once (or, without that measurement, by max(1, ranks / cores)), plus each method's exchange from
+   the measured operation tables at that rank count (all-reduce; Get + mixing; Accumulate + 2
+   passes; the server by mean-value analysis with the measured service time), and prints the error
+   against the measured step time.  With ``--stragglers`` it also compares the simulated slow-down
+   under a straggler with the measured one (experiment 3).
 2. **Projection** to a cluster of GPU nodes with the stated link (default 100 Gb/s InfiniBand at
    80% efficiency, 5 us per message) and GPU step times (default: ResNet-50 at the published
    A100 TF32 938 img/s, ResNet-18 scaled by FLOPs; no GPU was measured by this project yet): time per
@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m scalesgd.costmodel", description=__doc__.split("\n")[0])
-    ap.add_argument("--calibration", type=Path, default=ROOT / "benchmarks" / "results" / "calibration-cpu.json")
+    ap.add_argument("--calibration", type=Path,
+                    default=ROOT / "benchmarks" / "results" / "calibration-cpu.json")
     ap.add_argument("--measured", type=Path, default=ROOT / "benchmarks" / "results" / "methods.json")
     ap.add_argument("--stragglers", type=Path, default=ROOT / "benchmarks" / "results" / "stragglers.json")
     ap.add_argument("--net-measured", type=Path, nargs="*",
@@ -77,20 +78,24 @@ def _this_machine(a, cal, out: dict) -> None:
     p0 = cal_mod.ranks_measured(cal)[0]
     alpha, bw, misfit = cal_mod.fit_link(cal_mod.table(cal, "get", p0))
     print(f"calibration ({a.calibration.name}, {cal.get('machine', '?')}): one-rank step "
-          f"{1e3 * cal['end_to_end']['resnet20_b16']['seconds']:.1f} ms (ResNet-20, batch 16, data included); "
-          f"Get at {p0} ranks: alpha {1e6 * alpha:.1f} us, {bw / 1e9:.1f} GB/s (max misfit {100 * misfit:.0f}%)")
+          f"{1e3 * cal['end_to_end']['resnet20_b16']['seconds']:.1f} ms (ResNet-20, batch 16, "
+          f"data included); Get at {p0} ranks: alpha {1e6 * alpha:.1f} us, {bw / 1e9:.1f} GB/s "
+          f"(max misfit {100 * misfit:.0f}%)")
     where = a.calibration.resolve()          # recorded relative to the repository when inside it
-    out["calibration"] = dict(file=str(where.relative_to(ROOT)) if where.is_relative_to(ROOT) else str(where), get_alpha=alpha, get_bandwidth=bw, get_misfit=misfit)
+    out["calibration"] = dict(file=str(where.relative_to(ROOT)) if where.is_relative_to(ROOT) else str(where),
+                              get_alpha=alpha, get_bandwidth=bw, get_misfit=misfit)
     if a.measured.exists():
         rows = validate(cal, json.loads(a.measured.read_text()))
-        print("\nvalidation: seconds per local step, measured (experiment 2) vs predicted from the calibration")
+        print("\nvalidation: seconds per local step, measured (experiment 2) vs predicted from the "
+              "calibration")
         print(f"{'run':>18} {'ranks':>5} {'measured':>9} {'predicted':>9} {'error':>7}")
         for r in rows:
             print(f"{r['run']:>18} {r['ranks']:>5} {r['measured']:>9.4f} {r['predicted']:>9.4f} "
                   f"{100 * r['error']:>+6.0f}%")
         errs = np.abs([r["error"] for r in rows])
         if len(errs):
-            print(f"|error|: median {100 * np.median(errs):.0f}%, max {100 * errs.max():.0f}% over {len(errs)} runs")
+            print(f"|error|: median {100 * np.median(errs):.0f}%, max {100 * errs.max():.0f}% "
+                  f"over {len(errs)} runs")
             out["validation"] = dict(rows=rows, median_abs_error=float(np.median(errs)),
                                      max_abs_error=float(errs.max()))
     else:
@@ -121,7 +126,8 @@ def _emulated_nodes(a, cal, out: dict) -> None:
             print(f"{r['run']:>30} {r['rate_mbit']:>7.0f} {r['compute']:>8.3f} {r['measured']:>9.3f} "
                   f"{r['predicted']:>9.3f} {100 * r['error']:>+6.0f}%")
         errs = np.abs([r["error"] for r in net_rows])
-        print(f"|error|: median {100 * np.median(errs):.0f}%, max {100 * errs.max():.0f}% over {len(errs)} runs")
+        print(f"|error|: median {100 * np.median(errs):.0f}%, max {100 * errs.max():.0f}% "
+              f"over {len(errs)} runs")
         # scored on communication + waiting alone (the step minus the run's own compute, which is
         # an input of the prediction): runs that spent at least 1 ms a step on it
         cw = np.abs([(r["predicted"] - r["compute"]) / (r["measured"] - r["compute"]) - 1
@@ -146,7 +152,8 @@ def _cluster(a, out: dict) -> dict:
     projections, out["projection"], out["answers"] = {}, {}, {}
     for w in cluster_workloads(a):
         print(f"\nprojection: {w.name}, batch {w.batch}/GPU, compute {1e3 * w.step_seconds:.1f} ms/step, "
-              f"{w.param_bytes / 1e6:.0f} MB of parameters; {a.bandwidth_gbps:g} Gb/s x {a.link_efficiency:g}, "
+              f"{w.param_bytes / 1e6:.0f} MB of parameters; {a.bandwidth_gbps:g} Gb/s "
+              f"x {a.link_efficiency:g}, "
               f"{a.latency_us:g} us")
         rows_by_m = {}
         for p in a.workers:
@@ -159,21 +166,26 @@ def _cluster(a, out: dict) -> dict:
         print(f"{'method':>12} " + " ".join(f"{'p=' + str(p):>21}" for p in a.workers))
         print(f"{'':>12} " + " ".join(f"{'min/epoch eff  strag':>21}" for _ in a.workers))
         for m, rows in rows_by_m.items():
-            print(f"{m:>12} " + " ".join(f"{r['epoch_minutes']:>7.1f} {r['efficiency']:>5.2f} {r['sim_efficiency']:>5.2f}  "
-                                         for r in rows))
+            print(f"{m:>12} " + " ".join(f"{r['epoch_minutes']:>7.1f} {r['efficiency']:>5.2f} "
+                                         f"{r['sim_efficiency']:>5.2f}  " for r in rows))
         ans = answers(w, net, rows_by_m)
         print(f"server: {ans['server_service_ms']:.1f} ms per exchange, saturates at "
               f"{ans['server_saturates_at_workers']:.1f} workers (tau = 1); all-reduce overtakes it at "
-              f"{ans['allreduce_overtakes_server_at_workers']} workers; tau (or n_sync) that keeps one server "
-              f"below saturation: " + ", ".join(f"p={p}: {t}" for p, t in ans["easgd_tau_to_keep_up"].items()))
+              f"{ans['allreduce_overtakes_server_at_workers']} workers; tau (or n_sync) that keeps "
+              f"one server below saturation: "
+              + ", ".join(f"p={p}: {t}" for p, t in ans["easgd_tau_to_keep_up"].items()))
         print("server shards (tau = 1): saturate at " + ", ".join(
-            f"K={k}: {v:.1f}" for k, v in ans["shards_saturate_at_workers"].items()) + " workers; shards to keep up: "
+            f"K={k}: {v:.1f}" for k, v in ans["shards_saturate_at_workers"].items())
+            + " workers; shards to keep up: "
             + ", ".join(f"p={p}: {k}" for p, k in ans["shards_to_keep_up"].items()))
         print(f"asgd --max-staleness {ans['max_staleness']}: rejected fraction " + ", ".join(
             f"p={p}: {v:.2f}" for p, v in ans["asgd_rejected_fraction"].items())
-            + "; overlapped gossip ms/step: " + ", ".join(f"{p}: {v:.1f}" for p, v in ans["gossip_overlap_step_ms"].items()))
-        print("gossip pull ms/step by p: " + ", ".join(f"{p}: {v:.1f}" for p, v in ans["gossip_step_ms"].items())
-              + " (simulated with stragglers: " + ", ".join(f"{v:.1f}" for v in ans["gossip_sim_step_ms"].values())
+            + "; overlapped gossip ms/step: "
+            + ", ".join(f"{p}: {v:.1f}" for p, v in ans["gossip_overlap_step_ms"].items()))
+        print("gossip pull ms/step by p: "
+              + ", ".join(f"{p}: {v:.1f}" for p, v in ans["gossip_step_ms"].items())
+              + " (simulated with stragglers: "
+              + ", ".join(f"{v:.1f}" for v in ans["gossip_sim_step_ms"].values())
               + ")")
         out["projection"][w.name] = rows_by_m
         out["answers"][w.name] = ans

@@ -37,7 +37,8 @@ def ranks_measured(cal: dict) -> list[int]:
 def table(cal: dict, kind: str, ranks: int) -> dict[float, float]:
     key = str(ranks)
     if key not in cal["mpi"]:
-        raise CalibrationError(f"calibration has no {ranks}-rank measurements (it has {ranks_measured(cal)}); "
+        raise CalibrationError(f"calibration has no {ranks}-rank measurements "
+                               f"(it has {ranks_measured(cal)}); "
                                f"rerun benchmarks/calibrate.py --ranks ... {ranks}")
     return {float(k): float(v) for k, v in cal["mpi"][key][kind].items()}
 

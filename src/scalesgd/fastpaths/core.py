@@ -30,17 +30,18 @@ KERNEL_TOL = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 1e-2}
 MODEL_TOL = {"fp32": 1e-3, "tf32": 5e-2, "bf16": 0.25}
 # A floor under a component's tolerance, measured when its fixed one fails: the reference again on
 # inputs moved by the precision's rounding unit (MOVE: 2^-23, one or two float32 ulps; TF32's and
-# bfloat16's unit roundoff); how far that moves each output is the rounding noise of the computation itself, and
-# any implementation at that precision differs from the reference by about as much.  A ResNet-50
-# training step at init amplifies it through depth ("shattered" gradients; BN on batch statistics
-# cancels at every layer): on CPU (float32 reference layers, batch 8, 64 px) its gradients moved
-# 2.0e-2 against float64, and 3.3e-2 / 1.2e-1 / 8.2e-1 / 1.2 under moves of 2^-23 / 2^-16 / 2^-10 /
-# 2^-8 (logits 1.2e-4 .. 2.4e-1), most in the first layers (fc 6e-5); ResNet-20 2.4e-4.  The one
-# GPU run (H200) measured 1.8e-2 (fp32) and 1.22 (bf16) against fixed 1e-3 and 0.25: within that
-# noise.  The training step is compared per tensor (logits, each gradient), each with its own
-# floor, so one layer's wrong gradient stays far above its own noise; a floor above FLOOR_CAP means
-# that output cannot be told from rounding at this precision (bf16's first layers): it is reported
-# as inconclusive and only checked for existence, shape and non-finite values.
+# bfloat16's unit roundoff); how far that moves each output is the rounding noise of the
+# computation itself, and any implementation at that precision differs from the reference by about
+# as much.  A ResNet-50 training step at init amplifies it through depth ("shattered" gradients; BN
+# on batch statistics cancels at every layer): on CPU (float32 reference layers, batch 8, 64 px)
+# its gradients moved 2.0e-2 against float64, and 3.3e-2 / 1.2e-1 / 8.2e-1 / 1.2 under moves of
+# 2^-23 / 2^-16 / 2^-10 / 2^-8 (logits 1.2e-4 .. 2.4e-1), most in the first layers (fc 6e-5);
+# ResNet-20 2.4e-4.  The one GPU run (H200) measured 1.8e-2 (fp32) and 1.22 (bf16) against fixed
+# 1e-3 and 0.25: within that noise.  The training step is compared per tensor (logits, each
+# gradient), each with its own floor, so one layer's wrong gradient stays far above its own noise;
+# a floor above FLOOR_CAP means that output cannot be told from rounding at this precision (bf16's
+# first layers): it is reported as inconclusive and only checked for existence, shape and
+# non-finite values.
 FLOOR_FACTOR = 4.0
 FLOOR_CAP = 0.5      # a floor above it: the output cannot be told from rounding (reported, not judged)
 MOVE = {"fp32": 2.0 ** -23, "tf32": 2.0 ** -11, "bf16": 2.0 ** -8}
@@ -118,7 +119,8 @@ def compare(got, want, tol, names: tuple = ()) -> tuple[float, str | None]:
             return math.inf, (f"{what}: {int((want_bad & ~bad).sum())} finite values where the "
                               "reference has NaN or inf (a NaN turned into a number hides divergence)")
         if not np.array_equal(a[bad], b[bad], equal_nan=True):
-            return math.inf, f"{what}: non-finite values differ from the reference's (NaN vs inf, or inf signs)"
+            return math.inf, (f"{what}: non-finite values differ from the reference's (NaN vs inf, "
+                              "or inf signs)")
         if tol is None:
             continue
         err = _relerr(a[~bad], b[~bad])
@@ -191,7 +193,8 @@ def _check(c: Component, floored: dict | None = None) -> tuple[float | None, str
         return None, f"{why} (its floor could not be measured: {_why(exc)})"
     if floored is not None:
         names = c.outputs or tuple(f"output {i}" for i in range(len(tols)))
-        floored["tolerance"] = {n: float(f"{t:.3g}") for n, t in zip(names, tols) if t is not None and t > c.tol}
+        floored["tolerance"] = {n: float(f"{t:.3g}") for n, t in zip(names, tols)
+                                if t is not None and t > c.tol}
         floored["inconclusive"] = [n for n, t in zip(names, tols) if t is None]
     try:
         return compare(out, ref, tols, c.outputs)

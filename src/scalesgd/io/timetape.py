@@ -7,7 +7,8 @@ per rank, both kept here:
 
 - **ops**: every action that moves the rank's clock, in order: a step's compute (with the real
   seconds it took), a sleep, a collective (its group, an index into ``groups``, its cost's kind
-  and bytes), a read of the clock.  Replaying them through the simulator under another profile gives the clock's new reads.
+  and bytes), a read of the clock.  Replaying them through the simulator under another profile
+  gives the clock's new reads.
 - **nodes**: the arithmetic on the reads.  ``Tape.read`` returns a :class:`Stamp`, a float that
   remembers how it was made; every +, -, *, / on stamps adds a node.  The training loop is
   unchanged: it subtracts and adds clock readings as always, and what it writes (a metrics row's

@@ -15,7 +15,8 @@ from .gossip import Gossip
 from .localsgd import LocalSGD
 from .single import Single
 
-METHODS = {cls.name: cls for cls in (Single, AllReduce, EASGD, ASGD, Gossip, LocalSGD)}   # keys == choices.METHODS
+# keys == choices.METHODS
+METHODS = {cls.name: cls for cls in (Single, AllReduce, EASGD, ASGD, Gossip, LocalSGD)}
 
 
 def method_class(cfg) -> type:

@@ -2,10 +2,10 @@
 dedicated server rank as in Jin et al. 2016 (who served the center from a thread on rank 0).
 
 The server ranks (``--servers K``: K shards, the first K ranks) hold the center x~, each shard a
-contiguous slice of it; the other ranks are workers training replicas x_i with the unchanged optimizer (Nesterov
-momentum stays local).  Every ``tau`` local steps worker i pushes x_i and receives x~ as it was
-*before* the server applied this exchange; both sides then apply the same elastic step with
-alpha = beta / (the number of workers) and e = alpha (x_i - x~)::
+contiguous slice of it; the other ranks are workers training replicas x_i with the unchanged
+optimizer (Nesterov momentum stays local).  Every ``tau`` local steps worker i pushes x_i and
+receives x~ as it was *before* the server applied this exchange; both sides then apply the same
+elastic step with alpha = beta / (the number of workers) and e = alpha (x_i - x~)::
 
     worker:  x_i <- x_i - e        server:  x~ <- x~ + e
 

@@ -91,9 +91,9 @@ class Gossip(Method, metaclass=abc.ABCMeta):
                               "MPI4PY_RC_THREAD_LEVEL, or the MPI library's thread support): drop "
                               "--gossip-overlap or start MPI with MPI_THREAD_MULTIPLE")
         # what answers the others' one-sided calls while this rank computes (comm/progress.py)
-        self.progress_plan = progress.plan(d.mpi_progress, d.mpi_progress_ms, IDLE_POLL_SECONDS, one_sided=True,
-                                      spans_nodes=comm.spans_nodes, overlap=d.gossip_overlap,
-                                      thread_level=comm.thread_level())
+        self.progress_plan = progress.plan(d.mpi_progress, d.mpi_progress_ms, IDLE_POLL_SECONDS,
+                                           one_sided=True, spans_nodes=comm.spans_nodes,
+                                           overlap=d.gossip_overlap, thread_level=comm.thread_level())
         self.pump = progress.NoProgress()
         if roles.rank == 0:
             log = logging.getLogger("scalesgd")

@@ -1,6 +1,6 @@
 """Small-input runners of the cuDNN engine for the start-up self-check (``fastpaths/``), split
-from ``cudnn_conv.py`` (they import it; it does not import them): each returns (fast, reference) runners of one conv
-geometry or BN shape."""
+from ``cudnn_conv.py`` (they import it; it does not import them): each returns (fast,
+reference) runners of one conv geometry or BN shape."""
 from __future__ import annotations
 
 import numpy as np

@@ -19,9 +19,8 @@ from pathlib import Path
 
 from .. import fastpaths
 from ..config import Config
-from ..data.pipeline import Loader, train_steps
+from ..data.pipeline import Loader, require_one_step, train_steps
 from ..data.shards import ShardSet
-from ..errors import DataError
 from ..methods import create
 from ..nn.kernels import Kernels
 from ..nn.resnet import ResNet
@@ -98,10 +97,7 @@ def build(cfg: Config, topo, backend, method, control: Control, data_root: Path,
                             ", ".join(gpu_only), "CPU convolutions follow model.conv_algo")
     opt = SGD(model.ps.params, cfg.optim, model.ps.decay_mask(), model.kernels)
     roles, n = method.roles, train_shards.num_samples
-    steps = train_steps(n, d.batch_size, roles.num_workers)
-    if steps < 1:
-        raise DataError(f"data.batch_size: {d.batch_size} x {roles.num_workers} workers exceeds the "
-                        f"{n} training samples in {data_root}")
+    steps = require_one_step(n, d.batch_size, roles.num_workers, data_root)
     if steps < 10 and topo.is_root:            # warned once; an explicit batch is kept as set
         logging.warning("warning: an epoch is only %d step(s) (%d training samples / global batch %d "
                         "= %d workers x data.batch_size %d): too few updates to train well; a smaller "

@@ -6,16 +6,17 @@ The survivors notice the failure at their next communication or at the per-step 
 1. **local**: the method ``abandon``s what was in flight (gossip's courier stops; push-sum folds
    its inbox); the survivor's ``RankState`` is taken (``rankstate.py``);
 2. **shrink** (collective among the survivors, the transport's ``shrunk``): every communicator
-   of the job is revoked and the world shrunk; the ranks are renumbered in their old order, so server shards keep their ranks;
+   of the job is revoked and the world shrunk; the ranks are renumbered in their old order, so
+   server shards keep their ranks;
 3. **rebuild** on the shrunk communicator what depends on it: topology, control plane, method (new
    windows, ports, buckets, graph), this worker's part of the data; the model, the optimizer and
    the run's files stay;
 4. **continue** (collective): the agreed global count (the largest any survivor knew), the last
    phase every survivor completed (an evaluation or checkpoint the failure interrupted is done
    again), the method's and the loop's state (an ``Origin`` of kind "survive", taken by
-   ``Method.adopt`` and ``Run.adopt``, as a resume takes a checkpoint's).  All-reduce's replicas become rank 0's
-   (momentum included): a failure inside a step can leave some ranks with its update and others
-   without.  Every other method keeps each survivor's own replica.
+   ``Method.adopt`` and ``Run.adopt``, as a resume takes a checkpoint's).  All-reduce's
+   replicas become rank 0's (momentum included): a failure inside a step can leave some ranks
+   with its update and others without.  Every other method keeps each survivor's own replica.
 
 What is lost: the dead rank's replica, the samples it took since its last report to the global
 count, and, for push-sum, its weight and what was pushed to it (reported, then the survivors'

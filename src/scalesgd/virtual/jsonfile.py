@@ -32,7 +32,8 @@ def refuse_unknown(raw: dict, cls, origin: str) -> None:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"{origin}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        raise ConfigError(f"{origin}: unknown key(s) {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(known))})")
 
 
 _TYPES = {"float": (int, float), "int": (int,), "str": (str,), "dict": (dict,), "bool": (bool,),

@@ -54,7 +54,8 @@ def load_study(path: Path = STUDY) -> dict:
     try:
         study = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise ConfigError(f"{path}: the crossover study's results cannot be read ({exc.strerror or exc})") from exc
+        raise ConfigError(f"{path}: the crossover study's results cannot be read "
+                          f"({exc.strerror or exc})") from exc
     except ValueError as exc:
         raise ConfigError(f"{path}: not a study file ({exc})") from exc
     if "cells" not in study:
@@ -84,7 +85,8 @@ def task_config(study: dict):
         try:
             return resolve_config(make_parser().parse_args(["--config", str(job)]))
         except ConfigError as exc:
-            raise ConfigError(f"the study's task (its 'task.job'): {str(exc).replace(str(job), 'the job')}") from None
+            raise ConfigError(f"the study's task (its 'task.job'): "
+                              f"{str(exc).replace(str(job), 'the job')}") from None
 
 
 def balance(prof: P.Profile, study: dict, cfg=None) -> dict:
@@ -224,8 +226,9 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
     lo, hi = min(v["ratio"] for v in nets.values()), max(v["ratio"] for v in nets.values())
     if not lo / 2 <= mine["ratio"] <= 2 * hi:
         notes.append(f"your ratio of communication to compute ({mine['ratio']:.3g}) lies outside the studied "
-                     f"{lo:.3g}-{hi:.3g}: the asynchronous methods' statistics are an extrapolation (a profile "
-                     "without stands_for times the study's small model as itself: docs/virtual.md#profiles)")
+                     f"{lo:.3g}-{hi:.3g}: the asynchronous methods' statistics are an extrapolation "
+                     "(a profile without stands_for times the study's small model as itself: "
+                     "docs/virtual.md#profiles)")
     if cell and not cell.get("complete", True):
         still = ", ".join(cell.get("missing", [])) or "more tuning or the extra seeds of the close methods"
         notes.append(f"the study's cell {key} is not complete yet (still to run: {still}): "
@@ -266,12 +269,14 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
 
 
 def show(res: dict, prof: P.Profile) -> str:
-    out = [f"plan: {res['workers']} worker{'s' if res['workers'] != 1 else ''} on {prof.name}: time to {res['target_error']:.0%} top-1 error "
+    out = [f"plan: {res['workers']} worker{'s' if res['workers'] != 1 else ''} on {prof.name}: "
+           f"time to {res['target_error']:.0%} top-1 error "
            f"on the study's task (the glyphs, ResNet-8), predicted from the crossover study"]
-    out.append(f"  nearest studied network: {res['network']} (communication / compute {res['network_ratio']:.3g}; "
-               f"yours {res['ratio']:.3g}), condition {res['condition']}: the settings each method was tuned to "
-               "there; every time is a run on your profile's clock (exact for all-reduce, local SGD and one "
-               "worker; the asynchronous methods' samples to target are that network's)")
+    out.append(f"  nearest studied network: {res['network']} (communication / compute "
+               f"{res['network_ratio']:.3g}; yours {res['ratio']:.3g}), condition {res['condition']}: the "
+               "settings each method was tuned to there; every time is a run on your profile's clock "
+               "(exact for all-reduce, local SGD and one worker; the asynchronous methods' samples to "
+               "target are that network's)")
     for n in res["notes"]:
         out.append(f"  note: {n}")
     if not res["complete"]:
@@ -295,21 +300,24 @@ def show(res: dict, prof: P.Profile) -> str:
             rank = str(i)
         tie = "  (tied with the fastest)" if r["tied"] and i > 1 else ""
         table.append((rank, r["method"], t, r["settings"] + tie))
-    wide = [max(len(row[k]) for row in [("rank", "method", "time to target (s)", ""), *table]) for k in range(3)]
+    wide = [max(len(row[k]) for row in [("rank", "method", "time to target (s)", ""), *table])
+            for k in range(3)]
     for rank, m, t, settings in [("rank", "method", "time to target (s)", "settings"), *table]:
         out.append(f"  {rank:{wide[0]}s} {m:{wide[1]}s} {t:>{wide[2]}s}  {settings}")
     if any(r["mean_seconds"] is None for r in res["rows"]):
-        out.append("  missed: not at the target in every seed by the end of the study's runs, with the mean error "
-                   "reached (an asynchronous run stops once it cannot be the fastest: at twice the fastest "
-                   "synchronous method's time)")
+        out.append("  missed: not at the target in every seed by the end of the study's runs, with the "
+                   "mean error reached (an asynchronous run stops once it cannot be the fastest: at twice "
+                   "the fastest synchronous method's time)")
     best = res["rows"][0]
     if best["mean_seconds"] is not None:
-        servers = int(flag_value(best["flags"], "--servers") or 0) if best["method"] in ("easgd", "asgd") else 0
+        servers = (int(flag_value(best["flags"], "--servers") or 0) if best["method"] in ("easgd", "asgd")
+                   else 0)
         ranks = res["workers"] + servers
-        who = f"{res['workers']} workers" + (f" + {servers} server rank{'s' if servers > 1 else ''}" if servers else "")
-        out.append(f"  use: mpirun -n {ranks} python -m scalesgd {best['flags']}  ({who}; the study's rate is "
-                   "for a batch of 8 per worker: scale it to yours; add your job's --config or --data and "
-                   "your launcher)")
+        who = f"{res['workers']} workers" + (f" + {servers} server rank{'s' if servers > 1 else ''}"
+                                             if servers else "")
+        out.append(f"  use: mpirun -n {ranks} python -m scalesgd {best['flags']}  ({who}; the study's "
+                   "rate is for a batch of 8 per worker: scale it to yours; add your job's --config or "
+                   "--data and your launcher)")
     return "\n".join(out)
 
 
@@ -322,7 +330,8 @@ def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2,
     from ..cli import EXIT_STOPPED  # noqa: PLC0415
     from .run import main as vmain  # noqa: PLC0415
     if not (data / "manifest.json").exists():
-        raise ConfigError(f"--data {data}: no data set there (the study's glyphs: python benchmarks/glyphs.py "
+        raise ConfigError(f"--data {data}: no data set there (the study's glyphs: "
+                          "python benchmarks/glyphs.py "
                           f"{data.parent}, then --data {data.parent}/main)")
     out = []
     with task_job(study) as (_, job):
@@ -336,7 +345,8 @@ def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2,
                 except FileExistsError:
                     n += 1
                     run_dir = base.with_name(f"{base.name}.{n}")
-            argv = ["--config", str(job), "--data", str(data), *r["flags"].split(), "--workers", str(res["p"]),
+            argv = ["--config", str(job), "--data", str(data), *r["flags"].split(),
+                    "--workers", str(res["p"]),
                     "--profile", prof_spec, *(["--condition", condition] if condition is not None else []),
                     "--epochs", "12", "--eval-every", str(study["task"]["eval_every"]),
                     "--stop-at-error", str(res["target_error"]), "--threads", "1", "--run-dir", str(run_dir)]
@@ -365,9 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", required=True, help="your cluster: a shipped profile name or a JSON "
                     "file (docs/virtual.md#profiles)")
     ap.add_argument("--workers", type=int, required=True, help="GPUs (workers) you will train on")
-    ap.add_argument("--condition", help="none, typical or stragglers, or a condition's JSON file (default: the "
-                    "profile's variability)")
-    ap.add_argument("--study", type=Path, default=STUDY, help="the study's results (default: the shipped ones)")
+    ap.add_argument("--condition", help="none, typical or stragglers, or a condition's JSON file "
+                    "(default: the profile's variability)")
+    ap.add_argument("--study", type=Path, default=STUDY,
+                    help="the study's results (default: the shipped ones)")
     ap.add_argument("--run", action="store_true", help="then check the two fastest in the virtual "
                     "cluster under your profile and condition, at the study's p (one seed each, at most 12 "
                     "epochs, minutes; run directories runs/<time>-plan-<method>-p<p>)")

@@ -84,10 +84,11 @@ def first_difference(real_dir: str | Path, replay_dir: str | Path, size: int) ->
             if x != y:
                 what = ", ".join(f"{k}: run {x.get(k)} / replay {y.get(k)}" for k in sorted(set(x) | set(y))
                                  if x.get(k) != y.get(k))
-                found.append((i, f"rank {r}, event {i} ({x.get('e')}"
-                                 f"{', exchange ' + str(x['x']) if 'x' in x else ''}"
-                                 f"{', worker ' + str(x['w']) + ' exchange ' + str(x['seq']) if 'w' in x else ''}"
-                                 f"): {what}"))
+                found.append((
+                    i, f"rank {r}, event {i} ({x.get('e')}"
+                       f"{', exchange ' + str(x['x']) if 'x' in x else ''}"
+                       f"{', worker ' + str(x['w']) + ' exchange ' + str(x['seq']) if 'w' in x else ''}"
+                       f"): {what}"))
                 break
         else:
             if len(a) != len(b):

@@ -2,11 +2,12 @@
 
 Each virtual rank runs the program's own composition root and loop (``train.assemble.assemble``,
 ``train.loop.train``: the method from ``methods.create``, the control plane) against an
-``InProcessTransport``; only the clock is simulated.  Timelines: ``model`` (the default: a hardware ``--profile``) and ``replay``
-(``--replay RUN_DIR``: the order a real MPI run recorded; afterwards its events and final
-checkpoint are compared with the run's).  A run of a method whose arithmetic ignores the clock also
-writes its timeline tape (``RUN_DIR/timeline``), so ``python -m scalesgd.virtual retime`` can time it
-under another profile or condition without computing it again (``retime.py``).
+``InProcessTransport``; only the clock is simulated.  Timelines: ``model`` (the default: a hardware
+``--profile``) and ``replay`` (``--replay RUN_DIR``: the order a real MPI run recorded; afterwards
+its events and final checkpoint are compared with the run's).  A run of a method whose arithmetic
+ignores the clock also writes its timeline tape (``RUN_DIR/timeline``), so
+``python -m scalesgd.virtual retime`` can time it under another profile or condition without
+computing it again (``retime.py``).
 """
 from __future__ import annotations
 
@@ -137,8 +138,8 @@ def _prepare(cfg: C.Config, workers: int, size: int):
     ranks, unless the method resumes on another rank count: ``resuming.RESHAPEABLE``),
     a new run may not reuse a run directory, the training split must fill one global batch."""
     from ..data.demo import build_digits, default_data_dir  # noqa: PLC0415
-    from ..data.pipeline import require_dali, train_steps  # noqa: PLC0415
-    from ..errors import DataError  # noqa: PLC0415
+    from ..cli import refuse_occupied  # noqa: PLC0415
+    from ..data.pipeline import require_dali, require_one_step  # noqa: PLC0415
     from ..train import resuming  # noqa: PLC0415
     from ..train.assemble import open_splits  # noqa: PLC0415
     require_dali()
@@ -150,14 +151,10 @@ def _prepare(cfg: C.Config, workers: int, size: int):
         given = Path(cfg.train.resume)
         resume = resuming.find_checkpoint(str(given) if given.is_file() else str(run_dir), size,
                                           cfg.train.method, "this virtual run")
-    elif (run_dir / "config.json").exists():
-        raise ConfigError(f"--run-dir {run_dir} already holds a run (its config.json): continue it "
-                          f"with --resume {run_dir}, or choose another run directory")
+    else:
+        refuse_occupied(run_dir)
     splits = open_splits(data_root, cfg.data.cache_mb)      # one copy for every virtual rank
-    n = splits[0].num_samples
-    if train_steps(n, cfg.data.batch_size, workers) < 1:
-        raise DataError(f"data.batch_size: {cfg.data.batch_size} x {workers} workers exceeds the "
-                        f"{n} training samples in {data_root} (a smaller --batch-size or fewer --workers)")
+    require_one_step(splits[0].num_samples, cfg.data.batch_size, workers, data_root)
     return run_dir, resume, data_root, splits
 
 
@@ -286,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--threads {threads}: need at least 1")
         if getattr(args, "dry_run", False):          # as the real program's, and the cluster: nothing run
             from ..cli import dry_run  # noqa: PLC0415
-            dry_run(cfg)
+            dry_run(cfg, ranks_for(cfg, workers))
             print(f"virtual: {workers} worker(s), {ranks_for(cfg, workers)} rank(s); profile {prof.name}; "
                   f"condition {condition.name}" + (f"; replay of {replay_dir}" if replay_dir else ""))
             return 0

@@ -144,7 +144,8 @@ class Variability:
             t *= float(c.slow_nodes.get("factor", 1.0))
         if self.cv:
             z = self.rng(rank).standard_normal()
-            t *= math.exp(self.sigma * z - self.sigma ** 2 / 2) if self.lognormal else max(0.5, 1.0 + self.cv * z)
+            t *= (math.exp(self.sigma * z - self.sigma ** 2 / 2) if self.lognormal
+                  else max(0.5, 1.0 + self.cv * z))
         d = c.delays
         if rank in self.delayed and self.rng(rank).random() < d["prob"]:
             t += self.delay(rank) * (base if d.get("unit", "step") == "step" else 1.0)
