@@ -128,7 +128,7 @@ def dry_run(cfg: C.Config, ranks: int | None = None) -> None:
         from .methods import check_ranks
         check_ranks(cfg, ranks)
     if counted is not None:
-        from .data.pipeline import require_one_step
+        from .train.assemble import require_one_step
         from .errors import DataError
         workers = C.workers_of(cfg.train.method, ranks, cfg.dist.servers)
         try:

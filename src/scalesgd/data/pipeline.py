@@ -49,16 +49,6 @@ def train_steps(n: int, batch_size: int, world: int) -> int:
     return n // (world * batch_size)
 
 
-def require_one_step(n: int, batch_size: int, workers: int, data_root) -> int:
-    """``train_steps``, refusing with a DataError a global batch larger than the training split
-    (the real program, the virtual cluster and both dry runs say it the same way)."""
-    steps = train_steps(n, batch_size, workers)
-    if steps < 1:
-        raise DataError(f"data.batch_size: {batch_size} x {workers} workers exceeds the "
-                        f"{n} training samples in {data_root} (a smaller --batch-size, or fewer workers)")
-    return steps
-
-
 def train_indices(n: int, batch_size: int, rank: int, world: int, seed: int, epoch: int
                   ) -> np.ndarray:
     """Global sample indices rank ``rank`` reads in training epoch ``epoch``: (steps*batch,) int64.

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from .. import fastpaths
 from ..config import Config
-from ..data.pipeline import Loader, require_one_step, train_steps
+from ..data.pipeline import Loader, train_steps
 from ..data.shards import ShardSet
+from ..errors import DataError
 from ..methods import create
 from ..nn.kernels import Kernels
 from ..nn.resnet import ResNet
@@ -63,6 +64,16 @@ class Setup:
 def samples_per_epoch(train_samples: int, batch_size: int, workers: int) -> int:
     """Global samples per epoch: ``data.pipeline.train_steps`` global batches; 0 if none fits."""
     return train_steps(train_samples, batch_size, workers) * batch_size * workers
+
+
+def require_one_step(n: int, batch_size: int, workers: int, data_root) -> int:
+    """``train_steps``, refusing with a DataError a global batch larger than the training split
+    (the real program, the virtual cluster and both dry runs say it the same way)."""
+    steps = train_steps(n, batch_size, workers)
+    if steps < 1:
+        raise DataError(f"data.batch_size: {batch_size} x {workers} workers exceeds the "
+                        f"{n} training samples in {data_root} (a smaller --batch-size, or fewer workers)")
+    return steps
 
 
 def open_splits(data_root: Path, cache_mb: int) -> tuple[ShardSet, ShardSet]:

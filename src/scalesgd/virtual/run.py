@@ -139,9 +139,9 @@ def _prepare(cfg: C.Config, workers: int, size: int):
     a new run may not reuse a run directory, the training split must fill one global batch."""
     from ..data.demo import build_digits, default_data_dir  # noqa: PLC0415
     from ..cli import refuse_occupied  # noqa: PLC0415
-    from ..data.pipeline import require_dali, require_one_step  # noqa: PLC0415
+    from ..data.pipeline import require_dali  # noqa: PLC0415
     from ..train import resuming  # noqa: PLC0415
-    from ..train.assemble import open_splits  # noqa: PLC0415
+    from ..train.assemble import open_splits, require_one_step  # noqa: PLC0415
     require_dali()
     data_root = Path(cfg.data.data) if cfg.data.data else build_digits(default_data_dir())
     run_dir = Path(cfg.train.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-virtual-"
