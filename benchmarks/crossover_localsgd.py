@@ -42,9 +42,10 @@ STUDY = ROOT / "src" / "scalesgd" / "virtual" / "study" / "crossover.json"
 
 
 def code_commit(src: Path) -> str:
-    """The last commit that changed the code under ``src`` (stable while only results move)."""
-    return subprocess.run(["git", "log", "-1", "--format=%H", "--", "."], cwd=src, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    """The last commit that changed the code under ``src`` (stable while only results move: the
+    study file ``plan`` reads lives under ``src`` too, and each piece of the study commits it)."""
+    return subprocess.run(["git", "log", "-1", "--format=%H", "--", ".", ":(exclude)*/virtual/study/*"],
+                          cwd=src, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def retime_cell(study: dict, key: str, seeds: list[str]) -> dict:
