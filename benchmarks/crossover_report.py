@@ -568,8 +568,23 @@ def answer_markdown(res: dict, final: bool) -> str:
             said.setdefault(say_segments(segments(res, n, c)), []).append(f"`{n}`")
         out.append(f"* **{words.get(c, c)}.** " + " ".join(f"{' and '.join(ns)}: {text}."
                                                          for text, ns in said.items()))
+    out.append("* " + horizon_words(res))
     out.append("* " + budget_words(res, final))
     return "\n".join(out)
+
+
+def horizon_words(res: dict) -> str:
+    """The issue's test of the horizon: in every cell some method reaches the target in every seed."""
+    cells = res["cells"]
+    done = [k for k, c in cells.items() if c.get("complete")]
+    short = sorted((k for k in done if cells[k]["fastest"] is None),
+                   key=lambda k: (int(k.rsplit("/p", 1)[1]), k))
+    head = (f"**The horizon.** {len(done)} of {len(cells)} cells are complete"
+            + ("" if len(done) < len(cells) else " (all)"))
+    if not short:
+        return head + ": in every one some method reached the target in every seed."
+    return (head + f": in {len(done) - len(short)} some method reached the target in every seed; in "
+            + ", ".join(f"`{k}`" for k in short) + " none did (a longer horizon would be needed there).")
 
 
 def budget_words(res: dict, final: bool) -> str:

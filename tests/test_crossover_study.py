@@ -542,13 +542,16 @@ def test_the_answer_in_short_follows_the_map(study):
                         assert res["cells"][f"{n}/{cond}/p{p}"]["fastest"] in g["methods"]
             if "sync -> " in res["crossovers"][f"{n}/{cond}"]["outcome"]:
                 assert len(segs) > 1, (n, cond, segs)
-    assert text.count("\n* ") == len(X.CONDITIONS) + 1 and f"of the {R.BUDGET_HOURS:g} budgeted" in text
+    assert text.count("\n* ") == len(X.CONDITIONS) + 2 and f"of the {R.BUDGET_HOURS:g} budgeted" in text
+    assert f"**The horizon.** {len(res['cells'])} of {len(res['cells'])} cells are complete (all)" in text
     # a tie across the families and a miss are said as such, and networks reading alike are named together
     tie = dict(workers=[1, 2, 4], networks=["a", "b"], conditions=["none"], machine_hours_total=1.0, cells={
         **{f"{n}/none/p2": dict(fastest="pushsum-ov", tied=["allreduce"], complete=True) for n in "ab"},
         **{f"{n}/none/p4": dict(fastest=None, tied=[], complete=True) for n in "ab"}})
     assert "`a` and `b`: a tie of the families at p = 2 (push-sum, all-reduce) · no method reaches the " \
            "target in every seed at p = 4." in R.answer_markdown(tie, final=False)
+    assert "**The horizon.** 4 of 4 cells are complete (all): in 2 some method reached the target in every " \
+           "seed; in `a/none/p4`, `b/none/p4` none did" in R.answer_markdown(tie, final=False)
     # a run of p names each p's methods where they differ (not one list that puts a method at every p)
     run = dict(workers=[1, 2, 4, 8], networks=["a"], conditions=["none"], machine_hours_total=1.0, cells={
         "a/none/p2": dict(fastest="pushsum-ov", tied=["localsgd", "easgd"], complete=True),
