@@ -34,3 +34,30 @@ def pytest_itemcollected(item):
     be a segment another test planted).  Marked as each test is collected."""
     if item.path.name == "test_shm.py" or any(item.get_closest_marker(m) for m in ("slurm", "netcluster")):
         item.add_marker(pytest.mark.xdist_group("machine"))
+
+
+# SCALESGD_TEST_CPU=FILE: each test's wall seconds and CPU seconds (the pytest process's own and
+# those of the processes it started and waited for: mpiexec and its ranks), one JSON line a test,
+# appended by every worker, to find where the suite's time goes (not what a job under Slurm spends).
+CPU_LOG = os.environ.get("SCALESGD_TEST_CPU")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not CPU_LOG:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu(who):
+        r = resource.getrusage(who)
+        return r.ru_utime + r.ru_stime
+    t0, s0, c0 = time.monotonic(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    yield
+    line = dict(test=item.nodeid, wall=round(time.monotonic() - t0, 3),
+                cpu_self=round(cpu(resource.RUSAGE_SELF) - s0, 3),
+                cpu_children=round(cpu(resource.RUSAGE_CHILDREN) - c0, 3))
+    with open(CPU_LOG, "a") as f:
+        f.write(json.dumps(line) + "\n")
