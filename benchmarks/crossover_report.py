@@ -38,6 +38,7 @@ import json
 import math
 import sys
 import zlib
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -383,6 +384,24 @@ def study_file(res: dict) -> dict:
                                 for k in ("b_noise", "b_noise_lo", "b_noise_hi")},
                              "b_simple_measured": (res["noise_scale"].get("measured") or {}).get("b_simple")},
                 cells=cells)
+
+
+def tuning_counts_words(res: dict) -> str:
+    """Where a method's tuning runs at a p differ from the other methods' there (only the edge steps
+    can make them differ: the issue asks for both equal counts and a grid extended past an edge)."""
+    ps = sorted({t["workers"] for t in res["tuning"].values() if t["workers"] > 1})
+    odd = []
+    for p in ps:
+        runs = {t["method"]: t["runs"] for t in res["tuning"].values() if t["workers"] == p}
+        common = Counter(runs.values()).most_common(1)[0][0]
+        if any(n != common for n in runs.values()):
+            odd.append(f"p = {p}: " + ", ".join(f"{SHORT.get(m, m)} {n}" for m, n in runs.items() if n != common)
+                       + f", every other method {common}")
+    if not odd:
+        return "Every method had the same number of tuning runs at every p."
+    return ("Every method had the same number of tuning runs at each p, except where a choice still sat on "
+            "an edge of its rates and its grid went on past it (the issue asks for both; the edge rule "
+            "was kept, so those methods had the larger search): " + "; ".join(odd) + ".")
 
 
 def secs(v: float) -> str:

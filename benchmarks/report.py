@@ -498,7 +498,7 @@ def crossover_tuning(results: Path) -> str:
             cells.append(f"{len(t['configs'])} points, {done} run{'' if done == 1 else 's'}: {chosen}{edge}"
                          + (" (so far)" if done < t["runs"] or None in t["chosen"].values() else ""))
         rows.append(f"| {R.SHORT.get(m, m)} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    return "\n".join(rows) + "\n\n" + R.tuning_counts_words(d)
 
 
 def crossover_cells(results: Path) -> str:

@@ -751,3 +751,15 @@ def test_local_sgd_re_timed_is_judged_again_by_the_paired_rule(tmp_path):
            "tied set {all-reduce} -> {local SGD}" in text
     assert "before the fix (aaaaaaa), 4 of 5 seeds' clock-only runs (1 cell) give the study's recorded " \
            "seconds bit for bit" in text
+
+
+def test_unequal_tuning_counts_are_said_where_they_differ():
+    """The edge steps are the one place two methods' tuning runs at a p can differ: said, per p."""
+    def t(m, p, runs):
+        return {f"{m}/p{p}": dict(method=m, workers=p, runs=runs)}
+    even = dict(tuning={**t("single", 1, 8), **t("allreduce", 2, 14), **t("easgd", 2, 14)})
+    assert R.tuning_counts_words(even) == "Every method had the same number of tuning runs at every p."
+    odd = dict(tuning={**even["tuning"], **t("allreduce", 64, 14), **t("easgd", 64, 16),
+                       **t("asgd", 64, 14)})
+    text = R.tuning_counts_words(odd)
+    assert text.endswith(": p = 64: EASGD 16, every other method 14.") and "p = 2" not in text
