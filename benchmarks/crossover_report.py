@@ -395,8 +395,8 @@ def tuning_counts_words(res: dict) -> str:
         runs = {t["method"]: t["runs"] for t in res["tuning"].values() if t["workers"] == p}
         common = Counter(runs.values()).most_common(1)[0][0]
         if any(n != common for n in runs.values()):
-            odd.append(f"p = {p}: " + ", ".join(f"{SHORT.get(m, m)} {n}" for m, n in runs.items() if n != common)
-                       + f", every other method {common}")
+            more = ", ".join(f"{SHORT.get(m, m)} {n}" for m, n in runs.items() if n != common)
+            odd.append(f"p = {p}: {more}, every other method {common}")
     if not odd:
         return "Every method had the same number of tuning runs at every p."
     return ("Every method had the same number of tuning runs at each p, except where a choice still sat on "
