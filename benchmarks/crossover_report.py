@@ -389,10 +389,12 @@ def study_file(res: dict) -> dict:
 def tuning_counts_words(res: dict) -> str:
     """Where a method's tuning runs at a p differ from the other methods' there (only the edge steps
     can make them differ: the issue asks for both equal counts and a grid extended past an edge)."""
-    ps = sorted({t["workers"] for t in res["tuning"].values() if t["workers"] > 1})
+    by_p: dict[int, dict[str, int]] = {}
+    for t in res["tuning"].values():
+        if t["workers"] > 1:
+            by_p.setdefault(t["workers"], {})[t["method"]] = t["runs"]
     odd = []
-    for p in ps:
-        runs = {t["method"]: t["runs"] for t in res["tuning"].values() if t["workers"] == p}
+    for p, runs in sorted(by_p.items()):
         common = Counter(runs.values()).most_common(1)[0][0]
         if any(n != common for n in runs.values()):
             more = ", ".join(f"{SHORT.get(m, m)} {n}" for m, n in runs.items() if n != common)
@@ -595,9 +597,9 @@ def answer_markdown(res: dict, final: bool) -> str:
 def horizon_words(res: dict) -> str:
     """The issue's test of the horizon: in every cell some method reaches the target in every seed."""
     cells = res["cells"]
-    done = [k for k, c in cells.items() if c.get("complete")]
-    short = sorted((k for k in done if cells[k]["fastest"] is None),
-                   key=lambda k: (int(k.rsplit("/p", 1)[1]), k))
+    done = [k for p in res["workers"] for n in res["networks"] for c in res["conditions"]
+            for k in [f"{n}/{c}/p{p}"] if cells.get(k, {}).get("complete")]
+    short = [k for k in done if cells[k]["fastest"] is None]
     head = (f"**The horizon.** {len(done)} of {len(cells)} cells are complete"
             + ("" if len(done) < len(cells) else " (all)"))
     if not short:
