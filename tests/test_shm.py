@@ -101,3 +101,31 @@ def test_cleaner_removes_only_unused_segments_of_this_user(tmp_path):
         holder.kill()
         for p in (mapped, stale, other):
             p.unlink(missing_ok=True)
+
+
+def test_a_segment_unlinked_while_in_use_counts_as_in_use():
+    """A live process maps one segment and holds another open, then both are unlinked (what
+    ``release_node_segment`` does to MPICH's node segment right after MPI_Init): ``in_use`` still
+    names both, so a scan that listed them just before cannot take them for stale (the emulated
+    cluster's leak check once did, for a neighbouring job's segment)."""
+    stem = f"scalesgdtest{os.getpid()}{uuid.uuid4().hex[:6]}"
+    mapped, held = shm.SHM_DIR / f"mpich_shm_{stem}_0", shm.SHM_DIR / f"mpich_shm_{stem}_1"
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import mmap, os, sys, time\n"
+                               f"f = open({str(mapped)!r}, 'w+b'); f.write(b'\\0' * mmap.PAGESIZE); f.flush()\n"
+                               "m = mmap.mmap(f.fileno(), 0); f.close()\n"
+                               f"g = open({str(held)!r}, 'w+b')\n"
+                               f"os.unlink({str(mapped)!r}); os.unlink({str(held)!r})\n"
+                               "print('unlinked', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "unlinked"
+        assert not mapped.exists() and not held.exists()
+        used = shm.in_use()
+        assert mapped in used and held in used, sorted(str(p) for p in used)
+        assert mapped not in shm.mapped_files(holder.pid) and held not in shm.open_files(holder.pid)
+    finally:
+        holder.kill()
+        holder.wait(10)
+        for p in (mapped, held):
+            p.unlink(missing_ok=True)

@@ -46,8 +46,9 @@ def mapped_files(pid: str | int = "self", deleted: bool = False) -> set[Path]:
     return found
 
 
-def open_files(pid: str | int) -> set[Path]:
-    """Files under /dev/shm that process ``pid`` holds open (a segment between shm_open and mmap)."""
+def open_files(pid: str | int, deleted: bool = False) -> set[Path]:
+    """Files under /dev/shm that process ``pid`` holds open (a segment between shm_open and mmap);
+    unlinked ones skipped unless ``deleted``, as in ``mapped_files``."""
     found = set()
     try:
         for fd in os.scandir(f"/proc/{pid}/fd"):
@@ -56,6 +57,10 @@ def open_files(pid: str | int) -> set[Path]:
             except OSError:
                 continue
             if target.startswith(f"{SHM_DIR}/"):
+                if target.endswith(" (deleted)"):
+                    if not deleted:
+                        continue
+                    target = target[:-len(" (deleted)")]
                 found.add(Path(target))
     except OSError:
         pass
@@ -102,11 +107,17 @@ def release_node_segment(node_comm) -> list[Path]:
 
 
 def in_use() -> set[Path]:
-    """Every /dev/shm file some live process we can inspect maps or holds open."""
+    """Every /dev/shm file some live process we can inspect maps or holds open, also under the name
+    it had if it was unlinked since: a segment listed before the scan and unlinked during it (MPICH's
+    node segment, by ``release_node_segment``, right after MPI_Init) is in use, not stale.
+    A process's descriptors are read before its mappings: a creator that opens, maps and then closes
+    its segment is seen holding it or mapping it, whenever the scan reaches it (read the other way
+    round, the scan could see neither)."""
     used: set[Path] = set()
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            used |= mapped_files(entry.name) | open_files(entry.name)
+            held = open_files(entry.name, deleted=True)
+            used |= held | mapped_files(entry.name, deleted=True)
     return used
 
 
