@@ -112,7 +112,8 @@ def test_a_segment_unlinked_while_in_use_counts_as_in_use():
     mapped, held = shm.SHM_DIR / f"mpich_shm_{stem}_0", shm.SHM_DIR / f"mpich_shm_{stem}_1"
     holder = subprocess.Popen([sys.executable, "-c",
                                "import mmap, os, sys, time\n"
-                               f"f = open({str(mapped)!r}, 'w+b'); f.write(b'\\0' * mmap.PAGESIZE); f.flush()\n"
+                               f"f = open({str(mapped)!r}, 'w+b')\n"
+                               "f.write(b'\\0' * mmap.PAGESIZE); f.flush()\n"
                                "m = mmap.mmap(f.fileno(), 0); f.close()\n"
                                f"g = open({str(held)!r}, 'w+b')\n"
                                f"os.unlink({str(mapped)!r}); os.unlink({str(held)!r})\n"
