@@ -38,7 +38,8 @@ def pytest_itemcollected(item):
 
 # SCALESGD_TEST_CPU=FILE: each test's wall seconds and CPU seconds (the pytest process's own and
 # those of the processes it started and waited for: mpiexec and its ranks), one JSON line a test,
-# appended by every worker, to find where the suite's time goes (not what a job under Slurm spends).
+# appended by every worker, to find where the suite's time goes (not what a job under Slurm spends);
+# with its start (Unix time) and worker, to see how evenly the workers' queues end.
 CPU_LOG = os.environ.get("SCALESGD_TEST_CPU")
 
 
@@ -54,9 +55,11 @@ def pytest_runtest_protocol(item, nextitem):
     def cpu(who):
         r = resource.getrusage(who)
         return r.ru_utime + r.ru_stime
-    t0, s0, c0 = time.monotonic(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    start, t0 = time.time(), time.monotonic()
+    s0, c0 = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
     yield
-    line = dict(test=item.nodeid, wall=round(time.monotonic() - t0, 3),
+    line = dict(test=item.nodeid, start=round(start, 3), worker=os.environ.get("PYTEST_XDIST_WORKER", ""),
+                wall=round(time.monotonic() - t0, 3),
                 cpu_self=round(cpu(resource.RUSAGE_SELF) - s0, 3),
                 cpu_children=round(cpu(resource.RUSAGE_CHILDREN) - c0, 3))
     with open(CPU_LOG, "a") as f:
