@@ -24,7 +24,8 @@ tuning's choice of local SGD's settings is the study's (made with the old clock)
     python benchmarks/crossover_localsgd.py --src OLD/src --label check --only KEY ...
 
 Writes ``results/crossover-localsgd.json``, after every cell, each cell with the commit of the code
-that timed it (a rerun goes on where it stopped; a cell timed by other code is timed again).
+that timed it (a rerun goes on where it stopped; a cell timed by other code is timed again; every
+cell's calls are made again from the study's rows as they are now, which an open cell's runs change).
 """
 from __future__ import annotations
 
@@ -104,20 +105,24 @@ def main(argv=None) -> int:
         seeds = sorted(rows["localsgd"]["seeds"], key=int)[: a.seeds or None]
         have = cell.get(a.label, {}) if cell.get(f"{a.label}_code") == commit else {}   # (one code a cell)
         todo = [s for s in seeds if s not in have]
-        if not todo:
-            continue
         t0 = time.perf_counter()
-        have.update(retime_cell(study, key, todo))
+        if todo:
+            have.update(retime_cell(study, key, todo))
         cell[a.label], cell[f"{a.label}_code"] = have, commit
         cell["recorded"] = {s: v["seconds"] for s, v in rows["localsgd"]["seeds"].items()}
         if a.label == "retimed" and set(have) == set(rows["localsgd"]["seeds"]):
-            cell["before"] = judged(rows)
-            cell["after"] = judged(with_times(rows, have))
-        tmp = OUT.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
-        tmp.replace(OUT)
-        print(f"{key}: {len(todo)} seeds in {time.perf_counter() - t0:.0f} s", flush=True)
+            cell["before"] = judged(rows)            # judged again on every run: the other methods'
+            cell["after"] = judged(with_times(rows, have))   # rows may have grown since (more seeds)
+        save(res)
+        if todo:
+            print(f"{key}: {len(todo)} seeds in {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
+
+
+def save(res: dict) -> None:
+    tmp = OUT.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
+    tmp.replace(OUT)
 
 
 if __name__ == "__main__":

@@ -753,6 +753,30 @@ def test_local_sgd_re_timed_is_judged_again_by_the_paired_rule(tmp_path):
            "seconds bit for bit" in text
 
 
+def test_a_rerun_judges_a_timed_cell_again_when_its_other_rows_grew(tmp_path, monkeypatch):
+    """Local SGD's seeds of a cell all timed by this code: a rerun times nothing, but the cell's
+    calls are made again from the study's rows as they are now (an open cell's other methods can
+    gain runs after local SGD's were timed; before, such a cell kept its first calls)."""
+    import crossover_localsgd as CL  # noqa: PLC0415  (benchmarks/)
+    seeds = ["0", "1"]
+    row = lambda base: dict(reached_all=True, mean_seconds=base + 0.5,  # noqa: E731
+                            seeds={s: dict(seconds=base + int(s), final_error=0.3) for s in seeds})
+    key, new = "n/none/p2", {"0": 100.0, "1": 101.0}
+    study, out = tmp_path / "study.json", tmp_path / "crossover-localsgd.json"
+    monkeypatch.setattr(CL, "STUDY", study)
+    monkeypatch.setattr(CL, "OUT", out)
+    commit = CL.code_commit(CL.ROOT / "src")
+    out.write_text(json.dumps(dict(cells={key: dict(retimed=new, retimed_code=commit)})))
+    monkeypatch.setattr(CL, "retime_cell", lambda *a: pytest.fail(f"timed again: {a[1:]}"))
+    for allreduce, fastest in ((200.0, "localsgd"), (50.0, "allreduce")):
+        study.write_text(json.dumps(dict(commits=["c" * 40], cells={key: dict(methods=dict(
+            allreduce=row(allreduce), localsgd=row(300.0)))})))
+        assert CL.main([]) == 0
+        cell = json.loads(out.read_text())["cells"][key]
+        assert cell["retimed"] == new and cell["after"]["fastest"] == fastest, cell
+        assert cell["before"]["fastest"] == "allreduce" and cell["recorded"] == {"0": 300.0, "1": 301.0}
+
+
 def test_unequal_tuning_counts_are_said_where_they_differ():
     """The edge steps are the one place two methods' tuning runs at a p can differ: said, per p."""
     def t(m, p, runs):
