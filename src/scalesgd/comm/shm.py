@@ -25,6 +25,18 @@ def is_mpi_segment(path: Path) -> bool:
     return path.parent == SHM_DIR and path.name.startswith(PREFIXES)
 
 
+def _shm_path(name: str, deleted: bool) -> Path | None:
+    """The /dev/shm file a /proc maps line or fd link names; an unlinked one (" (deleted)") under
+    its former name if ``deleted``, else None, as for any name outside /dev/shm."""
+    if not name.startswith(f"{SHM_DIR}/"):
+        return None
+    if name.endswith(" (deleted)"):
+        if not deleted:
+            return None
+        name = name[:-len(" (deleted)")]
+    return Path(name)
+
+
 def mapped_files(pid: str | int = "self", deleted: bool = False) -> set[Path]:
     """Files under /dev/shm that process ``pid`` maps, from /proc/PID/maps (unlinked ones, whose
     line ends in " (deleted)", skipped unless ``deleted``: then their former names are included).
@@ -34,13 +46,9 @@ def mapped_files(pid: str | int = "self", deleted: bool = False) -> set[Path]:
         with open(f"/proc/{pid}/maps") as f:
             for line in f:
                 fields = line.split(maxsplit=5)                 # addr perms offset dev inode path
-                if len(fields) == 6 and fields[5].startswith(f"{SHM_DIR}/"):
-                    path = fields[5].rstrip("\n")
-                    if path.endswith(" (deleted)"):
-                        if not deleted:
-                            continue
-                        path = path[:-len(" (deleted)")]
-                    found.add(Path(path))
+                path = len(fields) == 6 and _shm_path(fields[5].rstrip("\n"), deleted)
+                if path:
+                    found.add(path)
     except OSError:
         pass
     return found
@@ -56,12 +64,9 @@ def open_files(pid: str | int, deleted: bool = False) -> set[Path]:
                 target = os.readlink(fd.path)
             except OSError:
                 continue
-            if target.startswith(f"{SHM_DIR}/"):
-                if target.endswith(" (deleted)"):
-                    if not deleted:
-                        continue
-                    target = target[:-len(" (deleted)")]
-                found.add(Path(target))
+            path = _shm_path(target, deleted)
+            if path:
+                found.add(path)
     except OSError:
         pass
     return found
@@ -116,8 +121,8 @@ def in_use() -> set[Path]:
     used: set[Path] = set()
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            held = open_files(entry.name, deleted=True)
-            used |= held | mapped_files(entry.name, deleted=True)
+            used |= open_files(entry.name, deleted=True)          # (first: see above)
+            used |= mapped_files(entry.name, deleted=True)
     return used
 
 
