@@ -388,7 +388,7 @@ def study_file(res: dict) -> dict:
 
 def tuning_counts_words(res: dict) -> str:
     """Where a method's tuning runs at a p differ from the other methods' there (only the edge steps
-    can make them differ: the issue asks for both equal counts and a grid extended past an edge)."""
+    can make them differ: the study's rules ask for both equal counts and a grid extended past an edge)."""
     by_p: dict[int, dict[str, int]] = {}
     for t in res["tuning"].values():
         if t["workers"] > 1:
@@ -402,8 +402,9 @@ def tuning_counts_words(res: dict) -> str:
     if not odd:
         return "Every method had the same number of tuning runs at every p."
     return ("Every method had the same number of tuning runs at each p, except where a choice still sat on "
-            "an edge of its rates and its grid went on past it (the issue asks for both; the edge rule "
-            "was kept, so those methods had the larger search): " + "; ".join(odd) + ".")
+            "an edge of its rates and its grid went on past it (the study's rules ask for both, an equal "
+            "count and a grid extended past an edge; the edge rule was kept, so those methods had the "
+            "larger search): " + "; ".join(odd) + ".")
 
 
 def secs(v: float) -> str:
