@@ -234,10 +234,11 @@ def test_run_checks_the_fastest_in_the_virtual_cluster(made, tmp_path, monkeypat
                    "--condition", "typical", "--json", "--run", "--data", str(tmp_path / "nowhere")]) == 2
     out = capsys.readouterr()
     assert "checks" not in json.loads(out.out) and "no data set there" in out.err
-    # the same method checked again within the second: a directory of its own
-    import time as clock
-    frozen = clock.strftime("%Y%m%d-%H%M%S")
+    # the same method checked again within the second: a directory of its own (a second no run above
+    # can have fallen in, so the names do not depend on when the runs above started)
+    frozen = "20000101-000000"
     monkeypatch.setattr(L.time, "strftime", lambda fmt: frozen)
     twice = [L.check(made["study"], res, "v100-10gbe-resnet50", made["data"], top=1)[0]["run_dir"]
              for _ in range(2)]
-    assert twice[1] == twice[0] + ".2", twice
+    base = f"runs/{frozen}-plan-{checks[0]['method']}-p2"
+    assert twice == [base, base + ".2"], twice
