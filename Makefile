@@ -97,7 +97,7 @@ experiments: install
 
 model: install
 	$(PY) benchmarks/calibrate.py
-	$(PY) -m scalesgd.costmodel --json benchmarks/results/model.json
+	$(PY) -m scalesgd.costmodel --json results/model.json
 	$(PY) benchmarks/report.py --update docs/results.md
 
 clean:

@@ -60,7 +60,7 @@ CONFIGS = {
     "resnet18": ("resnet18", 1.0, 64, 16, 1000, 11_689_512),
     "proxy": ("resnet8", 0.5, 16, 8, 10, 19_954),
 }
-TARGETS = {"resnet20": 0.7, "resnet18": 0.9, "proxy": 0.7}   # scalesgd / faster torch layout (issue 22)
+TARGETS = {"resnet20": 0.7, "resnet18": 0.9, "proxy": 0.7}   # scalesgd / faster torch layout: the goals
 OURS = {"scalesgd": "auto", "scalesgd_im2col": "im2col"}     # runner name -> model.conv_algo
 LR = 0.01
 

@@ -148,7 +148,7 @@ class DeviceMemory:
     inside ``active()``, and the peak of its bytes in use (what ``torch.cuda.max_memory_allocated``
     counts for the PyTorch twin).  The default pool's ``total_bytes()`` also held the blocks cached
     by earlier sections and by the other runners, while PyTorch's peak is reset per runner: a
-    spurious "missed" on the memory ratio (issue 38, defect 6)."""
+    spurious "missed" on the memory ratio."""
 
     def __init__(self, xp):
         self.xp, self.pool, self.peak = xp, xp.cuda.MemoryPool(), 0

@@ -1,5 +1,5 @@
 """The all-reduce's bucket size on emulated nodes: how much communication each setting leaves
-exposed per training step (issue 24, item 3).
+exposed per training step.
 
     python benchmarks/buckets.py --nodes 4 --rate resnet20=272mbit resnet18=2gbit [--json FILE]
     python benchmarks/buckets.py --ranks 2 --local        # one machine, no emulated links (a check)
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from benchlib import ROOT, mpi_launcher, run_checked, synthetic_batch
+from tables import buckets as table
 
 MODELS = {"resnet20": (32, 16), "resnet18": (64, 16)}    # image side, per-rank batch
 SETTINGS = ("no all-reduce", "25 MB", "auto", "0.25 MB")
@@ -122,19 +123,6 @@ def run_model(args, name: str, rate: str | None) -> dict:
         p = got["ranks"]
         got["pure_transfer_s"] = 2 * (p - 1) / p * got["grad_bytes"] * 8 / nc.parse_rate(rate)
     return got
-
-
-def table(results: dict) -> str:
-    rows = ["| model | link | setting | buckets | step (ms) | exposed comm (ms) |",
-            "|---|---|---|---|---|---|"]
-    for name, r in results.items():
-        link = r["rate"] or "local"
-        pure = f" (pure transfer {1000 * r['pure_transfer_s']:.0f} ms)" if r.get("pure_transfer_s") else ""
-        for s, v in r["settings"].items():
-            exp = "-" if s == "no all-reduce" else f"{1000 * v['exposed_s']:.0f}"
-            rows.append(f"| {name} ({r['grad_bytes'] / 1e6:.2f} MB) | {link}{pure} | {s} | {v['buckets']} | "
-                        f"{1000 * v['median_s']:.0f} | {exp} |")
-    return "\n".join(rows)
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """Measures the constants of the cost model (``python -m scalesgd.costmodel``) on this machine.
 
-    python benchmarks/calibrate.py [--ranks 2 4 8] [--json benchmarks/results/calibration-cpu.json]
+    python benchmarks/calibrate.py [--ranks 2 4 8] [--json results/calibration-cpu.json]
 
 1. **compute**: one training step (forward, backward, Nesterov update) of ResNet-20 at 32x32 for
    batch 8 and 16, one thread, in this process: median of 15 timed steps after 3 warm-up steps;
@@ -251,7 +251,7 @@ def worker(json_out: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4, 5, 8, 9])
-    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "calibration-cpu.json")
+    ap.add_argument("--json", type=Path, default=ROOT / "results" / "calibration-cpu.json")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--compute-worker", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -1,4 +1,4 @@
-"""The seed papers' claims as experiments anyone can rerun (issue 7; results in docs/results.md).
+"""The seed papers' claims as experiments anyone can rerun (results in docs/results.md).
 
     python benchmarks/experiments.py EXPERIMENT [--quick] [--seeds N] [--out DIR] [--no-publish]
                                      [--data DIR --tag NAME] [--image-size N] [--model NAME]
@@ -8,7 +8,7 @@ EXPERIMENT is one of sync, methods, stragglers, lr, consensus, easgd, asgd, or a
 sweep with real ``mpiexec`` launches of ``python -m scalesgd`` (base config ``jobs/experiments.toml``),
 writes every run directory under ``OUT/runs/`` (default ``runs/experiments``; a run whose directory
 already holds a ``summary.json`` for the same argv is reused, so an interrupted sweep continues),
-prints a table, and writes ``benchmarks/results/EXPERIMENT.json`` and ``docs/figures/EXPERIMENT.png``
+prints a table, and writes ``results/EXPERIMENT.json`` and ``docs/figures/EXPERIMENT.png``
 (``--quick`` or ``--no-publish``: both under ``OUT/`` instead).  ``--quick`` shrinks every sweep to a
 smoke test of the whole path (1 epoch, 16-pixel crops, fewest settings); its numbers mean nothing.  ``--data``
 (a directory made by ``python -m scalesgd.data.make_shards``), ``--image-size`` and ``--model`` are
@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", type=int, default=2, help="seeds per setting in 'methods' (default 2)")
     ap.add_argument("--out", type=Path, help="default runs/experiments (runs/experiments-quick with --quick)")
     ap.add_argument("--no-publish", action="store_true",
-                    help="write results and figures under --out, not benchmarks/results and docs/figures")
+                    help="write results and figures under --out, not results and docs/figures")
     ap.add_argument("--data", default="", help="a dataset directory (make_shards) instead of the digits")
     ap.add_argument("--image-size", type=int, default=0,
                     help="with --data: crop side (default: the config's)")

@@ -1,7 +1,7 @@
 """The cases of ``gpu_check.py``, one function each; every one returns a JSON-able dict and prints
 its rows as it makes them.  A case guards each of its parts (a cuDNN graph no engine supports, a
 runner that cannot be built), so one failure is recorded beside the results already made instead of
-discarding them (issue 38, defect 7)."""
+discarding them."""
 from __future__ import annotations
 
 import json
@@ -59,7 +59,7 @@ def _cmd(argv) -> list[str]:
 
 def env_report(xp) -> dict:
     """Versions of everything the check uses; each probe guarded on its own (a cuDNN whose library
-    does not load used to end the whole check here, before any section: issue 38, defect 5)."""
+    does not load used to end the whole check here, before any section)."""
     from scalesgd.doctor.stack import installed  # noqa: PLC0415
     rep = {"python": platform.python_version(), "numpy": np.__version__,
            "cupy": _version("cupy"), "cudnn_frontend": _version("cudnn"), "torch": _version("torch"),
@@ -370,7 +370,7 @@ def table_rows(results: list[dict]) -> list[str]:
 # ----------------------------------------------------------------------------- transports, DALI
 def allreduce_case(args, xp) -> dict:
     """$MPIEXEC $MPIEXEC_ARGS -n 2 tests/gpu/allreduce_parity.py (cupy | numpy for a dry run)
-    --time (benchlib.mpi_launcher, as every benchmark launches: issue 38, defect 8): the lines
+    --time (benchlib.mpi_launcher, as every benchmark launches): the lines
     ``transport NAME: sums agree`` / ``skipped transport NAME: why`` / ``time NAME: MS ms ...``."""
     try:
         launcher = mpi_launcher(2)

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Hierarchical against flat on the same ranks, on emulated nodes (issue 24, item 2).
+"""Hierarchical against flat on the same ranks, on emulated nodes.
 
     python benchmarks/hierarchy.py [--nodes 4] [--ranks-per-node 2] [--rate 272mbit]
                                    [--seeds 0,1] [--epochs 6] [--variants push-ov,allreduce]
-                                   [--json benchmarks/results/hierarchy.json]
+                                   [--json results/hierarchy.json]
 
 Each variant (``push-ov``: gossip push-sum, overlapped, exponential graph; ``push-ov-uniform``: the
 same on the uniform graph, as the generated ImageNet jobs; ``push-ov-uniform-1eval``: the same
@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
+
+from tables import hierarchy as table
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "jobs" / "experiments.toml"
@@ -76,29 +77,6 @@ def one(cluster, variant: str, hier: str, seed: int, args, out: Path) -> dict:
             "train_seconds": s["history"][-1]["train_seconds"],
             "bytes_per_sample": {n: (t.sent + t.received) / samples for n, t in r.traffic.items()},
             "traffic": {n: vars(t) for n, t in r.traffic.items()}}
-
-
-def mean(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.mean(xs) if xs else None
-
-
-def table(d: dict) -> str:
-    rows = ["| variant | hierarchy | bytes per sample, busiest node (sent + received) | flat / hierarchical "
-            "| seconds to 10% error (each seed) | final error % (each seed) |", "|---|---|---|---|---|---|"]
-    busiest = {key: mean([max(r["bytes_per_sample"].values()) for r in runs])
-               for key, runs in d["runs"].items()}
-    for key, runs in d["runs"].items():
-        variant, hier = key.split()
-        b = busiest[key]
-        flat = busiest.get(f"{variant} none")
-        cut = f"{flat / b:.2f}x" if hier != "none" and flat else ""
-        ttt = ("— (evaluated at the end only)" if variant.endswith("-1eval") else
-               ", ".join("never" if r["time_to_target"] is None else f"{r['time_to_target']:.1f}"
-                         for r in runs))
-        fe = ", ".join(f"{100 * r['final_error']:.1f}" for r in runs)
-        rows.append(f"| {variant} | {hier} | {b / 1e3:.1f} kB | {cut} | {ttt} | {fe} |")
-    return "\n".join(rows)
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """The crossover study's gradient noise scale, measured directly (McCandlish et al. 2018, "An
 empirical model of large-batch training", appendix A): B_simple = tr(Sigma) / |G|^2.
 
-The study (``crossover_report.py``) fits the tuned all-reduce's steps to the target against the
+The study (``crossover/report.py``) fits the tuned all-reduce's steps to the target against the
 global batch, S = S_min (1 + B_crit / B): McCandlish et al.'s critical batch, the noise scale as the
 whole run averages it.  This measures the noise scale itself, at the weights a real training run
 passes through:
@@ -23,7 +23,7 @@ passes through:
 
 B_simple equals the noise scale B_noise = tr(H Sigma) / G^T H G when the loss's Hessian H is a
 multiple of the identity, and approximates it otherwise (McCandlish et al.): an assumption stated
-with the number (docs/results.md, section 11).  Output: ``benchmarks/results/noise-scale.json``
+with the number (docs/results.md, section 11).  Output: ``results/noise-scale.json``
 (seed 0; ``noise-scale-s<seed>.json`` for the others: the report gives each and their mean).
 
     python benchmarks/noise_scale.py                 # ~3 min on one core (seed 0)
@@ -44,8 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-import crossover as X
-import crossover_claims as C
+from crossover import study as X
+from crossover import claims as C
 from scalesgd.config import values as V
 from scalesgd.data.pipeline import Loader
 from scalesgd.data.shards import ShardSet
@@ -56,7 +56,7 @@ from scalesgd.train.step import train_step
 
 ROOT = X.ROOT
 
-OUT = ROOT / "benchmarks" / "results" / "noise-scale.json"
+OUT = ROOT / "results" / "noise-scale.json"
 TARGET = 0.40
 GROUPS = 32
 
@@ -190,7 +190,7 @@ def main() -> int:
     st = X.Study()
     config = st.chosen("single", 1, X.TUNE_NETWORK)
     if config is None:
-        sys.exit("noise_scale: the study has no one-worker choice yet (run crossover.py first)")
+        sys.exit("noise_scale: the study has no one-worker choice yet (run the crossover study first)")
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         t = time.monotonic()

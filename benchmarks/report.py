@@ -1,7 +1,7 @@
-"""Markdown tables for docs/results.md and docs/benchmarks.md from benchmarks/results/*.json (no
+"""Markdown tables for docs/results.md and docs/benchmarks.md from results/*.json (no
 number typed by hand).
 
-    python benchmarks/report.py [EXPERIMENT ...] [--results benchmarks/results] [--model-json F]
+    python benchmarks/report.py [EXPERIMENT ...] [--results results] [--model-json F]
     python benchmarks/report.py --update docs/results.md     # rewrite its generated blocks
     python benchmarks/report.py --update docs/benchmarks.md  # the CPU step tables (cpu*.json)
 
@@ -18,6 +18,9 @@ import json
 import re
 import sys
 from pathlib import Path
+
+import tables
+from crossover import markdown as M
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -238,7 +241,7 @@ def model(d):
                 + "); all-reduce ms per step of communication: "
                 + ", ".join(f"{p}: {x:.1f}" for p, x in a["allreduce_comm_ms"].items()) + "."]
         if "shards_saturate_at_workers" in a:
-            out += ["", "Issue 15's extensions (τ = 1): K server shards saturate at "
+            out += ["", "The extensions (τ = 1): K server shards saturate at "
                     + ", ".join(f"K = {k}: {x:.1f}" for k, x in a["shards_saturate_at_workers"].items())
                     + " workers; shards needed to keep up: "
                     + ", ".join(f"p = {p}: {k}" for p, k in a["shards_to_keep_up"].items())
@@ -252,7 +255,7 @@ def model(d):
 
 def virtual(d):
     """The virtual cluster's predictions against the emulated-cluster runs (virtual_validation.py):
-    seconds per epoch, comm + wait per step (with issue 36's goal: within 2x, or both under 5% of
+    seconds per epoch, comm + wait per step (with the goal: within 2x, or both under 5% of
     the step), time to target."""
     out = ["| method | p | s/epoch predicted | measured | error | comm + wait ms/step predicted | "
            "measured | ratio | goal | time to target predicted | measured | error | "
@@ -391,29 +394,26 @@ def conv_candidates(results: Path) -> str:
 
 def buckets(results: Path) -> str:
     """The all-reduce's bucket settings on emulated nodes (buckets.json, benchmarks/buckets.py)."""
-    import buckets as B  # noqa: PLC0415 - a sibling script
     d = json.loads((results / "buckets.json").read_text())
     return (f"{d['nodes']} emulated nodes, 1 rank each; median of {d['rounds']} interleaved rounds of "
-            f"{d['steps']} steps\n\n" + B.table(d["results"]))
+            f"{d['steps']} steps\n\n" + tables.buckets(d["results"]))
 
 
 def survival(results: Path) -> str:
     """A lost rank survived, per method (survival.json, benchmarks/survival.py)."""
-    import survival as S  # noqa: PLC0415 - a sibling script
     d = json.loads((results / "survival.json").read_text())
     text = (f"{d['what']}; {d['epochs']} epochs, {d['seeds']} seeds; the killed runs end with one worker "
-            f"fewer (a server method: 2 workers)\n\n" + S.table(d))
+            f"fewer (a server method: 2 workers)\n\n" + tables.survival(d))
     if d.get("across_nodes"):
         text += ("\n\n3 emulated nodes of 2 ranks (1 Gbit/s, TCP), the digits, 1 epoch; the "
                  "ranks of node 2 SIGKILLed at step 5, or everything on node 2 killed after the first "
-                 "checkpoint:\n\n" + S.table_nodes(d))
+                 "checkpoint:\n\n" + tables.survival_nodes(d))
     return text
 
 
 def mpi_progress(results: Path) -> str:
     """Gossip across emulated nodes per --mpi-progress setting, MPICH then Open MPI
     (mpi_progress.json, mpi_progress_openmpi.json: benchmarks/rma_progress.py --train)."""
-    import rma_progress as R  # noqa: PLC0415 - a sibling script
     parts = []
     for name in ("mpi_progress.json", "mpi_progress_openmpi.json"):
         d = json.loads((results / name).read_text())
@@ -422,21 +422,20 @@ def mpi_progress(results: Path) -> str:
         parts.append(f"**{d.get('library', 'MPI library not recorded')}**: {d['nodes']} emulated nodes, "
                      f"1 rank each, at {d['rate']} "
                      f"({d['cpus_per_node']} CPU per node); `{d['train_args']}`; seconds per step, mean "
-                     f"over the ranks{ref}\n\n" + R.table(d))
+                     f"over the ranks{ref}\n\n" + tables.mpi_progress(d))
     return "\n\n".join(parts)
 
 
 def hierarchy(results: Path) -> str:
     """Flat against --hierarchy node on emulated nodes (hierarchy.json, benchmarks/hierarchy.py)."""
-    import hierarchy as H  # noqa: PLC0415 - a sibling script
     d = json.loads((results / "hierarchy.json").read_text())
     return (f"{d['nodes']} emulated nodes × {d['ranks_per_node']} ranks at {d['rate']} (one CPU per node), "
             f"`{d['job']}`, {d['epochs']} epochs, target {100 * d['target_error']:.0f}% validation error\n\n"
-            + H.table(d))
+            + tables.hierarchy(d))
 
 
 def fair_study(results: Path) -> tuple[dict, bool]:
-    """The fair crossover study's analysis (benchmarks/crossover_report.py): crossover.json once
+    """The fair crossover study's analysis (benchmarks/crossover/report.py): crossover.json once
     complete, else crossover-progress.json; and whether it is final."""
     final = results / "crossover.json"
     if final.exists():
@@ -446,8 +445,7 @@ def fair_study(results: Path) -> tuple[dict, bool]:
 
 def crossover_map(results: Path) -> str:
     """The fastest method (or the tied set) by p and condition, per network, with each
-    condition's crossover bracket and its bootstrap shares (crossover_report.map_markdown)."""
-    import crossover_report as R  # noqa: PLC0415 - a sibling script
+    condition's crossover bracket and its bootstrap shares (crossover/markdown.py: map_markdown)."""
     d, final = fair_study(results)
     left = d["left"]
     state = "The study is complete" if final else "**Provisional** (the study is still running)"
@@ -456,26 +454,23 @@ def crossover_map(results: Path) -> str:
                              "\"not run yet\", one whose runs are not all in \"so far\", and the crossovers "
                              "use the complete cells")
     return (f"{state}: {d['runs']} runs, {d['machine_hours_total']:.1f} machine-hours (one core per run) "
-            f"at commit {', '.join(c[:12] for c in d['commits'])}{more}.\n\n" + R.map_markdown(d))
+            f"at commit {', '.join(c[:12] for c in d['commits'])}{more}.\n\n" + M.map_markdown(d))
 
 
 def crossover_answer(results: Path) -> str:
-    """The map in one paragraph (crossover_report.answer_markdown)."""
-    import crossover_report as R  # noqa: PLC0415 - a sibling script
+    """The map in one paragraph (crossover/markdown.py: answer_markdown)."""
     d, final = fair_study(results)
-    return R.answer_markdown(d, final)
+    return M.answer_markdown(d, final)
 
 
 def crossover_claims(results: Path) -> str:
-    """The papers' claims judged on the fair study by benchmarks/crossover_claims.py's rules."""
-    import crossover_report as R  # noqa: PLC0415 - a sibling script
-    return R.claims_markdown(fair_study(results)[0])
+    """The papers' claims judged on the fair study by benchmarks/crossover/claims.py's rules."""
+    return M.claims_markdown(fair_study(results)[0])
 
 
 def crossover_tuning(results: Path) -> str:
     """Per method and p: the grid points tried (tuning runs) and the configuration chosen by time
     to target under each network."""
-    import crossover_report as R  # noqa: PLC0415 - a sibling script
     d, _ = fair_study(results)
     ps = [p for p in d["workers"] if p > 1]
     methods = list(dict.fromkeys(k.split("/")[0] for k in d["tuning"] if not k.startswith("single")))
@@ -497,15 +492,14 @@ def crossover_tuning(results: Path) -> str:
                     if t.get("edge") else "")
             cells.append(f"{len(t['configs'])} points, {done} run{'' if done == 1 else 's'}: {chosen}{edge}"
                          + (" (so far)" if done < t["runs"] or None in t["chosen"].values() else ""))
-        rows.append(f"| {R.SHORT.get(m, m)} | " + " | ".join(cells) + " |")
-    return "\n".join(rows) + "\n\n" + R.tuning_counts_words(d)
+        rows.append(f"| {M.SHORT.get(m, m)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n\n" + M.tuning_counts_words(d)
 
 
 def crossover_cells(results: Path) -> str:
     """Every method's time to target in every cell, per network: method by p, each cell its mean
     seconds under none / typical / stragglers (bold: the cell's fastest), or, where it missed the
     target in a seed, the seeds that reached it and the mean error the seeds that missed ended at."""
-    import crossover_report as R  # noqa: PLC0415 - a sibling script
     d, _ = fair_study(results)
     ps = [p for p in d["workers"] if p > 1]
     out = []
@@ -515,12 +509,12 @@ def crossover_cells(results: Path) -> str:
         if not r:
             return "·"
         if r["reached_all"]:
-            t = R.secs(r["mean_seconds"])
+            t = M.secs(r["mean_seconds"])
             return f"**{t}**" if cl["fastest"] == m else t
         missed = [v["final_error"] for v in r["seeds"].values() if v["seconds"] is None]
         if not missed:                       # (every seed run so far reached it; seeds to come)
-            t = R.secs(sum(v["seconds"] for v in r["seeds"].values()) / len(r["seeds"]))
-            return f"{t} (so far: {len(r['seeds'])} of {len(R.X.SEEDS)} seeds)"
+            t = M.secs(sum(v["seconds"] for v in r["seeds"].values()) / len(r["seeds"]))
+            return f"{t} (so far: {len(r['seeds'])} of {len(M.X.SEEDS)} seeds)"
         return f"{len(r['seeds']) - len(missed)}/{len(r['seeds'])} ({sum(missed) / len(missed):.0%})"
     for n in d["networks"]:
         methods = list(dict.fromkeys(m for k, cl in d["cells"].items() if k.startswith(n + "/")
@@ -528,7 +522,7 @@ def crossover_cells(results: Path) -> str:
         out += [f"**{n}**", "", "| method | " + " | ".join(f"p = {p}" for p in ps) + " |",
                 "|---|" + "---|" * len(ps)]
         for m in methods:
-            out.append(f"| {R.SHORT.get(m, m)} | " + " | ".join(
+            out.append(f"| {M.SHORT.get(m, m)} | " + " | ".join(
                 " / ".join(one(d["cells"].get(f"{n}/{c}/p{p}"), m) for c in d["conditions"])
                 for p in ps) + " |")
         out.append("")
@@ -541,13 +535,12 @@ def cells_word(n: int) -> str:
 
 def crossover_localsgd(results: Path) -> str:
     """Local SGD's cells re-timed with the code whose workers wait for each other only at an
-    average (benchmarks/crossover_localsgd.py): per network and condition its mean seconds by p,
-    the change against the study's records, the cells whose calls change, and the check that the
-    same clock-only runs with the code before the fix give the recorded seconds."""
-    import crossover_report as R  # noqa: PLC0415 - a sibling script
+    average (crossover-localsgd.json, from a one-off re-timing): per network and condition its mean
+    seconds by p, the change against the study's records, the cells whose calls change, and the
+    check that the same clock-only runs with the code before the fix give the recorded seconds."""
     f = results / "crossover-localsgd.json"
     if not f.exists():
-        return "Not run yet: `python benchmarks/crossover_localsgd.py`."
+        return "Not measured: no crossover-localsgd.json."
     d = json.loads(f.read_text())
     study, _ = fair_study(results)
     cells = d["cells"]
@@ -573,18 +566,18 @@ def crossover_localsgd(results: Path) -> str:
                     row.append("·" if not new else "missed")
                     continue
                 a, b = mean([rec[s] for s in both]), mean([new[s] for s in both])
-                row.append(f"{R.secs(b)} ({(b - a) / a:+.1%})")
+                row.append(f"{M.secs(b)} ({(b - a) / a:+.1%})")
             out.append(f"| {n} | {c} | " + " | ".join(row) + " |")
     changed = []
     for k, c in done.items():
         b, a = c["before"], c["after"]
         what = []
         if a["fastest"] != b["fastest"]:
-            what.append(f"fastest {R.SHORT.get(b['fastest'], b['fastest'])} -> "
-                        f"{R.SHORT.get(a['fastest'], a['fastest'])}")
+            what.append(f"fastest {M.SHORT.get(b['fastest'], b['fastest'])} -> "
+                        f"{M.SHORT.get(a['fastest'], a['fastest'])}")
         if set(a["tied_set"]) != set(b["tied_set"]):
-            what.append("tied set {" + ", ".join(R.SHORT.get(m, m) for m in b["tied_set"]) + "} -> {"
-                        + ", ".join(R.SHORT.get(m, m) for m in a["tied_set"]) + "}")
+            what.append("tied set {" + ", ".join(M.SHORT.get(m, m) for m in b["tied_set"]) + "} -> {"
+                        + ", ".join(M.SHORT.get(m, m) for m in a["tied_set"]) + "}")
         if (b["family"] or {}).get("first") != (a["family"] or {}).get("first"):
             what.append(f"families first: {(b['family'] or {}).get('first')} -> "
                         f"{(a['family'] or {}).get('first')}")
@@ -608,7 +601,7 @@ def crossover_localsgd(results: Path) -> str:
 
 def crossover_noise(results: Path) -> str:
     """The gradient noise scale fitted to the tuned all-reduce's steps to target, and what p of this
-    task stands for in ImageNet GPUs under the stated assumption (crossover_report.noise_scale,
+    task stands for in ImageNet GPUs under the stated assumption (crossover/report.py: noise_scale,
     workload)."""
     d, _ = fair_study(results)
     ns, w = d["noise_scale"], d["workload"]
@@ -790,7 +783,7 @@ def lookup(doc, path: str):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("experiments", nargs="*", default=list(TABLES))
-    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--model-json", type=Path, default=None)
     ap.add_argument("--update", type=Path, default=None,
                     help="rewrite the <!-- begin:NAME --> blocks of this markdown file (docs/results.md)")

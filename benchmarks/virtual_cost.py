@@ -1,10 +1,10 @@
-"""What a virtual worker-step costs against a real one-rank step, and the virtual cluster's memory
-(issue 20, item 6); with ``--proxy``, the virtual cluster's speed on the crossover study's proxy
-against an earlier commit, side by side (issue 36, item 5).
+"""What a virtual worker-step costs against a real one-rank step, and the virtual cluster's
+memory; with ``--proxy``, the virtual cluster's speed on the crossover study's proxy against an
+earlier commit, side by side.
 
-    python benchmarks/virtual_cost.py [--reps 3] [--json benchmarks/results/virtual-cost.json]
+    python benchmarks/virtual_cost.py [--reps 3] [--json results/virtual-cost.json]
     python benchmarks/virtual_cost.py --proxy --baseline 9f2ba62 [--reps 2]
-                                      [--json benchmarks/results/virtual-speed.json]
+                                      [--json results/virtual-speed.json]
 
 ``--proxy``: the same command (``jobs/glyphs.toml``: glyphs, ResNet-8 at half width, 16 px, batch
 8; all-reduce, p = 128) from this tree and from ``--baseline`` (a ``git worktree`` of that commit,
@@ -143,14 +143,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--epochs", type=int, nargs=2, default=(1, 3))
-    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/virtual-cost.json")
+    ap.add_argument("--json", type=Path, default=ROOT / "results/virtual-cost.json")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--proxy", action="store_true", help="the proxy's speed against --baseline")
     ap.add_argument("--baseline", default="9f2ba62", help="--proxy: the commit to compare with")
     a = ap.parse_args()
     if a.proxy:
-        if a.json == ROOT / "benchmarks/results/virtual-cost.json":
-            a.json = ROOT / "benchmarks/results/virtual-speed.json"
+        if a.json == ROOT / "results/virtual-cost.json":
+            a.json = ROOT / "results/virtual-speed.json"
         return proxy(a)
     e1, e2 = a.epochs
     common = ["--batch-size", str(BATCH), "--log-every", "1000", "--checkpoint-every", "0"]

@@ -1,10 +1,10 @@
-"""The virtual cluster's timing against the emulated cluster's measured runs (issue 20, item 4;
-redone with variability and the all-reduce's progress for issue 36, item 3).
+"""The virtual cluster's timing against the emulated cluster's measured runs (with the
+clusters' variability and the all-reduce's progress as terms of the clock).
 
-    python benchmarks/virtual_validation.py [--seeds 2] [--out benchmarks/results/virtual-runs]
+    python benchmarks/virtual_validation.py [--seeds 2] [--out results/virtual-runs]
     python benchmarks/report.py --update docs/results.md          # the table in docs/results.md
 
-For every run of the emulated-cluster sweep (``benchmarks/results/methods-net.json``: experiment 2
+For every run of the emulated-cluster sweep (``results/methods-net.json``: experiment 2
 on emulated nodes, one rank per node, links at the papers' ratio), the virtual cluster trains the
 same job (``jobs/experiments.toml`` + the run's flags, seed and epochs) with a profile built from what that
 run measured of its *compute only*: ``step_seconds`` = its fastest worker's compute + data seconds
@@ -20,7 +20,7 @@ method's statistics are the virtual cluster's own.  ``--no-terms`` builds the pr
 method and p, the predicted and measured training seconds per epoch (the timing model) and time to
 the sweep's target error (timing and statistics: the virtual run's own error curve, which follows
 another exchange order than the real run's, as another seed would).  Writes
-``benchmarks/results/virtual-validation.json``; finished virtual runs are reused.
+``results/virtual-validation.json``; finished virtual runs are reused.
 """
 from __future__ import annotations
 
@@ -108,15 +108,15 @@ def virtual_run(out: Path, label: str, workers: int, seed: int, epochs: int, pro
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--measured", type=Path, default=ROOT / "benchmarks/results/methods-net.json")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/virtual-runs")
-    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/virtual-validation.json")
+    ap.add_argument("--measured", type=Path, default=ROOT / "results/methods-net.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "results/virtual-runs")
+    ap.add_argument("--json", type=Path, default=ROOT / "results/virtual-validation.json")
     ap.add_argument("--seeds", type=int, default=None, help="default: the sweep's")
     ap.add_argument("--jitter-cv", type=float, default=0.0, help="compute jitter of every step in "
                     "the profiles (a sensitivity check: the sweep's JSON has no step-time spread)")
     ap.add_argument("--only", nargs="*", default=None, help="sweep keys to run (default: all)")
     ap.add_argument("--no-terms", action="store_true", help="profiles without variability and with "
-                    "the all-reduce hidden as NCCL would (the validation before issue 36)")
+                    "the all-reduce hidden as NCCL would (the first validation's model)")
     a = ap.parse_args()
     if a.jitter_cv:                     # a sensitivity run keeps its own runs and JSON
         a.out = a.out.with_name(f"{a.out.name}-jitter{a.jitter_cv:g}")
@@ -125,7 +125,7 @@ def main() -> int:
         a.out = a.out.with_name(f"{a.out.name}-noterms")
         a.json = a.json.with_name(a.json.name.replace(".json", "-noterms.json"))
     host = (None if a.no_terms
-            else host_allreduce(json.loads((ROOT / "benchmarks/results/buckets.json").read_text())))
+            else host_allreduce(json.loads((ROOT / "results/buckets.json").read_text())))
     a.measured = a.measured.resolve()
     measured = json.loads(a.measured.read_text())
     target, seeds = measured["target_error"], a.seeds or measured["seeds"]
@@ -187,7 +187,7 @@ def write(a, measured: dict, target: float, seeds: int, rows: list, skipped: lis
 
 
 def comm_wait_goal(pred: dict, meas: dict) -> dict:
-    """Issue 36's per-step goal: predicted comm + wait within 2x of the measured, or both within 5%
+    """The per-step goal: predicted comm + wait within 2x of the measured, or both within 5%
     of the measured step where they are small."""
     pc, mc = pred["comm"] + pred["wait"], meas["comm"] + meas["wait"]
     step = meas["compute"] + meas.get("data", 0.0) + mc

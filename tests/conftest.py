@@ -11,8 +11,12 @@ import pytest
 os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
 os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT", "64")
 
-# tests import their helpers (gradcheck) by module name; the package comes from src/ when not installed
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+# tests import their helpers (gradcheck) by module name, and the benchmark scripts and packages
+# (benchlib, crossover, sweeps) as a script of benchmarks/ does: by name, benchmarks/ on the path;
+# the package comes from src/ when not installed
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = os.path.join(ROOT, "src")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, SRC)
 

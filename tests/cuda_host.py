@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import shutil
 import subprocess
 import tempfile
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,7 @@ static inline __nv_bfloat16 __float2bfloat16(float f) {      /* round to nearest
 """
 
 COMPILER = shutil.which("g++") or shutil.which("c++")
+FLAGS = ["-x", "c++", "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC"]
 _LIBS: dict = {}
 
 
@@ -62,13 +65,15 @@ def host_source(act: str, par: str) -> str:
 def library(act: str = "float32", par: str = "float32") -> ctypes.CDLL:
     """The kernels of one dtype pair built for the host (once per source text, cached on disk)."""
     src = host_source(act, par)
-    key = hashlib.sha256(src.encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([str(COMPILER), *FLAGS, src]).encode()).hexdigest()[:16]
     if key not in _LIBS:
         out = Path(tempfile.gettempdir()) / f"scalesgd-cuda-host-{key}.so"
         if not out.exists():
-            tmp = out.with_suffix(f".{id(src)}.so")
-            subprocess.run([COMPILER, "-x", "c++", "-std=c++17", "-O1", "-ffp-contract=off", "-shared",
-                            "-fPIC", "-o", str(tmp), "-"], input=src, text=True, check=True,
+            # a name of this process's own: two test workers building the same library at once
+            # each write their own file, and the rename puts a whole one in place (never one that
+            # another compiler is still writing into while a process maps it)
+            tmp = out.with_suffix(f".{os.getpid()}.{uuid.uuid4().hex}.so")
+            subprocess.run([COMPILER, *FLAGS, "-o", str(tmp), "-"], input=src, text=True, check=True,
                            capture_output=True)
             tmp.replace(out)
         _LIBS[key] = ctypes.CDLL(str(out))

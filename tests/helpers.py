@@ -166,7 +166,7 @@ def rank_pids(tag: str) -> list[int]:
                 cmd = (d / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if cmd and cmd[0].endswith(b"python") and any(tag.encode() in c for c in cmd):
+            if cmd and os.path.basename(cmd[0]).startswith(b"python") and any(tag.encode() in c for c in cmd):
                 out.append(int(d.name))
     return out
 

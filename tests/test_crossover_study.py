@@ -1,21 +1,22 @@
-"""The crossover study's driver and analysis (benchmarks/crossover.py, crossover_report.py) on a
+"""The crossover study's driver and analysis (benchmarks/crossover/: study, report) on a
 fake study: runs are "executed" by writing the records a known model of each method predicts, until
 the driver has nothing left to run; then its choices, horizons, extra seeds, cells, ties and
 crossover brackets are checked against that model."""
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import crossover as X  # noqa: E402
-import crossover_claims as C  # noqa: E402
-import crossover_report as R  # noqa: E402
+from crossover import claims as C
+from crossover import driver as D
+from crossover import markdown as M
+from crossover import report as R
+from crossover import store
+from crossover import study as X
 
 # seconds per sample per network (before the method's own cost); the methods' communication
 NET = {"titanx-fdr-resnet18": 1.0, "a100-ib100-resnet50": 0.4, "v100-10gbe-resnet50": 0.9}
@@ -159,7 +160,7 @@ def test_a_choice_on_an_edge_under_any_network_extends_the_grid(monkeypatch):
 def test_status_projects_the_open_p_by_their_samples_to_target(study):
     st, _, _ = study
     total = sum(r["real_seconds"] for r in st.recs.values()) / 3600
-    done = X.projection(st, [], [], total)
+    done = D.projection(st, [], [], total)
     assert "p =   8:" in done and ", open" not in done and \
         f"the study about {total:.1f}–{total:.1f} machine-hours" in done
     per = {p: sum(r["real_seconds"] for r in st.recs.values() if r["workers"] == p and r["kind"] in
@@ -176,11 +177,11 @@ def test_status_projects_the_open_p_by_their_samples_to_target(study):
     assert f"a worker-step costing {ms(2):.2f}, {ms(8):.2f} ms at p = 2, 8;" in done
     # a p swept in full that has runs to do again (a wider search): reopened, its ready runs counted
     run = X.Run("tune", "allreduce", 2, "F0.1", 100, X.TUNE_NETWORK, X.TUNE_CONDITION, epochs=3)
-    again = X.projection(st, [run], [], total)
+    again = D.projection(st, [run], [], total)
     assert f"machine-hours, reopened (at least {run.cost / 3600:.2f} machine-hours ready now)" in \
         again.splitlines()[1]
     assert f"the reopened p at least {run.cost / 3600:.1f} (their runs ready now" in again
-    part = X.projection(st, [], ["sweep easgd p8 titanx-fdr-resnet18: tuning"], total)
+    part = D.projection(st, [], ["sweep easgd p8 titanx-fdr-resnet18: tuning"], total)
     assert "machine-hours, open" in part.splitlines()[2] and \
         f"{per[2]:.2f} machine-hours on average (1 of them)" in part
     # p = 8 costs p = 2's machine-hours per sample to target, scaled by its cost per worker-step
@@ -198,7 +199,7 @@ def test_status_projects_the_open_p_by_their_samples_to_target(study):
     mp = pytest.MonkeyPatch()
     mp.setattr(X, "WORKERS", (2, 8, 32))
     try:
-        more = X.projection(st, [], [], total)
+        more = D.projection(st, [], [], total)
     finally:
         mp.undo()
     grow = (st.best_samples(8) / st.best_samples(2)) ** 0.5
@@ -475,34 +476,34 @@ def test_the_claims_follow_their_rules_on_the_model(study):
 
 def test_the_map_claims_and_figure_render(study, tmp_path):
     _, _, res = study
-    md = R.map_markdown(res)
+    md = M.map_markdown(res)
     assert "**v100-10gbe-resnet50**" in md and "| stragglers |" in md and "**push-sum**" in md
-    assert "| J4 | a100-ib100-resnet50 |" in R.claims_markdown(res)
+    assert "| J4 | a100-ib100-resnet50 |" in M.claims_markdown(res)
     w = R.workload(dict(b_noise=1000.0))
     assert w["factor"] == pytest.approx(8 / 1000 * 10_000 / 32) and \
         w["imagenet_gpus"][8] == pytest.approx(20.0)
-    assert R.say_outcome("async -> sync in [4, 8]") == "asynchronous → synchronous between p = 4 and 8"
-    assert R.say_outcome("no crossing in range: sync at every p (2-128)") == \
+    assert M.say_outcome("async -> sync in [4, 8]") == "asynchronous → synchronous between p = 4 and 8"
+    assert M.say_outcome("no crossing in range: sync at every p (2-128)") == \
         "no crossing in p = 2–128: synchronous first at every p"
     # every change along p, a tie widening the bracket; ties without a change said as such
     seq = [(2, "async"), (4, "tie"), (8, "sync"), (16, "async")]
     assert R.sequence_words(seq) == "async -> sync in [2, 8] -> async in [8, 16]"
-    assert R.say_outcome(R.sequence_words(seq)) == ("asynchronous → synchronous between p = 2 and 8, then → "
+    assert M.say_outcome(R.sequence_words(seq)) == ("asynchronous → synchronous between p = 2 and 8, then → "
                                                     "asynchronous between p = 8 and 16")
-    assert R.say_outcome(R.sequence_words([(2, "tie"), (4, "sync")])) == \
+    assert M.say_outcome(R.sequence_words([(2, "tie"), (4, "sync")])) == \
         "no crossing resolved in p = 2–4: synchronous first wherever the families differ"
     assert R.sequence_words([(2, "tie"), (4, "tie")]) == "no crossing in range: a tie at every p (2-4)"
-    assert R.say_outcome(R.sequence_words([(2, "tie"), (4, "tie")])) == \
+    assert M.say_outcome(R.sequence_words([(2, "tie"), (4, "tie")])) == \
         "no crossing resolved in p = 2–4: the families tie at every p"
     # the map says the family at each p before the crossing it reads from them (JSON keys: str)
     per_p = {"2": dict(family="async"), "4": dict(family="tie"), "16": dict(family="tie"),
              "8": dict(family="sync"), "32": dict(family="sync"), "64": dict(family="sync")}
-    assert R.per_p_words(per_p) == ("asynchronous first at p = 2 · a tie at p = 4 · synchronous first at "
+    assert M.per_p_words(per_p) == ("asynchronous first at p = 2 · a tie at p = 4 · synchronous first at "
                                     "p = 8 · a tie at p = 16 · synchronous first at p = 32–64")
     assert "\n* none: " in md and " first at p = " in md and ". So " in md
     assert R.sequence_words([]) == "no evidence"
-    assert R.shares_text({"a": 1.0}) == " (in every bootstrap resample)"
-    assert R.shares_text({"no evidence": 0.995, "x": 0.004, "y": 0.001}) == \
+    assert M.shares_text({"a": 1.0}) == " (in every bootstrap resample)"
+    assert M.shares_text({"no evidence": 0.995, "x": 0.004, "y": 0.001}) == \
         " (bootstrap: >99% no evidence; <1% x; <1% y)"
     R.figure(res, tmp_path / "map.png")
     assert (tmp_path / "map.png").stat().st_size > 10_000
@@ -529,11 +530,11 @@ def test_the_cells_table_says_seeds_to_come_and_the_missed_seeds_error(tmp_path)
 def test_the_answer_in_short_follows_the_map(study):
     st, _, res = study
     assert all(c["complete"] and not c["missing"] for c in res["cells"].values())
-    text = R.answer_markdown(res, final=True)
-    assert "so far" not in text and "so far" not in R.map_markdown(res)
+    text = M.answer_markdown(res, final=True)
+    assert "so far" not in text and "so far" not in M.map_markdown(res)
     for n in X.NETWORKS:
         for cond in X.CONDITIONS:
-            segs = R.segments(res, n, cond)
+            segs = M.segments(res, n, cond)
             # the segments cover every p > 1 in order, and each names the fastest of its cells
             assert [p for g in segs for p in X.WORKERS if g["from"] <= p <= g["to"]] == list(X.WORKERS)
             for g in segs:
@@ -542,34 +543,34 @@ def test_the_answer_in_short_follows_the_map(study):
                         assert res["cells"][f"{n}/{cond}/p{p}"]["fastest"] in g["methods"]
             if "sync -> " in res["crossovers"][f"{n}/{cond}"]["outcome"]:
                 assert len(segs) > 1, (n, cond, segs)
-    assert text.count("\n* ") == len(X.CONDITIONS) + 2 and f"of the {R.BUDGET_HOURS:g} budgeted" in text
+    assert text.count("\n* ") == len(X.CONDITIONS) + 2 and f"of the {M.BUDGET_HOURS:g} budgeted" in text
     assert f"**The horizon.** {len(res['cells'])} of {len(res['cells'])} cells are complete (all)" in text
     # a tie across the families and a miss are said as such, and networks reading alike are named together
     tie = dict(workers=[1, 2, 4], networks=["a", "b"], conditions=["none"], machine_hours_total=1.0, cells={
         **{f"{n}/none/p2": dict(fastest="pushsum-ov", tied=["allreduce"], complete=True) for n in "ab"},
         **{f"{n}/none/p4": dict(fastest=None, tied=[], complete=True) for n in "ab"}})
     assert "`a` and `b`: a tie of the families at p = 2 (push-sum, all-reduce) · no method reaches the " \
-           "target in every seed at p = 4." in R.answer_markdown(tie, final=False)
+           "target in every seed at p = 4." in M.answer_markdown(tie, final=False)
     assert "**The horizon.** 4 of 4 cells are complete (all): in 2 some method reached the target in every " \
-           "seed; in `a/none/p4`, `b/none/p4` none did" in R.answer_markdown(tie, final=False)
+           "seed; in `a/none/p4`, `b/none/p4` none did" in M.answer_markdown(tie, final=False)
     # a run of p names each p's methods where they differ (not one list that puts a method at every p)
     run = dict(workers=[1, 2, 4, 8], networks=["a"], conditions=["none"], machine_hours_total=1.0, cells={
         "a/none/p2": dict(fastest="pushsum-ov", tied=["localsgd", "easgd"], complete=True),
         "a/none/p4": dict(fastest="pushsum-ov", tied=["allreduce", "localsgd"], complete=True),
         "a/none/p8": dict(fastest="allreduce", tied=["pushsum-ov"], complete=True)})
     assert "a tie of the families at p = 2–8 (p = 2: push-sum, local SGD; p = 4: push-sum, all-reduce, " \
-           "local SGD; p = 8: all-reduce, push-sum)" in R.answer_markdown(run, final=False)
+           "local SGD; p = 8: all-reduce, push-sum)" in M.answer_markdown(run, final=False)
     assert "Times are simulated seconds" in text and f"to {res['target_error']:.0%} validation error" in text
     # past the budget the answer says by how much, and the worker-step cost it was set against
     assert res["ms_per_worker_step"] == pytest.approx(
         1e3 * sum(r["real_seconds"] for r in st.recs.values())
         / sum(r["worker_steps"] for r in st.recs.values()))
-    over = R.budget_words(dict(machine_hours_total=R.BUDGET_HOURS + 3.25, ms_per_worker_step=5.6), final=True)
-    assert over.startswith(f"The study took {R.BUDGET_HOURS + 3.25:.1f} machine-hours") and \
-        f", 3.2 over the {R.BUDGET_HOURS:g} budgeted." in over
-    assert f"costs 5.6 ms of one core (all of a run's real time counted), {R.STEP_SPEEDUP:g}× what the " \
+    over = M.budget_words(dict(machine_hours_total=M.BUDGET_HOURS + 3.25, ms_per_worker_step=5.6), final=True)
+    assert over.startswith(f"The study took {M.BUDGET_HOURS + 3.25:.1f} machine-hours") and \
+        f", 3.2 over the {M.BUDGET_HOURS:g} budgeted." in over
+    assert f"costs 5.6 ms of one core (all of a run's real time counted), {M.STEP_SPEEDUP:g}× what the " \
            "budget assumed" in over
-    assert R.budget_words(dict(machine_hours_total=1.0), final=False).endswith("of the 24 budgeted.")
+    assert M.budget_words(dict(machine_hours_total=1.0), final=False).endswith("of the 24 budgeted.")
 
 
 def study_without(tmp_path, gone, read=R.analyse) -> tuple:
@@ -599,8 +600,8 @@ def test_a_cell_still_running_is_marked_so_far(study, tmp_path):
     assert res["cells"]["a100-ib100-resnet50/typical/p8"]["complete"]
     assert 8 not in res["crossovers"]["a100-ib100-resnet50/none"]["per_p"]       # complete cells only
     assert 8 in res["crossovers"]["a100-ib100-resnet50/typical"]["per_p"]
-    assert R.cell_text(cl).endswith("*(so far: 5 of 6 methods)*")
-    text = R.answer_markdown(res, final=False)
+    assert M.cell_text(cl).endswith("*(so far: 5 of 6 methods)*")
+    text = M.answer_markdown(res, final=False)
     assert said_of(text, "a100-ib100-resnet50", "No variability").endswith(" · runs still to come at p = 8")
     assert "8 (" in said_of(text, "a100-ib100-resnet50", "A cluster's typical jitter")
     assert "still to come" not in said_of(text, "a100-ib100-resnet50", "A cluster's typical jitter")
@@ -693,20 +694,20 @@ def test_the_answer_never_reaches_across_a_cell_still_running():
     res = dict(workers=[1, 2, 4, 8], networks=["a"], conditions=["none"], machine_hours_total=1.0,
                cells={"a/none/p2": cell("allreduce", False), "a/none/p4": cell("allreduce", True),
                       "a/none/p8": cell("allreduce", True)})
-    text = R.answer_markdown(res, final=False)
+    text = M.answer_markdown(res, final=False)
     assert said_of(text, "a", "No variability") == \
         "runs still to come at p = 2 · synchronous at p = 4–8 (all-reduce)"
     assert "cells complete yet):" in text                # not "every one through p = 8": p = 2 is open
     res["cells"].update({"a/none/p2": cell("allreduce", True), "a/none/p4": cell("allreduce", False)})
-    text = R.answer_markdown(res, final=False)
+    text = M.answer_markdown(res, final=False)
     assert said_of(text, "a", "No variability") == \
         "synchronous at p = 2 (all-reduce) · runs still to come at p = 4 · synchronous at p = 8 (all-reduce)"
     assert "every one through p = 2)" in text
     del res["cells"]["a/none/p4"]                # a p not begun below one with runs: open too
-    assert said_of(R.answer_markdown(res, final=False), "a", "No variability") == \
+    assert said_of(M.answer_markdown(res, final=False), "a", "No variability") == \
         "synchronous at p = 2 (all-reduce) · runs still to come at p = 4 · synchronous at p = 8 (all-reduce)"
     del res["cells"]["a/none/p8"]                # past the last p with runs: not said
-    assert said_of(R.answer_markdown(res, final=False), "a", "No variability") == \
+    assert said_of(M.answer_markdown(res, final=False), "a", "No variability") == \
         "synchronous at p = 2 (all-reduce)"
 
 
@@ -721,21 +722,18 @@ def test_a_claim_leaves_out_a_cell_still_running(study):
     assert C.NOT_ALL_IN not in full["evidence"] and "so far" not in full["verdict"]
 
 
-def test_local_sgd_re_timed_is_judged_again_by_the_paired_rule(tmp_path):
-    """benchmarks/crossover_localsgd.py: local SGD's new seed times replace the recorded ones, the
-    cell's fastest and tied set follow the study's paired rule, and results.md's block shows each
-    change and the check against the records."""
-    import crossover_localsgd as CL  # noqa: PLC0415  (benchmarks/)
+def test_local_sgd_re_timed_block_shows_each_change_and_the_check(tmp_path):
+    """results.md's block on local SGD re-timed (results/crossover-localsgd.json, written by a
+    one-off re-timing that git keeps): each cell's new mean against the study's, the calls that
+    change, and the check that the code before the fix gives the recorded seconds."""
     import report  # noqa: PLC0415
     seeds = [str(s) for s in range(5)]
     row = lambda base: dict(reached_all=True, mean_seconds=base + 2.0, final_error=0.3,  # noqa: E731
                             seeds={s: dict(seconds=base + int(s), final_error=0.3) for s in seeds})
     rows = {"allreduce": row(100.0), "localsgd": row(110.0)}
     new = {s: 90.0 + int(s) for s in seeds}
-    before, after = CL.judged(rows), CL.judged(CL.with_times(rows, new))
-    assert before["fastest"] == "allreduce" and before["tied_set"] == ["allreduce"]
-    assert after["fastest"] == "localsgd" and after["tied_set"] == ["localsgd"]
-    assert rows["localsgd"]["mean_seconds"] == 112.0            # (the study's rows are left as they were)
+    before = dict(fastest="allreduce", tied_set=["allreduce"], family=None)
+    after = dict(fastest="localsgd", tied_set=["localsgd"], family=None)
     key = "n/none/p2"
     (tmp_path / "crossover-progress.json").write_text(json.dumps(dict(
         workers=[1, 2], networks=["n"], conditions=["none"], cells={key: dict(methods=rows)})))
@@ -753,37 +751,58 @@ def test_local_sgd_re_timed_is_judged_again_by_the_paired_rule(tmp_path):
            "seconds bit for bit" in text
 
 
-def test_a_rerun_judges_a_timed_cell_again_when_its_other_rows_grew(tmp_path, monkeypatch):
-    """Local SGD's seeds of a cell all timed by this code: a rerun times nothing, but the cell's
-    calls are made again from the study's rows as they are now (an open cell's other methods can
-    gain runs after local SGD's were timed; before, such a cell kept its first calls)."""
-    import crossover_localsgd as CL  # noqa: PLC0415  (benchmarks/)
-    seeds = ["0", "1"]
-    row = lambda base: dict(reached_all=True, mean_seconds=base + 0.5,  # noqa: E731
-                            seeds={s: dict(seconds=base + int(s), final_error=0.3) for s in seeds})
-    key, new = "n/none/p2", {"0": 100.0, "1": 101.0}
-    study, out = tmp_path / "study.json", tmp_path / "crossover-localsgd.json"
-    monkeypatch.setattr(CL, "STUDY", study)
-    monkeypatch.setattr(CL, "OUT", out)
-    commit = CL.code_commit(CL.ROOT / "src")
-    out.write_text(json.dumps(dict(cells={key: dict(retimed=new, retimed_code=commit)})))
-    monkeypatch.setattr(CL, "retime_cell", lambda *a: pytest.fail(f"timed again: {a[1:]}"))
-    for allreduce, fastest in ((200.0, "localsgd"), (50.0, "allreduce")):
-        study.write_text(json.dumps(dict(commits=["c" * 40], cells={key: dict(methods=dict(
-            allreduce=row(allreduce), localsgd=row(300.0)))})))
-        assert CL.main([]) == 0
-        cell = json.loads(out.read_text())["cells"][key]
-        assert cell["retimed"] == new and cell["after"]["fastest"] == fastest, cell
-        assert cell["before"]["fastest"] == "allreduce" and cell["recorded"] == {"0": 300.0, "1": 301.0}
-
-
 def test_unequal_tuning_counts_are_said_where_they_differ():
     """The edge steps are the one place two methods' tuning runs at a p can differ: said, per p."""
     def t(m, p, runs):
         return {f"{m}/p{p}": dict(method=m, workers=p, runs=runs)}
     even = dict(tuning={**t("single", 1, 8), **t("allreduce", 2, 14), **t("easgd", 2, 14)})
-    assert R.tuning_counts_words(even) == "Every method had the same number of tuning runs at every p."
+    assert M.tuning_counts_words(even) == "Every method had the same number of tuning runs at every p."
     odd = dict(tuning={**even["tuning"], **t("allreduce", 64, 14), **t("easgd", 64, 16),
                        **t("asgd", 64, 14)})
-    text = R.tuning_counts_words(odd)
+    text = M.tuning_counts_words(odd)
     assert text.endswith(": p = 64: EASGD 16, every other method 14.") and "p = 2" not in text
+
+
+def test_packed_records_read_as_the_loose_ones_and_a_pack_loses_nothing(study, tmp_path):
+    """store.pack folds each kind's loose records into KIND.jsonl.gz: the study reads the same
+    records and plans the same runs from the packs; the same records give the same bytes; a loose
+    record written after a pack wins over the packed one of its key; a stray file stops the pack
+    before anything is removed."""
+    import shutil  # noqa: PLC0415
+    part = tmp_path / "results"
+    shutil.copytree(X.RESULTS, part)
+    loose = store.records(part)
+    assert len(loose) == len(study[0].recs) > 100
+    counts = store.pack(part)
+    assert sum(counts.values()) == len(loose) and not list(part.glob("*/*.json"))
+    assert sorted(f.name for f in part.iterdir()) == sorted(f"{k}{store.PACKED}" for k in counts)
+    assert store.records(part) == loose
+    first = {f.name: f.read_bytes() for f in part.glob(f"*{store.PACKED}")}
+    assert store.pack(part) == {} and {f.name: f.read_bytes() for f in part.glob("*.gz")} == first
+    mp = pytest.MonkeyPatch()
+    mp.setattr(X, "RESULTS", part)
+    try:
+        again = X.Study()
+        assert again.recs == study[0].recs and again.plan() == ([], study[1])
+        key = next(k for k in loose if k.startswith("sweep/"))
+        store.write(part, key, {**loose[key], "final_error": 0.123})      # a rerun after the pack
+        assert X.Study().recs[key]["final_error"] == 0.123
+        store.pack(part)
+        assert store.records(part)[key]["final_error"] == 0.123 and not list(part.glob("*/*.json"))
+        (part / "tune").mkdir()
+        (part / "tune" / "stray.json").write_text("{not json")
+        with pytest.raises(ValueError, match="not a run record"):
+            store.pack(part)
+        assert (part / "tune" / "stray.json").exists() and store.records(part)[key]["final_error"] == 0.123
+    finally:
+        mp.undo()
+
+
+def test_the_shipped_study_reads_from_its_packs():
+    """results/crossover/ ships packed: every record the final analysis counted, from one commit."""
+    shipped = X.ROOT / "results" / "crossover"          # (X.RESULTS: the fake study's, while it lives)
+    assert not list(shipped.glob("*/*.json")) and list(shipped.glob(f"*{store.PACKED}"))
+    recs = store.records(shipped)
+    final = json.loads((X.ROOT / "results" / "crossover.json").read_text())
+    pin = json.loads((shipped / "pin.json").read_text())["commit"]
+    assert len(recs) == final["runs"] and {r["commit"] for r in recs.values()} == {pin}

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from helpers import one_cpu  # noqa: E402
 from sweeps.figures import pm  # noqa: E402
@@ -131,7 +130,7 @@ def test_docs_tables_match_the_committed_results(doc, blocks, tmp_path):
     path = ROOT / "docs" / doc
     copy = tmp_path / doc
     copy.write_text(path.read_text())
-    done = report.update(copy, ROOT / "benchmarks" / "results")
+    done = report.update(copy, ROOT / "results")
     assert blocks <= set(done), done
     assert copy.read_text() == path.read_text(), \
         f"docs/{doc} is stale: run python benchmarks/report.py --update docs/{doc}"

@@ -22,7 +22,6 @@ from helpers import one_cpu
 from mpirun import ROOT, logging_launcher, uses_mpi
 
 BENCH = ROOT / "benchmarks"
-sys.path.insert(0, str(BENCH))
 
 import benchlib  # noqa: E402
 import gpu_budget as B  # noqa: E402

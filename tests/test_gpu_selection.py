@@ -159,7 +159,10 @@ def test_host_stage_is_the_array_itself_on_numpy():
 
 
 def test_set_precision(monkeypatch):
-    monkeypatch.delenv("CUPY_TF32", raising=False)
+    # (set, then removed: monkeypatch records the variable and removes what set_precision sets after
+    # the test; delenv of an absent one records nothing, and CUPY_TF32=1 outlived it in the worker)
+    monkeypatch.setenv("CUPY_TF32", "0")
+    monkeypatch.delenv("CUPY_TF32")
     backend.set_precision("fp32")
     assert "CUPY_TF32" not in os.environ
     backend.set_precision("tf32")

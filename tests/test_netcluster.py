@@ -19,7 +19,6 @@ import pytest
 from helpers import ROOT, TINY
 from synth import make_dataset
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import netcluster as nc  # noqa: E402
 

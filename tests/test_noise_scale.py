@@ -2,14 +2,12 @@
 al. 2018, appendix A), checked against gradients of known noise, and measured end to end on the
 checkpoints of a small virtual one-worker run."""
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import noise_scale as N  # noqa: E402
 
@@ -104,11 +102,11 @@ def test_measured_on_the_checkpoints_of_a_virtual_one_worker_run(tmp_path):
 
 
 def test_the_study_reads_p_against_the_measured_b_simple(tmp_path):
-    """crossover_report: the workload's ImageNet GPUs are read from the fitted B_noise where it is
+    """crossover.report: the workload's ImageNet GPUs are read from the fitted B_noise where it is
     resolved, else from the measured B_simple at the target (its range near the target kept beside
     it), else from the fit's lower bound (at most)."""
     import json  # noqa: PLC0415
-    import crossover_report as R  # noqa: PLC0415
+    from crossover import report as R  # noqa: PLC0415
     pts = [dict(samples=s, val_error=v, b_simple=b, lo=b * 0.9, hi=b * 1.1, gradients=64)
            for s, v, b in ((100, 0.6, 200.0), (200, 0.43, 300.0), (300, 0.38, 500.0), (400, 0.2, 900.0))]
     f = tmp_path / "noise-scale.json"

@@ -159,7 +159,6 @@ def test_continue_refused_without_ulfm(data, tmp_path):
 
 
 def _netcluster():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import netcluster  # noqa: PLC0415
     return netcluster
 

@@ -30,7 +30,7 @@ class Experiment:
 
     @property
     def result_path(self) -> Path:
-        return (ROOT / "benchmarks" / "results" if self.publish else self.r.out) / f"{self.name}.json"
+        return (ROOT / "results" if self.publish else self.r.out) / f"{self.name}.json"
 
     def save(self, fig, data: dict) -> dict:
         self.figure_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Experiment 8: issue 15's extensions against the papers' versions."""
+"""Experiment 8: the project's extensions against the papers' versions."""
 from __future__ import annotations
 
 from . import runner
@@ -10,7 +10,7 @@ from .stats import mean_curve, measures, read_rank0_server
 
 
 class ExtensionsSweep(Experiment):
-    """Issue 15's extensions against the papers' versions, on the runs of experiment 2's setup (seed
+    """The project's extensions against the papers' versions, on the runs of experiment 2's setup (seed
     0): easgd with K = 2 server shards (each on its own node with --net) at 2, 4, 8 workers and
     K = 4 at 8; asgd (lr/p) with --max-staleness S at 8 workers; overlapped pull gossip on the
     exponential and ring graphs at 8 workers.  K = 1, unbounded staleness and the uniform graph are

@@ -77,7 +77,7 @@ class Net:
             self.factor = float(factor or 1)
             self.ratio = papers_ratio() * self.factor
             self.fixed = None
-            shm = ROOT / "benchmarks" / "results" / "methods.json"
+            shm = ROOT / "results" / "methods.json"
             if not shm.exists():
                 raise SystemExit(f"experiments --net papers: needs {shm.relative_to(ROOT)} "
                                  "(the shared-memory sweep: experiments.py methods)")
@@ -95,7 +95,7 @@ class Net:
             return self.fixed
         if workers not in self.step:
             raise SystemExit(f"experiments --net papers: no shared-memory allreduce step at {workers} "
-                             f"workers in benchmarks/results/methods.json (has {sorted(self.step)})")
+                             f"workers in results/methods.json (has {sorted(self.step)})")
         return int(round(8 * RESNET20_BYTES / (self.ratio * self.step[workers]) / 1e6)) * 10**6
 
     def describe(self) -> dict:

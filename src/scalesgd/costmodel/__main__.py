@@ -1,8 +1,8 @@
 """``python -m scalesgd.costmodel``: validate the cost model on this machine's runs, then project.
 
-    python -m scalesgd.costmodel [--calibration benchmarks/results/calibration-cpu.json]
-                             [--measured benchmarks/results/methods.json]
-                             [--stragglers benchmarks/results/stragglers.json]
+    python -m scalesgd.costmodel [--calibration results/calibration-cpu.json]
+                             [--measured results/methods.json]
+                             [--stragglers results/stragglers.json]
                              [--bandwidth-gbps 100] [--latency-us 5] [--link-efficiency 0.8]
                              [--workers 8 16 32 64 128] [--figure docs/figures/model.png] [--json OUT]
 
@@ -44,11 +44,11 @@ ROOT = Path(__file__).resolve().parents[3]
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m scalesgd.costmodel", description=__doc__.split("\n")[0])
     ap.add_argument("--calibration", type=Path,
-                    default=ROOT / "benchmarks" / "results" / "calibration-cpu.json")
-    ap.add_argument("--measured", type=Path, default=ROOT / "benchmarks" / "results" / "methods.json")
-    ap.add_argument("--stragglers", type=Path, default=ROOT / "benchmarks" / "results" / "stragglers.json")
+                    default=ROOT / "results" / "calibration-cpu.json")
+    ap.add_argument("--measured", type=Path, default=ROOT / "results" / "methods.json")
+    ap.add_argument("--stragglers", type=Path, default=ROOT / "results" / "stragglers.json")
     ap.add_argument("--net-measured", type=Path, nargs="*",
-                    default=[ROOT / "benchmarks" / "results" / f"{n}.json"
+                    default=[ROOT / "results" / f"{n}.json"
                              for n in ("methods-net", "methods-net-papersx4", "extensions-net")],
                     help="emulated-cluster sweeps (experiments.py --net) to validate the link model on")
     ap.add_argument("--net-efficiency", type=float, default=0.9,

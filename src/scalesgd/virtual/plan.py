@@ -1,11 +1,11 @@
 """``python -m scalesgd plan --profile my-cluster.json --workers 64``: which method to use, from the
 crossover study.
 
-The study (``benchmarks/crossover.py``, issue 37) tuned every method the same way and timed each to
+The study (``benchmarks/crossover/``) tuned every method the same way and timed each to
 a target error at p = 1..128 under three networks (the papers' era, a current InfiniBand cluster,
 10 Gbit/s Ethernet) and three conditions (no variability, a typical cluster's, Jin et al.'s
 stragglers); its per-seed results ship as ``study/crossover.json`` (written by
-``benchmarks/crossover_report.py``).  ``plan`` reads them for a user's profile:
+``python benchmarks/crossover_study.py report``).  ``plan`` reads them for a user's profile:
 
 * **p**: the studied worker count nearest to ``--workers`` (in log2; said when it differs); while
   the study runs, the nearest one with results on that network and condition (said);
