@@ -11,6 +11,7 @@ import pytest
 from helpers import ROOT, TINY, run_cli
 from synth import make_dataset
 
+from scalesgd.io import files
 from scalesgd.virtual import plan as L
 from scalesgd.virtual import profile as P
 from scalesgd.virtual import run as VR
@@ -237,7 +238,7 @@ def test_run_checks_the_fastest_in_the_virtual_cluster(made, tmp_path, monkeypat
     # the same method checked again within the second: a directory of its own (a second no run above
     # can have fallen in, so the names do not depend on when the runs above started)
     frozen = "20000101-000000"
-    monkeypatch.setattr(L.time, "strftime", lambda fmt: frozen)
+    monkeypatch.setattr(files.time, "strftime", lambda fmt: frozen)
     twice = [L.check(made["study"], res, "v100-10gbe-resnet50", made["data"], top=1)[0]["run_dir"]
              for _ in range(2)]
     base = f"runs/{frozen}-plan-{checks[0]['method']}-p2"

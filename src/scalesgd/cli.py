@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import logging
 import sys
-import time
 import typing
 from pathlib import Path
 
@@ -195,13 +194,16 @@ def together(topo):
 
 
 def _run_dir(cfg: C.Config, topo) -> Path:
-    """``--run-dir``, or ``runs/<time>-<method>-<model>`` named by rank 0 for every rank (the virtual
-    cluster names its own: virtual/run.py)."""
+    """``--run-dir``, or ``runs/<time>-<method>-<model>`` reserved by rank 0 for every rank (``.2``,
+    ``.3``, ... after it for a run started within the same second as another; the virtual cluster
+    names its own: virtual/run.py)."""
     if cfg.train.run_dir:
         return Path(cfg.train.run_dir)
     from .comm.collectives import bcast_text
-    stamp = time.strftime("%Y%m%d-%H%M%S") if topo.is_root else None
-    return Path("runs") / f"{bcast_text(topo.comm, stamp)}-{cfg.train.method}-{cfg.model.model}"
+    from .io.files import reserve_dir, stamped
+    name = (str(reserve_dir(stamped(f"{cfg.train.method}-{cfg.model.model}"))) if topo.is_root
+            else None)
+    return Path(bcast_text(topo.comm, name))
 
 
 def _resume_checkpoint(cfg: C.Config, topo) -> Path | None:

@@ -1,4 +1,6 @@
 """Analytic cost model of one training step for each method (the formulas; ``sim.py`` simulates).
+The network's closed forms (a transfer, the ring all-reduce, an element-wise pass) are
+``scalesgd.netmodel``'s, the same the virtual cluster times its messages with.
 
 Units: seconds and bytes.  A ``Net`` is a link (latency ``alpha``, bandwidth ``bandwidth``) plus the
 memory bandwidth ``mem`` that element-wise passes over the parameter vector run at (mixing, applying
@@ -18,7 +20,7 @@ an update); a ``Work`` is one worker's step: compute seconds per minibatch, batc
   (the two round trips of a few bytes that take and pass on its turn there, ``comm/inbox.py``,
   are left out: microseconds against S / B).
 
-Issue 15's extensions:
+The extensions:
 
 * **K server shards** (``--servers K``): shard s holds S/K bytes and serves its slice of every
   exchange, ``t_s(K) = 2 (alpha + S / (K B)) + 3 S / (K mem)``; the shards are K queues that every
@@ -35,6 +37,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from ..netmodel import element_pass_seconds, ring_allreduce_seconds, transfer_seconds
 
 
 @dataclass(frozen=True)
@@ -54,18 +58,16 @@ class Work:
 
 
 def allreduce_seconds(nbytes: float, p: int, net: Net) -> float:
-    if p <= 1:
-        return 0.0
-    return 2 * (p - 1) * net.alpha + 2 * (p - 1) / p * nbytes / net.bandwidth
+    return ring_allreduce_seconds(nbytes, p, net.bandwidth, net.alpha)
 
 
 def get_seconds(nbytes: float, net: Net) -> float:
-    return net.alpha + nbytes / net.bandwidth
+    return transfer_seconds(nbytes, net.bandwidth, net.alpha)
 
 
 def mix_seconds(nbytes: float, net: Net) -> float:
     """One element-wise pass reading two vectors and writing one."""
-    return 3 * nbytes / net.mem
+    return element_pass_seconds(nbytes, net.mem)
 
 
 def server_service_seconds(nbytes: float, net: Net, shards: int = 1) -> float:

@@ -1,10 +1,39 @@
-"""Atomic file writes: a reader sees the old file or the complete new one, never half of one."""
+"""Atomic file writes: a reader sees the old file or the complete new one, never half of one; and
+run directories named by the clock that two runs of the same second do not share."""
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
+
+
+def stamped(name: str, root: str | Path = "runs") -> Path:
+    """``root/<YYYYmmdd-HHMMSS>-name``: a default run directory, named by the clock."""
+    return Path(root) / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+
+
+def free_name(base: Path) -> Path:
+    """``base``, else ``base.2``, ``base.3``, ...: the first that does not exist yet (a second run
+    started within the same second gets a directory of its own instead of being refused)."""
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}.{n}")
+    return path
+
+
+def reserve_dir(base: Path) -> Path:
+    """``free_name(base)``, created here, exclusively: of two processes that pick the same name at
+    once, one creates it and the other goes on to the next."""
+    while True:
+        path = free_name(base)
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
 
 
 def umask() -> int:

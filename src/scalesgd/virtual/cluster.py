@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ..netmodel import element_pass_seconds, ring_allreduce_seconds, transfer_seconds
+
 
 class Endpoint(Protocol):
     """One virtual rank's end of the network, as its ports and windows see it
@@ -61,21 +63,18 @@ class Net:
         """Ring all-reduce of ``nbytes`` over the nodes of ``group`` (within a node: its rate)."""
         nodes = len({self.node(r) for r in group})
         nbytes = nbytes * self.scale
-        if len(group) == 1:
-            return 0.0
-        if nodes == 1:
-            n = len(group)
-            return 2 * (n - 1) / n * nbytes / self.intra_bps
-        return 2 * (nodes - 1) / nodes * nbytes / self.bps + 2 * (nodes - 1) * self.lat
+        if nodes == 1:                # (one node: its intra-node rate, the latency left out)
+            return ring_allreduce_seconds(nbytes, len(group), self.intra_bps)
+        return ring_allreduce_seconds(nbytes, nodes, self.bps, self.lat)
 
     def apply_seconds(self, nbytes: int) -> float:
         """Arithmetic over a flat buffer on the device (a server's update, a gossip mix): three
         passes at the profile's memory rate."""
-        return 3 * nbytes * self.scale / (self.p.mem_gbps * 1e9)
+        return element_pass_seconds(nbytes, self.p.mem_gbps * 1e9, self.scale)
 
     def wire_seconds(self, nbytes: int) -> float:
         """Seconds of ``nbytes`` at the link rate (no NIC queueing: collectives' own terms)."""
-        return nbytes * self.scale / self.bps
+        return transfer_seconds(nbytes * self.scale, self.bps)
 
 
 class Cluster:

@@ -39,10 +39,10 @@ import logging
 import math
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from ..errors import ConfigError, UserError
+from ..io.files import reserve_dir, stamped
 from . import profile as P
 from . import variability as V
 
@@ -336,15 +336,9 @@ def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2,
     out = []
     with task_job(study) as (_, job):
         for r in [x for x in res["rows"] if x["mean_seconds"] is not None][:top]:
-            base = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-plan-{r['method']}-p{res['p']}"
-            run_dir, n = base, 1
-            while True:                 # reserved: a check of the same method within the second,
-                try:                    # here or in another plan --run, gets a directory of its own
-                    run_dir.mkdir(parents=True)
-                    break
-                except FileExistsError:
-                    n += 1
-                    run_dir = base.with_name(f"{base.name}.{n}")
+            # reserved: a check of the same method within the second, here or in another
+            # plan --run, gets a directory of its own
+            run_dir = reserve_dir(stamped(f"plan-{r['method']}-p{res['p']}"))
             argv = ["--config", str(job), "--data", str(data), *r["flags"].split(),
                     "--workers", str(res["p"]),
                     "--profile", prof_spec, *(["--condition", condition] if condition is not None else []),

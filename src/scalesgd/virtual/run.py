@@ -140,12 +140,13 @@ def _prepare(cfg: C.Config, workers: int, size: int):
     from ..data.demo import build_digits, default_data_dir  # noqa: PLC0415
     from ..cli import refuse_occupied  # noqa: PLC0415
     from ..data.pipeline import require_dali  # noqa: PLC0415
+    from ..io.files import free_name, stamped  # noqa: PLC0415
     from ..train import resuming  # noqa: PLC0415
     from ..train.assemble import open_splits, require_one_step  # noqa: PLC0415
     require_dali()
     data_root = Path(cfg.data.data) if cfg.data.data else build_digits(default_data_dir())
-    run_dir = Path(cfg.train.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-virtual-"
-                   f"{cfg.train.method}-{workers}")
+    run_dir = (Path(cfg.train.run_dir) if cfg.train.run_dir else
+               free_name(stamped(f"virtual-{cfg.train.method}-{workers}")))
     resume = None
     if cfg.train.resume:
         given = Path(cfg.train.resume)
