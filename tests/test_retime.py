@@ -11,7 +11,7 @@ from helpers import TINY
 from synth import make_dataset
 
 from scalesgd.errors import ConfigError, RunDirError
-from scalesgd.io.timetape import Stamp, Tape, evaluate
+from scalesgd.virtual.timetape import Stamp, Tape, evaluate
 from scalesgd.virtual import profile as P
 from scalesgd.virtual import retime as R
 from scalesgd.virtual import run as VR

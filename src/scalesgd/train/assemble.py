@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,8 @@ class Setup:
     data_threads: int = 1          # loaders read them too: train/survive.py)
     blas_threads: tuple | None = None   # (fewest, most) BLAS threads of this allocation's ranks
                                         # (None: not recorded, the virtual cluster's)
+    metrics_observer: Callable | None = None   # sees each metrics row written (MetricsWriter's
+                                               # observe: a virtual rank's tape, for a re-timing)
 
     @property
     def roles(self):

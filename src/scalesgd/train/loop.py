@@ -52,7 +52,7 @@ class Run:
     def __init__(self, s: Setup, run_dir: Path):
         self.run_dir = run_dir
         self.trace = TraceWriter(run_dir, s.topo.rank)       # the run's files go on after a lost rank
-        self.metrics = MetricsWriter(run_dir, s.topo.rank)
+        self.metrics = MetricsWriter(run_dir, s.topo.rank, s.metrics_observer)
         self.progress = TrainLog(s.roles.worker_index == 0, s.topo.is_root, s.cfg.train.log_every,
                                  s.cfg.train.epochs, s.cfg.train.progress)
         self.bind(s)

@@ -97,7 +97,7 @@ class Cluster:
         self.compute = None          # (world rank, its step, real seconds it took) -> simulated
                                      # compute seconds (the timeline's)
         self.last_compute = [0.0] * world.size  # each rank's last step's compute (simulated)
-        self.tapes = None            # [io.timetape.Tape] per rank: recording for a re-timing
+        self.tapes = None            # [virtual.timetape.Tape] per rank: recording for a re-timing
         self.dead: set = set()       # world ranks that died (``InProcessTransport.die``)
         self.mortal = False          # train.on_failure = continue: the others survive a death, so
                                      # every wait must notice one (off: no cost on the waits)

@@ -4,7 +4,7 @@ All-reduce, local SGD and one worker compute the same numbers whatever the clock
 collective comes next, and what it sums, never depends on time.  So one virtual run of them can
 be timed under any profile and condition without computing a gradient again.  A virtual run of
 such a method records each rank's *timeline tape* (``RUN_DIR/timeline/rank-K.json.gz``,
-``io/timetape.py``): the actions that move its clock (a step's compute, a sleep, a collective's
+``virtual/timetape.py``): the actions that move its clock (a step's compute, a sleep, a collective's
 kind and bytes, a read of the clock) and how every time it wrote was computed from the reads.
 
 ``retime`` replays the actions through the simulator under the new profile (the same scheduler,
@@ -151,7 +151,7 @@ def retime(src: Path, prof, condition, out: Path | None = None) -> dict:
     """Writes ``src`` re-timed under ``prof``/``condition`` to ``out``; returns its summary."""
     from .. import config as C  # noqa: PLC0415
     from ..io.files import write_json_atomic  # noqa: PLC0415
-    from ..io.timetape import evaluate, put  # noqa: PLC0415
+    from .timetape import evaluate, put  # noqa: PLC0415
     t0 = time.perf_counter()
     raw_cfg, virtual, summary = check(src)
     cfg = C.build(raw_cfg, {})

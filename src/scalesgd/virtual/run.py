@@ -66,7 +66,7 @@ def run(cfg: C.Config, workers: int, prof: P.Profile, replay_dir: Path | None = 
     ``clock_only``: {"train": samples, "val": samples, "classes": n}: the run's clock without its
     arithmetic, on splits of that size that are never read (``clockonly.py``)."""
     from ..io.files import write_json_atomic  # noqa: PLC0415
-    from ..io.timetape import Tape  # noqa: PLC0415
+    from .timetape import Tape  # noqa: PLC0415
     from .replay import Replay, first_difference  # noqa: PLC0415
     from .retime import RETIMEABLE, write_tapes  # noqa: PLC0415
     from .cluster import Cluster  # noqa: PLC0415
@@ -181,6 +181,8 @@ def _rank_main(cfg, cluster, prof, backend, data_root, splits, resume, run_dir, 
                          make_loaders=clockonly.loaders if clock_only else None)
             if clock_only:
                 clockonly.strip(s.model)
+            if net.tape is not None:       # (its clock's reads are stamps: which row holds which)
+                s.metrics_observer = net.tape.metrics_row
             setups[r] = s
             try:
                 summaries[r] = loop.train(s, run_dir, resume)

@@ -19,7 +19,7 @@ hides under backward or not by the profile's ``allreduce_progress``; one-sided c
 busy target by its ``rma_progress`` (docs/virtual.md).  Node groups (``node_groups``,
 ``nodes.py``) are the profile's nodes, as MPI's shared-memory split makes them in a real job.
 
-With a tape (``Cluster.tapes``, ``io/timetape.py``) every action that moves a rank's clock is
+With a tape (``Cluster.tapes``, ``virtual/timetape.py``) every action that moves a rank's clock is
 recorded with its cost's kind and bytes (``cost_seconds``), and the clock's reads are stamps, so
 ``virtual/retime.py`` can replay the clock under another profile.
 """
@@ -80,7 +80,7 @@ class InProcessTransport:
 
     # identity and time ------------------------------------------------------
     def clock(self) -> float:
-        """The calling participant's clock; on a taped rank, a stamp (``io/timetape.py``)."""
+        """The calling participant's clock; on a taped rank, a stamp (``virtual/timetape.py``)."""
         me = self.world.me()
         t = self.world.clock[me]
         return self.tape.read(t) if self.tape is not None and me == self.wr else t
