@@ -378,3 +378,19 @@ def test_no_tracked_python_line_is_longer_than_flake8_allows():
                 long.append(f"{name}:{i}: {len(line)}")
     assert not long, (f"{len(long)} line(s) longer than {limit} characters (setup.cfg [flake8] "
                       "max-line-length):\n" + "\n".join(long))
+
+
+def test_front_ends_sit_at_the_top_and_io_knows_no_virtual_time():
+    """The command line is a front-end: no part of the package imports it but ``__main__`` (the
+    virtual cluster and ``plan`` share ``launch.py`` with it: the parser, the config, the dry run,
+    the occupied-directory check, the exit codes).  ``io/`` writes what any run writes and knows
+    nothing of the virtual cluster (its clock's stamps are ``virtual/timetape.py``'s)."""
+    graph = import_graph()
+    users_of_cli = sorted(m for m, deps in graph.items() if "scalesgd.cli" in deps)
+    assert users_of_cli == ["scalesgd.__main__"], users_of_cli
+    launch_deps = graph["scalesgd.launch"]
+    assert not any(d == "scalesgd.cli" or d.startswith("scalesgd.virtual") for d in launch_deps), launch_deps
+    io_up = sorted((m, d) for m, deps in graph.items() if m.startswith("scalesgd.io")
+                   for d in deps if d.startswith(("scalesgd.virtual", "scalesgd.cli", "scalesgd.train",
+                                                  "scalesgd.methods")))
+    assert io_up == [], io_up

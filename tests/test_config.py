@@ -2,7 +2,7 @@
 import pytest
 
 from scalesgd import config as C
-from scalesgd.cli import make_parser, resolve_config
+from scalesgd.launch import make_parser, resolve_config
 
 
 def cfg_from(argv, tmp_path=None, toml=None):

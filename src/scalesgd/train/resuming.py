@@ -5,7 +5,7 @@ saved state it continues, in this job's terms; ``rankstate.py``); also ``--init-
 which reads the same files.
 
 Called by the composition root (``train/assemble.py``: the checks and the warm start, for MPI runs
-and virtual ones alike), the loop (``Run.resume``) and the command line (``cli.resolve_config``: the
+and virtual ones alike), the loop (``Run.resume``) and the command line (``launch.resolve_config``: the
 config a resumed run continues with).  Writing a
 checkpoint is ``checkpointing.py``; the file format ``io/checkpoint.py``.  What is resumable bitwise
 is in docs/cli.md ("Checkpoints, resume, warm start, preemption").

@@ -80,7 +80,7 @@ def task_config(study: dict):
     """The study's task as a Config: the job file it ran (``study["task"]["job"]``, the text of
     ``jobs/glyphs.toml``), read as ``--config`` reads it, so that its steps and bytes are timed as
     the study's runs were."""
-    from ..cli import make_parser, resolve_config  # noqa: PLC0415
+    from ..launch import make_parser, resolve_config  # noqa: PLC0415
     with task_job(study) as (_, job):
         try:
             return resolve_config(make_parser().parse_args(["--config", str(job)]))
@@ -145,7 +145,7 @@ def clock(study: dict, flags: str, workers: int, prof: P.Profile, condition, see
     (``clockonly.py``: the same clock as the real run, no arithmetic)."""
     import io  # noqa: PLC0415
 
-    from ..cli import make_parser, resolve_config  # noqa: PLC0415
+    from ..launch import make_parser, resolve_config  # noqa: PLC0415
     from .run import run as vrun  # noqa: PLC0415
     task = study["task"]
     epochs = max(1, math.ceil(samples / task["train"] - 1e-9))
@@ -327,7 +327,7 @@ def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2,
     itself and the condition the prediction's clocks used (``condition``, as given to ``predict``:
     None is the profile's own), at the prediction's p, one seed each, to the target or 12 epochs,
     on the study's task; measured against predicted.  Each run gets a new directory under runs/."""
-    from ..cli import EXIT_STOPPED  # noqa: PLC0415
+    from ..launch import EXIT_STOPPED  # noqa: PLC0415
     from .run import main as vmain  # noqa: PLC0415
     if not (data / "manifest.json").exists():
         raise ConfigError(f"--data {data}: no data set there (the study's glyphs: "

@@ -138,7 +138,7 @@ def _prepare(cfg: C.Config, workers: int, size: int):
     ranks, unless the method resumes on another rank count: ``resuming.RESHAPEABLE``),
     a new run may not reuse a run directory, the training split must fill one global batch."""
     from ..data.demo import build_digits, default_data_dir  # noqa: PLC0415
-    from ..cli import refuse_occupied  # noqa: PLC0415
+    from ..launch import refuse_occupied  # noqa: PLC0415
     from ..data.pipeline import require_dali  # noqa: PLC0415
     from ..io.files import free_name, stamped  # noqa: PLC0415
     from ..train import resuming  # noqa: PLC0415
@@ -232,7 +232,7 @@ def _transports(setups):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..cli import EXIT_STOPPED, make_parser, resolve_config  # noqa: PLC0415
+    from ..launch import EXIT_STOPPED, make_parser, resolve_config  # noqa: PLC0415
     from ..train.phases import Stopped  # noqa: PLC0415
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["retime"]:
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         if threads is not None and threads < 1:
             raise ConfigError(f"--threads {threads}: need at least 1")
         if getattr(args, "dry_run", False):          # as the real program's, and the cluster: nothing run
-            from ..cli import dry_run  # noqa: PLC0415
+            from ..launch import dry_run  # noqa: PLC0415
             dry_run(cfg, ranks_for(cfg, workers))
             print(f"virtual: {workers} worker(s), {ranks_for(cfg, workers)} rank(s); profile {prof.name}; "
                   f"condition {condition.name}" + (f"; replay of {replay_dir}" if replay_dir else ""))
