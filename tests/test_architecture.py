@@ -201,9 +201,9 @@ def mpi_calls(path: Path) -> list[str]:
     return out
 
 
-def test_methods_the_loop_and_the_virtual_cluster_make_no_mpi_call():
-    calls = [c for sub in ("methods", "train", "virtual") for p in sorted((PKG / sub).glob("*.py"))
-             for c in mpi_calls(p)]
+def test_methods_the_loop_the_virtual_cluster_and_the_fast_path_check_make_no_mpi_call():
+    calls = [c for sub in ("methods", "train", "virtual", "fastpaths")
+             for p in sorted((PKG / sub).glob("*.py")) for c in mpi_calls(p)]
     assert calls == []
 
 

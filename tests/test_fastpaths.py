@@ -477,6 +477,7 @@ def test_the_transport_check_runs_with_device_work_in_flight(monkeypatch):
     import device_double
     from mpi4py import MPI
     from scalesgd.comm.buckets import BucketedAllreduce
+    from scalesgd.comm.transport import MPITransport
     from scalesgd.nn.params import Layout, TensorSpec
     cp = device_double.install(monkeypatch)
 
@@ -498,6 +499,7 @@ def test_the_transport_check_runs_with_device_work_in_flight(monkeypatch):
         fell = []
         method = types.SimpleNamespace(reducer=cls(MPI.COMM_SELF, cp.ndarray(np.zeros(64, np.float32)),
                                                    lay, 64, True),
+                                       comm=MPITransport(MPI.COMM_SELF),
                                        use_host_transport=lambda: fell.append(1))
         (comp,) = F.transport_components(method)
         out = F.validate([comp], "auto")[comp.name]

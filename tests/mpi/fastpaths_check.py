@@ -12,6 +12,7 @@ from mpi4py import MPI
 
 from scalesgd import fastpaths as F
 from scalesgd.comm import buckets, device
+from scalesgd.comm.transport import MPITransport
 from scalesgd.errors import BackendError
 from scalesgd.methods.allreduce import AllReduce
 from scalesgd.nn.resnet import ResNet
@@ -45,7 +46,7 @@ def a_failure_on_one_rank_is_turned_off_on_every_rank(comm):
     comps = [component("a", True, disabled), component("b", r == 0, disabled)]   # b fails on rank 1
     if r == 1:
         comps.append(component("only-on-rank-1", False, disabled))
-    out = F.validate(comps, "auto", F.agree_over(comm), speak=r == 0)
+    out = F.validate(comps, "auto", F.agree_over(MPITransport(comm)), speak=r == 0)
     assert disabled == (["b"] if r == 0 else ["b", "only-on-rank-1"]), disabled
     assert out["b"]["status"] == "fell back" and out["b"]["error"].startswith("rank 1: output 0:")
     warned = [ln for ln in LOG.lines if ln.startswith("warning:")]
@@ -57,7 +58,7 @@ def a_failure_on_one_rank_is_turned_off_on_every_rank(comm):
 
 def strict_fails_every_rank_alike(comm):
     try:
-        F.validate([component("c", comm.rank == 0, [])], "strict", F.agree_over(comm))
+        F.validate([component("c", comm.rank == 0, [])], "strict", F.agree_over(MPITransport(comm)))
     except BackendError as exc:
         msg, shared = str(exc), exc.shared
     else:
@@ -80,7 +81,7 @@ def method_with(comm, transport_cls):
     """A real ``allreduce`` method whose reducer is ``transport_cls`` over a ResNet's gradients."""
     model = ResNet("resnet20", 10, 0.25, seed=0)
     cfg = types.SimpleNamespace(dist=types.SimpleNamespace(bucket_mb=0.01, overlap=True, servers=1))
-    method = AllReduce(cfg, types.SimpleNamespace(size=comm.size), comm, None)
+    method = AllReduce(cfg, types.SimpleNamespace(size=comm.size), MPITransport(comm), None)
     method.reducer = transport_cls(comm, model.ps.grads, model.ps.layout, 10_000, True)
     return method, model
 
@@ -89,7 +90,7 @@ def a_broken_transport_falls_back_to_host(comm):
     method, model = method_with(comm, Broken)
     comp_buckets = method.reducer.buckets
     (comp,) = F.transport_components(method)
-    out = F.validate([comp], "auto", F.agree_over(comm), speak=comm.rank == 0)
+    out = F.validate([comp], "auto", F.agree_over(MPITransport(comm)), speak=comm.rank == 0)
     assert out["allreduce broken"]["status"] == "fell back", out
     red = method.reducer
     assert type(red) is buckets.BucketedAllreduce and red.flat is model.ps.grads and red.overlap
@@ -102,7 +103,7 @@ def a_broken_transport_falls_back_to_host(comm):
 def a_sound_transport_is_used(comm):
     method, model = method_with(comm, device.CudaAwareAllreduce)
     comps = F.transport_components(method)
-    out = F.validate(comps, "auto", F.agree_over(comm))
+    out = F.validate(comps, "auto", F.agree_over(MPITransport(comm)))
     assert out["allreduce cuda_aware_mpi"]["status"] == "used", out
     assert out["allreduce cuda_aware_mpi"]["rel_error"] < 1e-6
     assert type(method.reducer) is device.CudaAwareAllreduce
@@ -115,7 +116,7 @@ def a_numpy_run_only_agrees(comm):
     must meet the GPU ranks there), nothing timed, nothing said."""
     import scalesgd.config as C
     LOG.lines.clear()
-    topo = types.SimpleNamespace(size=comm.size, comm=comm, is_root=comm.rank == 0)
+    topo = types.SimpleNamespace(size=comm.size, transport=MPITransport(comm), is_root=comm.rank == 0)
     rep = F.check(C.build(None, {}), topo, ResNet("resnet20", 10, 0.25), types.SimpleNamespace(is_gpu=False))
     assert rep.to_dict() == {"mode": "auto", "seconds": 0.0, "gflops": 0.0, "components": {}}
     assert LOG.lines == []

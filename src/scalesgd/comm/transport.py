@@ -13,7 +13,8 @@ transports implement the same surface:
 * ``virtual.transport.InProcessTransport``: one of p virtual ranks stepped inside one process by a
   timeline (``python -m scalesgd.virtual``); the same method code, the same arithmetic.
 
-The surface, by group (a new transport implements all of it):
+The surface, by group (a new transport implements all of it; ``comm/contract.py`` states it as a
+``typing.Protocol``, and ``tests/test_transport_contract.py`` holds both transports to it):
 
 - identity and time: ``rank``, ``size``, ``clock()`` (seconds; the virtual one is simulated),
   ``step_done()`` (a worker finished a step's compute: the virtual timeline charges its compute
@@ -26,7 +27,9 @@ The surface, by group (a new transport implements all of it):
   ``courier()`` (``comm/window.py``), ``thread_level()``;
 - progress (``comm/progress.py``): ``spans_nodes`` (ranks on more than one node),
   ``keep_progressing(plan)`` (what ``progress.plan`` chose, running until ``close()``);
-- ``allreducer(grads, layout, dist)``: the gradient all-reducer of ``dist`` (``comm/device.py``).
+- ``allreducer(grads, layout, dist)``: the gradient all-reducer of ``dist`` (``comm/device.py``);
+  ``reducer_like(red, flat, layout, bucket_bytes, host)``: a fresh one of ``red``'s kind, or the
+  host transport's (the fast-path check's pair).
 """
 from __future__ import annotations
 
@@ -206,6 +209,14 @@ class MPITransport:
             from .hierarchy import NodeGroups  # noqa: PLC0415
             groups = NodeGroups.of(self.node_groups())       # the job's one node split
         return create_allreducer(self.comm, grads, layout, dist, groups=groups)
+
+    def reducer_like(self, red, flat, layout, bucket_bytes: int, host: bool = False):
+        """Collective: a fresh all-reducer of ``red``'s class (``host``: the host transport's,
+        ``buckets.BucketedAllreduce``) over ``flat`` on ``red``'s communicator, with its overlap:
+        what the fast-path check sums side by side (``fastpaths.parts.transport_components``)."""
+        from .buckets import BucketedAllreduce  # noqa: PLC0415
+        cls = BucketedAllreduce if host else type(red)
+        return cls(red.comm, flat, layout, bucket_bytes, red.overlap)
 
 
 def topology_of(comm, tracked: failures.Tracked | None = None) -> Topology:

@@ -53,7 +53,7 @@ def check(cfg, topo, model, backend, loaders=(), method=None) -> Report:
     Several ranks agree unless ``train.device = cpu`` (then none is on a GPU): a rank left on NumPy
     by ``device = auto`` still takes part, so a job mixing GPU and CPU ranks cannot hang here."""
     report = Report(cfg.model.fast_paths)
-    agree = agree_over(topo.comm) if topo.size > 1 and cfg.train.device != "cpu" else None
+    agree = agree_over(topo.transport) if topo.size > 1 and cfg.train.device != "cpu" else None
     # two rounds: each part alone, then the whole model with the parts that passed (so a model
     # failure is the parts' integration: weight copies, views, the evaluation graphs)
     for make in (lambda: components(model, backend, cfg, loaders, method),      # built when their

@@ -285,14 +285,14 @@ def _strict_error(failed: dict, shared: bool) -> BackendError:
     return err
 
 
-def agree_over(comm):
-    """``agree`` for :func:`validate` over ``comm``: every rank's failures, merged in rank order
-    (the first rank's error for a name wins, prefixed with its rank), as JSON text (no pickle)."""
-    from ..comm.collectives import allgather_text  # noqa: PLC0415
+def agree_over(net):
+    """``agree`` for :func:`validate` over the transport ``net``: every rank's failures, merged in
+    rank order (the first rank's error for a name wins, prefixed with its rank), as JSON text (no
+    pickle)."""
 
     def agree(failed: dict) -> dict:
         merged: dict = {}
-        for rank, text in enumerate(allgather_text(comm, json.dumps(failed))):
+        for rank, text in enumerate(net.allgather_text(json.dumps(failed))):
             for name, (why, fallback) in json.loads(text).items():
                 merged.setdefault(name, (f"rank {rank}: {why}", fallback))
         return merged

@@ -139,30 +139,30 @@ def decode_crops(jpegs, device: str, device_id=None) -> list[np.ndarray]:
 
 def transport_components(method, size: int = 10_007) -> list[Component]:
     """The device all-reduce ``method`` chose (its ``reducer``: nccl or cuda_aware_mpi) against
-    host-staged MPI: a fresh reducer of each class sums the same per-rank values over 3 buckets of
-    a small buffer (a collective).  None for the host transport (the reference; NumPy gradients
+    host-staged MPI: a fresh reducer of each kind (``reducer_like`` of the method's transport, so
+    nothing here calls MPI) sums the same per-rank values over 3 buckets of a small buffer (a
+    collective).  None for the host transport (the reference; NumPy gradients
     always have it) or a method without a gradient all-reducer.  Falling back is the method's own
     (``use_host_transport``: a host reducer over the gradients in the device one's place)."""
     red = getattr(method, "reducer", None)
     if red is None or red.transport == "host":
         return []
     from ..backend import get_array_module  # noqa: PLC0415
-    from ..comm.buckets import BucketedAllreduce  # noqa: PLC0415
     from ..nn.params import Layout, TensorSpec  # noqa: PLC0415
-    comm, xp, dtype = red.comm, get_array_module(red.flat), red.flat.dtype
+    net, xp, dtype = method.comm, get_array_module(red.flat), red.flat.dtype
     lay = Layout([TensorSpec(f"t{i}", (size // 4 + i,)) for i in range(4)])
-    values = np.random.default_rng([comm.Get_rank(), 5]).standard_normal(lay.size).astype(dtype)
+    values = np.random.default_rng([net.rank, 5]).standard_normal(lay.size).astype(dtype)
 
-    def reduce(cls):
+    def reduce(host: bool):
         flat = written_late(xp, values)         # a fresh copy for each reducer, still being written
-        r = cls(comm, flat, lay, lay.size * dtype.itemsize // 3, red.overlap)
+        r = net.reducer_like(red, flat, lay, lay.size * dtype.itemsize // 3, host)
         for spec in reversed(lay.specs):        # as backward reports them (no-op without overlap)
             r.ready([spec.name])
         r.finish()
         r.close()                               # the check's own reducer (an NCCL communicator)
         return flat
-    return [Component(f"allreduce {red.transport}", lambda: reduce(type(red)),
-                      lambda: reduce(BucketedAllreduce), TRANSPORT_TOL, "the host transport (MPI on "
+    return [Component(f"allreduce {red.transport}", lambda: reduce(False),
+                      lambda: reduce(True), TRANSPORT_TOL, "the host transport (MPI on "
                       "pinned host copies)", method.use_host_transport, ("sum",))]
 
 

@@ -383,6 +383,11 @@ class InProcessTransport:
             return VirtualTwoLevelAllreducer(self, grads, dist)
         return VirtualAllreducer(self, grads, dist)
 
+    def reducer_like(self, red, flat, layout, bucket_bytes: int, host: bool = False):
+        """A fresh all-reducer of ``red``'s class over ``flat`` (the virtual cluster's reducers are
+        its host transport: ``host`` changes nothing; layout and buckets are the profile's)."""
+        return type(red)(self, flat, red.dist)
+
 
 class VirtualProgress:
     """A virtual rank's progress thread: it marks the rank as progressing until ``close()``."""
