@@ -35,7 +35,7 @@ SETTINGS = ("no all-reduce", "25 MB", "auto", "0.25 MB")
 
 
 def bucket_bytes(setting: str, nbytes: int, ranks: int) -> int | None:
-    from scalesgd.comm.buckets import auto_bucket_bytes
+    from scalesgd.comm.mpi.buckets import auto_bucket_bytes
     return {"no all-reduce": None, "25 MB": 25_000_000, "auto": auto_bucket_bytes(nbytes, ranks),
             "0.25 MB": 250_000}[setting]
 
@@ -44,7 +44,7 @@ def worker(args) -> None:
     """One rank: every setting of every model, interleaved rounds; rank 0 prints one JSON line."""
     from mpi4py import MPI
 
-    from scalesgd.comm.device import make_allreducer
+    from scalesgd.comm.mpi.device import make_allreducer
     from scalesgd.nn.resnet import ResNet
     from scalesgd.optim.sgd import SGD, SGDConfig
     from scalesgd.train.step import train_step

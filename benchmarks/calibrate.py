@@ -170,8 +170,8 @@ def _timer(comm):
 def _one_sided(comm, rng, timed) -> dict:
     """Seconds per gossip exchange by bytes: ``get`` (a pull of a published vector from a random
     peer) and ``accumulate`` (push-sum: Accumulate(SUM) into a random peer's inbox)."""
-    from scalesgd.comm.inbox import Inbox  # noqa: PLC0415
-    from scalesgd.comm.window import PublishedVector  # noqa: PLC0415
+    from scalesgd.comm.mpi.inbox import Inbox  # noqa: PLC0415
+    from scalesgd.comm.mpi.window import PublishedVector  # noqa: PLC0415
     p, rank = comm.size, comm.rank
     res = {"get": {}, "accumulate": {}}
     for n in SIZES:

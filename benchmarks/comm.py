@@ -35,7 +35,7 @@ def ops(comm, n_floats: int) -> dict:
     """name -> zero-argument callable doing one exchange (same on every rank, collective)."""
     from mpi4py import MPI
 
-    from scalesgd.comm.buckets import BucketedAllreduce
+    from scalesgd.comm.mpi.buckets import BucketedAllreduce
     layout = fake_layout(n_floats)
     buf = np.random.default_rng(comm.rank).standard_normal(n_floats).astype(np.float32)
     dst = np.empty_like(buf)
@@ -61,7 +61,7 @@ def server_ops(comm, buf) -> dict:
     """One exchange of every worker with the server (rank 0), as easgd/asgd do it: workers push the
     flat buffer and wait for a params-sized reply; the server serves them in arrival order and
     applies the update in place (easgd: elastic step; asgd: add).  Time = all workers served once."""
-    from scalesgd.comm.protocol import ServerPort, WorkerPort
+    from scalesgd.comm.mpi.protocol import ServerPort, WorkerPort
     from scalesgd.comm.wire import PushHeader, header
     reply, center = np.empty_like(buf), buf.copy()
     if comm.rank == 0:
@@ -97,8 +97,8 @@ _WINDOWS: list = []      # freed (collectively) when the measurements are done
 def gossip_ops(comm, buf) -> dict:
     """gossip: every rank pulls a peer's published copy (seqlock Get), or pushes half its push-sum
     state with Accumulate and drains its own inbox, at the same time."""
-    from scalesgd.comm.inbox import Inbox
-    from scalesgd.comm.window import PublishedVector
+    from scalesgd.comm.mpi.inbox import Inbox
+    from scalesgd.comm.mpi.window import PublishedVector
     pub = PublishedVector(comm, buf.size, buf.dtype)
     pub.publish(buf)
     inbox = Inbox(comm, buf.size + 1, buf.dtype)

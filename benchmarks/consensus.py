@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from scalesgd import config as C
-from scalesgd.comm import start
+from scalesgd.comm.mpi import start
 from scalesgd.methods import graphs, mixing
 from scalesgd.methods import create
 from scalesgd.train.control import Signals

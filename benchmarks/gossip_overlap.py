@@ -154,7 +154,7 @@ def mechanisms_rank(reps: int) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from scalesgd.comm.window import Courier, PublishedVector
+    from scalesgd.comm.mpi.window import Courier, PublishedVector
     comm, n = MPI.COMM_WORLD, 272_474
     pub, out = PublishedVector(comm, n, np.float32), np.empty(n, np.float32)
     pub.publish(np.full(n, comm.rank, np.float32))
@@ -187,7 +187,7 @@ def idle_cost_rank(blocks: int, steps: int) -> None:
     """One rank of ``--idle-cost``: prints rank 0's table (medians over blocks and ranks, ms)."""
     from mpi4py import MPI
 
-    from scalesgd.comm.window import Courier
+    from scalesgd.comm.mpi.window import Courier
     comm = MPI.COMM_WORLD
     runner = benchlib.OursRunner("resnet20", 10, 32, 16, seed=comm.rank)
     times: dict[str, list[float]] = {"none": [], "poll 1 ms": [], "poll 5 ms": []}

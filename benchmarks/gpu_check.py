@@ -18,7 +18,7 @@ only if time is left); each case's failure is recorded in the JSON and does not 
    synthetic data in device memory: our cuDNN path (and im2col with ``--paths``) against a
    torchvision-free PyTorch ResNet-50 (torch_resnet.py; channels_last, same precision and batch);
    interleaved blocks, median images/s, ratios, and each runner's own peak device memory;
-5. ``nccl``: a one-rank NCCL communicator through comm/device.py: created, one all-reduce, destroyed;
+5. ``nccl``: a one-rank NCCL communicator through comm/mpi/device.py: created, one all-reduce, destroyed;
 6. ``allreduce``: a 2-rank all-reduce on this one GPU through each transport ($MPIEXEC
    $MPIEXEC_ARGS, tests/gpu/allreduce_parity.py), sums checked, one ResNet-50 gradient timed;
 7. ``dali``: DALI decode + resize + crop/normalize of JPEGs on the GPU ("mixed") against the CPU;

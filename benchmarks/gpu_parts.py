@@ -80,7 +80,7 @@ def env_report(xp) -> dict:
 def _mpi_facts(xp) -> dict:
     from mpi4py import MPI  # noqa: PLC0415
 
-    from scalesgd.comm import device  # noqa: PLC0415
+    from scalesgd.comm.mpi import device  # noqa: PLC0415
     return {"mpi_library": MPI.Get_library_version().splitlines()[0],
             "mpi_cuda_query": device.mpi_cuda_query(),
             "nccl": device.nccl_module() is not None if xp is not np else None}
@@ -398,7 +398,7 @@ def allreduce_case(args, xp) -> dict:
 
 
 def nccl_case(args, xp) -> dict:
-    """One rank's NCCL communicator through comm/device.py (tests/gpu/nccl_one_rank.py, a
+    """One rank's NCCL communicator through comm/mpi/device.py (tests/gpu/nccl_one_rank.py, a
     subprocess so that a crash in NCCL is this case's error, not the check's end): created from a
     unique id, one all-reduce checked, destroyed.  A dry run uses the CuPy 14 NCCL double."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))

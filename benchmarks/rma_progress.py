@@ -8,9 +8,9 @@
 
 Two ranks on two emulated nodes (``benchmarks/netcluster.py``; root needed), each node bound to
 ``--cpus-per-node`` CPUs (default 1), or, with ``--local``, one plain ``mpiexec`` on this node (MPICH:
-shared memory).  Windows as gossip uses them (``comm/window.py``): ``Win.Allocate``, one
+shared memory).  Windows as gossip uses them (``comm/mpi/window.py``): ``Win.Allocate``, one
 ``Lock_all(MODE_NOCHECK)`` epoch, every call followed by ``Flush``.  Rank 1 is the target, rank 0
-the origin; the probe is the project's one (``scalesgd.comm.probe.RmaProbe``, which ``scalesgd
+the origin; the probe is the project's one (``scalesgd.comm.mpi.probe.RmaProbe``, which ``scalesgd
 doctor`` uses too).  For each operation -- ``Get`` and ``Accumulate(SUM)`` of BYTES (default: ResNet-20's
 272,474 float32 parameters), ``Fetch_and_op(SUM)`` of one int64 (gossip's sample counter) -- the
 origin times the call plus ``Flush``:
@@ -87,7 +87,7 @@ def rank_main(nbytes: int, repeats: int, poll_ms: float, kind: str) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from scalesgd.comm.probe import RMA_OPS, RmaProbe, busy
+    from scalesgd.comm.mpi.probe import RMA_OPS, RmaProbe, busy
     comm = MPI.COMM_WORLD
     stop = start_poller(comm, poll_ms) if poll_ms > 0 else None
     rng = np.random.default_rng(comm.Get_rank())

@@ -179,7 +179,7 @@ NCCL_UNIQUE_ID_BYTES = 128
 
 
 class Nccl:
-    """``cupy.cuda.nccl`` of CuPy 14, for the calls ``comm/device.py`` makes; ``live`` counts the
+    """``cupy.cuda.nccl`` of CuPy 14, for the calls ``comm/mpi/device.py`` makes; ``live`` counts the
     communicators made and not destroyed, ``arrays`` maps a device address to its NumPy memory."""
 
     NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM = 7, 8, 0

@@ -54,7 +54,7 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
         else:
             continue
         for name in cands:
-            while name and name not in known:          # scalesgd.comm.window.Courier -> ...window
+            while name and name not in known:          # scalesgd.comm.mpi.window.Courier -> ...window
                 name = name.rpartition(".")[0]
             if name and name != me:
                 out.add(name)
@@ -142,7 +142,7 @@ print(len(names), "modules")
 
 
 def test_the_blocker_blocks():
-    p = _python("import scalesgd.comm.collectives")
+    p = _python("import scalesgd.comm.mpi.collectives")
     assert p.returncode != 0 and "mpi4py is blocked" in p.stderr
 
 
@@ -394,3 +394,19 @@ def test_front_ends_sit_at_the_top_and_io_knows_no_virtual_time():
                    for d in deps if d.startswith(("scalesgd.virtual", "scalesgd.cli", "scalesgd.train",
                                                   "scalesgd.methods")))
     assert io_up == [], io_up
+
+
+def test_every_mpi4py_import_is_in_comm_mpi():
+    """``comm/`` is the MPI-free vocabulary and ``comm/mpi/`` the MPI half: every import of mpi4py
+    in the package, lazy ones included, is in ``comm/mpi/``, and every module there has one."""
+    def imports_mpi4py(path: Path) -> bool:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "mpi4py" for a in node.names):
+                return True
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "mpi4py":
+                return True
+        return False
+    importers = {str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if imports_mpi4py(p)}
+    mpi_half = {str(p.relative_to(PKG)) for p in (PKG / "comm" / "mpi").glob("*.py")
+                if p.name != "__init__.py"}
+    assert importers == mpi_half, (sorted(importers - mpi_half), sorted(mpi_half - importers))

@@ -28,8 +28,8 @@ def test_the_default_bucket_size_overlaps_small_models_and_stays_large_for_big_o
     import types
 
     from scalesgd import config as C
-    from scalesgd.comm.buckets import auto_bucket_bytes, make_buckets
-    from scalesgd.comm.device import bucket_bytes_of
+    from scalesgd.comm.mpi.buckets import auto_bucket_bytes, make_buckets
+    from scalesgd.comm.mpi.device import bucket_bytes_of
     from scalesgd.nn.resnet import ResNet
     assert C.build(None, {}).dist.bucket_mb == -1
     with pytest.raises(C.ConfigError, match="dist.bucket_mb: -1 \\(auto\\) or a size >= 0"):

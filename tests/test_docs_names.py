@@ -6,7 +6,7 @@ and ``benchmarks/`` are resolved against the code (parsed with ``ast``, nothing 
 - a file path (``methods/server.py``, ``benchmarks/report.py``) exists, relative to the repository
   or to ``src/scalesgd``; ``path:LINE`` has that many lines; ``path: name`` defines ``name``;
 - a dotted name whose head is one of the project's modules or classes (``ServerMethod.serve``,
-  ``comm.abort``, ``assemble.build``) names things defined somewhere in the project (a module, class,
+  ``comm.mpi.abort``, ``assemble.build``) names things defined somewhere in the project (a module, class,
   function, method, attribute, field or parameter);
 - a call written with plain argument names (``method.serve(ps, phases)``) matches the parameters of
   some function of that name (names under 3 letters, and a name that is a prefix of the other, pass:

@@ -476,8 +476,8 @@ def test_the_transport_check_runs_with_device_work_in_flight(monkeypatch):
     fails; the host transport, which waits for the compute stream's event, passes."""
     import device_double
     from mpi4py import MPI
-    from scalesgd.comm.buckets import BucketedAllreduce
-    from scalesgd.comm.transport import MPITransport
+    from scalesgd.comm.mpi.buckets import BucketedAllreduce
+    from scalesgd.comm.mpi.transport import MPITransport
     from scalesgd.nn.params import Layout, TensorSpec
     cp = device_double.install(monkeypatch)
 

@@ -13,8 +13,9 @@ from helpers import TINY, launch, one_line_error, run_cli
 from mpirun import check, run_mpi, uses_mpi
 from synth import make_dataset
 from scalesgd import backend
-from scalesgd.comm import buckets, device, staging
-from scalesgd.comm.device import Probes
+from scalesgd.comm import staging
+from scalesgd.comm.mpi import buckets, device
+from scalesgd.comm.mpi.device import Probes
 from scalesgd.errors import MethodError
 from scalesgd.nn.params import Layout, TensorSpec
 

@@ -1,4 +1,4 @@
-"""``dist.hierarchy = "node"`` (comm/hierarchy.py): the two-level all-reduce against the flat sum
+"""``dist.hierarchy = "node"`` (comm/mpi/hierarchy.py): the two-level all-reduce against the flat sum
 under real mpiexec (ranks grouped as 2 + 2 and 3 + 1), the configurations it refuses, and training
 with it: replicas identical, a resumed run bitwise identical to an uninterrupted one.  Across
 emulated nodes (fewer bytes on the links than the flat all-reduce): tests/test_netcluster.py."""

@@ -11,7 +11,7 @@ import pytest
 from helpers import ROOT, TINY
 from synth import make_dataset
 
-from scalesgd.comm.library import check_library, check_world
+from scalesgd.comm.mpi.library import check_library, check_world
 from scalesgd.errors import TopologyError
 
 MPICH = "MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 2026\n"
@@ -63,7 +63,7 @@ def test_the_program_refuses_a_launch_that_promised_more_ranks(tmp_path):
 def test_a_batch_script_or_a_one_rank_launch_is_not_refused():
     """SLURM_NTASKS without an srun step (the batch script itself, salloc) and a launcher that
     promised one rank leave a one-rank run alone."""
-    code = "from scalesgd.comm import start; print('size', start.init().size)"
+    code = "from scalesgd.comm.mpi import start; print('size', start.init().size)"
     for env in (dict(SLURM_NTASKS="4", SLURM_PROCID="0", SLURM_JOB_ID="7"), dict(PMI_SIZE="1", PMI_RANK="0")):
         p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                            env=clean_env(PYTHONPATH=str(ROOT / "src"), **env))

@@ -56,7 +56,7 @@ def test_prepare_sets_the_libraries_async_progress_only_for_mpi_and_keeps_a_user
 def test_more_ranks_than_cpus_make_waiting_ranks_yield_and_a_users_value_is_kept():
     """prepare_waiting reads the node's rank count from the launcher (MPICH, Open MPI, srun) and
     asks both libraries to let a waiting rank sleep only when the node has more ranks than CPUs."""
-    from scalesgd.comm.library import local_size
+    from scalesgd.comm.mpi.library import local_size
     assert local_size({"MPI_LOCALNRANKS": "4"}) == 4 and local_size({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}) == 3
     slurm = {"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_STEP_NUM_NODES": "4", "SLURM_JOB_NUM_NODES": "4"}
     assert [local_size({**slurm, "SLURM_NODEID": str(i)}) for i in range(4)] == [2, 2, 2, 1]

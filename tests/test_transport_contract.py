@@ -12,7 +12,7 @@ from mpirun import check, needs_mpi, run_mpi
 from test_virtual_nodes import in_world
 
 from scalesgd.comm import contract
-from scalesgd.comm.transport import MPITransport
+from scalesgd.comm.mpi.transport import MPITransport
 from scalesgd.virtual.transport import InProcessTransport
 
 sys.path.insert(0, str(Path(__file__).parent / "mpi"))

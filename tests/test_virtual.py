@@ -84,7 +84,7 @@ def test_replay_of_a_real_run_is_bit_identical(case, dtype, data, tmp_path):
                                            ("float32", True)])
 def test_push_sum_replay_is_bit_identical(dtype, overlap, data, tmp_path):
     """Push-sum: each drain takes whole messages and records their senders in the order they
-    were added (comm/inbox.py's turns); the replay adds the same messages in that order, so the
+    were added (comm/mpi/inbox.py's turns); the replay adds the same messages in that order, so the
     final checkpoint equals the run's bit for bit, however many messages a drain summed."""
     run, replay = tmp_path / "run", tmp_path / "replay"
     ok(run_cli(["--method", "gossip", "--gossip", "push", "--data", str(data), *TINY, "--epochs", "2",

@@ -13,7 +13,7 @@ SERVER_METHODS = ("easgd", "asgd")      # ranks 0..dist.servers-1 are parameter-
 GOSSIP_VARIANTS = ("pull", "push")      # dist.gossip
 GOSSIP_GRAPHS = ("uniform", "exponential", "ring")   # dist.gossip_graph (methods/mixing.py)
 MPI_PROGRESS = ("auto", "thread", "mpi", "none")    # dist.mpi_progress (comm/progress.py)
-HIERARCHIES = ("none", "node")                      # dist.hierarchy (comm/hierarchy.py)
+HIERARCHIES = ("none", "node")                      # dist.hierarchy (comm/mpi/hierarchy.py)
 
 AUGMENTS = ("multiscale", "rrc", "center")         # data.augment (data/pipeline.py)
 DEVICES = ("cpu", "gpu", "auto")                   # train.device (backend.select)
@@ -23,7 +23,8 @@ CONV_ALGOS = ("auto", "im2col", "blocked", "taps", "winograd")   # model.conv_al
 PROGRESS_MODES = ("auto", "bar", "lines", "off")   # train.progress (io/progress.py)
 KERNEL_IMPLS = ("fused", "reference")              # model.kernels (nn/kernels.py)
 FAST_PATH_MODES = ("auto", "strict", "off")        # model.fast_paths (fastpaths/)
-ALLREDUCE_TRANSPORTS = ("auto", "host", "cuda_aware_mpi", "nccl")  # dist.allreduce_transport (comm/device.py)
+# dist.allreduce_transport (comm/mpi/device.py)
+ALLREDUCE_TRANSPORTS = ("auto", "host", "cuda_aware_mpi", "nccl")
 
 
 # ----------------------------------------------------------------------------- ranks and workers

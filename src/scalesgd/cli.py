@@ -54,7 +54,7 @@ def together(topo):
     if topo.size == 1:
         yield
         return
-    from .comm.collectives import allgather_text
+    from .comm.mpi.collectives import allgather_text
     text = ""
     try:
         yield
@@ -81,7 +81,7 @@ def _run_dir(cfg: C.Config, topo) -> Path:
     names its own: virtual/run.py)."""
     if cfg.train.run_dir:
         return Path(cfg.train.run_dir)
-    from .comm.collectives import bcast_text
+    from .comm.mpi.collectives import bcast_text
     from .io.files import reserve_dir, stamped
     name = (str(reserve_dir(stamped(f"{cfg.train.method}-{cfg.model.model}"))) if topo.is_root
             else None)
@@ -93,7 +93,7 @@ def _resume_checkpoint(cfg: C.Config, topo) -> Path | None:
     tells the others); None for a new run."""
     if not cfg.train.resume:
         return None
-    from .comm.collectives import bcast_text
+    from .comm.mpi.collectives import bcast_text
     from .train import resuming
     path, err = None, ""
     if topo.is_root:
@@ -149,7 +149,7 @@ def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
         check_ranks(cfg, topo.size)              # a wrong rank count is refused before anything
         require_dali()                           # (from an extra: one line, nothing written)
         if cfg.train.on_failure == "continue":   # refused at start where MPI cannot survive a death
-            from .comm import failures
+            from .comm.mpi import failures
             failures.require(topo, cfg)
         backend = backend_mod.select(cfg.train.device, topo.local_rank)
         threads = backend_mod.blas_threads_for(topo.local_size)
@@ -184,7 +184,7 @@ def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
     except loop.Stopped as stop:
         stop.run_dir = run_dir
         raise
-    from .comm import failures
+    from .comm.mpi import failures
     if failures.is_root(topo):                   # (after a lost rank 0: the new one)
         print(f"done: validation top-1 {100 * summary['val_top1_accuracy']:.2f}%, "
               f"{summary['images_per_second']:.1f} img/s, {summary['wall_seconds']:.1f} s; "
@@ -195,7 +195,7 @@ def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
 def _launched_world():
     """For an error found before MPI started (a bad flag): the topology when a launcher started
     several ranks, so that the error is printed once (by rank 0) instead of once per rank."""
-    from .comm import library, start
+    from .comm.mpi import library, start
     if max(library.launched_size(), 1) == 1:
         return None
     try:
@@ -207,7 +207,7 @@ def _launched_world():
 def _dry_run_ranks(cfg: C.Config) -> int | None:
     """The ranks a dry run stands for: the launcher's rank count when one started several (read
     from its environment: no MPI is started), one for ``single``; else unknown (None)."""
-    from .comm import library
+    from .comm.mpi import library
     launched = library.launched_size()
     if launched > 1:
         return launched
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="scalesgd: %(message)s", stream=sys.stderr)
     topo = None
-    from .comm.abort import fail
+    from .comm.mpi.abort import fail
     try:
         cfg = resolve_config(args)
         from .comm import watchdog
@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "dry_run", False):
             dry_run(cfg, _dry_run_ranks(cfg))
             return 0
-        from .comm import progress, start
+        from .comm import progress
+        from .comm.mpi import start
         progress.prepare(cfg.dist.mpi_progress, cfg.train.method)   # (mpi: before MPI_Init)
         waiting = progress.prepare_waiting()                         # (before MPI_Init)
         topo = start.init()
@@ -240,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             logging.info("%s", waiting)
         run(cfg, topo, stop)
     except _stopped() as exc:
-        from .comm import failures, watchdog
+        from .comm import watchdog
+        from .comm.mpi import failures
         watchdog.disarm()
         if topo is not None and failures.is_root(topo):   # (after a lost rank 0: the new one)
             print(f"scalesgd: stopped on a signal; checkpoint written; continue with "
@@ -260,6 +262,6 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
         traceback.print_exc()
         fail(topo, f"unexpected {type(exc).__name__}: {exc}", EXIT_ERROR)
-    from .comm import failures
+    from .comm.mpi import failures
     failures.leave(topo, 0)                     # (only after a lost rank was survived)
     return 0

@@ -3,7 +3,7 @@
 on NumPy buffers (the only one there is); double: the host transport's device path (side-stream
 copies, events) on tests/device_double.py's arrays, whose values are still being written by queued
 work when the transport starts; cupy: host staging, CUDA-aware MPI and NCCL on CuPy buffers, each
-one that ``comm/device.py`` can use here (the others are named as skipped).  ``cuda_aware_mpi`` is
+one that ``comm/mpi/device.py`` can use here (the others are named as skipped).  ``cuda_aware_mpi`` is
 probed only when every rank's MPI reports CUDA support (``MPIX_Query_cuda_support``): a device
 pointer handed to an MPI built without CUDA (the mpich wheel's says "CUDA not enabled") is a
 SIGSEGV, which would end the check instead of naming the transport skipped."""
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mpi"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import run_checks  # noqa: E402
 
-from scalesgd.comm import device  # noqa: E402
+from scalesgd.comm.mpi import device  # noqa: E402
 from scalesgd.errors import MethodError  # noqa: E402
 from scalesgd.fastpaths import written_late  # noqa: E402
 from scalesgd.nn.params import Layout, TensorSpec  # noqa: E402

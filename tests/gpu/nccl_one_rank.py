@@ -1,4 +1,4 @@
-"""One rank's NCCL communicator through comm/device.py's ``NcclAllreduce`` (the allreduce method's
+"""One rank's NCCL communicator through comm/mpi/device.py's ``NcclAllreduce`` (the allreduce method's
 NCCL transport), the whole life of one: created from a unique id (``bytes`` on CuPy 14), one
 all-reduce of a small float32 buffer (on one rank the sum is the buffer itself: checked), destroyed.
 
@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scalesgd.comm import device  # noqa: E402
+from scalesgd.comm.mpi import device  # noqa: E402
 from scalesgd.nn.params import Layout, TensorSpec  # noqa: E402
 
 N = 1000

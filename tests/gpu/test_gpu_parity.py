@@ -145,7 +145,7 @@ def test_device_allreduce_two_ranks(backend):
 
 @pytest.mark.parametrize("backend", [pytest.param("double"), pytest.param("cupy", marks=NEEDS_GPU)])
 def test_nccl_one_rank_create_allreduce_destroy(backend):
-    """A NCCL communicator's whole life through comm/device.py on one rank (gpu_check's ``nccl``
+    """A NCCL communicator's whole life through comm/mpi/device.py on one rank (gpu_check's ``nccl``
     case: one GPU cannot run the 2-rank NCCL test): created from CuPy 14's ``bytes`` id (the
     double refuses anything else, as CuPy 14 does: issue 38, defect 1), one all-reduce, destroyed."""
     proc = subprocess.run([sys.executable, str(HERE / "nccl_one_rank.py"), backend], capture_output=True,

@@ -4,7 +4,7 @@ from harness import run_checks
 from mpi4py import MPI
 
 from scalesgd import config as C
-from scalesgd.comm import buckets, start
+from scalesgd.comm.mpi import buckets, start
 from scalesgd.methods import create, evaluated
 from scalesgd.nn.layers import softmax_cross_entropy
 from scalesgd.nn.params import Layout, TensorSpec

@@ -1,4 +1,4 @@
-"""comm/collectives.py helpers at any world size, 1 included, run as
+"""comm/mpi/collectives.py helpers at any world size, 1 included, run as
 ``mpiexec -n P python tests/mpi/collectives_check.py``.
 
 Each helper is checked against a closed form of the ranks' inputs (rank r contributes values built
@@ -8,7 +8,7 @@ helper that special-cases ``size == 1`` (or forgets to) goes wrong unseen.
 import numpy as np
 from harness import run_checks
 
-from scalesgd.comm import collectives as K
+from scalesgd.comm.mpi import collectives as K
 
 
 def broadcasts(comm):

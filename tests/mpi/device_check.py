@@ -9,10 +9,10 @@ import numpy as np
 from harness import run_checks
 from mpi4py import MPI
 
-from scalesgd.comm import device
-from scalesgd.comm.buckets import BucketedAllreduce
-from scalesgd.comm.device import Probes
-from scalesgd.comm.transport import MPITransport
+from scalesgd.comm.mpi import device
+from scalesgd.comm.mpi.buckets import BucketedAllreduce
+from scalesgd.comm.mpi.device import Probes
+from scalesgd.comm.mpi.transport import MPITransport
 from scalesgd.errors import MethodError
 from scalesgd.nn.params import Layout, TensorSpec
 from scalesgd.train.control import Signals

@@ -11,8 +11,8 @@ from harness import run_checks
 from mpi4py import MPI
 
 from scalesgd import fastpaths as F
-from scalesgd.comm import buckets, device
-from scalesgd.comm.transport import MPITransport
+from scalesgd.comm.mpi import buckets, device
+from scalesgd.comm.mpi.transport import MPITransport
 from scalesgd.errors import BackendError
 from scalesgd.methods.allreduce import AllReduce
 from scalesgd.nn.resnet import ResNet

@@ -26,10 +26,10 @@ from harness import run_checks
 from mpi4py import MPI
 
 from scalesgd import config as C
-from scalesgd.comm import start
-from scalesgd.comm.inbox import Inbox
+from scalesgd.comm.mpi import start
+from scalesgd.comm.mpi.inbox import Inbox
 from scalesgd.comm.jobs import POLL_SECONDS
-from scalesgd.comm.window import Courier, PublishedVector, SampleCounter, Window
+from scalesgd.comm.mpi.window import Courier, PublishedVector, SampleCounter, Window
 from scalesgd.methods import mixing
 from scalesgd.methods import create, evaluated
 from scalesgd.train.control import Signals

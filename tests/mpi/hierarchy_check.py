@@ -1,4 +1,4 @@
-"""Rank script (4 ranks) for tests/test_hierarchy.py: the two-level all-reduce (comm/hierarchy.py)
+"""Rank script (4 ranks) for tests/test_hierarchy.py: the two-level all-reduce (comm/mpi/hierarchy.py)
 against the flat sum, with the ranks grouped as 2 + 2 and as 3 + 1 "nodes", overlapped (buckets
 started as backward would, in reverse layout order, with progress in between) and not, three
 steps each on the same reducer.  Every rank's result must be the same bytes, and equal the sum of
@@ -6,7 +6,7 @@ every rank's gradients to rounding.  Prints one line per check from rank 0."""
 import numpy as np
 from mpi4py import MPI
 
-from scalesgd.comm.hierarchy import NodeGroups, TwoLevelAllreduce
+from scalesgd.comm.mpi.hierarchy import NodeGroups, TwoLevelAllreduce
 from scalesgd.nn.resnet import ResNet
 
 comm = MPI.COMM_WORLD

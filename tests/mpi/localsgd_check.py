@@ -5,7 +5,7 @@ from harness import run_checks
 from mpi4py import MPI
 
 from scalesgd import config as C
-from scalesgd.comm import start
+from scalesgd.comm.mpi import start
 from scalesgd.methods import create, evaluated
 from scalesgd.nn.layers import softmax_cross_entropy
 from scalesgd.optim.sgd import SGD

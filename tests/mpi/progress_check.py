@@ -7,7 +7,8 @@ import sys
 
 from mpi4py import MPI
 
-from scalesgd.comm import library, probe, progress, start
+from scalesgd.comm import progress
+from scalesgd.comm.mpi import library, probe, start
 
 BUSY = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
 

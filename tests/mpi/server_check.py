@@ -12,8 +12,8 @@ from harness import run_checks
 from mpi4py import MPI
 
 from scalesgd import config as C
-from scalesgd.comm import start
-from scalesgd.comm.protocol import ServerPort, WorkerPort
+from scalesgd.comm.mpi import start
+from scalesgd.comm.mpi.protocol import ServerPort, WorkerPort
 from scalesgd.comm.wire import PushHeader, Tag, header, shard_bounds
 from scalesgd.methods import create, evaluated
 from scalesgd.methods.asgd import ASGD

@@ -70,7 +70,7 @@ CHECKS = (is_a_transport, broadcasts, gathers, reductions, funnel_in_rank_order,
 
 def over_comm(check):
     """``check(net)`` as the MPI harness's ``check(comm)``, on the job's ``MPITransport``."""
-    from scalesgd.comm.transport import MPITransport
+    from scalesgd.comm.mpi.transport import MPITransport
 
     @functools.wraps(check)
     def run(comm):

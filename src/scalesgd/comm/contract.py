@@ -1,7 +1,7 @@
 """The transport contract: everything a method, the control plane, the loop, the recovery from a
 lost rank and the fast-path check ask of the network, as a ``typing.Protocol``.
 
-Two transports implement it: ``comm.transport.MPITransport`` (one rank of a real MPI job) and
+Two transports implement it: ``comm.mpi.transport.MPITransport`` (one rank of a real MPI job) and
 ``virtual.transport.InProcessTransport`` (one of p virtual ranks in one process).  Code above
 ``comm/`` holds a ``Transport`` and makes no MPI call of its own (``tests/test_architecture.py``
 scans methods/, train/, virtual/ and fastpaths/ for one); ``tests/test_transport_contract.py``
@@ -93,7 +93,7 @@ class Transport(Protocol):
 
     # endpoints and windows ----------------------------------------------------------------------
     def worker_port(self, servers, bounds=None) -> Any:
-        """A worker's end of the parameter-server protocol (``comm/protocol.py``)."""
+        """A worker's end of the parameter-server protocol (``comm/mpi/protocol.py``)."""
 
     def server_port(self) -> Any:
         """A server shard's end of it."""

@@ -123,7 +123,7 @@ def prepare_waiting(env=None, cpus: int | None = None) -> str:
     to its own cores), let waiting ranks sleep between polls (``YIELD_ENV``; a variable already set
     is kept, so ``MPIR_CVAR_ENABLE_HEAVY_YIELD=0`` keeps the spinning).  Returns the line to log
     (empty when the node is not oversubscribed or the launcher does not say)."""
-    from .library import _int, local_size  # noqa: PLC0415
+    from .mpi.library import _int, local_size  # noqa: PLC0415
     env = os.environ if env is None else env
     ranks = local_size(env)
     cpus = cpus or min(n for n in (os.cpu_count() or 1, _int(env, "SLURM_CPUS_ON_NODE")) if n)

@@ -18,7 +18,7 @@ class Topology:
     local_size: int
     comm: object             # MPI.COMM_WORLD (None for a virtual rank)
     node_comm: object        # COMM_WORLD split by shared-memory node
-    transport: object = None # what methods and the control plane talk through (comm/transport.py;
+    transport: object = None # what methods and the control plane talk through (comm/mpi/transport.py;
                              # None only in the record an error ends the job through)
 
     @property

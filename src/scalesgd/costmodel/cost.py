@@ -17,7 +17,7 @@ an update); a ``Work`` is one worker's step: compute seconds per minibatch, batc
   ``alpha + S / B + 3 S / mem``; every node serves on average one Get per exchange round whatever
   p is, so the per-step cost does not grow with p (contention is in ``sim.py``).
 * **gossip push**: one Accumulate of S + 1 into the peer's inbox and one fold of the own inbox
-  (the two round trips of a few bytes that take and pass on its turn there, ``comm/inbox.py``,
+  (the two round trips of a few bytes that take and pass on its turn there, ``comm/mpi/inbox.py``,
   are left out: microseconds against S / B).
 
 The extensions:

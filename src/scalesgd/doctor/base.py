@@ -34,7 +34,7 @@ class Ctx:
     rank 0 alone measured."""
 
     def __init__(self, args, start, deadline):
-        from ..comm import probe
+        from ..comm.mpi import probe
         self.args, self.start, self.topo, self.deadline = args, start, start.topo, deadline
         self.rank = self.topo.rank if self.topo else 0
         self.size = self.topo.size if self.topo else 1
@@ -50,7 +50,7 @@ class Ctx:
         """Collective: every rank's JSON-able ``obj``, in rank order (as text, no pickle)."""
         if self.topo is None:
             return [obj]
-        from ..comm.collectives import allgather_text
+        from ..comm.mpi.collectives import allgather_text
         return [json.loads(t) for t in allgather_text(self.topo.comm, json.dumps(obj))]
 
     def on_leaders(self, fn) -> list:

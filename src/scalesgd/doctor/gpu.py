@@ -82,7 +82,7 @@ def check_gpu_mapping(ctx: Ctx, name: str) -> Check:
 def check_nccl(ctx: Ctx, name: str) -> Check:
     if not _gpu_ranks(ctx):
         return _no_gpu(name)
-    from ..comm import device
+    from ..comm.mpi import device
     nccl = device.nccl_module()
     return _on_every_rank(
         name, ctx.gather(_nccl_version(nccl.get_version()) if nccl else ""),
@@ -108,7 +108,7 @@ def _nccl_version(v: int) -> str:
 
 
 def check_cuda_aware_mpi(ctx: Ctx, name: str) -> Check:
-    from ..comm import device
+    from ..comm.mpi import device
     if ctx.topo is None:
         return _no_mpi(name)
     says = ctx.gather(device.mpi_cuda_query())

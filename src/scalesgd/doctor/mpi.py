@@ -12,7 +12,7 @@ from .base import FAIL, INTRA_MIN_FRACTION, NA, NETWORK_MIN_GBS, OK, RMA_WAITED,
 
 # ----------------------------------------------------------------------------- MPI and the launch
 def check_mpi_library(ctx: Ctx, name: str) -> Check:
-    from ..comm import library
+    from ..comm.mpi import library
     lib = ctx.start.library
     if not lib:
         return Check(name, FAIL, ctx.start.problem, "install an MPI where mpi4py finds it: "
@@ -24,7 +24,7 @@ def check_mpi_library(ctx: Ctx, name: str) -> Check:
     if len(names) > 1:
         return Check(name, FAIL, f"the ranks load different MPI libraries: {', '.join(names)}",
                      "use the same environment (venv, MPI module) on every node")
-    from ..comm import probe
+    from ..comm.mpi import probe
     level = f"thread level {library.thread_level()}" if ctx.topo else "MPI not started"
     return Check(name, OK, f"{lib_name}{f' ({device})' if device else ''} through mpi4py "
                  f"{probe.mpi4py_version()}, {level}",
@@ -32,7 +32,7 @@ def check_mpi_library(ctx: Ctx, name: str) -> Check:
 
 
 def check_launcher(ctx: Ctx, name: str) -> Check:
-    from ..comm import library
+    from ..comm.mpi import library
     promise = next(((var, os.environ[var], who) for var, _, who, _ in library.LAUNCHER_VARS
                     if os.environ.get(var)), None)
     data = {"mpi_size": ctx.size, "launcher_size": library.launched_size(),
@@ -51,7 +51,7 @@ def check_failure_survival(ctx: Ctx, name: str) -> Check:
     """Whether ``--on-failure continue`` (survive a lost rank) can run in this job: ULFM."""
     if not ctx.start.library:
         return _no_mpi(name)
-    from ..comm import failures
+    from ..comm.mpi import failures
     why = failures.unsupported() if ctx.topo else "MPI not started"
     if why:
         return Check(name, NA, f"--on-failure continue is refused here: {why}",
@@ -153,7 +153,7 @@ def check_allreduce_in_node(ctx: Ctx, name: str) -> Check:
     nbytes, repeats = int(ctx.args.allreduce_mb * 1e6), 5
     copy = ctx.on_leaders(lambda: memcopy_gbs(nbytes))
     ctx.topo.comm.Barrier()
-    from ..comm import probe
+    from ..comm.mpi import probe
     times, right = probe.allreduce_seconds(ctx.topo.node_comm, nbytes, repeats)   # every node at once
     per_node = ctx.on_leaders(lambda: [ctx.topo.local_size, min(times)])
     per_node = [(p, t) for p, t in per_node if p > 1]
@@ -180,7 +180,7 @@ def check_allreduce_across_nodes(ctx: Ctx, name: str) -> Check:
     if ctx.num_nodes < 2:
         return Check(name, NA, "one node: nothing crosses the network",
                      "run doctor on 2 or more nodes (e.g. srun -N 2 --ntasks-per-node=1) to measure it")
-    from ..comm import probe
+    from ..comm.mpi import probe
     nbytes, repeats = int(ctx.args.allreduce_mb * 1e6), 5
     comm = probe.leaders(ctx.topo)                     # rank 0 is always in it
     if comm is None:                                   # (this rank's row is not reported)
@@ -234,7 +234,7 @@ def check_one_sided_progress(ctx: Ctx, name: str) -> Check:
     if ctx.size < 2:
         return Check(name, NA, "one rank: no other rank to read from",
                      "run under mpiexec -n 2 or more (on 2 nodes to see the network's behaviour)")
-    from ..comm import probe
+    from ..comm.mpi import probe
     busy_s, targets = ctx.args.busy_seconds, rma_targets(ctx.nodes.tolist())
     lat = {where: probe.rma_latencies(ctx.topo.comm, 0, t, busy_s) for where, t in targets.items()}
     waited = [f"{op} ({where})" for where, ops in lat.items() for op, s in ops.items()
@@ -258,7 +258,8 @@ def check_progress_mechanism(ctx: Ctx, name: str) -> Check:
     and, across nodes, the one-sided probe again with it running: ok when nothing waited."""
     if ctx.topo is None:
         return _no_mpi(name)
-    from ..comm import library, probe, progress
+    from ..comm import progress
+    from ..comm.mpi import library, probe
     from ..comm.jobs import IDLE_POLL_SECONDS
     from ..config import DistConfig
     d = DistConfig()

@@ -60,7 +60,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _launcher_rank() -> int:
     """The rank the launcher's environment gives this process (0 without a launcher)."""
-    from ..comm.library import LAUNCHER_VARS
+    from ..comm.mpi.library import LAUNCHER_VARS
     for _, rank_var, _, _ in LAUNCHER_VARS:
         if os.environ.get(rank_var, "").isdigit():
             return int(os.environ[rank_var])
@@ -71,7 +71,7 @@ def _launcher_rank() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    from ..comm import probe
+    from ..comm.mpi import probe
     t0, deadline = time.monotonic(), _Deadline(args.deadline)
     start = probe.start()
     if start.quiet:
@@ -110,7 +110,7 @@ class _Deadline:
         self.timer.start()
 
     def _expire(self) -> None:
-        from ..comm.abort import fail_from_thread
+        from ..comm.mpi.abort import fail_from_thread
         fail_from_thread(self.topo, f"'{self.step}' did not finish within {self.seconds:g} s (a rank or "
                          "the network stopped answering); ending the job", 1, "scalesgd doctor")
 

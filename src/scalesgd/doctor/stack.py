@@ -62,7 +62,7 @@ def loaded(cupy=None) -> dict:
         out["cudnn_error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
     if cupy is not None:
         try:
-            from ..comm import device  # noqa: PLC0415
+            from ..comm.mpi import device  # noqa: PLC0415
             nccl = device.nccl_module()
             if nccl is not None:
                 out["nccl"] = int(nccl.get_version())

@@ -19,7 +19,7 @@ per line; ``e`` names the event:
 ``push``   push-sum         ``x`` exchange number, ``peer`` the rank the half was sent to
 ``drain``  push-sum         ``k`` drain number, ``got`` [[sender, messages of it folded]],
                             ``order`` the senders in the order their messages were added
-                            (absent where the drain could not know it: ``comm/inbox.py``)
+                            (absent where the drain could not know it: ``comm/mpi/inbox.py``)
 =========  ===============  =============================================================
 
 Every rank also records ``checkpoint`` (``reason``: scheduled, end, stop, clock; ``boundary``)

@@ -61,7 +61,7 @@ class Method:
             raise MethodError(f"method '{cls.name}' needs at least {need} ranks{roles}, got {size}")
 
     def __init__(self, cfg, roles, comm, signals):
-        """``roles``: this rank's role; ``comm``: the job's transport (``comm/transport.py``: MPI,
+        """``roles``: this rank's role; ``comm``: the job's transport (``comm/mpi/transport.py``: MPI,
         or the virtual cluster's in-process one); ``signals``: the ``train.control.Signals`` to
         carry on this method's messages."""
         self.check_ranks(roles.size, cfg)

@@ -4,7 +4,7 @@ An exchange is the strategy's ``begin`` (the communication: pull reads the peer,
 then its ``finish`` (the effect: pull mixes and publishes, push drains and folds), plus the global
 counter update.  ``Blocking`` (the authors' gossip) runs all of it at once on the training thread.
 ``Overlapped`` (``dist.gossip_overlap``) hands the communication and the counter update to a courier
-thread (``comm.window.Courier``) and collects them at the next exchange, so they run under the next
+thread (``comm.mpi.window.Courier``) and collects them at the next exchange, so they run under the next
 step's compute; its ``quiesce`` collects, flushes every window and waits for every rank before a
 checkpoint reads anything.  The exchange protocol itself is gossip.py's module doc.
 """

@@ -13,7 +13,7 @@ rank + 2^k with k cycling; ``ring``, rank + 1) and exchanges with it by one of t
   optimizer's update of x_i is carried into the numerator because the numerator is always
   w_i * params after the local step.  Rank i sends half, ((w_i/2) x_i, w_i/2), with
   ``Accumulate(SUM)`` into j's inbox (x_i unchanged, w_i halves), then drains its own inbox
-  (whole messages, in turns: ``comm/inbox.py``) and folds it: x_i <- (w_i x_i + S)/(w_i + W),
+  (whole messages, in turns: ``comm/mpi/inbox.py``) and folds it: x_i <- (w_i x_i + S)/(w_i + W),
   w_i <- w_i + W.  Picking itself: nothing is sent.
 
 The global sample count lives in an int64 on rank 0 (``SampleCounter``: ``Fetch_and_op(SUM)``, added
@@ -25,7 +25,7 @@ Every exchange is the strategy's ``begin`` (the communication: pull reads the pe
 half) then its ``finish`` (the effect: pull mixes the copy and publishes, push drains and folds),
 plus the counter update; an *exchanger* decides when the communication runs.  ``Blocking`` runs it
 at once, on this thread.  ``Overlapped`` (``dist.gossip_overlap``, overlapped SGP) hands it to a
-communication thread (``comm.window.Courier``) after the local step and completes it before the
+communication thread (``comm.mpi.window.Courier``) after the local step and completes it before the
 next mix, so it runs under the next step's compute.  Exchange e: collect what e-1 started (its counter
 update: the global count, one exchange old; pull: x_j's copy, one exchange older), pull: mix it in
 and publish; push: drain and fold; then start e's part on the courier (pull: read e's peer; push:
@@ -345,7 +345,7 @@ class PushGossip(Gossip):
     A message is n + 1 + p items: the numerator share, the weight share, then a count per sender
     (1 in the sender's slot), so a drain also says how many messages of each sender it folded.  A
     drain takes whole messages and knows their senders in the order they were added
-    (``comm/inbox.py``); both are recorded in the trace: what a replay must fold in that drain, and
+    (``comm/mpi/inbox.py``); both are recorded in the trace: what a replay must fold in that drain, and
     in which order (the fold ignores the counts)."""
 
     def open_windows(self, n: int, dtype) -> list:

@@ -9,7 +9,7 @@ Each shard keeps its own version, staleness statistics and ``told``/``fetched`` 
 the one-server method of the papers.
 
 Worker side: every ``period`` local steps (``tau`` / ``n_sync``) ``after_update`` does one exchange
-(``comm/protocol.py``) with every shard at once: it pushes a payload built by the subclass (each
+(``comm/mpi/protocol.py``) with every shard at once: it pushes a payload built by the subclass (each
 shard receives its slice) with the samples it consumed since its previous exchange, and receives
 every shard's reply (server 0's header gives the global sample count, version, staleness and the
 signals; each payload slice lands in place, then the subclass applies the whole payload).  Between

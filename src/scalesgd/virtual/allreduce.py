@@ -4,7 +4,7 @@
 all-reduce order (``tree_sum``), once every rank finished backward.
 
 ``VirtualTwoLevelAllreducer`` (``dist.hierarchy = node``; the MPI job's is
-``comm/hierarchy.py: TwoLevelAllreduce``: per bucket a reduce to the node's leader, an all-reduce
+``comm/mpi/hierarchy.py: TwoLevelAllreduce``: per bucket a reduce to the node's leader, an all-reduce
 among the leaders, a broadcast to the node).  The sum, in a stated order: each node group's
 buffers (``nodes.groups_of``: the profile's nodes, in rank order) by ``tree_sum``, then the groups'
 sums, in leader order, by ``tree_sum`` again; every rank gets the same bytes.  The node's order is

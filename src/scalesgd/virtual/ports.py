@@ -1,4 +1,4 @@
-"""The parameter-server endpoints of a virtual rank: ``comm/protocol.py``'s ``WorkerPort`` and
+"""The parameter-server endpoints of a virtual rank: ``comm/mpi/protocol.py``'s ``WorkerPort`` and
 ``ServerPort`` between buffers of one process (see ``transport.py`` for the timing)."""
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from ..comm.failures import RankFailed
+from ..comm.mpi.failures import RankFailed
 from ..errors import LostRankError
 from .allreduce import (GRADIENT_KINDS, VirtualAllreducer, VirtualTwoLevelAllreducer, gradient_seconds,
                         tree_sum)
@@ -174,7 +174,7 @@ class InProcessTransport:
         self._raise_if_lost()
         return t
 
-    # lost ranks (train.on_failure = continue; the MPI side: comm/failures.py) ----
+    # lost ranks (train.on_failure = continue; the MPI side: comm/mpi/failures.py) ----
     def _lost(self) -> bool:
         """Whether a rank of the job died since this transport was made: every communicator of
         the job is then revoked (ULFM: the survivors revoke them all, so a rank waiting among

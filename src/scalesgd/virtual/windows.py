@@ -1,4 +1,4 @@
-"""The gossip windows and the communication thread of a virtual rank: ``comm/window.py``'s
+"""The gossip windows and the communication thread of a virtual rank: ``comm/mpi/window.py``'s
 ``PublishedVector``, ``Inbox``, ``SampleCounter`` and ``Courier`` in one process (see
 ``transport.py`` for the timing, ``replay.py`` for the recorded order they follow)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from .cluster import Endpoint
 
 
 class VirtualCourier(CourierJobs):
-    """``comm.window.Courier`` for a virtual rank: one job at a time, run by a helper participant
+    """``comm.mpi.window.Courier`` for a virtual rank: one job at a time, run by a helper participant
     with its own clock (from the time it was submitted), so the job's communication overlaps the
     rank's next compute in simulated time; ``wait`` blocks the rank until the job's end.  While
     idle it counts as progressing MPI (``Cluster.progressing``: no one-sided call to this rank
@@ -117,7 +117,7 @@ class VirtualPublishedVector:
 
 class VirtualInbox:
     """Push-sum inboxes: messages (copies) with the times they become drainable; a drain sums
-    those that are, in that order, from zeros (as ``comm/inbox.py``'s whole messages, added turn
+    those that are, in that order, from zeros (as ``comm/mpi/inbox.py``'s whole messages, added turn
     by turn into a zeroed sum), and returns their senders in that order.  A push costs, besides
     its transfer, the two round trips of its turn at the target (the ticket, and passing the turn
     on after the flushed message: ``Inbox.push``); the waits for a turn held by another sender

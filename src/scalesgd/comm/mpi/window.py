@@ -18,7 +18,7 @@ or all writers use accumulate operations, which are element-wise atomic w.r.t. e
 
 - ``PublishedVector``: a seqlock over two halves; the owner publishes, anyone reads a consistent copy.
 - ``SampleCounter``: one int64 on a root rank, ``Fetch_and_op(SUM)``.
-- ``comm/inbox.py: Inbox`` (push-sum): others add whole messages, the owner drains them, in turns.
+- ``comm/mpi/inbox.py: Inbox`` (push-sum): others add whole messages, the owner drains them, in turns.
 
 Each counts ``waited``: cumulative seconds its calls were blocked on another rank rather than
 moving their own data (what the methods report as ``wait_seconds``): a ``PublishedVector`` read's
@@ -45,7 +45,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .jobs import IDLE_POLL_SECONDS, CourierJobs
+from ..jobs import IDLE_POLL_SECONDS, CourierJobs
 
 HEADER_BYTES = 64          # two int64 sequence numbers, padded so the data halves stay cache-line aligned
 

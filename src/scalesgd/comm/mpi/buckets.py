@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from .staging import HostStage, cupy_of
+from ..staging import HostStage, cupy_of
 
 
 AUTO_BUCKETS = 8               # dist.bucket_mb = -1: the gradient buffer in about this many buckets,

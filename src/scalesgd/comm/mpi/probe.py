@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import TopologyError
+from ...errors import TopologyError
 from . import start as starting
 from .library import load_mpi
-from .topology import Topology
+from ..topology import Topology
 
 RMA_OPS = ("Get", "Accumulate", "Fetch_and_op")
 

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 
-from ..errors import TopologyError
+from ...errors import TopologyError
 
 
 # What launchers put in the environment of every process they start: (size, rank, who, the MPI

@@ -38,11 +38,11 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from ..choices import ALLREDUCE_TRANSPORTS
-from ..errors import BackendError, MethodError
+from ...choices import ALLREDUCE_TRANSPORTS
+from ...errors import BackendError, MethodError
 from .buckets import BucketedAllreduce, auto_bucket_bytes
 from .collectives import bcast_text
-from .staging import DeviceTimer, sync_stream
+from ..staging import DeviceTimer, sync_stream
 
 log = logging.getLogger("scalesgd")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .wire import SERVER, PushHeader, ReplyHeader, Tag, header
+from ..wire import SERVER, PushHeader, ReplyHeader, Tag, header
 
 
 class WorkerPort:

@@ -35,7 +35,7 @@ import os
 import time
 import weakref
 
-from ..errors import MethodError
+from ...errors import MethodError
 from .library import library_family, library_name
 
 class Tracked:
@@ -198,7 +198,7 @@ def leave(topo, code: int) -> None:
     import logging  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    from .shm import unlink_mapped_segments  # noqa: PLC0415
+    from ..shm import unlink_mapped_segments  # noqa: PLC0415
     unlink_mapped_segments()       # (MPI_Finalize would have freed this rank's /dev/shm segments)
     logging.shutdown()
     sys.stdout.flush()

@@ -11,7 +11,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .staging import HostStage
+from ..staging import HostStage
 
 
 def bcast(comm, arr, root: int = 0) -> None:
@@ -98,7 +98,7 @@ def funnel(comm, arrays: dict, text: str, sink, root: int = 0) -> None:
     ``root``, one rank at a time (root never holds more than one rank's arrays).  Arrays travel as
     buffers; only their names, dtypes and shapes travel as JSON text (no pickle)."""
     import json  # noqa: PLC0415
-    from .wire import Tag  # noqa: PLC0415
+    from ..wire import Tag  # noqa: PLC0415
     if comm.Get_rank() != root:
         comm.Recv(np.empty(0, np.uint8), source=root, tag=Tag.FUNNEL_META)     # root's turn signal
         desc = json.dumps({"text": text, "arrays": [[k, str(a.dtype), list(a.shape)]

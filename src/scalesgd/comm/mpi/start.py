@@ -7,8 +7,8 @@ collectives import it) is imported once MPI is up.
 from __future__ import annotations
 
 from .library import check_library, check_world, load_mpi
-from .shm import release_node_segment
-from .topology import Topology
+from ..shm import release_node_segment
+from ..topology import Topology
 
 
 def init() -> Topology:

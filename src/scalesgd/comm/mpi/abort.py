@@ -5,7 +5,7 @@ import os
 import sys
 import time
 
-from .shm import unlink_mapped_segments
+from ..shm import unlink_mapped_segments
 
 SHARED_ERROR_GRACE_S = 10.0   # how long ranks wait for each other to agree on a shared error
 DRAIN_S = 0.5                 # lets the launcher forward the message before MPI_Abort kills the job

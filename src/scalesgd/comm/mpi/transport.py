@@ -5,7 +5,7 @@ from a lost rank (``train/survive.py``) make no MPI call themselves (``tests/tes
 checks it): they hold a transport and ask it for collectives on flat buffers, the
 parameter-server endpoints, the one-sided windows, the gradient all-reducer, the time, and, after a
 lost rank, for the failure detector and the survivors' topology (``failure_detector``, ``shrunk``;
-ULFM's part is ``comm/failures.py``).  Two
+ULFM's part is ``comm/mpi/failures.py``).  Two
 transports implement the same surface:
 
 * ``MPITransport`` (here): one rank of a real MPI job; every call is the ``comm/`` code it always
@@ -22,12 +22,12 @@ The surface, by group (a new transport implements all of it; ``comm/contract.py`
 - collectives (buffers, never pickles): ``broadcast``, ``bcast_text``, ``allgather_text``,
   ``allgather_int64``, ``allreduce_sum_host``, ``allreduce_max_host``, ``iallreduce_max_host``,
   ``allreduce_mean``, ``barrier``, ``funnel``;
-- endpoints: ``worker_port(servers, bounds)``, ``server_port()`` (``comm/protocol.py``);
+- endpoints: ``worker_port(servers, bounds)``, ``server_port()`` (``comm/mpi/protocol.py``);
 - windows: ``published_vector(n, dtype)``, ``inbox(n, dtype)``, ``sample_counter(root)``,
-  ``courier()`` (``comm/window.py``), ``thread_level()``;
+  ``courier()`` (``comm/mpi/window.py``), ``thread_level()``;
 - progress (``comm/progress.py``): ``spans_nodes`` (ranks on more than one node),
   ``keep_progressing(plan)`` (what ``progress.plan`` chose, running until ``close()``);
-- ``allreducer(grads, layout, dist)``: the gradient all-reducer of ``dist`` (``comm/device.py``);
+- ``allreducer(grads, layout, dist)``: the gradient all-reducer of ``dist`` (``comm/mpi/device.py``);
   ``reducer_like(red, flat, layout, bucket_bytes, host)``: a fresh one of ``red``'s kind, or the
   host transport's (the fast-path check's pair).
 """
@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 from . import collectives, failures
-from .topology import Topology
+from ..topology import Topology
 
 
 class MPITransport:
@@ -77,7 +77,7 @@ class MPITransport:
     def node_groups(self, alone: bool = False):
         """Collective: this rank's ``NodeSplit``: its node's sub-transport (``node_split``), on a
         leader the leaders' sub-transport, the group's leader and index, every group's size."""
-        from .topology import NodeSplit  # noqa: PLC0415
+        from ..topology import NodeSplit  # noqa: PLC0415
         node = self.node_split(alone)
         lead = self.split(0 if node.rank == 0 else 1, self.rank)
         head = np.array([self.rank, lead.rank], np.int64)
@@ -102,7 +102,7 @@ class MPITransport:
     def hang(self) -> None:
         """Blocks for ever in a receive nobody answers (a deadlock, for testing: only a stop's
         deadline or the launcher ends it)."""
-        from .wire import Tag  # noqa: PLC0415
+        from ..wire import Tag  # noqa: PLC0415
         self.comm.Recv(np.empty(1), source=self.rank, tag=Tag.NEVER_SENT)
 
     def free(self) -> None:
@@ -113,7 +113,7 @@ class MPITransport:
             self.comm.Free()
             self.comm = None
 
-    # lost ranks (train.on_failure = continue; ULFM: comm/failures.py) ------------
+    # lost ranks (train.on_failure = continue; ULFM: comm/mpi/failures.py) ------------
     def failure_detector(self) -> failures.Detector:
         """Collective: what notices a dead rank of this job at every ``check``."""
         return failures.Detector(self.comm, self.tracked)
@@ -191,7 +191,7 @@ class MPITransport:
         thread that runs MPI's progress engine (``Iprobe``) every ``plan.interval`` seconds, so
         that one-sided calls aimed at this rank complete while it computes; nothing otherwise (the
         library's own progress was switched on before MPI_Init; a courier polls by itself)."""
-        from .progress import NoProgress, ProgressThread
+        from ..progress import NoProgress, ProgressThread
         if plan.mechanism == "thread":
             return ProgressThread(self.comm.Iprobe, plan.interval)
         return NoProgress()
