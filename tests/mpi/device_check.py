@@ -151,8 +151,7 @@ def buckets_start_before_the_barrier_however_far_each_device_got(comm):
         dd.STATE.gpu_keeps_up = True              # the device catches up while the host waits
         method.progress()
         assert len(method.reducer.requests) == len(method.reducer.buckets)
-    method.after_backward(0, None)
-    assert not method.any_diverged
+    assert method.after_backward(0, None) is False          # no rank's loss diverged
     assert np.all(flat.data == comm.size * (comm.size + 1) / 2)
     for keeps_up in (True, False):                # and without progress: after_backward starts them
         dd.reset()
@@ -160,9 +159,9 @@ def buckets_start_before_the_barrier_however_far_each_device_got(comm):
         flat.data[...] = comm.rank + 1
         for spec in reversed(lay.specs):
             method.reducer.ready([spec.name])
-        method.loss_finite = comm.rank == 0       # one rank's loss is NaN: every rank learns it
-        method.after_backward(1, None)
-        assert method.any_diverged and np.all(flat.data == comm.size * (comm.size + 1) / 2)
+        # one rank's loss is NaN: every rank learns it
+        diverged = method.after_backward(1, None, loss_finite=comm.rank == 0)
+        assert diverged and np.all(flat.data == comm.size * (comm.size + 1) / 2)
 
 
 class FakeNccl(dd.Nccl):

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Method
+from .base import Method, Traits
 
 
 class AllReduce(Method):
     name = "allreduce"
-    replicas_identical = True
+    # the gradients' sum is checked (a dead rank) before the update uses it
+    traits = Traits(replicas_identical=True, check_after="backward")
 
     def __init__(self, cfg, roles, comm, signals):
         super().__init__(cfg, roles, comm, signals)
@@ -58,24 +59,21 @@ class AllReduce(Method):
             with self.timed("comm"):
                 self.reducer.progress()
 
-    check_after = "backward"      # the gradients' sum is checked before the update uses it
-
-    def after_backward(self, step: int, ps) -> None:
+    def after_backward(self, step: int, ps, loss_finite: bool = True) -> bool:
         """The barrier is one all-reduce (maximum) of "this rank's loss was not finite" and this
         rank's signals, so every rank learns at once whether any diverged (identical replicas: all
         stop, one message) and, after the same step, of every stop or checkpoint request."""
         if self.roles.size == 1:
-            self.any_diverged = not self.loss_finite
-            return
+            return not loss_finite
         with self.timed("comm"):
             self.reducer.launch_all()      # (before the next collective: the same order everywhere)
-        flags = np.array([0 if self.loss_finite else 1, *self.signals.raised], np.int64)
+        flags = np.array([0 if loss_finite else 1, *self.signals.raised], np.int64)
         with self.timed("wait"):           # every rank has finished backward: the rest is transfer
             flags = self.comm.allreduce_max_host(flags)
         with self.timed("comm"):
             self.reducer.finish()          # (completed even when stopping: no request left open)
-        self.any_diverged = bool(flags[0])
         self.seen_now = flags[1:]
+        return bool(flags[0])
 
     def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
         """The signals came with the barrier after backward: no collective here."""

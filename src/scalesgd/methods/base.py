@@ -17,28 +17,34 @@ messages: it sends ``signals.raised`` (a server: ``signals.seen``) and ``merge``
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 from ..choices import servers_of
 from ..errors import MethodError, PhaseError  # noqa: F401 - re-exported
 from ..io.trace import NO_TRACE
 
 
+@dataclass(frozen=True)
+class Traits:
+    """What the loop, the recovery from a lost rank and a resume read of a method: fixed per class
+    (``NodeGroup``: per instance, from the method it wraps), never set from outside."""
+
+    min_ranks: int = 1               # the fewest ranks it runs on (servers come on top: check_ranks)
+    replicas_identical: bool = False  # every replica holds the same weights after each step (allreduce)
+    lockstep: bool = False           # when the collectives come depends on the step count (localsgd)
+    check_after: str = "update"      # the step's hook after which the loop checks, once, for a dead
+                                     # rank: the one after the step's last collective
+    reshape_replica: str = "source"  # a resume onto other ranks starts each replica from the saved
+                                     # rank it continues ("source"), the saved replicas' average
+                                     # ("average") or, on a worker, the server's center ("center")
+
+
 class Method:
     """Synchronous base: every rank is a worker, global samples advance in lockstep."""
 
     name = "base"
-    min_ranks = 1
-    replicas_identical = False     # every replica holds the same weights after each step (allreduce)
-    lockstep = False               # when the collectives come depends on the step count (localsgd)
-    check_alive = None             # on_failure = continue: raises if a rank died (set by the loop)
-    check_after = "update"         # the step's hook after which the loop checks, once, for a dead
-                                   # rank: the one after the step's last collective
-    reshape_replica = "source"     # a resume onto other ranks starts each replica from the saved
-                                   # rank it continues ("source"), the saved replicas' average
-                                   # ("average") or, on a worker, the server's center ("center")
+    traits = Traits()
     node_split = None              # the job's node groups (``dist.hierarchy = node``: NodeGroup)
-    loss_finite = True             # replicas_identical: this rank's loss of the step (set by the loop),
-    any_diverged = False           # and whether any rank's was not finite (set in after_backward)
 
     @classmethod
     def select(cls, cfg) -> type:
@@ -54,7 +60,7 @@ class Method:
     def check_ranks(cls, size: int, cfg) -> None:
         """Raises MethodError when the method cannot run on ``size`` ranks (before any collective)."""
         k = cls.servers_for(cfg)
-        need = max(cls.min_ranks, k + 1) if k else cls.min_ranks
+        need = max(cls.traits.min_ranks, k + 1) if k else cls.traits.min_ranks
         if size < need:
             roles = (" (a server and a worker)" if k == 1 else
                      f" ({k} server shards and a worker)") if k else ""
@@ -91,8 +97,11 @@ class Method:
             self.comm.broadcast(ps.params, 0)
             self.comm.broadcast(ps.buffers, 0)
 
-    def after_backward(self, step: int, ps) -> None:
-        """Gradients in ``ps.grads`` are final on this rank."""
+    def after_backward(self, step: int, ps, loss_finite: bool = True) -> bool:
+        """Gradients in ``ps.grads`` are final on this rank, whose loss of the step was
+        ``loss_finite``; returns whether the step diverged: this rank's loss, or, where the
+        replicas are identical (``traits.replicas_identical``), any rank's."""
+        return not loss_finite
 
     def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
         """Parameters were updated locally from ``samples`` samples at learning rate ``lr``; returns

@@ -54,7 +54,7 @@ from ..comm.staging import HostStage
 from ..comm.jobs import IDLE_POLL_SECONDS
 from ..io.trace import digest
 from . import graphs, mixing
-from .base import Method, MethodError
+from .base import Method, MethodError, Traits
 from .exchangers import Blocking, Exchanger, Overlapped
 
 
@@ -66,7 +66,7 @@ class Gossip(Method, metaclass=abc.ABCMeta):
     exchanger (``Blocking`` / ``Overlapped``) decides when the communication runs."""
 
     name = "gossip"
-    reshape_replica = "average"      # a resume onto other ranks: every rank from the saved average
+    traits = Traits(reshape_replica="average")   # a resume onto other ranks: every rank from the average
 
     @classmethod
     def select(cls, cfg):
@@ -368,9 +368,9 @@ class PushGossip(Gossip):
         return functools.partial(self.inbox.push, peer, mixing.push_message(x, sent, self.msg), poll)
 
     def _check_alive(self) -> None:
-        """(The loop sets ``check_alive`` after the windows open.)"""
-        if self.check_alive is not None:
-            self.check_alive()
+        """(The loop sets the signals' ``check_alive`` after the windows open.)"""
+        if self.signals.check_alive is not None:
+            self.signals.check_alive()
 
     def finish(self, x, locked: bool = True) -> None:
         """Drains this rank's inbox and folds it into (w_i x_i, w_i), in place on ``x`` (a push

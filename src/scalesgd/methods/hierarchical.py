@@ -36,7 +36,7 @@ import types
 import numpy as np
 
 from ..comm.topology import Roles
-from .base import Method, MethodError
+from .base import Method, MethodError, Traits
 
 
 class NodeGroup(Method):
@@ -45,7 +45,7 @@ class NodeGroup(Method):
     def __init__(self, cfg, roles, comm, signals, inner_cls):
         super().__init__(cfg, roles, comm, signals)
         self.name = inner_cls.name
-        self.reshape_replica = inner_cls.reshape_replica
+        self.traits = Traits(reshape_replica=inner_cls.traits.reshape_replica)
         split = comm.node_groups(alone=roles.is_server)    # collective: the job's one node split
         self.node, self.leaders = split.node, split.leaders  # (a server rank is its own group)
         self.is_leader = split.is_leader                   # (leaders: None on a member)
@@ -53,7 +53,7 @@ class NodeGroup(Method):
         self.num_nodes = split.num_nodes
         self.node_split = split
         groups = sorted(set(split.sizes))
-        if inner_cls.lockstep and len(groups) > 1:     # (its count is samples x groups x group size)
+        if inner_cls.traits.lockstep and len(groups) > 1:     # (its count is samples x groups x group size)
             raise MethodError(f"dist.hierarchy = node: {self.name} counts samples in lockstep and needs "
                               f"the same number of ranks in every node group (got {groups})")
         if self.num_nodes < 2:
@@ -119,11 +119,12 @@ class NodeGroup(Method):
             with self.timed("comm"):
                 self.reducer.progress()
 
-    def after_backward(self, step: int, ps) -> None:
+    def after_backward(self, step: int, ps, loss_finite: bool = True) -> bool:
         if self.node.size > 1:
             with self.timed("comm"):
                 self.reducer.launch_all()
                 self.reducer.finish()
+        return not loss_finite
 
     def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
         """Every step the node agrees on the leader's count and signals (so its ranks enter a phase

@@ -31,13 +31,14 @@ that maximum (until the slowest worker has finished its period), ``comm`` the al
 from __future__ import annotations
 
 from ..backend import get_array_module
-from .base import Method
+from .base import Method, Traits
 
 
 class LocalSGD(Method):
     name = "localsgd"
-    lockstep = True                  # it averages when (step + 1) % tau == 0: the ranks' steps agree
-    reshape_replica = "average"      # a resume onto other ranks: every rank from the saved average
+    # it averages when (step + 1) % tau == 0: the ranks' steps agree; a resume onto other ranks
+    # starts every rank from the saved average
+    traits = Traits(lockstep=True, reshape_replica="average")
                                      # (SlowMo's state is shared: the saved rank's it continues)
 
     def __init__(self, cfg, roles, comm, signals):

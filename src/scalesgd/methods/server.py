@@ -41,7 +41,7 @@ from ..comm import watchdog
 from ..comm.staging import HostStage
 from ..comm.wire import PushHeader, ReplyHeader, Tag, header, shard_bounds
 from ..io.trace import digest
-from .base import Method, PhaseError
+from .base import Method, PhaseError, Traits
 
 
 class ServerMethod(Method, metaclass=abc.ABCMeta):
@@ -49,9 +49,9 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
     shard ``self.mine`` is its slice of ``ps.params`` (a view) and ``self.rx`` receives pushed
     slices; the hooks work on those."""
 
-    min_ranks = 2
-    reshape_replica = "center"       # a resume onto other ranks: a worker starts from the center /
-                                     # master (momentum zero); a server shard keeps its own
+    # a resume onto other ranks: a worker starts from the center / master (momentum zero); a
+    # server shard keeps its own
+    traits = Traits(min_ranks=2, reshape_replica="center")
     kind = None                        # wire.Kind of the pushes
 
     def __init__(self, cfg, roles, comm, signals):

@@ -15,13 +15,16 @@ import numpy as np
 
 
 class Signals:
-    """``raised`` and ``seen``: int64[2] each, ``[stop, checkpoint generation]``."""
+    """What the control plane tells a method: ``raised`` and ``seen``, int64[2] each, ``[stop,
+    checkpoint generation]``, carried on its messages; and ``check_alive``, which raises once a
+    rank of the job died (``train.on_failure = continue``: set by the loop, else None)."""
 
     STOP, CKPT = 0, 1
 
     def __init__(self):
         self.raised = np.zeros(2, dtype=np.int64)
         self.seen = np.zeros(2, dtype=np.int64)
+        self.check_alive = None
 
     def request_stop(self) -> None:
         """May run on the watchdog's signal thread: one store."""
@@ -50,7 +53,6 @@ class Control:
         self.signals = Signals()
         self.phase_done = -1
         self.ckpt_done = 0
-        self.check_alive = None          # on_failure = continue: raises if a rank died (loop.Run)
 
     def unhandled(self, sig) -> bool:
         """Whether signals ``sig`` (int64[2]) hold a stop or a checkpoint no phase handled yet."""
@@ -75,8 +77,8 @@ class Control:
         v = np.array([want, seen[0], seen[1]], dtype=np.int64)
         if self.size > 1:
             v = self.comm.iallreduce_max_host(v, poll)
-            if self.check_alive is not None:     # (a rank died inside it: the result is garbage)
-                self.check_alive()
+            if self.signals.check_alive is not None:   # (a rank died inside it: garbage)
+                self.signals.check_alive()
         self.signals.merge(v[1:])
         return int(v[0]), bool(v[1]), int(v[2])
 

@@ -91,7 +91,7 @@ class Run:
         self.detector = (s.topo.transport.failure_detector()   # (collective) a dead rank, each step
                          if s.cfg.train.on_failure == "continue" and s.topo.size > 1 else None)
         if self.detector is not None:    # a collective a rank died in may complete with garbage
-            s.method.check_alive = s.control.check_alive = self.detector.check
+            s.control.signals.check_alive = self.detector.check
         s.method.trace = self.trace
         self.bad = BadSamples(s.topo.transport, s.topo.rank, s.train_data, s.val_data, s.train_samples)
         self.progress.enabled = s.topo.is_root
@@ -231,15 +231,14 @@ class Run:
                 loss, errors = train_step(s.model, x, y, cfg.train.label_smoothing, m.grad_scale)
                 loss, errors = self.host_values(loss, errors)   # (the GPU's one wait per step)
                 finite = math.isfinite(loss)
-                if not finite and not m.replicas_identical:
+                if not finite and not m.traits.replicas_identical:
                     raise self.diverged(loss, gs, lr)
-                m.loss_finite = finite
                 self.straggle()
                 self.net.step_done()                 # (virtual: the step's compute time passes)
-                m.after_backward(st.step, ps)
-                if m.check_after == "backward":
+                diverged = m.after_backward(st.step, ps, finite)
+                if m.traits.check_after == "backward":
                     self.check_alive()
-                if m.replicas_identical and m.any_diverged:
+                if diverged:
                     raise self.diverged(loss, gs, lr)
                 s.opt.step(ps.params, ps.grads, lr)
                 gs = m.after_update(st.step, ps, len(y), lr)
@@ -249,7 +248,7 @@ class Run:
                 st.compute_seconds += self.clock() - tc
                 self.log_step(gs, loss, errors / len(y), lr)
                 self.faults.inject(self.world_rank, st.step, self.net)
-                if m.check_after == "update":
+                if m.traits.check_after == "update":
                     self.check_alive()
                 if self.phases.check(gs, seen):
                     return
@@ -283,7 +282,7 @@ class Run:
         return float(loss), int(errors)
 
     def check_alive(self) -> None:
-        """Once per step, after the step's last collective (``Method.check_after``): a rank that
+        """Once per step, after the step's last collective (``Method.traits.check_after``): a rank that
         died raises here (``on_failure = continue``), before what a collective it died in returned
         (garbage, under Open MPI over TCP) is used."""
         if self.detector is not None:
@@ -294,7 +293,7 @@ class Run:
         rank learns it at the same step (``AllReduce.after_backward``): a shared error, so rank 0
         alone reports it, naming its own loss."""
         s, st = self.s, self.st
-        same = s.method.replicas_identical and s.topo.size > 1
+        same = s.method.traits.replicas_identical and s.topo.size > 1
         where = (f"(here, on rank {s.topo.rank}: {loss}; the replicas are identical, so every rank "
                  "stops)" if same else f"on rank {s.topo.rank}")
         exc = Diverged("the training loss became " + ("non-finite" if same else str(loss)) +

@@ -93,7 +93,7 @@ def origin(s, path: Path) -> tuple[dict, Origin]:
     ``path`` (digests checked), and rank 0's metadata.  The same ranks in the same node groups
     continue their own saved states ("same"); another rank count, or the same ranks in other node
     groups, continue a saved rank each ("reshape"; ``source_rank``), with the replica the method
-    asks for (``Method.reshape_replica``)."""
+    asks for (``Method.traits.reshape_replica``)."""
     m = s.method
     old_p = ckpt.read_meta(path)["ranks"]
     split = m.node_split                             # (node groups: NodeGroup; all-reduce: flat)
@@ -115,7 +115,7 @@ def origin(s, path: Path) -> tuple[dict, Origin]:
     own.method.pop("node_group", None)              # (new node groups, by design)
     total = saved_total(path)
     o = Origin("reshape", own, total, old_p, old_workers, path)
-    replica = "source" if s.roles.is_server else m.reshape_replica
+    replica = "source" if s.roles.is_server else m.traits.reshape_replica
     if replica == "average":                         # every rank: the average of the saved replicas
         o = o.with_replica(*average_replicas(s, path, old_p, leaders))
     elif replica == "center":                        # a worker starts from the center / master

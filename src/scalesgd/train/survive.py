@@ -98,14 +98,14 @@ def survive(run, cause: BaseException):
     s.method.start(ps)                               # new windows / ports; replicas = rank 0's
     o = Origin("survive", own, agreed_count(s, m_old.global_samples), old.topo.size,
                old.roles.num_workers)
-    if s.method.replicas_identical and topo.size > 1:   # rank 0's replica (``start``) and momentum
+    if s.method.traits.replicas_identical and topo.size > 1:   # rank 0's replica (``start``) and momentum
         s.method.comm.broadcast(own.momentum, 0)
         o = o.with_replica(to_numpy(ps.params).copy(), own.momentum, to_numpy(ps.buffers).copy())
     loop = o.own.loop                                # this worker's data position: the new
     if not s.roles.is_server and s.samples_per_epoch:   # worker count's order, from the count
         loop.local_epoch, loop.step_in_epoch = data_position(
             o.global_samples, s.samples_per_epoch, s.cfg.data.batch_size * s.roles.num_workers)
-    if s.method.lockstep:              # a step's collective may have completed on some ranks only
+    if s.method.traits.lockstep:              # a step's collective may have completed on some ranks only
         loop.step = int(s.control.max_over_ranks([loop.step])[0])
     extra = s.method.adopt(ps, s.opt, o)
     run.bind(s)
@@ -129,7 +129,7 @@ def survive(run, cause: BaseException):
 def agreed_count(s, mine: int) -> int:
     """Collective on the shrunk job: the global count it continues from: the largest any survivor
     knew, or, where the replicas are identical (all-reduce), rank 0's, whose replica they take."""
-    if s.method.replicas_identical and s.topo.size > 1:
+    if s.method.traits.replicas_identical and s.topo.size > 1:
         got = np.array([mine], np.int64)
         s.method.comm.broadcast(got, 0)
         return int(got[0])
