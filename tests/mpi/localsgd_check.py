@@ -103,7 +103,7 @@ def slowmo_outer_steps_follow_the_formula(comm):
     fresh.load_state(model.ps, {k: v.copy() for k, v in arrays.items()}, scalars)
     np.testing.assert_array_equal(fresh.u, method.u)
     np.testing.assert_array_equal(fresh.x_sync, method.x_sync)
-    assert fresh.averages == method.averages == 2
+    assert fresh.exchanges == method.exchanges == 2
 
 
 def evaluation_model_is_the_average(comm):

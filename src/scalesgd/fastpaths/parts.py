@@ -144,7 +144,7 @@ def transport_components(method, size: int = 10_007) -> list[Component]:
     collective).  None for the host transport (the reference; NumPy gradients
     always have it) or a method without a gradient all-reducer.  Falling back is the method's own
     (``use_host_transport``: a host reducer over the gradients in the device one's place)."""
-    red = getattr(method, "reducer", None)
+    red = method.reducer if method is not None else None
     if red is None or red.transport == "host":
         return []
     from ..backend import get_array_module  # noqa: PLC0415

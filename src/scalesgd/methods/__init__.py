@@ -1,4 +1,5 @@
-"""Training methods chosen by name behind one small interface (see ``base.Method``).
+"""Training methods chosen by name, each a ``base.Method`` (its members by concern, and their count:
+docs/architecture.md; its fixed properties one frozen ``base.Traits``).
 
 A method decides *when and with whom* a worker exchanges *which flat buffer*; the model, optimizer,
 data, metrics and the control plane (``train/``) are the same for every method.

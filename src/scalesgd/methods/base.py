@@ -45,6 +45,10 @@ class Method:
     name = "base"
     traits = Traits()
     node_split = None              # the job's node groups (``dist.hierarchy = node``: NodeGroup)
+    reducer = None                 # its gradient all-reducer, where it has one (all-reduce; NodeGroup
+                                   # inside a node): ``transport``, ``on_host``, ``device_seconds``
+    exchanges = 0                  # exchanges so far (a worker's with its peers, servers or the
+                                   # average; a server's served): what a fault injected on one counts
 
     @classmethod
     def select(cls, cfg) -> type:

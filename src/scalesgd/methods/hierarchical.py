@@ -146,7 +146,7 @@ class NodeGroup(Method):
         """The leader's count of its method's exchanges (0 on a member)."""
         if self.inner is None:
             return 0
-        return int(getattr(self.inner, "exchanges", getattr(self.inner, "averages", 0)))
+        return int(self.inner.exchanges)
 
     def _sync_head(self, exchanged: bool = False) -> bool:
         """Collective on the node: every rank takes the leader's count and signals, and whether
@@ -189,7 +189,7 @@ class NodeGroup(Method):
     @property
     def exchanges(self) -> int:
         """The inner method's exchanges (a server: pushes served; read by the loop's fault hook)."""
-        return getattr(self.inner, "exchanges", 0)
+        return self.inner.exchanges if self.inner is not None else 0
 
     def poll_in_phase(self) -> None:
         if self.inner is not None:

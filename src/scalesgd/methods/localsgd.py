@@ -46,7 +46,7 @@ class LocalSGD(Method):
         d = cfg.dist
         self.tau, self.beta, self.alpha = d.tau, d.slowmo_beta, d.slowmo_lr
         self.slowmo = self.beta > 0 or self.alpha != 1.0
-        self.averages = 0                # exchanges so far
+        self.exchanges = 0               # averages so far
         self.u = self.x_sync = self.tmp = None   # SlowMo: slow momentum, outer iterate, scratch
 
     def start(self, ps) -> None:
@@ -83,7 +83,7 @@ class LocalSGD(Method):
             t *= self.alpha * lr
             x -= t                           # x_sync <- x_sync - alpha lr u
             ps.params[...] = x
-        self.averages += 1
+        self.exchanges += 1
 
     def load_eval_model(self, ps) -> dict:
         """The model evaluated is the replicas' average (what the next exchange would make)."""
@@ -94,17 +94,17 @@ class LocalSGD(Method):
 
     def state(self, ps) -> tuple[dict, dict]:
         arrays, scalars = super().state(ps)
-        scalars["averages"] = self.averages
+        scalars["averages"] = self.exchanges
         if self.slowmo:
             arrays.update(slowmo_u=self.u, slowmo_x=self.x_sync)
         return arrays, scalars
 
     def load_state(self, ps, arrays: dict, scalars: dict) -> None:
         super().load_state(ps, arrays, scalars)
-        self.averages = int(scalars["averages"])
+        self.exchanges = int(scalars["averages"])
         if self.slowmo:
             self.u[...] = arrays["slowmo_u"]
             self.x_sync[...] = arrays["slowmo_x"]
 
     def stats(self) -> dict:
-        return {"averages": self.averages}
+        return {"averages": self.exchanges}

@@ -59,7 +59,7 @@ def rebuilt(old: Setup, topo: Topology) -> Setup:
               old.blas_threads)
     s.model.set_grad_hook(None)                  # (the old all-reducer's; attach sets its own)
     method.attach(s.model)
-    old_red, new_red = getattr(old.method, "reducer", None), getattr(method, "reducer", None)
+    old_red, new_red = old.method.reducer, method.reducer
     if old_red is not None and new_red is not None and new_red.transport != old_red.transport:
         method.use_host_transport()              # the start-up check's fallback holds
     return s
@@ -72,7 +72,7 @@ def survive(run, cause: BaseException):
     m_old, ps = old.method, old.model.ps
     detected = run.train_seconds()
     watchdog.doing("recovering from a lost rank (revoke, shrink)")
-    if getattr(getattr(m_old, "reducer", None), "transport", "") == "nccl":
+    if m_old.reducer is not None and m_old.reducer.transport == "nccl":
         old.topo.transport.shrunk()      # (auto chose NCCL, whose kernels wait on the dead peer)
         raise LostRankError("a rank died and the all-reduce runs on NCCL, which cannot survive it; "
                             "--allreduce-transport host survives; --resume RUN_DIR continues")
