@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# The first GPU contact in one call of at most 10 minutes (docs/gpu.md, "One attempt on one GPU"):
+# The first GPU contact in one call of at most GPU_CHECK_TOTAL_S seconds, 420 (7 minutes) unless told
+# (docs/gpu.md, "One attempt on one GPU"):
 #  1. installs what this python3 lacks into a prefix ($GPU_CHECK_PREFIX): an MPI (the mpich wheel)
 #     when mpi4py finds no MPI library or there is no mpiexec; CuPy for the driver's CUDA (12 or 13)
 #     unless one is preinstalled (the machine's own is then used, and sets the CUDA major); the
 #     cuDNN frontend and DALI of that CUDA.  From the wheels in .whl/ first (offline), else the
-#     package index; what cannot be installed is skipped with the reason ($OUT/install.tsv) and the
+#     package index, which is probed once, when a part first needs it (a lent machine that cannot
+#     reach it loses 20 s, not minutes); what cannot be installed is skipped with the reason ($OUT/install.tsv) and the
 #     check skips what needs it.  `pip install --target` would drop a wheel's data files (the mpich
 #     wheel's lib/libmpi.so.12) and leave its bin/ off PATH: --prefix keeps both, and the children
 #     get PYTHONPATH, MPI4PY_LIBMPI, MPIEXEC, PATH (and the cuDNN wheel's lib on LD_LIBRARY_PATH);
-#  2. runs benchmarks/gpu_check.py with the time left, at most 480 s (--budget-s): its log is
+#  2. runs benchmarks/gpu_check.py with the time left less TESTS_S for step 3 (--budget-s): its log is
 #     $OUT/gpu_check.log as it goes, gpu_check.json and .md are rewritten after every case;
 #  3. runs python3 -m pytest tests/gpu with what is left, if at least 45 s ($OUT/gpu_tests.log).
 # Usage: bash benchmarks/gpu_check.sh [gpu_check.py args]      (results under $OUT, else gpu_check_out/)
 #   --dry-run (a CPU, as CI runs it): no device package is installed and tests/gpu is not run.
 # Environment: PYTHON (default python3), GPU_CHECK_PREFIX (default $TMPDIR/scalesgd-gpu-check),
 #   GPU_CHECK_WHEELS (default .whl), GPU_CHECK_OFFLINE=1 (never the index), GPU_CHECK_TOTAL_S (default
-#   570), MPIEXEC and MPIEXEC_ARGS (honoured; Open MPI run as root gets --allow-run-as-root).
+#   420: the one limit of the whole call), MPIEXEC and MPIEXEC_ARGS (honoured; Open MPI run as root gets
+#   --allow-run-as-root).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
@@ -24,7 +27,8 @@ export OUT="${OUT:-gpu_check_out}"
 mkdir -p "$OUT"
 PREFIX=${GPU_CHECK_PREFIX:-${TMPDIR:-/tmp}/scalesgd-gpu-check}
 WHEELS=${GPU_CHECK_WHEELS:-.whl}
-TOTAL_S=${GPU_CHECK_TOTAL_S:-570}
+TOTAL_S=${GPU_CHECK_TOTAL_S:-420}
+TESTS_S=60                       # kept for tests/gpu (step 3) out of TOTAL_S
 DRY=0
 for a in "$@"; do [ "$a" = --dry-run ] && DRY=1; done
 : > "$OUT/install.tsv"
@@ -56,8 +60,7 @@ pip_into_prefix() {   # NAME REQUIREMENT...: from .whl/ first (offline), then th
     if ls "$WHEELS"/*.whl >/dev/null 2>&1 &&
         timeout 120 "${pip[@]}" --no-index --find-links "$WHEELS" "$@" >> "$OUT/install.log" 2>&1; then
         from="from $WHEELS/"
-    elif [ "${GPU_CHECK_OFFLINE:-0}" != 1 ] &&
-        timeout 180 "${pip[@]}" --timeout 15 --retries 0 "$@" >> "$OUT/install.log" 2>&1; then
+    elif online && timeout 180 "${pip[@]}" --timeout 15 --retries 0 "$@" >> "$OUT/install.log" 2>&1; then
         from="from the package index"
     else
         return 1
@@ -68,6 +71,18 @@ pip_into_prefix() {   # NAME REQUIREMENT...: from .whl/ first (offline), then th
 }
 
 NOWHERE="no wheel in $WHEELS/ and the package index unreachable or refused (see install.log)"
+ONLINE=""
+online() {       # whether the package index answers: probed once, on the first part that needs it
+    if [ "${GPU_CHECK_OFFLINE:-0}" = 1 ]; then return 1; fi
+    if [ -z "$ONLINE" ]; then
+        local url=${PIP_INDEX_URL:-https://pypi.org/simple/}
+        note "probing the package index $url (once, at most 20 s)"
+        if timeout 20 "$PY" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
+            "$url" >> "$OUT/install.log" 2>&1; then ONLINE=yes; else ONLINE=no; fi
+        record index "$([ "$ONLINE" = yes ] && echo reachable || echo unreachable)" "$url"
+    fi
+    [ "$ONLINE" = yes ]
+}
 launcher() {     # the mpiexec the check will use: $MPIEXEC, beside this python, on PATH
     local beside
     beside="$(dirname "$("$PY" -c 'import sys; print(sys.executable)' 2>/dev/null)")/mpiexec"
@@ -141,8 +156,7 @@ fi
 
 # ----------------------------------------------------------------------------- 2. the check
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
-budget=$((TOTAL_S - (SECONDS - T0) - 60))
-[ "$budget" -gt 480 ] && budget=480
+budget=$((TOTAL_S - (SECONDS - T0) - TESTS_S - 30))     # (30: the check's own start and end)
 [ "$budget" -lt 60 ] && budget=60
 note "gpu_check.py: budget $budget s ($((SECONDS - T0)) s spent installing)"
 timeout -k 10 $((budget + 30)) "$PY" benchmarks/gpu_check.py --budget-s "$budget" "$@" 2>&1 | tee "$OUT/gpu_check.log"

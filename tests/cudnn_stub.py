@@ -29,6 +29,13 @@ numerical_note = types.SimpleNamespace(TENSOR_CORE="TENSOR_CORE", DOWN_CONVERT_I
                                        WINOGRAD="WINOGRAD", STRICT_NAN_PROP="STRICT_NAN_PROP")
 convolution_mode = types.SimpleNamespace(CROSS_CORRELATION="CROSS_CORRELATION", CONVOLUTION="CONVOLUTION")
 tensor_reordering = types.SimpleNamespace(NONE="NONE")
+try:                                    # bf16 arrays: ml_dtypes' where installed; the CPU tests
+    import ml_dtypes                    # stand float16 in for them (NumPy has no bfloat16)
+    _BF16 = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
+except ImportError:
+    _BF16 = (np.dtype(np.float16),)
+DTYPES = {"FLOAT": (np.dtype(np.float32),), "HALF": (np.dtype(np.float16),), "BFLOAT16": _BF16,
+          "DOUBLE": (np.dtype(np.float64),), "INT32": (np.dtype(np.int32),), "INT64": (np.dtype(np.int64),)}
 handles = {"created": 0, "streams": 0}
 
 
@@ -153,6 +160,33 @@ class pygraph:  # noqa: N801 - the module's own name
         return 0
 
     # ---- execution: the one operation, by NumPy references
+    def declared_type(self, t) -> str:
+        """A tensor's data type: its own, else the graph's I/O type (an output left unset)."""
+        return t.data_type if t.data_type != NOT_SET else self.io_data_type
+
+    def check_operand(self, t, a) -> None:
+        """What cuDNN takes on trust from a device pointer, checked here against the declaration:
+        the array's dtype is the declared data type's, it holds exactly the elements the declared
+        dims address through the declared strides, and it is one dense block (the Frontend reads the
+        pointer, never the array's own strides).  The lax stand-in before took a float32 array in a
+        BFLOAT16 slot: the class of the bf16 BN defect that the H200 found."""
+        arr = np.asarray(a)
+        want = self.declared_type(t)
+        if arr.dtype not in DTYPES.get(want, ()):
+            raise RuntimeError(f"cudnn stand-in: tensor {t.name!r} is declared {want} but handed a "
+                               f"{arr.dtype} array")
+        if t.dim is not None:
+            n = int(np.prod(t.dim))
+            if arr.size != n:
+                raise RuntimeError(f"cudnn stand-in: tensor {t.name!r} declares dims {t.dim} ({n} elements) "
+                                   f"but is handed {arr.size}")
+            if t.stride is not None and sum((d - 1) * st for d, st in zip(t.dim, t.stride)) + 1 != n:
+                raise RuntimeError(f"cudnn stand-in: tensor {t.name!r}: strides {t.stride} of dims {t.dim} "
+                                   f"do not address {n} elements densely")
+        if not arr.flags.c_contiguous:
+            raise RuntimeError(f"cudnn stand-in: tensor {t.name!r} is handed a strided view, not a dense "
+                               "block (the Frontend reads the pointer with the declared strides)")
+
     def execute(self, variant_pack, workspace, handle=None):
         kind, args, outs = self.op
         for t, a in variant_pack.items():        # the Frontend declares 16-byte aligned tensors
@@ -162,8 +196,10 @@ class pygraph:  # noqa: N801 - the module's own name
                 if type(a) is not int:
                     raise ValueError(f"cudnn stand-in: pass-by-value {t.name!r} is a {type(a).__name__}, "
                                      "not a host address: NumPy only supports stream=None.")
-            elif np.asarray(a).ctypes.data % 16:
+                continue
+            if np.asarray(a).ctypes.data % 16:
                 raise RuntimeError(f"cudnn stand-in: tensor {t.name!r} is not 16-byte aligned")
+            self.check_operand(t, a)
         pack = {id(t): np.array([ctypes.c_float.from_address(a).value], np.float32) if t.is_pass_by_value
                 else np.asarray(a) for t, a in variant_pack.items()}
         get = lambda t: pack[id(t)]                                    # noqa: E731

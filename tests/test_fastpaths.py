@@ -87,6 +87,22 @@ def test_strict_fails_the_run_with_one_line_and_turns_nothing_off():
     assert F.validate(fakes(disabled)[:1], "strict")["right"]["status"] == "used"   # all good: runs
 
 
+def test_a_strict_failure_keeps_every_components_evidence():
+    """The raised error carries the report: every component's status, relative error and seconds,
+    and the failed ones' errors (the strict self-check of a GPU run is what collects the per-tensor
+    evidence; before, the report was empty once strict raised)."""
+    report = F.Report("strict")
+    with pytest.raises(BackendError) as info:
+        F.validate(fakes([]), "strict", report=report)
+    got = info.value.report.to_dict()["components"]
+    assert info.value.report is report and set(got) == {"right", "wrong", "raising", "nan", "misshapen"}
+    assert got["right"]["status"] == "passed" and got["right"]["rel_error"] < 1e-6
+    assert got["wrong"]["status"] == "failed" and got["wrong"]["rel_error"] > 1e-3
+    assert got["wrong"]["error"].startswith("y: relative") and got["raising"]["error"]
+    assert all("seconds" in v and v["fallback"] for v in got.values())
+    assert BackendError("x").report is None                   # (any other BackendError: none)
+
+
 def test_off_runs_nothing_and_uses_only_references():
     disabled, calls = [], []
     report = F.Report("off")

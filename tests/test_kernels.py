@@ -327,3 +327,22 @@ def test_an_evaluation_forward_on_the_engine_uses_the_live_weights():
     model.ps.buffers[...] = other.ps.buffers
     np.testing.assert_allclose(model.forward(x, False)[0], other.forward(x, False)[0], rtol=1e-4, atol=1e-5)
     assert len(convs) == 9
+
+
+def test_the_cudnn_stand_in_checks_each_operand_against_its_declaration():
+    """The stand-in holds the arrays it is handed to what the graph declared, as cuDNN reads a
+    device pointer with the declared type, dims and strides: a float32 array in a BFLOAT16 slot
+    (the class of the H200's bf16 BN defect), too few elements, or a strided view are refused; the
+    lax stand-in before computed with each of them."""
+    b = CC.build_conv(cudnn_stub.module(), None, "fprop", (2, 5, 5, 8), (3, 3, 8, 16), 1, 1, "bf16")
+    g, t = b.graph, b.tensors
+    x = np.zeros((2, 5, 5, 8), np.float16)                 # (float16 stands in for bf16 on a CPU)
+    w = np.zeros((16, 3, 3, 8), np.float16)
+    y = np.zeros((2, 5, 5, 16), np.float16)
+    g.execute({t["X"]: x, t["W"]: w, t["Y"]: y}, None)     # as declared: runs
+    bad = {"a float32 array in a BFLOAT16 slot": (x.astype(np.float32), "declared BFLOAT16 but handed"),
+           "too few elements": (x[:1], "declares dims"),
+           "a strided view": (np.zeros((2, 5, 5, 16), np.float16)[..., ::2], "strided view")}
+    for what, (xx, msg) in bad.items():
+        with pytest.raises(RuntimeError, match=msg):
+            g.execute({t["X"]: xx, t["W"]: w, t["Y"]: y}, None)

@@ -62,6 +62,8 @@ class ResumeError(UserError, RuntimeError):
 class BackendError(UserError, RuntimeError):
     """The requested device cannot be used (e.g. ``--device gpu`` without CuPy or a GPU)."""
 
+    report = None      # a strict fast-path failure: the check's evidence (``fastpaths.Report``)
+
 
 class PhaseError(UserError, RuntimeError):
     """A phase can never complete (inconsistent state found by one rank); the job ends, not hangs."""

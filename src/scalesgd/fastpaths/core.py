@@ -234,8 +234,15 @@ def validate(components, mode: str, agree=None, speak: bool = True, report: Repo
             failed[c.name] = (why, c.fallback)
     if agree is not None:
         failed = agree(failed)
-    if failed and mode == "strict":
-        raise _strict_error(failed, shared=agree is not None)
+    if failed and mode == "strict":        # nothing turned off; the evidence kept with the error
+        report.components.update({c.name: dict(status="failed" if c.name in failed else "passed",
+                                               **measured[c.name],
+                                               **({"error": failed[c.name][0]} if c.name in failed else {}),
+                                               fallback=c.fallback) for c in components})
+        report.seconds = round(report.seconds + time.perf_counter() - t0, 6)
+        err = _strict_error(failed, shared=agree is not None)
+        err.report = report
+        raise err
     out = {}
     for c in components:
         out[c.name] = dict(status="used", **measured[c.name])
