@@ -36,7 +36,7 @@ except ImportError:
     _BF16 = (np.dtype(np.float16),)
 DTYPES = {"FLOAT": (np.dtype(np.float32),), "HALF": (np.dtype(np.float16),), "BFLOAT16": _BF16,
           "DOUBLE": (np.dtype(np.float64),), "INT32": (np.dtype(np.int32),), "INT64": (np.dtype(np.int64),)}
-handles = {"created": 0, "streams": 0}
+handles = {"created": 0, "streams": 0, "destroyed": 0}
 
 
 class cudnnGraphNotSupportedError(RuntimeError):  # noqa: N801 - the bindings' name
@@ -49,7 +49,15 @@ def create_handle():
 
 
 def set_stream(handle, stream):
+    if handle is None:
+        raise RuntimeError("cudnn stand-in: set_stream on a destroyed handle")
     handles["streams"] += 1
+
+
+def destroy_handle(handle):
+    if handle is None:
+        raise RuntimeError("cudnn stand-in: destroy_handle(None)")
+    handles["destroyed"] += 1
 
 
 class Tensor:
@@ -278,12 +286,13 @@ def module(no_engine=None):
     reason when no engine supports ``graph`` (its ``op``: (kind, arguments, outputs), and its
     ``io_data_type``), so ``check_support`` raises ``cudnnGraphNotSupportedError`` as the bindings
     do; plan support is otherwise not modelled (every graph is supported)."""
-    handles.update(created=0, streams=0)
+    handles.update(created=0, streams=0, destroyed=0)
     graph = pygraph if no_engine is None else \
         type("pygraph", (pygraph,), {"no_engine": staticmethod(no_engine)})
     return types.SimpleNamespace(pygraph=graph, data_type=data_type, heur_mode=heur_mode,
                                  numerical_note=numerical_note, convolution_mode=convolution_mode,
                                  create_handle=create_handle, set_stream=set_stream,
+                                 destroy_handle=destroy_handle,
                                  cudnnGraphNotSupportedError=cudnnGraphNotSupportedError)
 
 

@@ -457,3 +457,19 @@ def test_gpu_check_sh_probes_an_unreachable_index_once_and_keeps_to_its_one_limi
     assert budget <= 300 - 60 - 30, (budget, proc.stdout[-2000:])
     text = (BENCH / "gpu_check.sh").read_text()
     assert "TOTAL_S=${GPU_CHECK_TOTAL_S:-420}" in text and "480" not in text
+
+
+def test_the_dali_rate_reads_the_clock_after_the_device_finished():
+    """A GPU ("mixed") DALI batch is queued device work when ``run`` returns: each timed pass ends
+    with a device synchronize before the clock is read (the first GPU check read it without one)."""
+    events = []
+    ticks = iter(range(100))
+
+    def clock():
+        events.append("clock")
+        return float(next(ticks))
+    times = G.timed_passes(lambda: events.append("run"), 2, lambda: events.append("sync"), repeats=2,
+                           clock=clock)
+    assert events == ["clock", "run", "run", "sync", "clock"] * 2 and times == [1.0, 1.0]
+    src = (BENCH / "gpu_parts.py").read_text()
+    assert "deviceSynchronize()" in src.split("def dali_case")[1]

@@ -346,3 +346,24 @@ def test_the_cudnn_stand_in_checks_each_operand_against_its_declaration():
     for what, (xx, msg) in bad.items():
         with pytest.raises(RuntimeError, match=msg):
             g.execute({t["X"]: xx, t["W"]: w, t["Y"]: y}, None)
+
+
+def test_an_engine_replaced_or_closed_destroys_its_cudnn_handle(monkeypatch):
+    """Every CudnnEngine made a cuDNN handle that nothing destroyed (one per engine, held until the
+    process ended: the parity, results and self-check cases each made theirs).  Closing an engine
+    destroys its handle once; a model whose engine is replaced (``set_engine``: the fast-path
+    fallback to im2col) closes the old one."""
+    from scalesgd.nn.resnet import ResNet
+    cudnn = cudnn_stub.module()
+    monkeypatch.setattr(CC, "_io_dtype", lambda xp, p: np.float32)
+    model = ResNet("resnet20", 10, 0.25, seed=0)
+    first = CC.CudnnEngine(cudnn, cudnn_stub.HostXP(), "fp32")
+    model.set_engine(first)
+    model.set_engine(first)                                 # the same engine again: kept open
+    assert cudnn_stub.handles["destroyed"] == 0
+    second = CC.CudnnEngine(cudnn, cudnn_stub.HostXP(), "fp32")
+    model.set_engine(second)                                # replaced: the first one is closed
+    assert cudnn_stub.handles["destroyed"] == 1 and first.handle is None
+    model.set_engine(None)
+    second.close()                                          # closing twice destroys once
+    assert cudnn_stub.handles == {"created": 2, "streams": 0, "destroyed": 2}

@@ -270,6 +270,15 @@ class CudnnEngine:
         self._ws = xp.empty(1, dtype=xp.uint8)
         self._scalars = {}
 
+    def close(self) -> None:
+        """Destroys the engine's cuDNN handle (once) and drops its graphs: a model that replaces its
+        engine (``ResNet.set_engine``) or a check done with one releases it, instead of leaving one
+        handle per engine made until the process ends."""
+        if self.handle is not None:
+            self.cudnn.destroy_handle(self.handle)
+            self.handle = None
+            self.cache = GraphCache()
+
     def _host_scalars(self, eps: float, momentum: float) -> tuple[int, int]:
         """BN's pass-by-value epsilon and momentum, as the host addresses of float32 values this
         engine keeps alive: a pass-by-value operand of cuDNN's variant pack is a host pointer, and

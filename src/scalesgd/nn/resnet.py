@@ -341,10 +341,14 @@ class ResNet:
                 m.algo, m._plan_key = algo, None
 
     def set_engine(self, engine) -> None:
-        """Routes every Conv and BatchNorm through ``engine`` (cudnn_conv.CudnnEngine; None = xp)."""
+        """Routes every Conv and BatchNorm through ``engine`` (cudnn_conv.CudnnEngine; None = xp);
+        the engine it replaces is closed (its cuDNN handle destroyed)."""
+        old = self.stem_conv.engine
         for m in _leaves(self.net):
             if isinstance(m, (Conv, BatchNorm)):
                 m.engine = engine
+        if old is not None and old is not engine:
+            old.close()
 
     def share_workspaces(self, other: "ResNet") -> None:
         """Every Conv reuses ``other``'s im2col buffers (same architecture): for replicas stepped one
