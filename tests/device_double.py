@@ -20,8 +20,12 @@ staging, transport, timing and self-check code (issue 25):
 - **NCCL as CuPy 14 has it** (``Nccl``, also ``cuda.nccl``): ``get_unique_id()`` returns 128
   ``bytes`` and ``NcclCommunicator(ndev, commId, rank)`` refuses any other ``commId`` with
   ``TypeError``, as ``cupy_backends/cuda/libs/nccl.pyx`` does since CuPy 14.0 (``bytes commId``);
-  its ``allReduce`` is queued work on the stream, summing the registered arrays of the communicators
-  made from one id (one process: ``ndev`` must be 1, the sum is the array itself).
+  its ``allReduce`` is queued work on the stream, the sum of every rank's buffer (one process:
+  ``ndev`` 1, the array itself; ``ndev`` ranks launched by ``mpiexec``: summed over MPI's world).
+- **``get(out=)`` and ``set()`` check as CuPy 14 does**: a NumPy array of the same dtype and shape,
+  contiguous (the messages of ``cupy/_core/core.pyx``), where a lax double took anything.
+- **Pinned memory** (``cupyx``: ``empty_pinned``, ``zeros_pinned``): host arrays flagged pinned
+  (``is_pinned``), so the staging path that asks for them runs here too.
 
 Installed as the module ``cupy`` (``install``), so ``backend.get_array_module`` and
 ``sys.modules["cupy"]`` hand it to the code under test exactly as they would hand CuPy.  Arithmetic
@@ -96,6 +100,15 @@ class ndarray:  # noqa: N801 - CuPy's name
         enqueue(copy)
 
     def set(self, arr, stream=None):
+        """CuPy 14's checks (``cupy/_core/core.pyx``: ``set``), then the queued copy."""
+        if not isinstance(arr, np.ndarray):
+            raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        if self.dtype != arr.dtype:
+            raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
+        if self.shape != arr.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+        if not (self._a.flags.c_contiguous or self._a.flags.f_contiguous):
+            raise RuntimeError("Cannot set to non-contiguous array")
         dst = self._a
 
         def copy():
@@ -103,7 +116,17 @@ class ndarray:  # noqa: N801 - CuPy's name
         enqueue(copy, stream)
 
     def get(self, stream=None, order="C", out=None, blocking=True):
+        """CuPy 14's checks of ``out`` (``cupy/_core/core.pyx``: ``get``), then the queued copy."""
         src = self._a
+        if out is not None:
+            if not isinstance(out, np.ndarray):
+                raise TypeError("Only numpy.ndarray can be obtained fromcupy.ndarray")
+            if self.dtype != out.dtype:
+                raise TypeError(f"{out.dtype} array cannot be obtained from {self.dtype} array")
+            if self.shape != out.shape:
+                raise ValueError(f"Shape mismatch. Expected shape: {self.shape}, actual shape: {out.shape}")
+            if not (out.flags.c_contiguous or out.flags.f_contiguous):
+                raise RuntimeError("`out` cannot be specified when copying to non-contiguous ndarray")
         out = np.empty(src.shape, src.dtype) if out is None else out
 
         def copy():
@@ -208,13 +231,24 @@ class Nccl:
             Nccl.live += 1
 
         def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
+            """Queued on the stream; with ``ndev`` ranks (one a process, under ``mpiexec``: the
+            ranks of MPI's world), the sum runs over MPI when the stream runs it, so every rank
+            must run its queued work in the same order, as NCCL's kernels wait for their peers."""
             if self.destroyed:
                 raise RuntimeError("NCCL_ERROR_INVALID_ARGUMENT: the communicator was destroyed")
-            assert self.args[0] == 1, "the double sums in one process only (ndev 1)"
             src, dst = Nccl.arrays[sendbuf], Nccl.arrays[recvbuf]
+            ndev = self.args[0]
 
             def run():
-                dst[:count] = src[:count]
+                if ndev == 1:
+                    dst[:count] = src[:count]
+                    return
+                from mpi4py import MPI  # noqa: PLC0415 - the peers' processes
+                world = MPI.COMM_WORLD
+                assert world.Get_size() == ndev, f"the double's {ndev} ranks are MPI's world"
+                got = np.empty_like(src[:count])
+                world.Allreduce(np.ascontiguousarray(src[:count]), got, op=MPI.SUM)
+                dst[:count] = got
             enqueue(run)
 
         def destroy(self):
@@ -265,14 +299,41 @@ def reset() -> None:
     STATE.waits, STATE.ran, STATE.gpu_keeps_up = 0, 0, True
 
 
-def install(monkeypatch=None) -> types.ModuleType:
-    """This module as ``cupy`` (no ``cupyx``: staging falls back to pageable buffers), reset;
-    for one test with ``monkeypatch``, for the process without (an mpiexec check script)."""
+# ----------------------------------------------------------------------------- cupyx: pinned memory
+PINNED: set = set()                     # ids of the host buffers handed out as pinned
+
+
+def empty_pinned(shape, dtype=float, order="C") -> np.ndarray:
+    a = np.empty(shape, dtype, order=order)
+    PINNED.add(id(a))
+    return a
+
+
+def zeros_pinned(shape, dtype=float, order="C") -> np.ndarray:
+    a = empty_pinned(shape, dtype, order)
+    a[...] = 0
+    return a
+
+
+def is_pinned(a) -> bool:
+    return id(a) in PINNED
+
+
+cupyx = types.ModuleType("cupyx")
+cupyx.empty_pinned, cupyx.zeros_pinned = empty_pinned, zeros_pinned
+
+
+def install(monkeypatch=None, pinned: bool = True) -> types.ModuleType:
+    """This module as ``cupy`` and its ``cupyx`` (``pinned=False``: none, so staging falls back to
+    pageable buffers), reset; for one test with ``monkeypatch``, for the process without (an
+    mpiexec check script)."""
     mod = sys.modules[__name__]
     reset()
+    PINNED.clear()
+    x = cupyx if pinned else None
     if monkeypatch is None:
-        sys.modules["cupy"], sys.modules["cupyx"] = mod, None
+        sys.modules["cupy"], sys.modules["cupyx"] = mod, x
     else:
         monkeypatch.setitem(sys.modules, "cupy", mod)
-        monkeypatch.setitem(sys.modules, "cupyx", None)
+        monkeypatch.setitem(sys.modules, "cupyx", x)
     return mod

@@ -123,7 +123,7 @@ def test_overlap_not_honoured_is_said(caplog):
     assert caplog.text == "", "NumPy buffers: no line, as before"
 
 
-DEVICE_CHECKS = 11            # the checks tests/mpi/device_check.py runs
+DEVICE_CHECKS = 12            # the checks tests/mpi/device_check.py runs
 
 
 @uses_mpi
@@ -237,3 +237,36 @@ def test_cuda_aware_transport_uses_only_the_blocking_collective_its_probe_tested
     red.finish()
     assert comm.blocking == len(red.buckets)
     np.testing.assert_array_equal(flat, np.arange(lay.size, dtype=np.float32))   # one rank: the sum
+
+
+def test_the_device_double_checks_get_and_set_as_cupy_14_does(monkeypatch):
+    """``get(out=)`` and ``set()`` refuse what CuPy 14 refuses (``cupy/_core/core.pyx``): another
+    dtype, another shape, a non-contiguous buffer, a non-NumPy one; the lax double copied any of
+    them (a float64 host buffer staged into float32 gradients passed here and failed on a GPU)."""
+    import device_double as dd
+    cp = dd.install(monkeypatch)
+    a = cp.ndarray(np.zeros((4, 6), np.float32))
+    for bad, err in ((np.zeros((4, 6), np.float64), TypeError), (np.zeros((6, 4), np.float32), ValueError),
+                     (np.zeros((4, 12), np.float32)[:, ::2], RuntimeError), ([0.0] * 24, TypeError)):
+        with pytest.raises(err):
+            a.get(out=bad)
+        if err is not RuntimeError:                 # (set takes a strided host array, as CuPy does)
+            with pytest.raises(err):
+                a.set(bad)
+    with pytest.raises(RuntimeError, match="non-contiguous"):
+        cp.ndarray(np.zeros((4, 12), np.float32))[:, ::2].set(np.zeros((4, 6), np.float32))
+    good = np.arange(24, dtype=np.float32).reshape(4, 6)
+    a.set(good)
+    assert np.array_equal(a.get(), good) and np.array_equal(a.get(out=np.empty((4, 6), np.float32)), good)
+
+
+def test_staging_takes_pinned_buffers_from_the_device_doubles_cupyx(monkeypatch):
+    """The double has ``cupyx`` now: staging's pinned path runs (before, every test staged through
+    pageable buffers, the fallback); ``pinned=False`` keeps the fallback's test."""
+    import device_double as dd
+    cp = dd.install(monkeypatch)
+    st = staging.HostStage(cp.ndarray(np.zeros(8, np.float32)))
+    assert dd.is_pinned(st.host) and st.host.dtype == np.float32 and st.host.shape == (8,)
+    cp = dd.install(monkeypatch, pinned=False)
+    st = staging.HostStage(cp.ndarray(np.zeros(8, np.float32)))
+    assert not dd.is_pinned(st.host)

@@ -319,6 +319,23 @@ def nccl_id_of_cupy13_is_passed_as_its_tuple(comm):
     assert min(red.nccl_comm.args[1]) < 0 <= max(red.nccl_comm.args[1])
 
 
+def nccl_double_sums_every_ranks_buffer(comm):
+    """The NCCL double with as many ranks as the job (``NcclCommunicator(ndev = size, ...)``):
+    each rank's queued allReduce sums every rank's buffer once the streams run (it once summed
+    one process only: ``ndev`` 1)."""
+    dd.reset()
+    uid = comm.bcast(dd.Nccl.get_unique_id() if comm.rank == 0 else None, root=0)
+    nc = dd.Nccl.NcclCommunicator(comm.size, uid, comm.rank)
+    send = dd.ndarray(np.full(5, comm.rank + 1.0, np.float32))
+    recv = dd.ndarray(np.zeros(5, np.float32))
+    dd.Nccl.arrays = {send.data.ptr: send.data, recv.data.ptr: recv.data}
+    nc.allReduce(send.data.ptr, recv.data.ptr, 5, dd.Nccl.NCCL_FLOAT32, dd.Nccl.NCCL_SUM, 0)
+    assert np.all(recv.data == 0), "queued: nothing summed before the stream runs"
+    dd.cuda.get_current_stream().synchronize()
+    assert np.all(recv.data == comm.size * (comm.size + 1) / 2), recv.data
+    nc.destroy()
+
+
 if __name__ == "__main__":
     assert MPI.COMM_WORLD.size >= 2
     dd.install()
@@ -328,4 +345,5 @@ if __name__ == "__main__":
                nccl_lifecycle_every_communicator_is_destroyed,
                nccl_id_failure_on_rank0_ends_every_rank, nccl_is_not_chosen_when_ranks_share_a_gpu,
                nccl_time_is_measured_on_the_device,
-               buckets_start_before_the_barrier_however_far_each_device_got)
+               buckets_start_before_the_barrier_however_far_each_device_got,
+               nccl_double_sums_every_ranks_buffer)
