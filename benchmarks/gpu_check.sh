@@ -125,7 +125,9 @@ else
         record cupy preinstalled "$("$PY" -c 'import cupy; print(cupy.__version__)') for CUDA $MAJOR: used as it is"
     else
         MAJOR=$([ "${driver_major:-12}" -ge 13 ] && echo 13 || echo 12)
-        pip_into_prefix cupy "cupy-cuda${MAJOR}x>=14" "nvidia-nccl-cu${MAJOR}" "ml_dtypes>=0.5" ||
+        # [ctk]: the CUDA toolkit's wheels (NVRTC and the headers its kernels compile with), which a
+        # driver-only image lacks: without them the first fused kernel fails to compile
+        pip_into_prefix cupy "cupy-cuda${MAJOR}x[ctk]>=14" "nvidia-nccl-cu${MAJOR}" "ml_dtypes>=0.5" ||
             record cupy skipped "$NOWHERE: no device case can run"
     fi
     has ml_dtypes || pip_into_prefix ml_dtypes "ml_dtypes>=0.5" || record ml_dtypes skipped "$NOWHERE: bf16 fails"

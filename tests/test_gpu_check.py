@@ -473,3 +473,15 @@ def test_the_dali_rate_reads_the_clock_after_the_device_finished():
     assert events == ["clock", "run", "run", "sync", "clock"] * 2 and times == [1.0, 1.0]
     src = (BENCH / "gpu_parts.py").read_text()
     assert "deviceSynchronize()" in src.split("def dali_case")[1]
+
+
+def test_gpu_check_sh_installs_cupy_with_the_cuda_toolkit_wheels():
+    """A driver-only image has no NVRTC: CuPy installed without its ``[ctk]`` extra cannot compile
+    the fused kernels there (setup.cfg's CUDA extras already ask for it; the script did not)."""
+    text = (BENCH / "gpu_check.sh").read_text()
+    (line,) = [x for x in text.splitlines() if "pip_into_prefix cupy " in x]
+    assert '"cupy-cuda${MAJOR}x[ctk]>=14"' in line, line
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    for major in (12, 13):
+        assert f"cupy-cuda{major}x[ctk]>=14" in cfg["options.extras_require"][f"cuda{major}"]
