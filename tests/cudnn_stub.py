@@ -37,6 +37,9 @@ except ImportError:
 DTYPES = {"FLOAT": (np.dtype(np.float32),), "HALF": (np.dtype(np.float16),), "BFLOAT16": _BF16,
           "DOUBLE": (np.dtype(np.float64),), "INT32": (np.dtype(np.int32),), "INT64": (np.dtype(np.int64),)}
 handles = {"created": 0, "streams": 0, "destroyed": 0}
+# what ``execute`` was handed: operands as arrays (each a DLPack capsule in the real Frontend, made
+# per operand and per call) or as addresses (ints, taken as they are)
+operands = {"arrays": 0, "addresses": 0, "executes": 0}
 
 
 class cudnnGraphNotSupportedError(RuntimeError):  # noqa: N801 - the bindings' name
@@ -195,8 +198,33 @@ class pygraph:  # noqa: N801 - the module's own name
             raise RuntimeError(f"cudnn stand-in: tensor {t.name!r} is handed a strided view, not a dense "
                                "block (the Frontend reads the pointer with the declared strides)")
 
+    def dims_of(self, t) -> tuple[list, list]:
+        """(dims, strides) of ``t``: declared, or, for an output the Frontend shapes itself,
+        inferred from the operation's inputs as cuDNN does (NHWC, KRSC, per-channel vectors)."""
+        if t.dim is not None:
+            return t.dim, t.stride
+        kind, args, outs = self.op
+        if kind == "conv_fprop" and t is outs[0]:
+            (n, _, h, w), (k, _, r, s_) = args["image"].dim, args["weight"].dim
+            (pad, _), (st, _) = args["padding"], args["stride"]
+            ho, wo = (h + 2 * pad - r) // st + 1, (w + 2 * pad - s_) // st + 1
+            return [n, k, ho, wo], [ho * wo * k, 1, wo * k, k]
+        like = args["input"] if t is outs[0] else args["scale"]     # BN: Y / DX, or a vector
+        return like.dim, like.stride
+
+    def view_of(self, t, ptr: int) -> np.ndarray:
+        """The memory at ``ptr`` read as cuDNN reads it: the declared data type over the dims and
+        strides (declared or inferred), physical order by descending stride."""
+        dims, strides = self.dims_of(t)
+        dtype = DTYPES[self.declared_type(t)][0]
+        order = sorted(range(len(dims)), key=lambda i: -strides[i])
+        shape = [dims[i] for i in order]
+        n = int(np.prod(shape))
+        return np.ndarray(shape, dtype, buffer=(ctypes.c_char * (n * dtype.itemsize)).from_address(ptr))
+
     def execute(self, variant_pack, workspace, handle=None):
         kind, args, outs = self.op
+        operands["executes"] += 1
         for t, a in variant_pack.items():        # the Frontend declares 16-byte aligned tensors
             if t.is_pass_by_value:
                 # a host address (int), as the engine passes it: cudnn-frontend 1.32 refused a
@@ -205,11 +233,18 @@ class pygraph:  # noqa: N801 - the module's own name
                     raise ValueError(f"cudnn stand-in: pass-by-value {t.name!r} is a {type(a).__name__}, "
                                      "not a host address: NumPy only supports stream=None.")
                 continue
+            if isinstance(a, int):                # a device address: read through the declaration
+                operands["addresses"] += 1
+                if a % 16:
+                    raise RuntimeError(f"cudnn stand-in: tensor {t.name!r} is not 16-byte aligned")
+                continue
+            operands["arrays"] += 1
             if np.asarray(a).ctypes.data % 16:
                 raise RuntimeError(f"cudnn stand-in: tensor {t.name!r} is not 16-byte aligned")
             self.check_operand(t, a)
         pack = {id(t): np.array([ctypes.c_float.from_address(a).value], np.float32) if t.is_pass_by_value
-                else np.asarray(a) for t, a in variant_pack.items()}
+                else self.view_of(t, a) if isinstance(a, int) else np.asarray(a)
+                for t, a in variant_pack.items()}
         get = lambda t: pack[id(t)]                                    # noqa: E731
         if kind.startswith("conv_"):
             (ph, pw), (sh, sw) = args["padding"], args["stride"]
@@ -287,6 +322,7 @@ def module(no_engine=None):
     ``io_data_type``), so ``check_support`` raises ``cudnnGraphNotSupportedError`` as the bindings
     do; plan support is otherwise not modelled (every graph is supported)."""
     handles.update(created=0, streams=0, destroyed=0)
+    operands.update(arrays=0, addresses=0, executes=0)
     graph = pygraph if no_engine is None else \
         type("pygraph", (pygraph,), {"no_engine": staticmethod(no_engine)})
     return types.SimpleNamespace(pygraph=graph, data_type=data_type, heur_mode=heur_mode,
