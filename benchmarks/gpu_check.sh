@@ -29,6 +29,7 @@ PREFIX=${GPU_CHECK_PREFIX:-${TMPDIR:-/tmp}/scalesgd-gpu-check}
 WHEELS=${GPU_CHECK_WHEELS:-.whl}
 TOTAL_S=${GPU_CHECK_TOTAL_S:-420}
 TESTS_S=60                       # kept for tests/gpu (step 3) out of TOTAL_S
+INSTALL_S=$((TOTAL_S / 3))       # installing stops starting parts after this (what is left: skipped)
 DRY=0
 for a in "$@"; do [ "$a" = --dry-run ] && DRY=1; done
 : > "$OUT/install.tsv"
@@ -57,6 +58,10 @@ pip_into_prefix() {   # NAME REQUIREMENT...: from .whl/ first (offline), then th
     local name=$1 from
     shift
     local pip=("$PY" -m pip install -q --disable-pip-version-check --no-cache-dir --prefix "$PREFIX")
+    if [ $((SECONDS - T0)) -ge "$INSTALL_S" ]; then
+        note "install $name: not started: ${INSTALL_S} s of installing spent (GPU_CHECK_TOTAL_S / 3)"
+        return 1
+    fi
     if ls "$WHEELS"/*.whl >/dev/null 2>&1 &&
         timeout 120 "${pip[@]}" --no-index --find-links "$WHEELS" "$@" >> "$OUT/install.log" 2>&1; then
         from="from $WHEELS/"
@@ -75,7 +80,8 @@ ONLINE=""
 online() {       # whether the package index answers: probed once, on the first part that needs it
     if [ "${GPU_CHECK_OFFLINE:-0}" = 1 ]; then return 1; fi
     if [ -z "$ONLINE" ]; then
-        local url=${PIP_INDEX_URL:-https://pypi.org/simple/}
+        local url=${PIP_INDEX_URL:-$("$PY" -m pip config get global.index-url 2>/dev/null)}   # pip's own
+        url=${url:-https://pypi.org/simple/}
         note "probing the package index $url (once, at most 20 s)"
         if timeout 20 "$PY" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
             "$url" >> "$OUT/install.log" 2>&1; then ONLINE=yes; else ONLINE=no; fi
@@ -125,10 +131,14 @@ else
         record cupy preinstalled "$("$PY" -c 'import cupy; print(cupy.__version__)') for CUDA $MAJOR: used as it is"
     else
         MAJOR=$([ "${driver_major:-12}" -ge 13 ] && echo 13 || echo 12)
-        # [ctk]: the CUDA toolkit's wheels (NVRTC and the headers its kernels compile with), which a
-        # driver-only image lacks: without them the first fused kernel fails to compile
-        pip_into_prefix cupy "cupy-cuda${MAJOR}x[ctk]>=14" "nvidia-nccl-cu${MAJOR}" "ml_dtypes>=0.5" ||
+        pip_into_prefix cupy "cupy-cuda${MAJOR}x>=14" "nvidia-nccl-cu${MAJOR}" "ml_dtypes>=0.5" ||
             record cupy skipped "$NOWHERE: no device case can run"
+        # then its [ctk] extra, on its own (the CUDA toolkit's wheels: NVRTC and the headers the fused
+        # kernels compile with, which a driver-only image lacks; large: CuPy is not lost if it fails)
+        if has cupy && ! "$PY" -c "import cupy; cupy.cuda.nvrtc.getVersion()" >/dev/null 2>&1; then
+            pip_into_prefix cupy_ctk "cupy-cuda${MAJOR}x[ctk]>=14" ||
+                record cupy_ctk skipped "$NOWHERE: the fused kernels cannot compile without NVRTC"
+        fi
     fi
     has ml_dtypes || pip_into_prefix ml_dtypes "ml_dtypes>=0.5" || record ml_dtypes skipped "$NOWHERE: bf16 fails"
     if has cudnn; then
@@ -159,10 +169,15 @@ fi
 # ----------------------------------------------------------------------------- 2. the check
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 budget=$((TOTAL_S - (SECONDS - T0) - TESTS_S - 30))     # (30: the check's own start and end)
-[ "$budget" -lt 60 ] && budget=60
-note "gpu_check.py: budget $budget s ($((SECONDS - T0)) s spent installing)"
-timeout -k 10 $((budget + 30)) "$PY" benchmarks/gpu_check.py --budget-s "$budget" "$@" 2>&1 | tee "$OUT/gpu_check.log"
-rc=${PIPESTATUS[0]}
+if [ "$budget" -lt 30 ]; then        # (the total holds: installing took what the check had)
+    note "gpu_check.py: not run: $budget s left of $TOTAL_S after $((SECONDS - T0)) s of installing"
+    rc=1
+else
+    note "gpu_check.py: budget $budget s ($((SECONDS - T0)) s spent installing)"
+    timeout -k 10 $((budget + 20)) "$PY" benchmarks/gpu_check.py --budget-s "$budget" "$@" 2>&1 |
+        tee "$OUT/gpu_check.log"
+    rc=${PIPESTATUS[0]}
+fi
 
 # ----------------------------------------------------------------------------- 3. tests/gpu
 left=$((TOTAL_S - (SECONDS - T0)))

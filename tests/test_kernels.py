@@ -367,6 +367,11 @@ def test_an_engine_replaced_or_closed_destroys_its_cudnn_handle(monkeypatch):
     model.set_engine(None)
     second.close()                                          # closing twice destroys once
     assert cudnn_stub.handles == {"created": 2, "streams": 0, "destroyed": 2}
+    third = CC.CudnnEngine(cudnn, cudnn_stub.HostXP(), "fp32")
+    model.set_engine(third)
+    model.stem_conv.engine = None               # one layer's own check fell back (fastpaths/parts.py)
+    model.set_engine(None)                      # the others' engine is still closed
+    assert third.handle is None and cudnn_stub.handles["destroyed"] == 3
 
 
 def test_a_training_step_hands_the_frontend_addresses_and_tells_the_stream_once(monkeypatch):

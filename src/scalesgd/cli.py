@@ -83,8 +83,15 @@ def _run_dir(cfg: C.Config, topo) -> Path:
         return Path(cfg.train.run_dir)
     from .comm.mpi.collectives import bcast_text
     from .io.files import reserve_dir, stamped
-    name = (str(reserve_dir(stamped(f"{cfg.train.method}-{cfg.model.model}"))) if topo.is_root
-            else None)
+    name, err = None, ""
+    if topo.is_root:
+        try:
+            name = str(reserve_dir(stamped(f"{cfg.train.method}-{cfg.model.model}")))
+        except OSError as exc:            # runs/ a file, a read-only directory: the user's to fix
+            err = f"cannot create a run directory under runs/ ({exc.strerror or exc})"
+    err = bcast_text(topo.comm, err)
+    if err:
+        raise RunDirError(err)
     return Path(bcast_text(topo.comm, name))
 
 

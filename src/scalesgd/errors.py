@@ -69,6 +69,11 @@ class PhaseError(UserError, RuntimeError):
     """A phase can never complete (inconsistent state found by one rank); the job ends, not hangs."""
 
 
+class RankFailed(Exception):
+    """A rank of the job died (``train.on_failure = continue``: the survivors recover); raised by
+    either transport's failure detection (``comm/mpi/failures.py``, the virtual cluster's)."""
+
+
 class LostRankError(UserError, RuntimeError):
     """A rank died and the job cannot train on without it (``train.on_failure = continue``: a server
     rank, or too few ranks left).  Raised by the survivors' rank 0 alone (the world communicator is

@@ -18,7 +18,7 @@ def free_name(base: Path) -> Path:
     """``base``, else ``base.2``, ``base.3``, ...: the first that does not exist yet (a second run
     started within the same second gets a directory of its own instead of being refused)."""
     path, n = base, 1
-    while path.exists():
+    while os.path.lexists(path):          # (a dangling link takes the name too)
         n += 1
         path = base.with_name(f"{base.name}.{n}")
     return path

@@ -4,7 +4,8 @@ A rank is a worker (trains a replica on its part of the data) or, for the parame
 a server (``roles``: ``comm.topology.Roles``, computed once).  The loop calls on a worker, per step::
 
     loss = train_step(model, x, y)              # fills ps.grads, no communication
-    method.after_backward(step, ps)             # e.g. all-reduce of the gradients
+    diverged = method.after_backward(step, ps, finite)   # e.g. all-reduce of the gradients (and of
+                                                         # whether any rank's loss was not finite)
     opt.step(ps.params, ps.grads, lr)
     gs = method.after_update(step, ps, n, lr)   # e.g. elastic / gossip averaging; -> global samples
 

@@ -343,12 +343,12 @@ class ResNet:
     def set_engine(self, engine) -> None:
         """Routes every Conv and BatchNorm through ``engine`` (cudnn_conv.CudnnEngine; None = xp);
         the engine it replaces is closed (its cuDNN handle destroyed)."""
-        old = self.stem_conv.engine
-        for m in _leaves(self.net):
-            if isinstance(m, (Conv, BatchNorm)):
-                m.engine = engine
-        if old is not None and old is not engine:
-            old.close()
+        layers = [m for m in _leaves(self.net) if isinstance(m, (Conv, BatchNorm))]
+        old = {id(m.engine): m.engine for m in layers if m.engine is not None and m.engine is not engine}
+        for m in layers:
+            m.engine = engine
+        for e in old.values():                # (a layer's own fallback may have left the others one)
+            e.close()
 
     def share_workspaces(self, other: "ResNet") -> None:
         """Every Conv reuses ``other``'s im2col buffers (same architecture): for replicas stepped one

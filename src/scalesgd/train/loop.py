@@ -90,8 +90,9 @@ class Run:
         self.clock = self.net.clock
         self.detector = (s.topo.transport.failure_detector()   # (collective) a dead rank, each step
                          if s.cfg.train.on_failure == "continue" and s.topo.size > 1 else None)
-        if self.detector is not None:    # a collective a rank died in may complete with garbage
-            s.control.signals.check_alive = self.detector.check
+        # a collective a rank died in may complete with garbage; None once no peer is left (the
+        # signals carry over from a job that had one: survive.rebuilt)
+        s.control.signals.check_alive = self.detector.check if self.detector is not None else None
         s.method.trace = self.trace
         self.bad = BadSamples(s.topo.transport, s.topo.rank, s.train_data, s.val_data, s.train_samples)
         self.progress.enabled = s.topo.is_root

@@ -5,7 +5,7 @@ of ranks changes (``Origin``): one operation for the three ways that happens.
   saved state, bit for bit;
 * **reshape**: a resume on another rank count, or on the same ranks split into other node groups:
   each rank continues a saved rank (``resuming.source_rank``), with the replica its method asks
-  for (``Method.reshape_replica``: the saved one, the saved replicas' average, or the server's
+  for (``Method.traits.reshape_replica``: the saved one, the saved replicas' average, or the server's
   center), at the saved global count;
 * **survive**: a rank died (``train.on_failure = continue``): each survivor continues its own state
   on the shrunk job (``survive.py``), at the largest global count any survivor knew (all-reduce:

@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from ..comm.mpi.failures import RankFailed
+from ..errors import RankFailed
 from ..errors import LostRankError
 from .allreduce import (GRADIENT_KINDS, VirtualAllreducer, VirtualTwoLevelAllreducer, gradient_seconds,
                         tree_sum)

@@ -35,7 +35,7 @@ import os
 import time
 import weakref
 
-from ...errors import MethodError
+from ...errors import MethodError, RankFailed
 from .library import library_family, library_name
 
 class Tracked:
@@ -55,10 +55,6 @@ class Tracked:
 
     def all(self) -> list:
         return list(self.comms.values())
-
-
-class RankFailed(Exception):
-    """A rank of the job died (``train.on_failure = continue``: the survivors recover)."""
 
 
 def _mpi():
