@@ -14,10 +14,11 @@ the training batch 64) plus one forward graph per conv at each of its 2 evaluati
 ``results`` builds them at its own batch; parity builds 3 x 3 conv + 2 BN graphs.  Per precision:
 230 + 92 + 11 = 333 graphs, 666 for fp32 and bf16.
 
-The cases run in priority order: the environment, the strict self-check (fp32), parity (fp32), the
-fp32 results, the one-rank NCCL test, the 2-rank all-reduce, DALI, then bf16 (parity, results, the
-self-check: cheapest first).  A case is *planned* while the estimates so far fit ``TARGET_FRACTION``
-of the budget (8 minutes, with room for estimates a third too low); the others run only if time is
+The cases run in priority order: the environment, the strict self-check (fp32), a short training run
+of the program itself (fp32: ``train``), parity (fp32), the fp32 results, the one-rank NCCL test, the
+2-rank all-reduce, DALI, then bf16 (parity, training, results, the self-check).  A case is *planned*
+while the estimates so far fit ``TARGET_FRACTION`` of the budget (what ``GPU_CHECK_TOTAL_S`` leaves
+the check, about 330 s of a 420 s call, with room for estimates a third too low); the others run only if time is
 left: before each case, the time left is compared with its estimate scaled by how far the cases so
 far overran theirs (``Clock``).  A case that does not fit is recorded as not run, with why.
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-BUDGET_S = 480.0              # 8 minutes: gpu_check.sh leaves the rest of a 10-minute call to the rest
+BUDGET_S = 480.0              # run by hand; gpu_check.sh passes what its GPU_CHECK_TOTAL_S leaves
 TARGET_FRACTION = 0.75        # planned cases fit 360 s of the 480
 
 # Unit costs, cold, on one H200, in seconds: set from the first run there (2026-12-04, cuDNN 9.19,
@@ -50,11 +51,15 @@ UNIT = {
     "nccl": 4.0,              # a subprocess: CuPy, NCCL init, one all-reduce, destroy
     "allreduce": 10.0,        # mpiexec -n 2: CuPy twice, each transport's sums, 102 MB timed
     "dali": 20.0,             # DALI's import, a CPU and a mixed pipeline, 256 JPEGs each (not yet run)
+    "train_start": 15.0,      # the program's start: imports, CuPy, MPI, DALI's GPU pipelines, shards
+                              # (a first estimate: the training case has not run on a GPU)
 }
 KERNELS = {"selfcheck": 80, "parity": 15, "results": 20}     # distinct CuPy kernels a case compiles
 RESNET50_GRAPHS = {"conv": 23, "bn": 12, "stems": 1}        # distinct per batch (fastpaths.model_layers)
 EVAL_BATCHES = 2              # the self-check's evaluation batches (ten-crop 160 rows, partial 40)
 PARITY_GRAPHS = {"conv": 9, "bn": 2}
+TRAIN_STEPS = 8               # the training case's steps (gpu_parts.TRAIN: 2 epochs of 4), evaluations
+                              # included at about one step each
 
 
 def train_graphs(g=RESNET50_GRAPHS) -> tuple[int, int]:
@@ -93,6 +98,10 @@ def estimate(case: Case, first_results: bool = False, steps_per_runner: int = 18
                 + KERNELS["selfcheck"] * UNIT["kernel"] + raw + UNIT["selfcheck_compute"])
     if case.section == "parity":
         return graph_seconds(PARITY_GRAPHS["conv"], PARITY_GRAPHS["bn"]) + KERNELS["parity"] * UNIT["kernel"]
+    if case.section == "train":                 # the program's own start-up check, then its steps
+        step = UNIT[f"step_{'bf16' if case.precision == 'bf16' else 'fp32'}"]
+        return (estimate(Case("selfcheck", case.precision)) + graph_seconds(conv, bn)
+                + graph_seconds(RESNET50_GRAPHS["conv"], 0) + UNIT["train_start"] + TRAIN_STEPS * 2 * step)
     if case.section == "results":
         step = UNIT[f"step_{'bf16' if case.precision == 'bf16' else 'fp32'}"] * (case.batch or 128) / 128
         return (graph_seconds(conv, bn) + KERNELS["results"] * UNIT["kernel"] + UNIT["torch_autotune"]
@@ -111,13 +120,15 @@ def cases(precisions, batches, sections) -> list[Case]:
             out.append(Case(section, precision, batch))
     for p in first:
         add("selfcheck", p)
+        add("train", p)                          # the program itself, after its parts' check
         add("parity", p)
         for b in batches:
             add("results", p, b)
     for s in ("nccl", "allreduce", "dali"):
         add(s)
-    for p in rest:                               # cheapest first: parity, results, the self-check
+    for p in rest:                               # cheapest first: parity, training, results, the self-check
         add("parity", p)
+        add("train", p)
         for b in batches:
             add("results", p, b)
         add("selfcheck", p)

@@ -44,7 +44,7 @@ import numpy as np
 from scalesgd.nn import cudnn_conv as CC
 
 TARGET_CHECK_S = G.TARGET_CHECK_S
-SECTIONS = ("selfcheck", "parity", "results", "nccl", "allreduce", "dali")
+SECTIONS = ("selfcheck", "train", "parity", "results", "nccl", "allreduce", "dali")
 HEADER, table_rows = G.HEADER, G.table_rows
 
 
@@ -78,7 +78,8 @@ def run_case(case: B.Case, args, xp, rep: dict) -> None:
           "parity": lambda: G.parity_case(args, xp, case.precision),
           "results": lambda: G.results_case(args, xp, case.precision, case.batch),
           "nccl": lambda: G.nccl_case(args, xp), "allreduce": lambda: G.allreduce_case(args, xp),
-          "dali": lambda: G.dali_case(args, xp)}[case.section]
+          "dali": lambda: G.dali_case(args, xp),
+          "train": lambda: G.train_case(args, xp, case.precision)}[case.section]
     try:
         out = fn()
     except Exception as exc:  # noqa: BLE001 - this case alone; the rest still run
@@ -94,6 +95,8 @@ def run_case(case: B.Case, args, xp, rep: dict) -> None:
         par["errors"].update(out["errors"])
         par["raised"].update(out["raised"])
         par["failed"] += out["failed"]
+    elif case.section == "train":
+        rep.setdefault("train", {})[case.precision] = out
     elif case.section == "results":
         rep.setdefault("results", {"results": []})["results"].append(
             out if "runs" in out else {"precision": case.precision, "batch": case.batch, "runs": {},
@@ -166,6 +169,8 @@ def failures(rep: dict) -> list[str]:
             for r in rep.get("results", {}).get("results", [])
             for k, v in r.get("errors", {}).items() if not str(v).startswith("skipped")]
     out += [f"section {k}" for k in SECTIONS if isinstance(rep.get(k), dict) and "error" in rep[k]]
+    out += [f"train {p}" + ("" if "error" in v else ": the loss did not go down")
+            for p, v in rep.get("train", {}).items() if "error" in v or not v.get("loss_down")]
     out += [f"allreduce {k}" for k, v in rep.get("allreduce", {}).get("transports", {}).items()
             if v.get("sums") == "wrong"]
     nccl = rep.get("nccl", {}).get("steps", {})
@@ -182,6 +187,11 @@ def report_table(rep: dict) -> str:
         lines.append(f"self-check {prec}: {len(sc['components'])} components, {sc['seconds']:.2f} s "
                      f"(budget {TARGET_CHECK_S:.0f} s: {'met' if sc['within_budget'] else 'MISSED'})"
                      + (f", FAILED: {sc['error']}" if sc["error"] else ""))
+    for prec, tr in rep.get("train", {}).items():
+        lines.append(f"train {prec}: FAILED {tr['error']}" if "error" in tr else
+                     f"train {prec}: {len(tr['losses'])} steps, {tr['images_per_second'] or 0:.1f} images/s, "
+                     f"loss {'down' if tr['loss_down'] else 'NOT down'}; fast paths "
+                     f"{sum(v == 'used' for v in tr['fast_paths'].values())} used of {len(tr['fast_paths'])}")
     par = rep.get("parity")
     if par:
         lines.append(f"parity: {len(par['errors'])} compared, {len(par['failed'])} failed"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -201,6 +202,85 @@ def parity_case(args, xp, precision: str) -> dict:
     for k, v in raised.items():
         print(f"parity {k:40s} RAISED {v}", flush=True)
     return {"errors": errs, "failed": bad + list(raised), "raised": raised}
+
+
+# ----------------------------------------------------------------------------- a training run
+TRAIN = {"model": "resnet50", "size": 224, "batch": 128, "train": 512, "val": 128, "epochs": 2,
+         "jpeg": (500, 375)}                      # 4 steps an epoch, 8 in all: the loss's first steps
+TRAIN_DRY = {"model": "resnet20", "size": 32, "batch": 8, "train": 64, "val": 16, "epochs": 2,
+             "jpeg": (40, 30)}
+
+
+def train_shards(root: Path, n_train: int, n_val: int, wh: tuple[int, int], classes: int = 10) -> Path:
+    """HDF5 shards (the program's own format, ``scalesgd.data.shards``) of smooth random JPEGs of
+    ``wh`` (the ImageNet median is 500 x 375), ``classes`` classes; made once under ``root``."""
+    import io  # noqa: PLC0415
+
+    from PIL import Image  # noqa: PLC0415
+
+    from scalesgd.data.shards import content_id, write_manifest, write_split  # noqa: PLC0415
+    if (root / "manifest.json").exists():
+        return root
+    rng = np.random.default_rng(0)
+
+    def jpeg(label: int) -> bytes:
+        small = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
+        small[..., label % 3] = 32 * (label + 1) % 256            # a class shows in its colour
+        buf = io.BytesIO()
+        Image.fromarray(small).resize(wh, Image.BILINEAR).save(buf, "JPEG", quality=90)
+        return buf.getvalue()
+    splits = {s: [(jpeg(i % classes), i % classes) for i in range(n)] for s, n in
+              (("train", n_train), ("val", n_val))}
+    did = content_id(splits, classes)
+    entries = {s: write_split(root, s, v, 2 if s == "train" else 1, did, classes) for s, v in splits.items()}
+    write_manifest(root, name="gpu-check", dataset_id=did, splits=entries, options={"seed": 0},
+                   classes=[{"index": c, "wnid": f"n{c:08d}", "name": f"class{c}"} for c in range(classes)])
+    return root
+
+
+def train_case(args, xp, precision: str) -> dict:
+    """A short training run of the program itself (``python -m scalesgd``, one rank): ResNet-50 at
+    224 px, batch 128, from HDF5 shards of 500 x 375 JPEGs that DALI decodes and resizes on the GPU,
+    ``--fast-paths auto`` (a dry run: ResNet-20 at 32 px, batch 8, on the CPU).  Records the fast
+    paths that ran (used or fell back), images/s, each step's loss and whether it went down, the
+    run's seconds, and its summary's path; the run's own output is kept in ``train-PREC.log``."""
+    import tempfile  # noqa: PLC0415
+    t = TRAIN_DRY if args.dry_run else TRAIN
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="gpu_check."))
+    data = train_shards(out / "train-data", t["train"], t["val"], t["jpeg"])
+    run_dir = out / f"train-{precision}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    argv = [sys.executable, "-m", "scalesgd", "--data", str(data), "--run-dir", str(run_dir),
+            "--model", t["model"], "--image-size", str(t["size"]), "--batch-size", str(t["batch"]),
+            "--epochs", str(t["epochs"]), "--log-every", "1", "--progress", "lines",
+            "--fast-paths", "auto", "--precision", precision,
+            "--device", "cpu" if args.dry_run else "gpu"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=max(60, int(args.budget_s)))
+    seconds = round(time.perf_counter() - t0, 1)
+    (out / f"train-{precision}.log").write_text(proc.stdout + proc.stderr)
+    res = {"argv": " ".join(argv[1:]), "rc": proc.returncode, "seconds": seconds}
+    summary = run_dir / "summary.json"
+    if proc.returncode != 0 or not summary.exists():
+        res["error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"train {precision}: FAILED ({res['error']})", flush=True)
+        return res
+    s = json.loads(summary.read_text())
+    steps = [json.loads(x) for x in (run_dir / "metrics" / "rank-0.jsonl").read_text().splitlines()
+             if '"kind": "step"' in x]
+    losses = [round(r["loss"], 4) for r in steps]
+    paths = s.get("fast_paths", {}).get("components", {})
+    res.update(model=t["model"], batch=t["batch"], images_per_second=s.get("images_per_second"),
+               val_top1=s.get("val_top1_accuracy"), losses=losses,
+               loss_down=bool(losses) and min(losses[len(losses) // 2:]) < losses[0],
+               fast_paths={k: v.get("status") for k, v in paths.items()}, summary=str(summary))
+    used = sum(v == "used" for v in res["fast_paths"].values())
+    print(f"train {precision}: {len(losses)} steps of {t['model']} at batch {t['batch']}, "
+          f"{res['images_per_second'] or 0:.1f} images/s, loss {losses[0] if losses else '-'} -> "
+          f"{losses[-1] if losses else '-'} ({'down' if res['loss_down'] else 'NOT down'}); fast paths "
+          f"{used} used, {len(paths) - used} not", flush=True)
+    return res
 
 
 # ----------------------------------------------------------------------------- self-check
