@@ -18,9 +18,9 @@ The cases run in priority order: the environment, the strict self-check (fp32), 
 of the program itself (fp32: ``train``), parity (fp32), the fp32 results, the one-rank NCCL test, the
 2-rank all-reduce, DALI, then bf16 (parity, training, results, the self-check).  A case is *planned*
 while the estimates so far fit ``TARGET_FRACTION`` of the budget (what ``GPU_CHECK_TOTAL_S`` leaves
-the check, about 330 s of a 420 s call, with room for estimates a third too low); the others run only if time is
-left: before each case, the time left is compared with its estimate scaled by how far the cases so
-far overran theirs (``Clock``).  A case that does not fit is recorded as not run, with why.
+the check, about 330 s of a 420 s call, with room for estimates a third too low); the others run
+only if time is left: before each case, the time left is compared with its estimate scaled by how
+far the cases so far overran theirs (``Clock``).  A case that does not fit is recorded as not run, with why.
 """
 from __future__ import annotations
 
