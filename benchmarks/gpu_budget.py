@@ -51,6 +51,7 @@ UNIT = {
     "nccl": 4.0,              # a subprocess: CuPy, NCCL init, one all-reduce, destroy
     "allreduce": 10.0,        # mpiexec -n 2: CuPy twice, each transport's sums, 102 MB timed
     "dali": 20.0,             # DALI's import, a CPU and a mixed pipeline, 256 JPEGs each (not yet run)
+    "doctor": 20.0,           # mpiexec -n 2 scalesgd doctor: its MPI, all-reduce, GPU and disk rows
     "train_start": 15.0,      # the program's start: imports, CuPy, MPI, DALI's GPU pipelines, shards
                               # (a first estimate: the training case has not run on a GPU)
 }
@@ -124,7 +125,7 @@ def cases(precisions, batches, sections) -> list[Case]:
         add("parity", p)
         for b in batches:
             add("results", p, b)
-    for s in ("nccl", "allreduce", "dali"):
+    for s in ("nccl", "allreduce", "dali", "doctor"):
         add(s)
     for p in rest:                               # cheapest first: parity, training, results, the self-check
         add("parity", p)

@@ -44,7 +44,7 @@ import numpy as np
 from scalesgd.nn import cudnn_conv as CC
 
 TARGET_CHECK_S = G.TARGET_CHECK_S
-SECTIONS = ("selfcheck", "train", "parity", "results", "nccl", "allreduce", "dali")
+SECTIONS = ("selfcheck", "train", "parity", "results", "nccl", "allreduce", "dali", "doctor")
 HEADER, table_rows = G.HEADER, G.table_rows
 
 
@@ -78,7 +78,7 @@ def run_case(case: B.Case, args, xp, rep: dict) -> None:
           "parity": lambda: G.parity_case(args, xp, case.precision),
           "results": lambda: G.results_case(args, xp, case.precision, case.batch),
           "nccl": lambda: G.nccl_case(args, xp), "allreduce": lambda: G.allreduce_case(args, xp),
-          "dali": lambda: G.dali_case(args, xp),
+          "dali": lambda: G.dali_case(args, xp), "doctor": lambda: G.doctor_case(args, xp),
           "train": lambda: G.train_case(args, xp, case.precision)}[case.section]
     try:
         out = fn()

@@ -478,6 +478,38 @@ def allreduce_case(args, xp) -> dict:
     return out
 
 
+def doctor_case(args, xp) -> dict:
+    """``scalesgd doctor`` under ``$MPIEXEC -n 2`` (two ranks on the one GPU): every row it wrote
+    (name, status, result), the GPU rows among them by name; its JSON kept as ``doctor.json``."""
+    import tempfile  # noqa: PLC0415
+    try:
+        launcher = mpi_launcher(2)
+    except SystemExit as exc:
+        print(f"doctor: skipped ({exc})", flush=True)
+        return {"skipped": str(exc)}
+    out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="gpu_check."))
+    rows_file = out_dir / "doctor.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([*launcher, sys.executable, "-m", "scalesgd", "doctor", "--run-dir",
+                           str(out_dir / "doctor-run"), "--json", str(rows_file)], capture_output=True,
+                          text=True, timeout=180, env=env, stdin=subprocess.DEVNULL)
+    out: dict = {"rc": proc.returncode, "launcher": launcher}
+    if not rows_file.exists():
+        out["error"] = (proc.stdout + proc.stderr)[-800:] or "no rows written"
+        print(f"doctor: FAILED ({out['error'][-200:]})", flush=True)
+        return out
+    d = json.loads(rows_file.read_text())
+    out.update(ranks=d.get("ranks"), ok=d.get("ok"),
+               rows={c["name"]: {"status": c["status"], "result": c["result"]} for c in d["checks"]})
+    gpu = {k: v for k, v in out["rows"].items()
+           if any(w in k.lower() for w in ("gpu", "cuda", "nccl", "cudnn"))}
+    out["gpu_rows"] = sorted(gpu)
+    for k, v in gpu.items():
+        print(f"doctor {k}: {v['status']} ({v['result'][:120]})", flush=True)
+    print(f"doctor: {len(out['rows'])} rows on {out['ranks']} ranks, {len(gpu)} about the GPU", flush=True)
+    return out
+
+
 def nccl_case(args, xp) -> dict:
     """One rank's NCCL communicator through comm/mpi/device.py (tests/gpu/nccl_one_rank.py, a
     subprocess so that a crash in NCCL is this case's error, not the check's end): created from a

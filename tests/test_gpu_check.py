@@ -59,7 +59,8 @@ def test_gpu_check_sh_dry_run_runs_every_case_and_keeps_everything_under_out(tmp
     rep = json.loads((out / "gpu_check.json").read_text())
     ran = [c["case"] for c in rep["plan"]["cases"]]
     assert ran == ["selfcheck fp32", "train fp32", "parity fp32", "results fp32 128", "nccl", "allreduce",
-                   "dali", "parity bf16", "train bf16", "results bf16 128", "selfcheck bf16"]
+                   "dali", "doctor", "parity bf16", "train bf16", "results bf16 128", "selfcheck bf16"]
+    assert rep["doctor"]["ranks"] == 2 and "nccl" in rep["doctor"]["gpu_rows"], rep["doctor"]
     assert all(c["ran"] for c in rep["plan"]["cases"])
     assert set(rep["seconds"]) == {"env", *G_SECTIONS, "total"}
     for prec in ("fp32", "bf16"):           # the program itself trained: its steps, the loss going down
@@ -373,13 +374,13 @@ def test_graph_counts_of_the_budget_are_the_model_s():
 def test_the_plan_fits_seven_minutes_and_keeps_bf16_for_the_time_left():
     """With the unit costs set from the first H200 run (the whole check ran in 142 s): at the budget
     the default 420 s call leaves the check (about 330 s), every fp32 case, the training run first
-    among them, and the transports are planned, bf16's training run and self-check run if time is
-    left; a 480 s budget plans every case; a smaller one cuts bf16 first, never the fp32 training."""
+    among them, the transports and the doctor are planned, bf16's training, results and self-check
+    run if time is left; a 480 s budget plans every case; a smaller one cuts bf16 first, never the fp32 training."""
     cases, target = B.plan(["fp32", "bf16"], [128], G_SECTIONS, budget_s=330)
     assert target == 0.75 * 330
     assert [c.name for c in cases][:4] == ["selfcheck fp32", "train fp32", "parity fp32", "results fp32 128"]
     later = [c.name for c in cases if not c.planned]
-    assert later == ["train bf16", "selfcheck bf16"], later
+    assert later == ["train bf16", "results bf16 128", "selfcheck bf16"], later
     assert B.UNIT["cupy_start"] + sum(c.estimate_s for c in cases if c.planned) <= target
     every, _ = B.plan(["fp32", "bf16"], [128], G_SECTIONS, budget_s=480)
     assert all(c.planned for c in every)
@@ -393,7 +394,7 @@ def test_the_plan_fits_seven_minutes_and_keeps_bf16_for_the_time_left():
     assert clock.scale() == 2.0 and not clock.fits(B.Case("parity", estimate_s=26.0))
 
 
-G_SECTIONS = ("selfcheck", "train", "parity", "results", "nccl", "allreduce", "dali")
+G_SECTIONS = ("selfcheck", "train", "parity", "results", "nccl", "allreduce", "dali", "doctor")
 
 
 # ----------------------------------------------------------------------------- packaging
