@@ -375,7 +375,8 @@ def test_the_plan_fits_seven_minutes_and_keeps_bf16_for_the_time_left():
     """With the unit costs set from the first H200 run (the whole check ran in 142 s): at the budget
     the default 420 s call leaves the check (about 330 s), every fp32 case, the training run first
     among them, the transports and the doctor are planned, bf16's training, results and self-check
-    run if time is left; a 480 s budget plans every case; a smaller one cuts bf16 first, never the fp32 training."""
+    run if time is left; a 480 s budget plans every case; a smaller one cuts bf16 first, never the
+    fp32 training."""
     cases, target = B.plan(["fp32", "bf16"], [128], G_SECTIONS, budget_s=330)
     assert target == 0.75 * 330
     assert [c.name for c in cases][:4] == ["selfcheck fp32", "train fp32", "parity fp32", "results fp32 128"]
