@@ -31,7 +31,11 @@ BUDGET_S = 480.0              # run by hand; gpu_check.sh passes what its GPU_CH
 TARGET_FRACTION = 0.75        # planned cases fit 360 s of the 480
 
 # Unit costs, cold, on one H200, in seconds: set from the first run there (2026-12-04, cuDNN 9.19,
-# frontend 1.32, CuPy 14.2, torch 2.11), about 1.2-1.5x its case totals.  Each case's measured
+# frontend 1.32, CuPy 14.2, torch 2.11) -- except the steps' (step_fp32, step_bf16), which are warm
+# steps' medians (the third call on, the kernel cache warm): a cold case's first steps cost more.
+# Each results case now records its warm-up steps' own seconds (``warmup_s``: the first is the cold
+# one) so that the next run can set them from cold steps.  The rest are about 1.2-1.5x that run's
+# case totals.  Each case's measured
 # seconds against this estimate: selfcheck fp32 30.8 (38.3), bf16 25.3 (40.3); parity 0.7 / 1.8
 # (2.6); results fp32 128 44.2 (52.2), bf16 34.4 (33.7); nccl 2.1 (4); allreduce 2.5 (10); env 6.1
 # (7).  The split among the units inside a case is not measured (graphs, kernels and steps were

@@ -324,12 +324,15 @@ def selfcheck_case(args, xp, precision: str) -> dict:
 def bench(runners: dict, steps: int, warmup: int, blocks: int) -> tuple[dict, dict]:
     """Interleaved blocks of ``steps`` timed steps per runner; median images/s and peak memory.
     A runner that raises is dropped with its error; the others go on: (runs, errors)."""
-    errors = {}
+    errors, cold = {}, {}
     for k, r in list(runners.items()):
         try:
-            for _ in range(warmup):
-                r.step()
-            r.sync()
+            cold[k] = []
+            for _ in range(warmup):          # each warm-up step to its end: the first is the cold one
+                t0 = time.perf_counter()     # (graphs built, kernels compiled): what the budget's
+                r.step()                     # units must be set from, not the warm steps below
+                r.sync()
+                cold[k].append(round(time.perf_counter() - t0, 4))
         except Exception as exc:  # noqa: BLE001 - this path alone
             errors[k] = err_text(exc)
             del runners[k]
@@ -353,7 +356,8 @@ def bench(runners: dict, steps: int, warmup: int, blocks: int) -> tuple[dict, di
     runs = {k: {"img_s": r.batch / float(np.median(times[k])), "step_s": times[k],
                 # the host's time to issue a step: near step_s, the host (Python, launches, or a
                 # synchronisation inside the step) is on the critical path, not the device
-                "host_s": queued[k], "peak_bytes": r.peak_bytes()} for k, r in runners.items()}
+                "host_s": queued[k], "peak_bytes": r.peak_bytes(), "warmup_s": cold[k]}
+            for k, r in runners.items()}
     for k, r in runners.items():
         if hasattr(r, "model"):             # ours: where a step's host time goes
             runs[k]["host_profile"] = guarded(host_profile, r)

@@ -69,6 +69,7 @@ def test_gpu_check_sh_dry_run_runs_every_case_and_keeps_everything_under_out(tmp
         assert tr["images_per_second"] > 0, tr
         assert (out / f"train-{prec}" / "summary.json").exists() and f"train {prec}: 16 steps" in text
     run = rep["results"]["results"][0]["runs"]["im2col"]     # where a step's host time goes
+    assert len(run["warmup_s"]) >= 1 and all(t > 0 for t in run["warmup_s"]), run  # cold first steps
     assert 0 < run["host_s"][0] <= run["step_s"][0] and "the host issues a step in" in text
     assert any(row[0].startswith("gemm (conv.py:") and row[2] > 0 for row in run["host_profile"]), run
     for prec in ("fp32", "bf16"):           # the self-check in strict mode, whole-model checks included
