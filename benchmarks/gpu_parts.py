@@ -238,6 +238,51 @@ def train_shards(root: Path, n_train: int, n_val: int, wh: tuple[int, int], clas
     return root
 
 
+class PeakMemory:
+    """The most device memory a process held while this watched it: ``nvidia-smi``'s per-process
+    ``used_memory``, sampled every ``period`` seconds on a thread (MiB; None where nvidia-smi is
+    missing or never listed the process, as on a CPU)."""
+
+    def __init__(self, period: float = 0.5):
+        import threading  # noqa: PLC0415
+        self.period, self.pid, self.mib = period, None, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> int | None:
+        """The watched process's MiB now, from ``nvidia-smi --query-compute-apps``."""
+        if self.pid is None or shutil.which("nvidia-smi") is None:
+            return None
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                  "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                                 timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        for line in out.stdout.splitlines():
+            pid, _, mib = line.partition(",")
+            if pid.strip() == str(self.pid) and mib.strip().isdigit():
+                return int(mib)
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            now = self.sample()
+            if now is not None:
+                self.mib = max(self.mib or 0, now)
+
+    def watch(self, pid: int) -> "PeakMemory":
+        self.pid = pid
+        self._thread.start()
+        return self
+
+    def stop(self) -> int | None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=15)
+        return self.mib
+
+
 def train_case(args, xp, precision: str) -> dict:
     """A short training run of the program itself (``python -m scalesgd``, one rank): ResNet-50 at
     224 px, batch 128, from HDF5 shards of 500 x 375 JPEGs that DALI decodes and resizes on the GPU,
@@ -256,11 +301,19 @@ def train_case(args, xp, precision: str) -> dict:
             "--fast-paths", "auto", "--precision", precision,
             "--device", "cpu" if args.dry_run else "gpu"]
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          timeout=max(60, int(args.budget_s)))
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL)
+    peak = PeakMemory().watch(child.pid)
+    try:
+        stdout, stderr = child.communicate(timeout=max(60, int(args.budget_s)))
+    except subprocess.TimeoutExpired:
+        child.kill()
+        stdout, stderr = child.communicate()
     seconds = round(time.perf_counter() - t0, 1)
-    (out / f"train-{precision}.log").write_text(proc.stdout + proc.stderr)
-    res = {"argv": " ".join(argv[1:]), "rc": proc.returncode, "seconds": seconds}
+    (out / f"train-{precision}.log").write_text(stdout + stderr)
+    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
+    res = {"argv": " ".join(argv[1:]), "rc": proc.returncode, "seconds": seconds,
+           "peak_device_mib": peak.stop()}      # (None on a CPU: nvidia-smi lists no process)
     summary = run_dir / "summary.json"
     if proc.returncode != 0 or not summary.exists():
         res["error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -279,7 +332,8 @@ def train_case(args, xp, precision: str) -> dict:
     print(f"train {precision}: {len(losses)} steps of {t['model']} at batch {t['batch']}, "
           f"{res['images_per_second'] or 0:.1f} images/s, loss {losses[0] if losses else '-'} -> "
           f"{losses[-1] if losses else '-'} ({'down' if res['loss_down'] else 'NOT down'}); fast paths "
-          f"{used} used, {len(paths) - used} not", flush=True)
+          f"{used} used, {len(paths) - used} not; peak device memory "
+          f"{res['peak_device_mib'] if res['peak_device_mib'] is not None else 'n/a'} MiB", flush=True)
     return res
 
 

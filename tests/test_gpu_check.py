@@ -494,3 +494,21 @@ def test_gpu_check_sh_installs_cupy_with_the_cuda_toolkit_wheels():
     cfg.read(ROOT / "setup.cfg")
     for major in (12, 13):
         assert f"cupy-cuda{major}x[ctk]>=14" in cfg["options.extras_require"][f"cuda{major}"]
+
+
+def test_the_training_runs_peak_device_memory_is_the_most_nvidia_smi_listed(monkeypatch):
+    """The training case's peak device memory: the largest ``used_memory`` nvidia-smi lists for the
+    run's process while it runs (sampled on a thread), None where it never lists it (a CPU)."""
+    listed = iter(["1 2\n", "77, 900\n12, 100", "77, 1500", "77, 1200", ""])
+    monkeypatch.setattr(G.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(G.subprocess, "run",
+                        lambda *a, **k: subprocess.CompletedProcess(a, 0, next(listed, ""), ""))
+    peak = G.PeakMemory(period=0.001)
+    peak.pid = 77
+    for _ in range(5):
+        now = peak.sample()
+        if now is not None:
+            peak.mib = max(peak.mib or 0, now)
+    assert peak.mib == 1500
+    monkeypatch.setattr(G.shutil, "which", lambda name: None)
+    assert G.PeakMemory().watch(77).stop() is None          # no nvidia-smi: none recorded
