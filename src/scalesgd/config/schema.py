@@ -98,7 +98,8 @@ class TrainConfig:
                        "steps), off, auto (bar on a terminal unless an MPI launcher started the ranks)",
                        choices=PROGRESS_MODES)
     run_dir: str = _f("", "where results go (empty = runs/<time>-<method>-<model>; a virtual run: "
-                          "runs/<time>-virtual-<method>-<workers>)")
+                          "runs/<time>-virtual-<method>-<workers>; .2, .3, ... after it for a run "
+                          "started in the same second as another)")
     checkpoint_every: float = _f(0.0, "epochs (of global samples) between checkpoints; 0 = only at the "
                                  "end and on SIGTERM/SIGUSR1", lo=0)
     checkpoint_minutes: float = _f(0.0, "also checkpoint every this many minutes of rank 0's clock "
