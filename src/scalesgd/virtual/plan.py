@@ -43,6 +43,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, UserError
 from ..io.files import reserve_dir, stamped
+from ..netmodel import transfer_seconds
 from . import profile as P
 from . import variability as V
 
@@ -91,7 +92,10 @@ def task_config(study: dict):
 
 def balance(prof: P.Profile, study: dict, cfg=None) -> dict:
     """One step's compute (seconds) and the ratio of one gradient's transfer to it, for the study's
-    task (``cfg``: its Config, read once by the caller) timed as ``prof`` times it."""
+    task (``cfg``: its Config, read once by the caller) timed as ``prof`` times it.  The transfer is
+    at the bandwidth each rank gets: the ``ranks_per_node`` ranks of a node share its link, as the
+    study's flat methods (one agent a rank) and the clock-only runs below share it; a profile of 8
+    GPUs a node on 10 GbE is an eighth of the link per rank, not all of it."""
     if prof.measured or prof.step_seconds is not None:
         raise ConfigError(f"--profile {prof.name}: plan times the study's own small task on your cluster, so "
                           "it needs your GPUs' images_per_second on a reference model (and stands_for: your "
@@ -102,7 +106,8 @@ def balance(prof: P.Profile, study: dict, cfg=None) -> dict:
     classes = study["task"]["classes"]
     step = P.Compute(prof, cfg, classes, condition=V.load("none")).seconds
     nbytes = 4 * P.model_params(cfg.model.model, classes, cfg.model.width) * P.byte_scale(prof, cfg, classes)
-    comm = nbytes * 8 / (prof.link_gbps * 1e9) + prof.latency_us * 1e-6
+    per_rank = prof.link_gbps * 1e9 / 8 / max(1, int(prof.ranks_per_node))    # bytes/s a rank gets
+    comm = transfer_seconds(nbytes, per_rank, prof.latency_us * 1e-6)
     return dict(step_seconds=step, comm_seconds=comm, ratio=comm / step)
 
 
