@@ -283,15 +283,35 @@ class PeakMemory:
         return self.mib
 
 
+def _child_env() -> dict:
+    """The environment of a case's subprocess: this one's, with the repository's ``src`` first."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+
+
+def _out_dir(args) -> Path:
+    """Where a case keeps its files: ``--out``, else a temporary directory of its own."""
+    import tempfile  # noqa: PLC0415
+    return Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="gpu_check."))
+
+
+def _two_ranks(case: str) -> tuple[list | None, dict | None]:
+    """(the launcher of 2 ranks, None), or (None, the case's "skipped" record) where there is none
+    (benchlib's "no mpiexec found" message)."""
+    try:
+        return mpi_launcher(2), None
+    except SystemExit as exc:
+        print(f"{case}: skipped ({exc})", flush=True)
+        return None, {"skipped": str(exc)}
+
+
 def train_case(args, xp, precision: str) -> dict:
     """A short training run of the program itself (``python -m scalesgd``, one rank): ResNet-50 at
     224 px, batch 128, from HDF5 shards of 500 x 375 JPEGs that DALI decodes and resizes on the GPU,
     ``--fast-paths auto`` (a dry run: ResNet-20 at 32 px, batch 8, on the CPU).  Records the fast
     paths that ran (used or fell back), images/s, each step's loss and whether it went down, the
     run's seconds, and its summary's path; the run's own output is kept in ``train-PREC.log``."""
-    import tempfile  # noqa: PLC0415
     t = TRAIN_DRY if args.dry_run else TRAIN
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="gpu_check."))
+    out = _out_dir(args)
     data = train_shards(out / "train-data", t["train"], t["val"], t["jpeg"])
     run_dir = out / f"train-{precision}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -311,12 +331,11 @@ def train_case(args, xp, precision: str) -> dict:
         stdout, stderr = child.communicate()
     seconds = round(time.perf_counter() - t0, 1)
     (out / f"train-{precision}.log").write_text(stdout + stderr)
-    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
-    res = {"argv": " ".join(argv[1:]), "rc": proc.returncode, "seconds": seconds,
+    res = {"argv": " ".join(argv[1:]), "rc": child.returncode, "seconds": seconds,
            "peak_device_mib": peak.stop()}      # (None on a CPU: nvidia-smi lists no process)
     summary = run_dir / "summary.json"
-    if proc.returncode != 0 or not summary.exists():
-        res["error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    if child.returncode != 0 or not summary.exists():
+        res["error"] = (stderr.strip().splitlines() or ["no output"])[-1]
         print(f"train {precision}: FAILED ({res['error']})", flush=True)
         return res
     s = json.loads(summary.read_text())
@@ -511,12 +530,10 @@ def allreduce_case(args, xp) -> dict:
     """$MPIEXEC $MPIEXEC_ARGS -n 2 tests/gpu/allreduce_parity.py (cupy | numpy for a dry run)
     --time (benchlib.mpi_launcher, as every benchmark launches): the lines
     ``transport NAME: sums agree`` / ``skipped transport NAME: why`` / ``time NAME: MS ms ...``."""
-    try:
-        launcher = mpi_launcher(2)
-    except SystemExit as exc:                     # benchlib's "no mpiexec found" message
-        print(f"allreduce: skipped ({exc})", flush=True)
-        return {"skipped": str(exc)}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    launcher, skipped = _two_ranks("allreduce")
+    if skipped:
+        return skipped
+    env = _child_env()
     proc = subprocess.run([*launcher, sys.executable, str(ROOT / "tests/gpu/allreduce_parity.py"),
                            "numpy" if args.dry_run else "cupy", "--time"], capture_output=True, text=True,
                           timeout=240, env=env, stdin=subprocess.DEVNULL)
@@ -539,15 +556,12 @@ def allreduce_case(args, xp) -> dict:
 def doctor_case(args, xp) -> dict:
     """``scalesgd doctor`` under ``$MPIEXEC -n 2`` (two ranks on the one GPU): every row it wrote
     (name, status, result), the GPU rows among them by name; its JSON kept as ``doctor.json``."""
-    import tempfile  # noqa: PLC0415
-    try:
-        launcher = mpi_launcher(2)
-    except SystemExit as exc:
-        print(f"doctor: skipped ({exc})", flush=True)
-        return {"skipped": str(exc)}
-    out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="gpu_check."))
+    launcher, skipped = _two_ranks("doctor")
+    if skipped:
+        return skipped
+    out_dir = _out_dir(args)
     rows_file = out_dir / "doctor.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    env = _child_env()
     proc = subprocess.run([*launcher, sys.executable, "-m", "scalesgd", "doctor", "--run-dir",
                            str(out_dir / "doctor-run"), "--json", str(rows_file)], capture_output=True,
                           text=True, timeout=180, env=env, stdin=subprocess.DEVNULL)
@@ -572,7 +586,7 @@ def nccl_case(args, xp) -> dict:
     """One rank's NCCL communicator through comm/mpi/device.py (tests/gpu/nccl_one_rank.py, a
     subprocess so that a crash in NCCL is this case's error, not the check's end): created from a
     unique id, one all-reduce checked, destroyed.  A dry run uses the CuPy 14 NCCL double."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    env = _child_env()
     proc = subprocess.run([sys.executable, str(ROOT / "tests/gpu/nccl_one_rank.py"),
                            "double" if args.dry_run else "cupy"], capture_output=True, text=True,
                           timeout=120, env=env, stdin=subprocess.DEVNULL)

@@ -414,20 +414,18 @@ def p3(st: X.Study) -> dict:
 
 def claims(res: dict, st: X.Study) -> list[dict]:
     rows = []
-    for n in X.NETWORKS:
-        for c in X.CONDITIONS:
-            rows.append(family_row(res, "J1 (every method)", n, c, J1_P, ASYNC_SIDE, SYNC_SIDE))
-    for c in X.AUTHORS_CONDITIONS:
-        rows.append(family_row(res, "J1 (the authors' forms)", X.AUTHORS_NETWORK, c, J1_P,
-                               X.AUTHORS_ASYNC, X.AUTHORS_SYNC, rows_of=lambda p, c=c: authors_rows(st, p, c),
-                               pending=lambda p, c=c: (p, c) in st.open_authors))
-    for n in X.NETWORKS:
-        for c in X.CONDITIONS:
-            rows.append(family_row(res, "J2", n, c, J2_P, SYNC_SIDE, ASYNC_SIDE))
-    for c in X.AUTHORS_CONDITIONS:
-        rows.append(family_row(res, "J2 (the authors' forms)", X.AUTHORS_NETWORK, c, J2_P,
-                               X.AUTHORS_SYNC, X.AUTHORS_ASYNC, rows_of=lambda p, c=c: authors_rows(st, p, c),
-                               pending=lambda p, c=c: (p, c) in st.open_authors))
+    # J1: the asynchronous side first at small p; J2: all-reduce's side first at large p; each on
+    # every method (every network and condition), then on the authors' forms
+    for claim, every, ps, side, other, authors in (
+            ("J1", "J1 (every method)", J1_P, ASYNC_SIDE, SYNC_SIDE, (X.AUTHORS_ASYNC, X.AUTHORS_SYNC)),
+            ("J2", "J2", J2_P, SYNC_SIDE, ASYNC_SIDE, (X.AUTHORS_SYNC, X.AUTHORS_ASYNC))):
+        for n in X.NETWORKS:
+            for c in X.CONDITIONS:
+                rows.append(family_row(res, every, n, c, ps, side, other))
+        for c in X.AUTHORS_CONDITIONS:
+            rows.append(family_row(res, f"{claim} (the authors' forms)", X.AUTHORS_NETWORK, c, ps, *authors,
+                                   rows_of=lambda p, c=c: authors_rows(st, p, c),
+                                   pending=lambda p, c=c: (p, c) in st.open_authors))
     rows.append(j3(st))
     for n in X.NETWORKS:
         rows += j4(res, n)

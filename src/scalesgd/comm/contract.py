@@ -129,16 +129,8 @@ class Transport(Protocol):
 
 def members() -> dict[str, list[str]]:
     """Every member of ``Transport``: {name: [parameter names, self left out]} for the methods,
-    [] for the data attributes."""
+    [] for the data attributes (its annotations)."""
     import inspect  # noqa: PLC0415
-    out: dict[str, list[str]] = {}
-    for name in getattr(Transport, "__protocol_attrs__", None) or _attrs():
-        value = getattr(Transport, name, None)
-        out[name] = (list(inspect.signature(value).parameters)[1:] if callable(value) else [])
-    return out
-
-
-def _attrs() -> set[str]:
-    """Protocol members on Pythons without ``__protocol_attrs__`` (before 3.12)."""
-    from typing import _get_protocol_attrs  # noqa: PLC0415
-    return set(_get_protocol_attrs(Transport))
+    out = {name: list(inspect.signature(v).parameters)[1:] for name, v in vars(Transport).items()
+           if not name.startswith("_") and inspect.isfunction(v)}
+    return {**out, **{name: [] for name in Transport.__annotations__}}

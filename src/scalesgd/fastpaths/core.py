@@ -234,25 +234,25 @@ def validate(components, mode: str, agree=None, speak: bool = True, report: Repo
             failed[c.name] = (why, c.fallback)
     if agree is not None:
         failed = agree(failed)
-    if failed and mode == "strict":        # nothing turned off; the evidence kept with the error
-        report.components.update({c.name: dict(status="failed" if c.name in failed else "passed",
-                                               **measured[c.name],
-                                               **({"error": failed[c.name][0]} if c.name in failed else {}),
-                                               fallback=c.fallback) for c in components})
-        report.seconds = round(report.seconds + time.perf_counter() - t0, 6)
-        err = _strict_error(failed, shared=agree is not None)
-        err.report = report
-        raise err
+    strict = bool(failed) and mode == "strict"    # nothing turned off; the evidence kept with the error
     out = {}
     for c in components:
-        out[c.name] = dict(status="used", **measured[c.name])
+        out[c.name] = dict(status="passed" if strict else "used", **measured[c.name])
         if c.name in failed:
-            c.disable()
-            out[c.name].update(status="fell back", error=failed[c.name][0], fallback=c.fallback)
-    _say(failed, components, time.perf_counter() - t0, speak, tally)
+            out[c.name].update(status="failed" if strict else "fell back", error=failed[c.name][0])
+            if not strict:
+                c.disable()
+        if c.name in failed or strict:
+            out[c.name]["fallback"] = c.fallback
+    if not strict:
+        _say(failed, components, time.perf_counter() - t0, speak, tally)
     if components:                   # nothing to check (NumPy): no time is spent, none reported
         report.seconds = round(report.seconds + time.perf_counter() - t0, 6)
     report.components.update(out)
+    if strict:
+        err = _strict_error(failed, shared=agree is not None)
+        err.report = report
+        raise err
     return out
 
 
