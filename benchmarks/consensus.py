@@ -45,7 +45,7 @@ def one_repeat(topo, variant: str, rounds: int, n: int, repeat: int,
     comm = topo.comm
     cfg = C.build(overrides={"train": {"method": "gossip", "seed": 1000 + repeat},
                              "dist": {"gossip": variant, "gossip_graph": graph}})
-    m = create(cfg, topo, Signals())
+    m = create(cfg, topo, Signals()).exchange          # the gossip strategy itself
     ps = SimpleNamespace(params=np.zeros(n), buffers=np.zeros(1), xp=np)
     m.start(ps)
     ps.params[...] = np.random.default_rng([repeat, comm.rank]).standard_normal(n)

@@ -262,60 +262,6 @@ def test_the_state_finder_sees_the_old_globals(tmp_path, monkeypatch):
                                 "failures.py: _SURVIVORS"]
 
 
-def method_interface_table() -> tuple[set[str], set[str]]:
-    """architecture.md's table of the Method interface: (the base's members it names, the members
-    its last row says some methods add)."""
-    text = ARCHITECTURE.read_text(encoding="utf-8")
-    section = text[text.index("### The Method interface, as it is"):]
-    section = section[:section.index("\n### ", 5)]
-    base, added = set(), set()
-    for line in section.splitlines():
-        if line.startswith("| ") and "`" in line:
-            concern, members = line.split("|")[1:3]
-            names = {n for n in re.findall(r"`(\w+)`", members) if n[0].islower()}
-            (added if "add" in concern else base).update(names)
-    return base, added
-
-
-def members_of(cls) -> set[str]:
-    """Public names of ``cls`` (its classes up to Method) and the attributes its code assigns on
-    ``self``."""
-    import inspect
-    import textwrap
-
-    from scalesgd.methods.base import Method
-    out = set()
-    for c in cls.__mro__:
-        if not issubclass(c, Method):
-            continue
-        out |= {n for n in vars(c) if not n.startswith("_")}
-        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(c)))):
-            for t in (getattr(node, "targets", [])
-                      + ([node.target] if isinstance(node, ast.AugAssign) else [])):
-                for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
-                    if isinstance(e, ast.Attribute) and getattr(e.value, "id", "") == "self" \
-                            and not e.attr.startswith("_"):
-                        out.add(e.attr)
-    return out
-
-
-def test_the_method_interface_table_is_the_class():
-    import importlib
-    from scalesgd.methods.base import Method
-    for m in ("allreduce", "asgd", "easgd", "gossip", "hierarchical", "localsgd", "server", "single"):
-        importlib.import_module(f"scalesgd.methods.{m}")
-    base, added = method_interface_table()
-    assert base == members_of(Method), (sorted(base - members_of(Method)), sorted(members_of(Method) - base))
-    subclasses, todo = set(), [Method]
-    while todo:
-        for c in todo.pop().__subclasses__():
-            subclasses.add(c)
-            todo.append(c)
-    assert added and not added & base
-    for name in added:                   # each is some method's own member
-        assert any(name in members_of(c) for c in subclasses), name
-
-
 METHOD_NAMES = {"allreduce", "easgd", "asgd", "gossip", "localsgd", "single"}
 
 
@@ -344,11 +290,11 @@ def test_a_change_of_world_is_one_operation_that_never_branches_on_the_method():
     assert not found, found
     old = 'if reshape and m.name == "gossip":\n    pass\nif s.method.name == "asgd" and a != b:\n    pass\n'
     assert len(_name_branches(old, "probe")) == 2          # (what resuming.py had: it finds them)
-    from scalesgd.methods.base import Method
+    from scalesgd.methods.base import Exchange
     from scalesgd.methods.gossip import Gossip
-    from scalesgd.methods.hierarchical import NodeGroup
+    from scalesgd.methods.hierarchical import NodeLeader
     from scalesgd.methods.server import ServerMethod
-    for cls in (Method, Gossip, ServerMethod, NodeGroup):
+    for cls in (Exchange, Gossip, ServerMethod, NodeLeader):
         for gone in ("load_reshaped", "survivor_state", "continue_from"):
             assert not hasattr(cls, gone), (cls.__name__, gone)
     loop = (PKG / "train" / "loop.py").read_text(encoding="utf-8")

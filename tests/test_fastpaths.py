@@ -513,11 +513,11 @@ def test_the_transport_check_runs_with_device_work_in_flight(monkeypatch):
     lay = Layout([TensorSpec("g", (64,))])
     for cls, status in ((Sound, "used"), (NoWait, "fell back")):
         fell = []
-        method = types.SimpleNamespace(reducer=cls(MPI.COMM_SELF, cp.ndarray(np.zeros(64, np.float32)),
-                                                   lay, 64, True),
-                                       comm=MPITransport(MPI.COMM_SELF),
-                                       use_host_transport=lambda: fell.append(1))
-        (comp,) = F.transport_components(method)
+        gradients = types.SimpleNamespace(engine=cls(MPI.COMM_SELF, cp.ndarray(np.zeros(64, np.float32)),
+                                                     lay, 64, True),
+                                          group=MPITransport(MPI.COMM_SELF),
+                                          use_host_transport=lambda: fell.append(1))
+        (comp,) = F.transport_components(gradients)
         out = F.validate([comp], "auto")[comp.name]
         assert out["status"] == status, out
         assert bool(fell) is (status == "fell back")

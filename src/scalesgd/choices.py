@@ -29,7 +29,7 @@ ALLREDUCE_TRANSPORTS = ("auto", "host", "cuda_aware_mpi", "nccl")
 
 # ----------------------------------------------------------------------------- ranks and workers
 # The one source of the worker count: the config's rank-count defaults (config.fit_to_world), the
-# method's roles (methods.base.Method.servers_for), the virtual cluster and the benchmarks use these.
+# method's roles (methods.base.Exchange.servers_for), the virtual cluster and the benchmarks use these.
 def servers_of(method: str, servers: int = 1) -> int:
     """Ranks ``method`` gives to parameter-server shards with ``dist.servers = servers``."""
     return servers if method in SERVER_METHODS else 0

@@ -54,7 +54,7 @@ def started(c):
     if TOPO.rank == 0:
         model.ps.params += 0.01
     method = create(c, TOPO, Signals())
-    method.attach(model)
+    method.gradients.attach(model)
     method.start(model.ps)
     return model, method
 
@@ -64,8 +64,8 @@ def train_steps(model, method, opt, steps, rank):
         x, y = batch(rank, step)
         logits, cache = model.forward(x, True)
         _, d, _ = softmax_cross_entropy(logits, y)
-        model.backward(d * method.grad_scale, cache)   # as train_step does
-        method.after_backward(step, model.ps)
+        model.backward(d * method.gradients.grad_scale, cache)   # as train_step does
+        method.gradients.after_backward(step, model.ps)
         opt.step(model.ps.params, model.ps.grads, 0.05)
 
 

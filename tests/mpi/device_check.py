@@ -107,7 +107,7 @@ def device_buffers_staged_per_bucket_with_overlap(comm):
 
 
 class OrderCheckingTransport(MPITransport):
-    """The MPI transport, asserting at the method's barrier that every bucket's ``Iallreduce`` has
+    """The MPI transport, asserting at the gradient sum's barrier that every bucket's ``Iallreduce`` has
     been started (MPI: every rank starts its collectives on a communicator in the same order)."""
 
     def __init__(self, comm):
@@ -115,7 +115,7 @@ class OrderCheckingTransport(MPITransport):
         self.method = None
 
     def _check(self):
-        red = self.method.reducer
+        red = self.method.engine
         assert len(red.requests) == len(red.buckets), \
             f"{len(red.requests)} of {len(red.buckets)} buckets started before the barrier"
 
@@ -133,24 +133,23 @@ def buckets_start_before_the_barrier_however_far_each_device_got(comm):
     a rank whose device lags, some start only after backward.  They must all be started before the
     method's barrier on every rank (else the ranks call collectives in different orders), and
     ``progress`` (the loop calls it while it waits for the device) starts the ones that landed."""
-    from scalesgd.methods.allreduce import AllReduce
+    from scalesgd.methods.gradients import SummedGradients
     lay = layout()
     dd.reset()
     dd.STATE.gpu_keeps_up = comm.rank == 0        # rank 1's device lags behind its host
     flat = dd.ndarray(np.full(lay.size, float(comm.rank + 1)))
     transport = OrderCheckingTransport(comm)
-    method = AllReduce(types.SimpleNamespace(dist=dist(servers=1)), types.SimpleNamespace(size=comm.size),
-                       transport, Signals())
+    method = SummedGradients(transport, dist(servers=1), {"comm": 0.0, "wait": 0.0}, Signals())
     transport.method = method
-    method.reducer = device.make_allreducer("host", comm, flat, lay, 4000, True)
+    method.engine = device.make_allreducer("host", comm, flat, lay, 4000, True)
     for spec in reversed(lay.specs):
-        method.reducer.ready([spec.name])
-    started = len(method.reducer.requests)
-    assert started == (len(method.reducer.buckets) if comm.rank == 0 else 0), started
+        method.engine.ready([spec.name])
+    started = len(method.engine.requests)
+    assert started == (len(method.engine.buckets) if comm.rank == 0 else 0), started
     if comm.rank == 1:
         dd.STATE.gpu_keeps_up = True              # the device catches up while the host waits
         method.progress()
-        assert len(method.reducer.requests) == len(method.reducer.buckets)
+        assert len(method.engine.requests) == len(method.engine.buckets)
     assert method.after_backward(0, None) is False          # no rank's loss diverged
     assert np.all(flat.data == comm.size * (comm.size + 1) / 2)
     for keeps_up in (True, False):                # and without progress: after_backward starts them
@@ -158,7 +157,7 @@ def buckets_start_before_the_barrier_however_far_each_device_got(comm):
         dd.STATE.gpu_keeps_up = keeps_up
         flat.data[...] = comm.rank + 1
         for spec in reversed(lay.specs):
-            method.reducer.ready([spec.name])
+            method.engine.ready([spec.name])
         # one rank's loss is NaN: every rank learns it
         diverged = method.after_backward(1, None, loss_finite=comm.rank == 0)
         assert diverged and np.all(flat.data == comm.size * (comm.size + 1) / 2)
@@ -221,14 +220,14 @@ def nccl_time_is_measured_on_the_device(comm):
     """Issue 25, finding 10: NCCL's ``finish()`` only enqueues the sum, so ``comm`` read ~0 and the
     sum's time landed in the next step's compute.  Now CUDA events around it measure it, and
     ``settle`` adds it to ``comm`` once the stream has run (never waiting for it itself)."""
-    from scalesgd.methods.allreduce import AllReduce
+    from scalesgd.methods.gradients import SummedGradients
     dd.reset()
     dd.STATE.gpu_keeps_up = False                 # the device runs only when the host waits for it
     flat = dd.ndarray(np.full(layout().size, float(comm.rank + 1), np.float32))
     SlowNccl.arrays, SlowNccl.summed = {flat.data.ptr: flat.data}, 0
-    method = AllReduce(types.SimpleNamespace(dist=dist(servers=1)), types.SimpleNamespace(size=comm.size),
-                       MPITransport(comm), Signals())     # (after_backward's barrier carries them)
-    method.reducer = device.NcclAllreduce(comm, flat, layout(), 4000, overlap=True, nccl=SlowNccl)
+    method = SummedGradients(MPITransport(comm), dist(servers=1), {"comm": 0.0, "wait": 0.0},
+                             Signals())     # (after_backward's barrier carries them)
+    method.engine = device.NcclAllreduce(comm, flat, layout(), 4000, overlap=True, nccl=SlowNccl)
     for step in range(3):
         before = method.timers["comm"]            # (every earlier sum, measured on the device)
         method.after_backward(step, None)
@@ -252,16 +251,15 @@ class FailingIdNccl(FakeNccl):
 def nccl_lifecycle_every_communicator_is_destroyed(comm):
     """Issue 25, finding 7: the start-up check's own reducer and the one the fallback replaces
     were never destroyed; now every NCCL communicator made is destroyed once."""
-    from scalesgd.methods.allreduce import AllReduce
+    from scalesgd.methods.gradients import SummedGradients
     FakeNccl.live = 0
     flat = dd.ndarray(np.zeros(layout().size, np.float32))
     red = device.NcclAllreduce(comm, flat, layout(), 4000, overlap=True, nccl=FakeNccl)
     assert FakeNccl.live == 1
-    method = AllReduce(types.SimpleNamespace(dist=dist(servers=1)), types.SimpleNamespace(size=comm.size),
-                       comm, None)
-    method.reducer = red
+    method = SummedGradients(MPITransport(comm), dist(servers=1), {"comm": 0.0, "wait": 0.0})
+    method.engine = red
     method.use_host_transport()                   # the start-up check failed it
-    assert FakeNccl.live == 0 and type(method.reducer).transport == "host"
+    assert FakeNccl.live == 0 and type(method.engine).transport == "host"
     method.close()
     red.close()                                   # a second close is a no-op
     assert FakeNccl.live == 0

@@ -14,7 +14,7 @@ from scalesgd import fastpaths as F
 from scalesgd.comm.mpi import buckets, device
 from scalesgd.comm.mpi.transport import MPITransport
 from scalesgd.errors import BackendError
-from scalesgd.methods.allreduce import AllReduce
+from scalesgd.methods.gradients import SummedGradients
 from scalesgd.nn.resnet import ResNet
 
 
@@ -78,21 +78,21 @@ class Broken(buckets.BucketedAllreduce):
 
 
 def method_with(comm, transport_cls):
-    """A real ``allreduce`` method whose reducer is ``transport_cls`` over a ResNet's gradients."""
+    """An ``allreduce`` method's gradient role (the real one; what the check reads of a method),
+    whose all-reducer is ``transport_cls`` over a ResNet's gradients."""
     model = ResNet("resnet20", 10, 0.25, seed=0)
-    cfg = types.SimpleNamespace(dist=types.SimpleNamespace(bucket_mb=0.01, overlap=True, servers=1))
-    method = AllReduce(cfg, types.SimpleNamespace(size=comm.size), MPITransport(comm), None)
-    method.reducer = transport_cls(comm, model.ps.grads, model.ps.layout, 10_000, True)
-    return method, model
+    gradients = SummedGradients(MPITransport(comm), None, {"comm": 0.0, "wait": 0.0})
+    gradients.engine = transport_cls(comm, model.ps.grads, model.ps.layout, 10_000, True)
+    return gradients, model
 
 
 def a_broken_transport_falls_back_to_host(comm):
     method, model = method_with(comm, Broken)
-    comp_buckets = method.reducer.buckets
+    comp_buckets = method.engine.buckets
     (comp,) = F.transport_components(method)
     out = F.validate([comp], "auto", F.agree_over(MPITransport(comm)), speak=comm.rank == 0)
     assert out["allreduce broken"]["status"] == "fell back", out
-    red = method.reducer
+    red = method.engine
     assert type(red) is buckets.BucketedAllreduce and red.flat is model.ps.grads and red.overlap
     assert red.buckets == comp_buckets                    # the same buckets as the device reducer had
     model.ps.grads[...] = comm.rank + 1.0                 # the new reducer sums the real gradients
@@ -106,7 +106,7 @@ def a_sound_transport_is_used(comm):
     out = F.validate(comps, "auto", F.agree_over(MPITransport(comm)))
     assert out["allreduce cuda_aware_mpi"]["status"] == "used", out
     assert out["allreduce cuda_aware_mpi"]["rel_error"] < 1e-6
-    assert type(method.reducer) is device.CudaAwareAllreduce
+    assert type(method.engine) is device.CudaAwareAllreduce
     host, _ = method_with(comm, buckets.BucketedAllreduce)
     assert F.transport_components(host) == []      # host is the reference: nothing to check
 

@@ -359,7 +359,10 @@ def method_for(variant, **dist):
     dist.setdefault("gossip_graph", "uniform")           # the checks below were written for it
     cfg = C.build(overrides={"train": {"method": "gossip", "seed": 1},
                              "dist": {"gossip": variant, **dist}})
-    return create(cfg, TOPO, Signals())
+    record = create(cfg, TOPO, Signals())
+    m = record.exchange                   # the gossip strategy (its codec too), with its method
+    m.record = record                     # (a test-only attribute: ``evaluated`` takes the method)
+    return m
 
 
 def run_gossip(comm, variant, steps=300, tau=1, before_last=None, **dist):
@@ -377,7 +380,7 @@ def run_gossip(comm, variant, steps=300, tau=1, before_last=None, **dist):
     xs = gather(comm, ps.params)
     d0, mass0 = mixing.consensus_distance(xs), xs.sum(axis=0)
     # evaluation: exact average, BN stats averaged, consensus distance, own replica restored
-    with evaluated(m, ps) as extra:
+    with evaluated(m.record, ps) as extra:
         expect(np.allclose(ps.params, xs.mean(axis=0), rtol=1e-12, atol=0), "eval: not the exact mean")
         expect(np.all(ps.buffers == (comm.size - 1) / 2), "eval: BN buffers not averaged")
         expect(abs(extra["consensus_distance"] - d0) < 1e-9 * d0, (extra, d0))
@@ -422,7 +425,7 @@ def pull_gossip_reaches_consensus(comm):
         m.quiesce(ps)                                    # (overlap: the last exchange lands)
         check_counter(comm, m, gs, 300, tau)
         d = mixing.consensus_distance(gather(comm, ps.params))
-        with evaluated(m, ps) as extra:
+        with evaluated(m.record, ps) as extra:
             expect(abs(extra["consensus_distance"] - d) < 1e-6 * d0, (extra, d))
         say(comm, f"pull p={comm.size} self={include_self} tau={tau} overlap={overlap}: consensus "
                   f"distance {d0:.3g} -> {d:.3g}; retries {comm.allreduce(m.retries)}"

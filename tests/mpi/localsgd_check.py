@@ -26,8 +26,8 @@ def local_step(model, method, opt, step, rank):
     x, y = batch(rank, step)
     logits, cache = model.forward(x, True)
     _, d, _ = softmax_cross_entropy(logits, y)
-    model.backward(d * method.grad_scale, cache)
-    method.after_backward(step, model.ps)
+    model.backward(d * method.gradients.grad_scale, cache)
+    method.gradients.after_backward(step, model.ps)
     opt.step(model.ps.params, model.ps.grads, LR)
 
 
@@ -43,7 +43,7 @@ def tau_1_is_synchronous_sgd(comm):
     _, model, method, opt = setup(tau=1)
     for step in range(4):
         local_step(model, method, opt, step, comm.rank)
-        method.after_update(step, model.ps, 4, LR)
+        method.exchange.after_update(step, model.ps, 4, LR)
         g = gather(comm, model.ps.params)
         assert all(np.array_equal(g[0], r) for r in g[1:]), f"replicas differ after step {step}"
     ref = make_model()
@@ -67,7 +67,7 @@ def replicas_drift_for_tau_steps_then_average(comm):
     for step in range(6):
         local_step(model, method, opt, step, comm.rank)
         before_p, before_b = gather(comm, model.ps.params), gather(comm, model.ps.buffers)
-        gs = method.after_update(step, model.ps, 4, LR)
+        gs = method.exchange.after_update(step, model.ps, 4, LR)
         assert gs == 4 * comm.size * (step + 1)
         after = gather(comm, model.ps.params)
         if step % 3 == 2:
@@ -77,7 +77,7 @@ def replicas_drift_for_tau_steps_then_average(comm):
         else:
             assert not np.array_equal(after[0], after[1]), f"replicas equal at {step}: no local step"
             assert np.array_equal(after, before_p), "parameters changed between exchanges"
-    assert method.stats() == {"averages": 2}
+    assert method.exchange.stats() == {"averages": 2}
 
 
 def slowmo_outer_steps_follow_the_formula(comm):
@@ -90,20 +90,20 @@ def slowmo_outer_steps_follow_the_formula(comm):
     for step in range(4):
         local_step(model, method, opt, step, comm.rank)
         x_avg = gather(comm, model.ps.params).mean(axis=0)
-        method.after_update(step, model.ps, 4, LR)
+        method.exchange.after_update(step, model.ps, 4, LR)
         if step % 2 == 1:
             u = beta * u + (x_sync - x_avg) / LR
             x_sync = x_sync - alpha * LR * u
             np.testing.assert_allclose(model.ps.params, x_sync, rtol=1e-10, atol=1e-12)
             g = gather(comm, model.ps.params)
             assert all(np.array_equal(g[0], r) for r in g[1:])
-    arrays, scalars = method.state(model.ps)
+    arrays, scalars = method.codec.state(model.ps)
     fresh = create(c, TOPO, Signals())
     fresh.start(model.ps)
-    fresh.load_state(model.ps, {k: v.copy() for k, v in arrays.items()}, scalars)
-    np.testing.assert_array_equal(fresh.u, method.u)
-    np.testing.assert_array_equal(fresh.x_sync, method.x_sync)
-    assert fresh.exchanges == method.exchanges == 2
+    fresh.codec.load_state(model.ps, {k: v.copy() for k, v in arrays.items()}, scalars)
+    np.testing.assert_array_equal(fresh.exchange.u, method.exchange.u)
+    np.testing.assert_array_equal(fresh.exchange.x_sync, method.exchange.x_sync)
+    assert fresh.exchange.exchanges == method.exchange.exchanges == 2
 
 
 def evaluation_model_is_the_average(comm):
@@ -111,7 +111,7 @@ def evaluation_model_is_the_average(comm):
     afterwards."""
     _, model, method, opt = setup(tau=100)
     local_step(model, method, opt, 0, comm.rank)
-    method.after_update(0, model.ps, 4, LR)
+    method.exchange.after_update(0, model.ps, 4, LR)
     own_p, own_b = model.ps.params.copy(), model.ps.buffers.copy()
     mean_p = gather(comm, own_p).mean(axis=0)
     with evaluated(method, model.ps):

@@ -34,10 +34,13 @@ class FakePS:
 
 
 def make(cls, **dist):
-    """The method with its control plane (``m.control``, a test-only attribute)."""
+    """The method's exchange (its server role and codec too, here) with its control plane
+    (``m.control``) and the whole method (``m.record``): test-only attributes."""
     control = Control(TOPO.transport, TOPO.size)
-    m = create(C.build(overrides={"train": {"method": cls.name}, "dist": dist}), TOPO, control.signals)
-    m.control = control
+    record = create(C.build(overrides={"train": {"method": cls.name}, "dist": dist}), TOPO, control.signals)
+    m = record.exchange
+    assert record.codec is m and record.server is (m if m.roles.is_server else None)
+    m.control, m.record = control, record
     return m
 
 
@@ -57,7 +60,7 @@ def drive(comm, method, ps, boundaries, samples=4, jitter=0.0, rng=None):
 
     def evaluate(b):
         own_p, own_b = ps.params.copy(), ps.buffers.copy()
-        with evaluated(method, ps) as extra:
+        with evaluated(method.record, ps) as extra:
             ref = ps.params.copy()
             comm.Bcast(ref, root=0)
             assert np.array_equal(ps.params, ref), "evaluated params differ from the server's"
@@ -226,7 +229,7 @@ def easgd_hand_computed_two_ranks(comm):
 
 
 def _eval_only(comm, m, ps):
-    with evaluated(m, ps):
+    with evaluated(m.record, ps):
         m.control.sum_over_ranks([0, 0, 0])
 
 

@@ -127,10 +127,12 @@ class Transport(Protocol):
         over ``flat``: what the fast-path check runs side by side (``fastpaths.parts``)."""
 
 
-def members() -> dict[str, list[str]]:
-    """Every member of ``Transport``: {name: [parameter names, self left out]} for the methods,
-    [] for the data attributes (its annotations)."""
+def members(protocol: type | None = None) -> dict[str, list[str]]:
+    """Every member of ``protocol`` (``Transport`` by default; also ``methods/roles.py``'s roles):
+    {name: [parameter names, self left out]} for the methods, [] for the data attributes (its
+    annotations)."""
     import inspect  # noqa: PLC0415
-    out = {name: list(inspect.signature(v).parameters)[1:] for name, v in vars(Transport).items()
+    protocol = protocol or Transport
+    out = {name: list(inspect.signature(v).parameters)[1:] for name, v in vars(protocol).items()
            if not name.startswith("_") and inspect.isfunction(v)}
-    return {**out, **{name: [] for name in Transport.__annotations__}}
+    return {**out, **{name: [] for name in vars(protocol).get("__annotations__", {})}}

@@ -33,7 +33,7 @@ class Topology:
         transport (the record an error ends the job through)."""
         if self.transport is None:
             return self.size
-        split = self.transport.node_groups(alone=self.rank < num_servers)   # the groups NodeGroup forms
+        split = self.transport.node_groups(alone=self.rank < num_servers)   # the groups node_group forms
         split.free()
         return split.num_nodes - num_servers
 

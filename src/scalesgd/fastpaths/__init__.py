@@ -10,7 +10,7 @@ use, and is compared with its reference twin (docs/gpu.md):
 - DALI's GPU ("mixed") decode of a few crops of the training shards against its CPU decode;
 - the all-reduce transport the ``allreduce`` method chose (``nccl``, ``cuda_aware_mpi``) against
   host-staged MPI, on a buffer whose values are still being written by queued device work (a
-  collective; so :func:`check` runs after ``method.attach``);
+  collective; so :func:`check` runs after the gradient role's ``attach``);
 - then the whole model as the run uses it, with the parts that passed (``model_components``): a
   training step at the training batch after an update of the weights in place ("update then
   forward"), and each evaluation batch (ten-crop, the last partial batch) after loading another
@@ -47,7 +47,7 @@ from .parts import (cudnn_components, decode_components, decode_crops, forward_g
 
 # ----------------------------------------------------------------------------- the run's components
 def check(cfg, topo, model, backend, loaders=(), method=None) -> Report:
-    """Collective, once per run, after ``method.attach`` and before anything is written: checks
+    """Collective, once per run, after the gradient role's ``attach`` and before anything is written: checks
     the fast paths of this rank's ``model``, ``loaders`` and ``method`` on ``backend`` as
     ``model.fast_paths`` says and returns the run's ``Report``.  NumPy: no component, nothing runs.
     Several ranks agree unless ``train.device = cpu`` (then none is on a GPU): a rank left on NumPy
@@ -84,4 +84,4 @@ def components(model, backend, cfg, loaders=(), method=None) -> list[Component]:
             acts = ("bfloat16", "float32")
     out += kernel_components(model.kernels, backend.xp, acts, cfg.model.dtype)
     out += decode_components(loaders)
-    return out + transport_components(method)
+    return out + transport_components(method.gradients if method is not None else None)

@@ -137,19 +137,19 @@ def decode_crops(jpegs, device: str, device_id=None) -> list[np.ndarray]:
     return [np.array(out.at(i)) for i in range(len(jpegs))]
 
 
-def transport_components(method, size: int = 10_007) -> list[Component]:
-    """The device all-reduce ``method`` chose (its ``reducer``: nccl or cuda_aware_mpi) against
-    host-staged MPI: a fresh reducer of each kind (``reducer_like`` of the method's transport, so
-    nothing here calls MPI) sums the same per-rank values over 3 buckets of a small buffer (a
-    collective).  None for the host transport (the reference; NumPy gradients
-    always have it) or a method without a gradient all-reducer.  Falling back is the method's own
+def transport_components(gradients, size: int = 10_007) -> list[Component]:
+    """The device all-reduce a method's gradient role chose (its ``engine``: nccl or
+    cuda_aware_mpi) against host-staged MPI: a fresh reducer of each kind (``reducer_like`` of the
+    role's own group, so nothing here calls MPI) sums the same per-rank values over 3 buckets of a
+    small buffer (a collective over that group).  None for the host transport (the reference; NumPy
+    gradients always have it) or a role without an all-reducer.  Falling back is the role's own
     (``use_host_transport``: a host reducer over the gradients in the device one's place)."""
-    red = method.reducer if method is not None else None
+    red = gradients.engine if gradients is not None else None
     if red is None or red.transport == "host":
         return []
     from ..backend import get_array_module  # noqa: PLC0415
     from ..nn.params import Layout, TensorSpec  # noqa: PLC0415
-    net, xp, dtype = method.comm, get_array_module(red.flat), red.flat.dtype
+    net, xp, dtype = gradients.group, get_array_module(red.flat), red.flat.dtype
     lay = Layout([TensorSpec(f"t{i}", (size // 4 + i,)) for i in range(4)])
     values = np.random.default_rng([net.rank, 5]).standard_normal(lay.size).astype(dtype)
 
@@ -163,7 +163,7 @@ def transport_components(method, size: int = 10_007) -> list[Component]:
         return flat
     return [Component(f"allreduce {red.transport}", lambda: reduce(False),
                       lambda: reduce(True), TRANSPORT_TOL, "the host transport (MPI on "
-                      "pinned host copies)", method.use_host_transport, ("sum",))]
+                      "pinned host copies)", gradients.use_host_transport, ("sum",))]
 
 
 def written_late(xp, values: np.ndarray, side: int = 2048, products: int = 8):

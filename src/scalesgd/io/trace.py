@@ -108,6 +108,38 @@ class TraceWriter(NoTrace):
         self._fh.close()
 
 
+class Recorder(NoTrace):
+    """A run's recorder, handed to its method when the method is built (``train/control.Control``)
+    and opened by the loop once the run's directory is known: records nothing until then."""
+
+    def __init__(self):
+        self.to: NoTrace = NO_TRACE
+
+    def open(self, run_dir: str | Path, rank: int) -> "Recorder":
+        self.to = TraceWriter(run_dir, rank)
+        return self
+
+    @property
+    def active(self) -> bool:
+        return self.to.active
+
+    @property
+    def lines(self) -> int:
+        return self.to.lines
+
+    def record(self, event: str, **fields) -> None:
+        self.to.record(event, **fields)
+
+    def truncate(self, lines: int) -> None:
+        self.to.truncate(lines)
+
+    def flush(self) -> None:
+        self.to.flush()
+
+    def close(self) -> None:
+        self.to.close()
+
+
 def read(run_dir: str | Path, rank: int) -> list[dict]:
     """Rank ``rank``'s events, in order ([] when the run wrote none)."""
     path = Path(run_dir) / "trace" / f"rank-{rank}.jsonl"

@@ -1,5 +1,6 @@
-"""Training methods chosen by name, each a ``base.Method`` (its members by concern, and their count:
-docs/architecture.md; its fixed properties one frozen ``base.Traits``).
+"""Training methods chosen by name, each a ``roles.Method``: four roles that compose (gradients,
+exchange, server, codec) and one frozen ``base.Traits`` (docs/architecture.md: what a new method
+writes, and the count).
 
 A method decides *when and with whom* a worker exchanges *which flat buffer*; the model, optimizer,
 data, metrics and the control plane (``train/``) are the same for every method.
@@ -8,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 
+from ..io.trace import NO_TRACE
 from .allreduce import AllReduce
 from .asgd import ASGD
-from .base import Method, MethodError
+from .base import Exchange, MethodError
 from .easgd import EASGD
 from .gossip import Gossip
+from .gradients import LocalGradients, SummedGradients
 from .localsgd import LocalSGD
+from .roles import Method
 from .single import Single
 
 # keys == choices.METHODS
@@ -33,28 +37,35 @@ def check_ranks(cfg, size: int) -> None:
     method_class(cfg).check_ranks(size, cfg)
 
 
-def create(cfg, topo, signals) -> Method:
-    """The method object for ``cfg.train.method`` on ``topo`` (a ``comm.topology.Topology``),
-    carrying ``signals``; raises MethodError when it cannot run here (on every rank alike, before
-    any collective)."""
+def create(cfg, topo, signals, trace=NO_TRACE) -> Method:
+    """The method for ``cfg.train.method`` on ``topo`` (a ``comm.topology.Topology``), carrying
+    ``signals`` and recording into ``trace``; raises MethodError when it cannot run here (on every
+    rank alike, before any collective)."""
     cls = method_class(cfg)
     cls.check_ranks(topo.size, cfg)
-    if cfg.dist.hierarchy == "node" and cls is not AllReduce and cls is not Single:  # (allreduce: comm/)
-        from .hierarchical import NodeGroup
-        return NodeGroup(cfg, topo.roles(cls.servers_for(cfg)), topo.transport, signals, cls)
-    return cls(cfg, topo.roles(cls.servers_for(cfg)), topo.transport, signals)
+    roles, comm = topo.roles(cls.servers_for(cfg)), topo.transport
+    if cfg.dist.hierarchy == "node" and cls.traits.node_agents:
+        from .hierarchical import node_group
+        return node_group(cfg, roles, comm, signals, trace, cls)
+    exchange = cls(cfg, roles, comm, signals, trace)
+    grads = (SummedGradients(comm, cfg.dist, exchange.timers, signals) if cls.traits.sums_gradients
+             else LocalGradients())
+    return Method(cls.name, cls.traits, roles, comm, grads, exchange, exchange,
+                  exchange if roles.is_server else None)
 
 
 @contextlib.contextmanager
 def evaluated(method: Method, ps):
-    """Collective: inside, ``ps`` holds the model ``method`` evaluates (``load_eval_model``; the
+    """Collective: inside, ``ps`` holds the model ``method`` evaluates (its exchange's
+    ``load_eval_model``; the
     context value is its extra metrics); afterwards this rank's own params and BN statistics."""
     saved_p, saved_b = ps.params.copy(), ps.buffers.copy()
     try:
-        yield method.load_eval_model(ps)
+        yield method.exchange.load_eval_model(ps)
     finally:
         ps.params[...] = saved_p
         ps.buffers[...] = saved_b
 
 
-__all__ = ["METHODS", "Method", "MethodError", "check_ranks", "create", "evaluated", "method_class"]
+__all__ = ["METHODS", "Exchange", "Method", "MethodError", "check_ranks", "create", "evaluated",
+           "method_class"]

@@ -32,6 +32,7 @@ import logging
 from ..backend import get_array_module
 from ..comm.staging import HostStage
 from ..comm.wire import Kind
+from ..io.trace import NO_TRACE
 from .server import ServerMethod
 
 
@@ -39,8 +40,8 @@ class ASGD(ServerMethod):
     name = "asgd"
     kind = Kind.ASGD
 
-    def __init__(self, cfg, roles, comm, signals):
-        super().__init__(cfg, roles, comm, signals)
+    def __init__(self, cfg, roles, comm, signals, trace=NO_TRACE):
+        super().__init__(cfg, roles, comm, signals, trace)
         self.period = cfg.dist.n_sync
         self.max_staleness = cfg.dist.max_staleness      # -1: unbounded
 

@@ -1,19 +1,20 @@
-"""The interface every method implements: when, and with whom, a worker exchanges which flat buffer.
+"""The base of every method's parameter exchange, and the traits every method declares.
 
-A rank is a worker (trains a replica on its part of the data) or, for the parameter-server methods,
-a server (``roles``: ``comm.topology.Roles``, computed once).  The loop calls on a worker, per step::
+A method is a few roles that compose (``roles.py``: the record ``Method`` and the four role
+protocols).  An exchange (``Exchange``) is the role a worker runs after its local update, and the
+state codec of its method: when, and with whom, it exchanges which flat buffer, and what of that
+a checkpoint keeps.  The loop calls, per step of a worker::
 
-    loss = train_step(model, x, y)              # fills ps.grads, no communication
-    diverged = method.after_backward(step, ps, finite)   # e.g. all-reduce of the gradients (and of
-                                                         # whether any rank's loss was not finite)
+    loss = train_step(model, x, y)                        # fills ps.grads, no communication
+    diverged = m.gradients.after_backward(step, ps, finite)   # e.g. all-reduce of the gradients
     opt.step(ps.params, ps.grads, lr)
-    gs = method.after_update(step, ps, n, lr)   # e.g. elastic / gossip averaging; -> global samples
+    gs = m.exchange.after_update(step, ps, n, lr)         # e.g. elastic / gossip averaging -> global samples
 
-and on a server ``method.serve(ps, phases)`` instead.  Progress is counted in **global samples** (all
-workers together), so epochs, the learning-rate schedule and stopping mean the same for every
-method.  Everything else — the stop/checkpoint signals, phases (evaluation, checkpoints), the loop —
-is the control plane (``train/``); a method only carries the ``signals`` it is handed on its
-messages: it sends ``signals.raised`` (a server: ``signals.seen``) and ``merge``s what it receives.
+and on a server ``m.server.serve(ps, phases)`` instead.  Progress is counted in **global samples**
+(all workers together), so epochs, the learning-rate schedule and stopping mean the same for every
+method.  Everything else (the stop/checkpoint signals, phases, the loop) is the control plane
+(``train/``); an exchange only carries the ``signals`` it is handed on its messages: it sends
+``signals.raised`` (a server: ``signals.seen``) and ``merge``s what it receives.
 """
 from __future__ import annotations
 
@@ -25,10 +26,20 @@ from ..errors import MethodError, PhaseError  # noqa: F401 - re-exported
 from ..io.trace import NO_TRACE
 
 
+@contextlib.contextmanager
+def timed(timers: dict, key: str, clock):
+    """Adds the time spent inside to ``timers[key]`` (``clock``: the transport's, virtual or real)."""
+    t = clock()
+    try:
+        yield
+    finally:
+        timers[key] += clock() - t
+
+
 @dataclass(frozen=True)
 class Traits:
     """What the loop, the recovery from a lost rank and a resume read of a method: fixed per class
-    (``NodeGroup``: per instance, from the method it wraps), never set from outside."""
+    (node groups: from the method they run), never set from outside."""
 
     min_ranks: int = 1               # the fewest ranks it runs on (servers come on top: check_ranks)
     replicas_identical: bool = False  # every replica holds the same weights after each step (allreduce)
@@ -38,16 +49,18 @@ class Traits:
     reshape_replica: str = "source"  # a resume onto other ranks starts each replica from the saved
                                      # rank it continues ("source"), the saved replicas' average
                                      # ("average") or, on a worker, the server's center ("center")
+    sums_gradients: bool = False     # its gradient role all-reduces every step's gradients over the
+                                     # job (allreduce; ``dist.hierarchy = node``: in two levels, comm/)
+    node_agents: bool = True         # ``dist.hierarchy = node`` makes each node one agent of it
 
 
-class Method:
-    """Synchronous base: every rank is a worker, global samples advance in lockstep."""
+class Exchange:
+    """The lockstep exchange (every rank a worker, global samples advance together: ``single``),
+    and the base every method's exchange derives from.  Its state codec too: ``state``,
+    ``load_state``, ``adopt``, ``quiesce``, ``abandon``."""
 
     name = "base"
     traits = Traits()
-    node_split = None              # the job's node groups (``dist.hierarchy = node``: NodeGroup)
-    reducer = None                 # its gradient all-reducer, where it has one (all-reduce; NodeGroup
-                                   # inside a node): ``transport``, ``on_host``, ``device_seconds``
     exchanges = 0                  # exchanges so far (a worker's with its peers, servers or the
                                    # average; a server's served): what a fault injected on one counts
 
@@ -71,42 +84,21 @@ class Method:
                      f" ({k} server shards and a worker)") if k else ""
             raise MethodError(f"method '{cls.name}' needs at least {need} ranks{roles}, got {size}")
 
-    def __init__(self, cfg, roles, comm, signals):
+    def __init__(self, cfg, roles, comm, signals, trace=NO_TRACE):
         """``roles``: this rank's role; ``comm``: the job's transport (``comm/mpi/transport.py``: MPI,
         or the virtual cluster's in-process one); ``signals``: the ``train.control.Signals`` to
-        carry on this method's messages."""
+        carry on this method's messages; ``trace``: the run's event recorder (``io/trace.py``)."""
         self.check_ranks(roles.size, cfg)
-        self.cfg, self.roles, self.comm, self.signals = cfg, roles, comm, signals
+        self.cfg, self.roles, self.comm, self.signals, self.trace = cfg, roles, comm, signals, trace
         self.global_samples = 0
         self.timers = {"comm": 0.0, "wait": 0.0}
-        self.trace = NO_TRACE          # the run's event recorder (``trace.TraceWriter``), set by the loop
-
-    @property
-    def grad_scale(self) -> float:
-        """Factor on every gradient, applied for free through dL/dlogits (allreduce: 1/p)."""
-        return 1.0
-
-    @property
-    def lr_batch(self) -> int:
-        """The batch the linear-scaling rule scales with: the job's global batch (every worker's
-        batch), for every method, as in SGP and SlowMo (Goyal et al.'s rule applied alike)."""
-        return self.cfg.data.batch_size * self.roles.num_workers
 
     # ------------------------------------------------------------------ lifecycle
-    def attach(self, model) -> None:
-        """Collective, once the model exists and before ``start`` (e.g. hooks into backward)."""
-
     def start(self, ps) -> None:
         """Makes every replica identical to rank 0's (params and BN statistics)."""
         if self.roles.size > 1:
             self.comm.broadcast(ps.params, 0)
             self.comm.broadcast(ps.buffers, 0)
-
-    def after_backward(self, step: int, ps, loss_finite: bool = True) -> bool:
-        """Gradients in ``ps.grads`` are final on this rank, whose loss of the step was
-        ``loss_finite``; returns whether the step diverged: this rank's loss, or, where the
-        replicas are identical (``traits.replicas_identical``), any rank's."""
-        return not loss_finite
 
     def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
         """Parameters were updated locally from ``samples`` samples at learning rate ``lr``; returns
@@ -128,16 +120,6 @@ class Method:
         self.global_samples += samples * self.roles.num_workers
         return self.global_samples
 
-    def serve(self, ps, phases) -> None:
-        """Server ranks only: serve workers until a phase ends training.  ``phases``
-        (``train.phases.Phases``): ``due(gs, sig)`` with the count and the signals every worker has
-        been told of, then ``enter(gs)``, the collective phase (True when training is over)."""
-        raise MethodError(f"method '{self.name}' has no server")
-
-    def poll_in_phase(self) -> None:
-        """Run while this rank waits in a phase agreement; raises when the agreement can never
-        complete (the server methods: a push arrives, so a worker is not there)."""
-
     def quiesce(self, ps) -> None:
         """Collective, inside a phase (no exchange in flight): fold any pending incoming state into
         this rank's own (gossip push drains its inbox) so that ``ps`` is complete for a checkpoint."""
@@ -150,7 +132,6 @@ class Method:
 
     def state(self, ps) -> tuple[dict, dict]:
         """(arrays, JSON scalars) of method state beyond ps/momentum, for a checkpoint."""
-        self.settle(wait=True)
         return {}, {"global_samples": self.global_samples, "timers": dict(self.timers)}
 
     def load_state(self, ps, arrays: dict, scalars: dict) -> None:
@@ -173,16 +154,6 @@ class Method:
             self.global_samples = int(origin.global_samples)
         return {}
 
-    def progress(self) -> None:
-        """Called while the host waits for the device to finish a step (GPU only): keep this
-        method's communication moving (the all-reduce starts the buckets whose copies landed)."""
-
-    def settle(self, wait: bool = False) -> None:
-        """Adds to ``timers`` the communication measured on the device rather than on the host
-        clock (an all-reduce the host only enqueues: NCCL), as far as the device has finished it
-        (``wait``: all of it).  Called where the stream has been synchronized anyway (each step's
-        metrics, a checkpoint, the summary), so it never stalls the device."""
-
     def stats(self) -> dict:
         """Method-specific values for the per-step metrics (staleness, exchanges...)."""
         return {}
@@ -197,11 +168,6 @@ class Method:
         Its MPI objects are dropped with the revoked communicator, never used again."""
 
     # ------------------------------------------------------------------ helpers
-    @contextlib.contextmanager
     def timed(self, key: str):
-        clock = self.comm.clock
-        t = clock()
-        try:
-            yield
-        finally:
-            self.timers[key] += clock() - t
+        """Adds the time spent inside to ``timers[key]``."""
+        return timed(self.timers, key, self.comm.clock)

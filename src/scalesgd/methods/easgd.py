@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from ..comm.staging import HostStage
 from ..comm.wire import Kind
+from ..io.trace import NO_TRACE
 from .server import ServerMethod
 
 
@@ -24,8 +25,8 @@ class EASGD(ServerMethod):
     name = "easgd"
     kind = Kind.EASGD
 
-    def __init__(self, cfg, roles, comm, signals):
-        super().__init__(cfg, roles, comm, signals)
+    def __init__(self, cfg, roles, comm, signals, trace=NO_TRACE):
+        super().__init__(cfg, roles, comm, signals, trace)
         self.period = cfg.dist.tau
         self.alpha = cfg.dist.beta / self.roles.num_workers
 

@@ -52,13 +52,13 @@ import numpy as np
 from ..comm import progress
 from ..comm.staging import HostStage
 from ..comm.jobs import IDLE_POLL_SECONDS
-from ..io.trace import digest
+from ..io.trace import NO_TRACE, digest
 from . import graphs, mixing
-from .base import Method, MethodError, Traits
+from .base import Exchange, MethodError, Traits
 from .exchangers import Blocking, Exchanger, Overlapped
 
 
-class Gossip(Method, metaclass=abc.ABCMeta):
+class Gossip(Exchange, metaclass=abc.ABCMeta):
     """What pull and push share: the graph, the schedule, the counter, evaluation, checkpoints.  A
     strategy fills in ``open_windows``, ``begin`` (the communication), ``land`` (its result, once
     complete), ``finish`` (its effect), optionally ``quiesce``, and its share of the checkpoint
@@ -72,8 +72,8 @@ class Gossip(Method, metaclass=abc.ABCMeta):
     def select(cls, cfg):
         return {"pull": PullGossip, "push": PushGossip}[cfg.dist.gossip]
 
-    def __init__(self, cfg, roles, comm, signals):
-        super().__init__(cfg, roles, comm, signals)
+    def __init__(self, cfg, roles, comm, signals, trace=NO_TRACE):
+        super().__init__(cfg, roles, comm, signals, trace)
         d = cfg.dist
         self.gamma, self.tau = d.gossip_gamma, d.tau
         self.graph = graphs.GRAPHS[d.gossip_graph](cfg.train.seed, roles.rank, roles.size,

@@ -1,14 +1,17 @@
 """``dist.hierarchy = "node"`` for gossip, local SGD, EASGD and A-SGD: a node's ranks act as one worker.
 
-Inside a node (``transport.node_split()``: MPI's shared-memory node) the ranks average their
-gradients every step (a bucketed all-reduce over the node's communicator, overlapping backward:
-``grad_scale`` = 1 / ranks on the node), so the node's replicas take the same steps and stay
-identical.  Between nodes, the node's lowest rank (its *leader*) runs the method (gossip: pull or
-push-sum, any graph, blocking or overlapped; local SGD: the leaders' average every ``tau`` steps,
-with SlowMo) with the other leaders, exactly as a flat run of one rank per node would, counting
-the whole node's samples.  Every step the node takes the leader's global count and signals (so
-its ranks enter an evaluation or checkpoint together; a member's stop request reaches the leader
-first, through a node max of the raised signals), and after each of the leader's exchanges
+Built by composition (``node_group``), not by wrapping a method: its gradient role is
+``gradients.SummedGradients`` over the node, its exchange and codec a ``NodeLeader`` around the
+method's own exchange, its server role the method's own.  Inside a node (``transport.node_split()``:
+MPI's shared-memory node) the ranks average their gradients every step (a bucketed all-reduce over
+the node's communicator, overlapping backward: ``grad_scale`` = 1 / ranks on the node), so the
+node's replicas take the same steps and stay identical.  Between nodes, the node's lowest rank
+(its *leader*) runs the method (gossip: pull or push-sum, any graph, blocking or overlapped; local
+SGD: the leaders' average every ``tau`` steps, with SlowMo) with the other leaders, exactly as a
+flat run of one rank per node would, counting the whole node's samples.  Every step the node
+takes the leader's global count and signals (so its ranks enter an evaluation or checkpoint
+together; a member's stop request reaches the leader first, through a node max of the raised
+signals), and after each of the leader's exchanges
 (every ``tau`` steps, the same step on every rank of the node) its parameters.  Only the leaders'
 exchanges cross the network: one per node instead of one per rank.
 
@@ -17,7 +20,7 @@ and statistics as flat gossip does, and broadcast them to their node.  Checkpoin
 saves its own state (a leader its gossip state; ``quiesce`` first folds the leaders' inboxes and
 broadcasts the result, so a node's replicas are identical in the file); a resume restores them.
 The server methods: each server rank is a group of its own (``node_split(alone=True)``) and keeps
-its rank among the leaders, so the inner method's server serves the node groups' leaders.
+its rank among the leaders, so the method's server role serves the node groups' leaders.
 A resume on the same rank count must keep the split into nodes (else refused: a leader's state
 is the method's, a member's only the base's); on another rank count (``resuming.origin``) every
 new rank continues a saved *leader* and the averaging methods start from the saved leaders'
@@ -36,68 +39,62 @@ import types
 import numpy as np
 
 from ..comm.topology import Roles
-from .base import Method, MethodError, Traits
+from ..io.trace import NO_TRACE
+from .base import Exchange, MethodError, Traits
+from .gradients import SummedGradients
+from .roles import Method
 
 
-class NodeGroup(Method):
-    """The node-level wrapper around ``inner_cls``: a gossip strategy, local SGD, EASGD or A-SGD."""
+def node_group(cfg, roles, comm, signals, trace, inner_cls) -> Method:
+    """Collective: ``inner_cls``'s method (a gossip strategy, local SGD, EASGD or A-SGD) run by
+    node groups: the node's gradient sum, the leader's exchange around the method's, and on a
+    server rank (a group of its own) the method's server."""
+    split = comm.node_groups(alone=roles.is_server)    # collective: the job's one node split
+    _check_split(cfg, roles, split, inner_cls)
+    inner = None
+    if split.is_leader:                                # servers keep ranks 0..K-1 among leaders
+        leaders = split.leaders
+        sub = types.SimpleNamespace(rank=leaders.rank, size=leaders.size, transport=leaders)
+        inner = inner_cls(cfg, Roles.of(sub, roles.num_servers), leaders, signals, trace)
+    leader = NodeLeader(cfg, roles, comm, signals, trace, split, inner)
+    grads = SummedGradients(split.node, dataclasses.replace(cfg.dist, hierarchy="none"), leader.timers)
+    return Method(inner_cls.name, Traits(reshape_replica=inner_cls.traits.reshape_replica), roles, comm,
+                  grads, leader, leader, inner if roles.is_server else None, node_split=split)
 
-    def __init__(self, cfg, roles, comm, signals, inner_cls):
-        super().__init__(cfg, roles, comm, signals)
-        self.name = inner_cls.name
-        self.traits = Traits(reshape_replica=inner_cls.traits.reshape_replica)
-        split = comm.node_groups(alone=roles.is_server)    # collective: the job's one node split
-        self.node, self.leaders = split.node, split.leaders  # (a server rank is its own group)
-        self.is_leader = split.is_leader                   # (leaders: None on a member)
+
+def _check_split(cfg, roles, split, inner_cls) -> None:
+    """Refuses node groups the method cannot use (on every rank alike), and says what runs."""
+    name, groups = inner_cls.name, sorted(set(split.sizes))
+    if inner_cls.traits.lockstep and len(groups) > 1:     # (its count is samples x groups x group size)
+        raise MethodError(f"dist.hierarchy = node: {name} counts samples in lockstep and needs "
+                          f"the same number of ranks in every node group (got {groups})")
+    if split.num_nodes < 2:
+        raise MethodError(f"dist.hierarchy = node: {name} runs between nodes, but all {roles.size} "
+                          "ranks are on one node (MPI's shared-memory split; a virtual run's profile, "
+                          "ranks_per_node): drop --hierarchy (or run across nodes)")
+    if roles.rank == 0:
+        logging.getLogger("scalesgd").info(
+            "%s: node groups (dist.hierarchy = node): %d group(s) of %s rank(s); their leaders run "
+            "the method", name, split.num_nodes, "/".join(str(g) for g in groups))
+
+
+class NodeLeader(Exchange):
+    """A node group's exchange and codec: on the leader, ``inner`` (the method's exchange among the
+    leaders), then the node takes the leader's count, signals and, after an exchange, parameters;
+    on a member (``inner`` None) only the node's part."""
+
+    def __init__(self, cfg, roles, comm, signals, trace, split, inner):
+        Exchange.__init__(self, cfg, roles, comm, signals, trace)
+        self.node, self.inner = split.node, inner
         self.group = [split.leader_rank, self.node.size]   # (its leader's job rank, its size)
         self.num_nodes = split.num_nodes
-        self.node_split = split
-        groups = sorted(set(split.sizes))
-        if inner_cls.traits.lockstep and len(groups) > 1:     # (its count is samples x groups x group size)
-            raise MethodError(f"dist.hierarchy = node: {self.name} counts samples in lockstep and needs "
-                              f"the same number of ranks in every node group (got {groups})")
-        if self.num_nodes < 2:
-            raise MethodError(f"dist.hierarchy = node: {self.name} runs between nodes, but all {roles.size} "
-                              "ranks are on one node (MPI's shared-memory split; a virtual run's profile, "
-                              "ranks_per_node): drop --hierarchy (or run across nodes)")
-        if roles.rank == 0:
-            logging.getLogger("scalesgd").info(
-                "%s: node groups (dist.hierarchy = node): %d group(s) of %s rank(s); their leaders run "
-                "the method", self.name, self.num_nodes, "/".join(str(g) for g in groups))
-        self.inner = None
-        if self.is_leader:                                 # servers keep ranks 0..K-1 among leaders
-            leaders = self.leaders
-            sub = types.SimpleNamespace(rank=leaders.rank, size=leaders.size, transport=leaders)
-            self.inner = inner_cls(cfg, Roles.of(sub, roles.num_servers), leaders, signals)
-            self.timers = self.inner.timers               # one set of timers: the loop reads these
-        self.reducer = None
-
-    # the loop sets ``trace`` on the method: the leader's gossip records into the same writer
-    @property
-    def trace(self):
-        return self._trace
-
-    @trace.setter
-    def trace(self, writer):
-        self._trace = writer
-        if getattr(self, "inner", None) is not None:
-            self.inner.trace = writer
+        if inner is not None:
+            self.timers = inner.timers                    # one set of timers: the loop reads these
 
     @property
-    def grad_scale(self) -> float:
-        return 1.0 / self.node.size
-
-    # ------------------------------------------------------------------ lifecycle
-    def attach(self, model) -> None:
-        """The node's gradient all-reducer (flat inside the node), hooked into backward."""
-        dist = dataclasses.replace(self.cfg.dist, hierarchy="none")
-        self.reducer = self.node.allreducer(model.ps.grads, model.ps.layout, dist)
-        if self.reducer.overlap and self.node.size > 1:
-            model.set_grad_hook(self._ready)
-
-    def _ready(self, names) -> None:
-        with self.timed("comm"):
-            self.reducer.ready(names)
+    def exchanges(self) -> int:
+        """The leader's method's exchanges (0 on a member)."""
+        return self.inner.exchanges if self.inner is not None else 0
 
     def start(self, ps) -> None:
         super().start(ps)                                  # rank 0's weights everywhere
@@ -105,26 +102,8 @@ class NodeGroup(Method):
             self.inner.start(ps)                           # collective among the leaders
 
     def close(self) -> None:
-        """Collective: the inner method's windows, the node's reducer, then the two communicators
-        this wrapper split off."""
         if self.inner is not None:
             self.inner.close()
-        if self.reducer is not None:
-            self.reducer.close()
-        self.node_split.free()                             # (their rank and size stay readable)
-
-    # ------------------------------------------------------------------ training
-    def progress(self) -> None:
-        if self.reducer is not None and self.node.size > 1:
-            with self.timed("comm"):
-                self.reducer.progress()
-
-    def after_backward(self, step: int, ps, loss_finite: bool = True) -> bool:
-        if self.node.size > 1:
-            with self.timed("comm"):
-                self.reducer.launch_all()
-                self.reducer.finish()
-        return not loss_finite
 
     def after_update(self, step: int, ps, samples: int, lr: float = 0.0) -> int:
         """Every step the node agrees on the leader's count and signals (so its ranks enter a phase
@@ -133,20 +112,14 @@ class NodeGroup(Method):
         if self.node.size > 1:                             # members' stop requests reach the leader
             raised = self.node.allreduce_max_host(self.signals.raised)
             np.maximum(self.signals.raised, raised, out=self.signals.raised)
-        before = self._exchanges()
+        before = self.exchanges
         if self.inner is not None:
             self.global_samples = self.inner.after_update(step, ps, samples * self.node.size, lr)
         if self.node.size > 1:
             with self.timed("comm"):
-                if self._sync_head(exchanged=self._exchanges() != before):
+                if self._sync_head(exchanged=self.exchanges != before):
                     self._from_leader(ps.params)
         return self.global_samples
-
-    def _exchanges(self) -> int:
-        """The leader's count of its method's exchanges (0 on a member)."""
-        if self.inner is None:
-            return 0
-        return int(self.inner.exchanges)
 
     def _sync_head(self, exchanged: bool = False) -> bool:
         """Collective on the node: every rank takes the leader's count and signals, and whether
@@ -180,25 +153,6 @@ class NodeGroup(Method):
     def stats(self) -> dict:
         return self.inner.stats() if self.inner is not None else {}
 
-    # ------------------------------------------------------------------ the server methods
-    def serve(self, ps, phases) -> None:
-        """A server rank: the inner method's server, serving the node groups' leaders."""
-        self.inner.serve(ps, phases)
-        self.global_samples = self.inner.global_samples
-
-    @property
-    def exchanges(self) -> int:
-        """The inner method's exchanges (a server: pushes served; read by the loop's fault hook)."""
-        return self.inner.exchanges if self.inner is not None else 0
-
-    def poll_in_phase(self) -> None:
-        if self.inner is not None:
-            self.inner.poll_in_phase()
-
-    def settle(self, wait: bool = False) -> None:
-        if self.reducer is not None:
-            self.timers["comm"] += self.reducer.device_seconds(wait)
-
     # ------------------------------------------------------------------ checkpoints
     def state(self, ps) -> tuple[dict, dict]:
         """The inner method's state (a leader) or the base state (a member), and the rank's node
@@ -224,7 +178,7 @@ class NodeGroup(Method):
             out = self.inner.adopt(ps, opt, dataclasses.replace(origin, old_size=groups))
             self.global_samples = self.inner.global_samples
         else:
-            out = Method.adopt(self, ps, opt, origin)
+            out = super().adopt(ps, opt, origin)
         if self.node.size > 1:
             self._sync_head()
         return out
@@ -234,9 +188,3 @@ class NodeGroup(Method):
         node's gradient sum is dropped with the revoked communicators)."""
         if self.inner is not None:
             self.inner.abandon(ps)
-
-    def use_host_transport(self) -> None:
-        """The start-up check's fallback (fastpaths/): the node's gradient sum through MPI on
-        host copies, same buckets and overlap."""
-        old, self.reducer = self.reducer, self.reducer.on_host()
-        old.close()

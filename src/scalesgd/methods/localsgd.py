@@ -31,18 +31,19 @@ that maximum (until the slowest worker has finished its period), ``comm`` the al
 from __future__ import annotations
 
 from ..backend import get_array_module
-from .base import Method, Traits
+from ..io.trace import NO_TRACE
+from .base import Exchange, Traits
 
 
-class LocalSGD(Method):
+class LocalSGD(Exchange):
     name = "localsgd"
     # it averages when (step + 1) % tau == 0: the ranks' steps agree; a resume onto other ranks
     # starts every rank from the saved average
     traits = Traits(lockstep=True, reshape_replica="average")
                                      # (SlowMo's state is shared: the saved rank's it continues)
 
-    def __init__(self, cfg, roles, comm, signals):
-        super().__init__(cfg, roles, comm, signals)
+    def __init__(self, cfg, roles, comm, signals, trace=NO_TRACE):
+        super().__init__(cfg, roles, comm, signals, trace)
         d = cfg.dist
         self.tau, self.beta, self.alpha = d.tau, d.slowmo_beta, d.slowmo_lr
         self.slowmo = self.beta > 0 or self.alpha != 1.0

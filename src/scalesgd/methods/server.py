@@ -40,11 +40,11 @@ import numpy as np
 from ..comm import watchdog
 from ..comm.staging import HostStage
 from ..comm.wire import PushHeader, ReplyHeader, Tag, header, shard_bounds
-from ..io.trace import digest
-from .base import Method, PhaseError, Traits
+from ..io.trace import NO_TRACE, digest
+from .base import Exchange, PhaseError, Traits
 
 
-class ServerMethod(Method, metaclass=abc.ABCMeta):
+class ServerMethod(Exchange, metaclass=abc.ABCMeta):
     """Base of the parameter-server methods; subclasses fill in the hooks at the end.  On a server
     shard ``self.mine`` is its slice of ``ps.params`` (a view) and ``self.rx`` receives pushed
     slices; the hooks work on those."""
@@ -54,8 +54,8 @@ class ServerMethod(Method, metaclass=abc.ABCMeta):
     traits = Traits(min_ranks=2, reshape_replica="center")
     kind = None                        # wire.Kind of the pushes
 
-    def __init__(self, cfg, roles, comm, signals):
-        super().__init__(cfg, roles, comm, signals)
+    def __init__(self, cfg, roles, comm, signals, trace=NO_TRACE):
+        super().__init__(cfg, roles, comm, signals, trace)
         self.period = 1                # local steps between exchanges (subclass sets it)
         self.exchanges = 0             # worker: exchanges done; server: exchanges served
         self.version = 0               # server: updates applied; worker: version of the last reply

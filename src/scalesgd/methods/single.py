@@ -1,11 +1,12 @@
 """``single``: one rank, no exchange — the baseline every distributed method is compared against."""
 from __future__ import annotations
 
-from .base import Method, MethodError
+from .base import Exchange, MethodError, Traits
 
 
-class Single(Method):
+class Single(Exchange):
     name = "single"
+    traits = Traits(node_agents=False)
 
     @classmethod
     def check_ranks(cls, size: int, cfg) -> None:

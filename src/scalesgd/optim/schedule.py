@@ -28,8 +28,8 @@ class ScheduleConfig:
 def peak_lr(cfg: ScheduleConfig, update_batch: int) -> float:
     """The base rate, scaled linearly with ``update_batch`` when ``linear_scaling`` is on.
 
-    ``update_batch`` is ``Method.lr_batch``: the job's global batch (every worker's batch), for
-    every method alike."""
+    ``update_batch`` is the job's global batch (every worker's batch), for every method alike,
+    as in SGP and SlowMo (Goyal et al.'s rule applied alike)."""
     return cfg.lr * update_batch / cfg.reference_batch if cfg.linear_scaling else cfg.lr
 
 

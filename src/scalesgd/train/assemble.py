@@ -3,7 +3,7 @@ virtual cluster's ranks (``virtual/run.py``) alike:
 
     config -> topology and roles (``methods.create``) -> backend (the caller's) -> data (``open_splits``)
     -> model, optimizer, loaders (``build``) -> resume check or warm start (``resuming``)
-    -> ``method.attach`` -> the fast-path check -> a ``Setup`` for ``loop.train``
+    -> the gradient role's ``attach`` -> the fast-path check -> a ``Setup`` for ``loop.train``
 
 Everything is validated before anything is written to disk.  What differs between the two callers
 is passed in, not branched on: the backend, the data threads, shared splits (the virtual ranks share
@@ -151,11 +151,12 @@ def assemble(cfg: Config, topo, backend, data_root: Path, data_threads: int, res
     ``loop.train(setup, run_dir, resume)``.  The method refuses a wrong rank count first (on every
     rank alike, before any collective); inside ``settle()``: the data, model, optimizer and
     loaders, then the checkpoint ``resume`` is checked to fit this model, or ``train.init_from`` is
-    loaded (warm start).  Then ``method.attach`` (a collective: the all-reduce's transport) and the
-    GPU fast-path check (``check_fast_paths``; a collective over ``topo.comm``).  ``make_loaders``:
-    instead of ``loaders`` (the virtual cluster's clock-only runs: ``virtual/clockonly.py``)."""
+    loaded (warm start).  Then the gradient role's ``attach`` (a collective: the all-reduce's
+    transport) and the GPU fast-path check (``check_fast_paths``; a collective over
+    ``topo.comm``).  ``make_loaders``: instead of ``loaders`` (the virtual cluster's clock-only
+    runs: ``virtual/clockonly.py``)."""
     control = Control(topo.transport, topo.size)
-    method = create(cfg, topo, control.signals)
+    method = create(cfg, topo, control.signals, control.trace)
     with settle():
         setup = build(cfg, topo, backend, method, control, data_root, data_threads, splits, make_loaders)
         if resume is not None:
@@ -164,7 +165,7 @@ def assemble(cfg: Config, topo, backend, data_root: Path, data_threads: int, res
             resuming.warm_start(setup, Path(cfg.train.init_from))
     if share_with is not None:
         setup.model.share_workspaces(share_with.model)     # one replica computes at a time
-    method.attach(setup.model)
+    method.gradients.attach(setup.model)
     if check_fast_paths:
         setup.fast_paths = fastpaths.check(cfg, topo, setup.model, backend,
                                            (setup.train_data, setup.val_data), method)

@@ -28,9 +28,9 @@ def save(run, boundary_done: int, reason: str) -> None:
     keep the newest ``train.keep_checkpoints``.  ``run``: the rank's ``loop.Run``."""
     s, run_dir, history = run.s, run.run_dir, run.history
     m, ps, c = s.method, s.model.ps, s.control
-    m.quiesce(ps)
-    m.trace.record("checkpoint", reason=reason, boundary=boundary_done)
-    m.trace.flush()
+    m.codec.quiesce(ps)
+    run.trace.record("checkpoint", reason=reason, boundary=boundary_done)
+    run.trace.flush()
     g = int(c.max_over_ranks([m.global_samples])[0])
     arrays, state = RankState.of_run(run, copies=False).to_record(m.global_samples)
     writer = None

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..io.trace import Recorder
+
 
 
 class Signals:
@@ -51,6 +53,7 @@ class Control:
     def __init__(self, comm, size: int):
         self.comm, self.size = comm, size
         self.signals = Signals()
+        self.trace = Recorder()          # the run's events (the loop opens it in the run's directory)
         self.phase_done = -1
         self.ckpt_done = 0
 

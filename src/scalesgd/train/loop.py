@@ -22,7 +22,6 @@ from ..errors import DataError, Diverged, RunDirError, UserError
 from ..io.files import write_json_atomic
 from ..io.metrics import MetricsWriter
 from ..io.progress import TrainLog
-from ..io.trace import TraceWriter
 from ..io.summary import time_to_targets
 from ..methods import evaluated
 from ..optim.schedule import lr_at
@@ -51,7 +50,7 @@ class Run:
 
     def __init__(self, s: Setup, run_dir: Path):
         self.run_dir = run_dir
-        self.trace = TraceWriter(run_dir, s.topo.rank)       # the run's files go on after a lost rank
+        self.trace = s.control.trace.open(run_dir, s.topo.rank)   # (goes on after a lost rank)
         self.metrics = MetricsWriter(run_dir, s.topo.rank, s.metrics_observer)
         self.progress = TrainLog(s.roles.worker_index == 0, s.topo.is_root, s.cfg.train.log_every,
                                  s.cfg.train.epochs, s.cfg.train.progress)
@@ -85,7 +84,8 @@ class Run:
         self.eval_at, self.ckpt_at = set(evals), set(ckpts)
         self.boundaries = sorted(self.eval_at | self.ckpt_at)
         self.phases = Phases(s.control, self.boundaries, self.on_boundary, self.on_checkpoint,
-                             poll=s.method.poll_in_phase, tick=self.tick)
+                             poll=s.method.server.poll_in_phase if s.method.server else None,
+                             tick=self.tick)
         self.net = s.topo.transport                      # its clock is the run's (virtual: simulated)
         self.clock = self.net.clock
         self.detector = (s.topo.transport.failure_detector()   # (collective) a dead rank, each step
@@ -93,7 +93,6 @@ class Run:
         # a collective a rank died in may complete with garbage; None once no peer is left (the
         # signals carry over from a job that had one: survive.rebuilt)
         s.control.signals.check_alive = self.detector.check if self.detector is not None else None
-        s.method.trace = self.trace
         self.bad = BadSamples(s.topo.transport, s.topo.rank, s.train_data, s.val_data, s.train_samples)
         self.progress.enabled = s.topo.is_root
         self.progress.show_steps(s.roles.worker_index == 0)     # (the first worker may have died)
@@ -147,7 +146,7 @@ class Run:
                    train_seconds=st.train_seconds, eval_seconds=st.eval_seconds,
                    workers=s.roles.num_workers, **extra)   # (a resume may change the rank count)
         if s.roles.is_server:                        # the server's own counters, per boundary
-            self.metrics.write("server", global_samples=boundary, **s.method.stats())
+            self.metrics.write("server", global_samples=boundary, **s.method.server.stats())
         self.history.append(rec)
         self.metrics.write("val", **rec)
         self.progress.evaluation(boundary / self.spe, self.cfg.train.epochs, top1, top5,
@@ -197,7 +196,7 @@ class Run:
         """Rank 0's clock asks for a checkpoint every ``checkpoint_minutes``.  (Server 0 calls it
         after each push it served: a fault injected on a server counts those as its steps.)"""
         if self.s.roles.is_server:
-            self.faults.inject(self.world_rank, self.s.method.exchanges, self.net)
+            self.faults.inject(self.world_rank, self.s.method.server.exchanges, self.net)
         minutes = self.cfg.train.checkpoint_minutes
         if minutes and self.s.topo.is_root and self.clock() - self.last_ckpt_clock > 60 * minutes:
             self.s.control.signals.request_checkpoint()
@@ -208,7 +207,7 @@ class Run:
         and the loop's state (``resuming.origin``, then ``adopt``), the history, the phases."""
         s = self.s
         meta, o = resuming.origin(s, path)
-        s.method.adopt(s.model.ps, s.opt, o)
+        s.method.codec.adopt(s.model.ps, s.opt, o)
         self.adopt(o)
         self.history = meta["history"]
         # boundaries may differ in the resumed run (e.g. more epochs): continue after the last one
@@ -221,28 +220,28 @@ class Run:
     def work(self) -> None:
         s, cfg, ps, m, st = self.s, self.cfg, self.s.model.ps, self.s.method, self.st
         seen = s.control.signals.seen
-        gs = m.global_samples
+        gs, batch = m.global_samples, cfg.data.batch_size * s.roles.num_workers
         while not self.phases.finished:          # (a resumed run may already be past its end)
             td = self.clock()
             for x, y in epoch_from(s.train_data, st.local_epoch, st.step_in_epoch):
                 tc = self.clock()
                 st.data_seconds += tc - td
-                lr = lr_at(cfg.schedule, gs / self.spe, m.lr_batch)
+                lr = lr_at(cfg.schedule, gs / self.spe, batch)
                 watchdog.doing(f"training step {st.step}")
-                loss, errors = train_step(s.model, x, y, cfg.train.label_smoothing, m.grad_scale)
+                loss, errors = train_step(s.model, x, y, cfg.train.label_smoothing, m.gradients.grad_scale)
                 loss, errors = self.host_values(loss, errors)   # (the GPU's one wait per step)
                 finite = math.isfinite(loss)
                 if not finite and not m.traits.replicas_identical:
                     raise self.diverged(loss, gs, lr)
                 self.straggle()
                 self.net.step_done()                 # (virtual: the step's compute time passes)
-                diverged = m.after_backward(st.step, ps, finite)
+                diverged = m.gradients.after_backward(st.step, ps, finite)
                 if m.traits.check_after == "backward":
                     self.check_alive()
                 if diverged:
                     raise self.diverged(loss, gs, lr)
                 s.opt.step(ps.params, ps.grads, lr)
-                gs = m.after_update(st.step, ps, len(y), lr)
+                gs = m.exchange.after_update(st.step, ps, len(y), lr)
                 st.step += 1
                 st.step_in_epoch += 1
                 st.local_samples += len(y)
@@ -271,19 +270,19 @@ class Run:
 
     def host_values(self, loss, errors) -> tuple[float, int]:
         """``float(loss), int(errors)``.  On a GPU the step's kernels are still running: until they
-        are done the method's communication keeps moving (``Method.progress``: the all-reduce
+        are done the method's communication keeps moving (the gradient role's ``progress``: the all-reduce
         starts each bucket's sum as its copy lands), so the sums overlap backward."""
         cupy = None if isinstance(loss, (float, np.generic, np.ndarray)) else sys.modules.get("cupy")
         if cupy is not None:
             done = cupy.cuda.Event(disable_timing=True)
             done.record()
             while not done.done:
-                self.s.method.progress()
+                self.s.method.gradients.progress()
                 time.sleep(50e-6)
         return float(loss), int(errors)
 
     def check_alive(self) -> None:
-        """Once per step, after the step's last collective (``Method.traits.check_after``): a rank that
+        """Once per step, after the step's last collective (``traits.check_after``): a rank that
         died raises here (``on_failure = continue``), before what a collective it died in returned
         (garbage, under Open MPI over TCP) is used."""
         if self.detector is not None:
@@ -291,7 +290,7 @@ class Run:
 
     def diverged(self, loss: float, gs: int, lr: float) -> Diverged:
         """The error for a non-finite loss.  Where the replicas are identical (all-reduce), every
-        rank learns it at the same step (``AllReduce.after_backward``): a shared error, so rank 0
+        rank learns it at the same step (``gradients.SummedGradients``): a shared error, so rank 0
         alone reports it, naming its own loss."""
         s, st = self.s, self.st
         same = s.method.traits.replicas_identical and s.topo.size > 1
@@ -310,27 +309,27 @@ class Run:
             self.failures[-1]["first_step_seconds"] = self.clock() - self.pending_recovery
             self.metrics.write("recovered", **self.failures[-1])
             self.pending_recovery = None
-        s.method.settle()
+        s.method.gradients.settle()
         train_s = self.train_seconds()
         self.metrics.write("step", step=st.step, global_samples=gs, epoch=gs / self.spe,
                            samples=st.local_samples, loss=loss, top1_error=err, lr=lr,
                            train_seconds=train_s, data_seconds=st.data_seconds,
                            compute_seconds=st.compute_seconds - sum(timers.values()),
-                           **{f"{k}_seconds": v for k, v in timers.items()}, **s.method.stats())
+                           **{f"{k}_seconds": v for k, v in timers.items()}, **s.method.exchange.stats())
         self.progress.step(gs / self.spe, st.step, loss, err, lr,
                            st.local_samples * s.roles.num_workers / max(train_s, 1e-9))
 
     # ------------------------------------------------------------------ server
     def serve(self) -> None:
         if not self.phases.finished:
-            self.s.method.serve(self.s.model.ps, self.phases)
+            self.s.method.server.serve(self.s.model.ps, self.phases)
 
     # ------------------------------------------------------------------ whole run
     def summary(self, wall: float) -> dict:
         s, cfg, st = self.s, self.cfg, self.st
         last = self.history[-1]
         g = self.total if self.stopped_at is None else self.stopped_at
-        s.method.settle(wait=True)
+        s.method.gradients.settle(wait=True)
         timers = s.method.timers
         return dict(
             method=cfg.train.method, ranks=s.topo.size, workers=s.roles.num_workers,
@@ -391,7 +390,7 @@ def train(s: Setup, run_dir: Path, resume: Path | None = None) -> dict:
     finally:                              # local only: on an error, MPI_Abort must not be delayed
         run.metrics.close()
         run.progress.close()
-        run.s.method.trace.close()
+        run.trace.close()
         if run.detector is not None:
             run.detector.free()
     s = run.s

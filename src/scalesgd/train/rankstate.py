@@ -5,14 +5,14 @@ of ranks changes (``Origin``): one operation for the three ways that happens.
   saved state, bit for bit;
 * **reshape**: a resume on another rank count, or on the same ranks split into other node groups:
   each rank continues a saved rank (``resuming.source_rank``), with the replica its method asks
-  for (``Method.traits.reshape_replica``: the saved one, the saved replicas' average, or the server's
+  for (``traits.reshape_replica``: the saved one, the saved replicas' average, or the server's
   center), at the saved global count;
 * **survive**: a rank died (``train.on_failure = continue``): each survivor continues its own state
   on the shrunk job (``survive.py``), at the largest global count any survivor knew (all-reduce:
   rank 0's replica and count, since its replicas must stay identical).
 
 The framework builds the ``Origin`` (``resuming.origin`` reads a checkpoint, ``survive.survive``
-captures the survivor's state), then the method takes it in its one hook ``Method.adopt`` and the
+captures the survivor's state), then the method takes it in its codec's one hook ``adopt`` and the
 loop in ``loop.Run.adopt``: nothing downstream branches on how the world changed except what the
 state itself means (a push-sum weight renormalised after a death, a fresh exchange history after a
 reshape).
@@ -105,17 +105,18 @@ class RankState:
 
     @classmethod
     def of_run(cls, run, copies: bool = True) -> "RankState":
-        """This rank's state now (``run``: a ``loop.Run``), on the host: after ``Method.quiesce``
+        """This rank's state now (``run``: a ``loop.Run``), on the host: after the codec's ``quiesce``
         (a checkpoint: ``copies=False``, the host views are written at once) or
-        ``Method.abandon`` (a survivor, before the shrink: copies, since the new job's start
+        ``abandon`` (a survivor, before the shrink: copies, since the new job's start
         overwrites the live arrays)."""
         s = run.s
         ps, m = s.model.ps, s.method
-        arrays, scalars = m.state(ps)
+        m.gradients.settle(wait=True)                # (the device's timers, counted)
+        arrays, scalars = m.codec.state(ps)
         host = (lambda a: to_numpy(a).copy()) if copies else to_numpy
         return cls(host(ps.params), host(s.opt.momentum), host(ps.buffers),
                    {k: host(v) for k, v in arrays.items()}, scalars, copy.deepcopy(run.st),
-                   copy.deepcopy(run.straggle.rng.bit_generator.state), run.bad.state(), m.trace.lines)
+                   copy.deepcopy(run.straggle.rng.bit_generator.state), run.bad.state(), run.trace.lines)
 
     @classmethod
     def read(cls, path: Path, rank: int, arrays: bool = True) -> tuple[dict, "RankState"]:

@@ -93,10 +93,10 @@ def origin(s, path: Path) -> tuple[dict, Origin]:
     ``path`` (digests checked), and rank 0's metadata.  The same ranks in the same node groups
     continue their own saved states ("same"); another rank count, or the same ranks in other node
     groups, continue a saved rank each ("reshape"; ``source_rank``), with the replica the method
-    asks for (``Method.traits.reshape_replica``)."""
+    asks for (``traits.reshape_replica``)."""
     m = s.method
     old_p = ckpt.read_meta(path)["ranks"]
-    split = m.node_split                             # (node groups: NodeGroup; all-reduce: flat)
+    split = m.node_split                             # (node groups; all-reduce: flat)
     leaders = None
     # another rank count, or the same ranks split into other nodes: each rank continues a saved one
     reshape = old_p != s.topo.size or (split is not None and groups_moved(s, path))

@@ -14,7 +14,7 @@ The survivors notice the failure at their next communication or at the per-step 
 4. **continue** (collective): the agreed global count (the largest any survivor knew), the last
    phase every survivor completed (an evaluation or checkpoint the failure interrupted is done
    again), the method's and the loop's state (an ``Origin`` of kind "survive", taken by
-   ``Method.adopt`` and ``Run.adopt``, as a resume takes a checkpoint's).  All-reduce's
+   the codec's ``adopt`` and ``Run.adopt``, as a resume takes a checkpoint's).  All-reduce's
    replicas become rank 0's (momentum included): a failure inside a step can leave some ranks
    with its update and others without.  Every other method keeps each survivor's own replica.
 
@@ -49,7 +49,8 @@ def rebuilt(old: Setup, topo: Topology) -> Setup:
     """Collective: ``old``'s run on ``topo``; the same model, optimizer, signals and data."""
     control = Control(topo.transport, topo.size)
     control.signals = old.control.signals        # (the stop relay holds them)
-    method = create(old.cfg, topo, control.signals)
+    control.trace = old.control.trace
+    method = create(old.cfg, topo, control.signals, control.trace)
     for loader in (old.train_data, old.val_data):
         if loader is not None:
             loader.close()
@@ -58,10 +59,10 @@ def rebuilt(old: Setup, topo: Topology) -> Setup:
               old.data_root, old.train_samples, old.fast_paths, old.splits, old.data_threads,
               old.blas_threads)
     s.model.set_grad_hook(None)                  # (the old all-reducer's; attach sets its own)
-    method.attach(s.model)
-    old_red, new_red = old.method.reducer, method.reducer
+    method.gradients.attach(s.model)
+    old_red, new_red = old.method.gradients.engine, method.gradients.engine
     if old_red is not None and new_red is not None and new_red.transport != old_red.transport:
-        method.use_host_transport()              # the start-up check's fallback holds
+        method.gradients.use_host_transport()              # the start-up check's fallback holds
     return s
 
 
@@ -72,11 +73,11 @@ def survive(run, cause: BaseException):
     m_old, ps = old.method, old.model.ps
     detected = run.train_seconds()
     watchdog.doing("recovering from a lost rank (revoke, shrink)")
-    if m_old.reducer is not None and m_old.reducer.transport == "nccl":
+    if m_old.gradients.engine is not None and m_old.gradients.engine.transport == "nccl":
         old.topo.transport.shrunk()      # (auto chose NCCL, whose kernels wait on the dead peer)
         raise LostRankError("a rank died and the all-reduce runs on NCCL, which cannot survive it; "
                             "--allreduce-transport host survives; --resume RUN_DIR continues")
-    m_old.abandon(ps)
+    m_old.codec.abandon(ps)
     own = RankState.of_run(run)                      # local: this survivor's state, host copies
     oc = old.control
     phase = (run.boundaries[oc.phase_done] if oc.phase_done >= 0 else -1, oc.ckpt_done, run.saving)
@@ -107,7 +108,7 @@ def survive(run, cause: BaseException):
             o.global_samples, s.samples_per_epoch, s.cfg.data.batch_size * s.roles.num_workers)
     if s.method.traits.lockstep:              # a step's collective may have completed on some ranks only
         loop.step = int(s.control.max_over_ranks([loop.step])[0])
-    extra = s.method.adopt(ps, s.opt, o)
+    extra = s.method.codec.adopt(ps, s.opt, o)
     run.bind(s)
     run.adopt(o)
     run.world_ranks = world_ranks

@@ -7,7 +7,7 @@ transport's ranks are grouped by node, in the transport's rank order; a rank tha
 form a group without it.  The groups are ordered by their leader (their lowest rank), the leaders'
 transport holds the leaders in rank order, and each group's size is known to every rank: the
 ``comm/topology.py: NodeSplit`` the MPI transport returns, field for field.  ``methods/hierarchical.py``
-(``NodeGroup``: gossip, local SGD, EASGD, A-SGD) uses it; the two-level all-reduce groups its ranks
+(``methods.hierarchical``: gossip, local SGD, EASGD, A-SGD) uses it; the two-level all-reduce groups its ranks
 with ``groups_of`` (``allreduce.py``), and ``virtual/run.py`` counts the worker groups
 (``worker_nodes``) for ``config.fit_to_world`` (A-SGD's rate), as ``Topology.worker_nodes`` does.
 """

@@ -161,7 +161,7 @@ class BucketedAllreduce:
     def progress(self) -> None:
         """Starts the buckets whose copies have landed and lets MPI progress the started ones
         (from ``ready``, and while the host waits for the device to finish the step: the loop
-        calls it through ``Method.progress``, so on a GPU the sums overlap backward)."""
+        calls it through the gradient role's ``progress``, so on a GPU the sums overlap backward)."""
         self._launch_landed()
         if self.requests:
             MPI.Request.Testall(self.requests)
