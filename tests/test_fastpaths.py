@@ -556,3 +556,13 @@ def test_fast_paths_flag(tmp_path):
     assert C.build(None, {"model": {"fast_paths": "off"}}).model.fast_paths == "off"
     proc = run_cli(["--dry-run", "--fast-paths", "sometimes"], tmp_path)
     assert proc.returncode == 2 and "model.fast_paths: expected one of auto, strict, off" in proc.stderr
+
+
+def test_a_host_reducer_of_two_levels_has_nothing_to_check():
+    """All-reduce with ``--hierarchy node`` sums through ``TwoLevelAllreduce``, whose transport is
+    "host (two-level)": host MPI, the reference itself, so no component (found by review: it was
+    checked against a two-level reducer built without its node groups, which raised)."""
+    for name in ("host", "host (two-level)"):
+        gradients = types.SimpleNamespace(engine=types.SimpleNamespace(transport=name))
+        assert F.transport_components(gradients) == []
+    assert F.transport_components(None) == []

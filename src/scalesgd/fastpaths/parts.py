@@ -145,7 +145,7 @@ def transport_components(gradients, size: int = 10_007) -> list[Component]:
     gradients always have it) or a role without an all-reducer.  Falling back is the role's own
     (``use_host_transport``: a host reducer over the gradients in the device one's place)."""
     red = gradients.engine if gradients is not None else None
-    if red is None or red.transport == "host":
+    if red is None or red.transport.startswith("host"):     # (also "host (two-level)")
         return []
     from ..backend import get_array_module  # noqa: PLC0415
     from ..nn.params import Layout, TensorSpec  # noqa: PLC0415

@@ -113,7 +113,10 @@ class Exchange:
     def merge_signals(self) -> None:
         """Collective: every rank's stop and checkpoint requests, max-merged into ``signals.seen``."""
         raised = self.signals.raised
-        self.signals.merge(self.comm.allreduce_max_host(raised) if self.roles.size > 1 else raised)
+        if self.roles.size > 1:
+            self.signals.merge_collective(self.comm.allreduce_max_host(raised))
+        else:
+            self.signals.merge(raised)
 
     def count(self, samples: int) -> int:
         """A lockstep step of ``samples`` per worker: the global count after it."""

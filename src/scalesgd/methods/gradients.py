@@ -98,7 +98,7 @@ class SummedGradients:
             flags = self.group.allreduce_max_host(flags)
         with self._timed("comm"):
             self.engine.finish()
-        self.signals.merge(flags[1:])
+        self.signals.merge_collective(flags[1:])       # (not before the liveness check)
         return bool(flags[0])
 
     def settle(self, wait: bool = False) -> None:

@@ -39,6 +39,14 @@ class Signals:
         """``seen`` <- max(``seen``, v) element-wise (v: anything of two ints)."""
         np.maximum(self.seen, np.asarray(v, dtype=np.int64), out=self.seen)
 
+    def merge_collective(self, v) -> None:
+        """``merge`` what a collective over the job returned, once ``check_alive`` (where set) found
+        no rank dead: a collective a rank died in may complete with garbage (Open MPI over TCP: a
+        false stop request), which must not reach ``seen``, since a survivor carries it on."""
+        if self.check_alive is not None:
+            self.check_alive()
+        self.merge(v)
+
     @property
     def stop_seen(self) -> bool:
         return bool(self.seen[self.STOP])
@@ -80,9 +88,9 @@ class Control:
         v = np.array([want, seen[0], seen[1]], dtype=np.int64)
         if self.size > 1:
             v = self.comm.iallreduce_max_host(v, poll)
-            if self.signals.check_alive is not None:   # (a rank died inside it: garbage)
-                self.signals.check_alive()
-        self.signals.merge(v[1:])
+            self.signals.merge_collective(v[1:])        # (a rank died inside it: garbage)
+        else:
+            self.signals.merge(v[1:])
         return int(v[0]), bool(v[1]), int(v[2])
 
     def funnel(self, arrays: dict, text: str, sink) -> None:

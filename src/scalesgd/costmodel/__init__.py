@@ -1,1 +1,0 @@
-"""Cost model and discrete-event simulation of the four methods (``python -m scalesgd.costmodel``)."""
