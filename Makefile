@@ -5,7 +5,7 @@ VENV   ?= .venv
 RANKS  ?= 4
 PY     := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast test-netcluster test-openmpi test-openmpi-quick bench experiments model clean
+.PHONY: install demo test test-fast test-netcluster test-openmpi test-openmpi-quick bench experiments clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -89,15 +89,10 @@ test-openmpi-quick: $(OMPI_LITE)/.installed
 bench: install
 	$(PY) benchmarks/bench_cpu.py
 
-# The papers' claims as experiments (docs/results.md; ~50 min on 2 cores), then the cost model:
-# calibrate on this machine, validate on the experiment runs, project to a cluster.
+# The papers' claims as experiments (docs/results.md; ~50 min on 2 cores), then its tables.
 EXPERIMENT ?= all
 experiments: install
 	$(PY) benchmarks/experiments.py $(EXPERIMENT)
-
-model: install
-	$(PY) benchmarks/calibrate.py
-	$(PY) -m scalesgd.costmodel --json results/model.json
 	$(PY) benchmarks/report.py --update docs/results.md
 
 clean:

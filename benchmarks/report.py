@@ -1,7 +1,7 @@
 """Markdown tables for docs/results.md and docs/benchmarks.md from results/*.json (no
 number typed by hand).
 
-    python benchmarks/report.py [EXPERIMENT ...] [--results results] [--model-json F]
+    python benchmarks/report.py [EXPERIMENT ...] [--results results]
     python benchmarks/report.py --update docs/results.md     # rewrite its generated blocks
     python benchmarks/report.py --update docs/benchmarks.md  # the CPU step tables (cpu*.json)
 
@@ -192,65 +192,6 @@ def asgd(d):
                               "speed-up if each client ran as fast as the lone one and the server kept up; "
                               f"warm start = 1 rank trained {d['warm_epochs']} epoch (validation error "
                               f"{100 * d['warm_val_error']:.1f}%).")
-
-
-def model(d):
-    out = []
-    v = d.get("validation")
-    if v:
-        out += ["| run | ranks on 2 cores | measured s/step | predicted | error |", "|---|---|---|---|---|"]
-        out += [f"| {r['run']} | {r['ranks']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
-                f"{100 * r['error']:+.0f}% |"
-                for r in v["rows"]]
-        out += ["", f"Median |error| {100 * v['median_abs_error']:.0f}%, "
-                f"largest {100 * v['max_abs_error']:.0f}%.", ""]
-    sv = d.get("straggler_validation")
-    if sv:
-        out += ["| method | D ms | measured slow-down | simulated |", "|---|---|---|---|"]
-        out += [f"| {r['method']} | {r['delay_ms']} | {r['measured']:.2f} | {r['simulated']:.2f} |"
-                for r in sv]
-        out += [""]
-    nv = d.get("net_validation")
-    if nv:
-        out += [f"On emulated nodes (link = tbf rate × {nv['efficiency']:g}; the run's own compute "
-                "per step):", "",
-                "| run | link Mbit/s | compute s/step | measured s/step | predicted | error |",
-                "|---|---|---|---|---|---|"]
-        out += [f"| {r['run']} | {r['rate_mbit']:.0f} | {r['compute']:.3f} | {r['measured']:.3f} | "
-                f"{r['predicted']:.3f} | {100 * r['error']:+.0f}% |" for r in nv["rows"]]
-        out += ["", f"Median |error| {100 * nv['median_abs_error']:.0f}%, "
-                f"largest {100 * nv['max_abs_error']:.0f}%.", ""]
-    for name, proj in d["projection"].items():
-        ws = [r["workers"] for r in next(iter(proj.values()))]
-        out += [f"**{name}** — minutes per ImageNet epoch / scaling efficiency (analytic; simulated with "
-                "stragglers)", "", "| method | " + " | ".join(f"p = {p}" for p in ws) + " |",
-                "|---" * (len(ws) + 1) + "|"]
-        for m, rows in proj.items():
-            out.append(f"| {m} | " + " | ".join(f"{r['epoch_minutes']:.1f} / {r['efficiency']:.2f} "
-                                                f"({r['sim_efficiency']:.2f})" for r in rows) + " |")
-        a = d["answers"][name]
-        out += ["", f"Server service {a['server_service_ms']:.1f} ms per exchange: saturates at "
-                f"{a['server_saturates_at_workers']:.1f} workers with τ = 1; all-reduce overtakes it from "
-                f"{a['allreduce_overtakes_server_at_workers']} workers; τ keeping one server below "
-                "saturation: "
-                + ", ".join(f"p = {p}: {t}" for p, t in a["easgd_tau_to_keep_up"].items())
-                + ". Gossip-pull ms per step: "
-                + ", ".join(f"{p}: {x:.1f}" for p, x in a["gossip_step_ms"].items())
-                + " (simulated with stragglers: "
-                + ", ".join(f"{x:.1f}" for x in a["gossip_sim_step_ms"].values())
-                + "); all-reduce ms per step of communication: "
-                + ", ".join(f"{p}: {x:.1f}" for p, x in a["allreduce_comm_ms"].items()) + "."]
-        if "shards_saturate_at_workers" in a:
-            out += ["", "The extensions (τ = 1): K server shards saturate at "
-                    + ", ".join(f"K = {k}: {x:.1f}" for k, x in a["shards_saturate_at_workers"].items())
-                    + " workers; shards needed to keep up: "
-                    + ", ".join(f"p = {p}: {k}" for p, k in a["shards_to_keep_up"].items())
-                    + f"; asgd `--max-staleness {a['max_staleness']}` rejects "
-                    + ", ".join(f"p = {p}: {100 * x:.0f}%" for p, x in a["asgd_rejected_fraction"].items())
-                    + " of pushes (simulated FIFO server); overlapped gossip ms per step: "
-                    + ", ".join(f"{p}: {x:.1f}" for p, x in a["gossip_overlap_step_ms"].items()) + "."]
-        out += [""]
-    return "\n".join(out)
 
 
 def virtual(d):
@@ -723,8 +664,7 @@ NET_TABLES = {"methods": methods_net}          # a sweep on emulated nodes (--ne
 
 def update(doc: Path, results: Path) -> list[str]:
     """Rewrites every block ``<!-- begin:NAME -->`` .. ``<!-- end:NAME -->`` of ``doc`` with the
-    table of ``results/NAME.json`` (NAME = an experiment, or ``model`` for model.json); returns the
-    names updated."""
+    table of ``results/NAME.json`` (NAME = an experiment, or a view); returns the names updated."""
     text, done = doc.read_text(), []
 
     def repl(m):
@@ -738,8 +678,7 @@ def update(doc: Path, results: Path) -> list[str]:
         done.append(name)
         base = name.split("-")[0]                  # methods-textures: a tagged rerun of methods
         data = json.loads(p.read_text())
-        fn = (model if base == "model" else NET_TABLES.get(base, TABLES[base]) if data.get("net")
-              else TABLES[base])
+        fn = NET_TABLES.get(base, TABLES[base]) if data.get("net") else TABLES[base]
         return f"<!-- begin:{name} -->\n{fn(data)}\n<!-- end:{name} -->"
     new = re.sub(r"<!-- begin:([\w-]+) -->.*?<!-- end:\1 -->", repl, text, flags=re.S)
     cache: dict = {}
@@ -784,7 +723,6 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("experiments", nargs="*", default=list(TABLES))
     ap.add_argument("--results", type=Path, default=ROOT / "results")
-    ap.add_argument("--model-json", type=Path, default=None)
     ap.add_argument("--update", type=Path, default=None,
                     help="rewrite the <!-- begin:NAME --> blocks of this markdown file (docs/results.md)")
     a = ap.parse_args()
@@ -797,8 +735,6 @@ def main() -> int:
             print(f"### {name}\n\n{TABLES[name](json.loads(p.read_text()))}\n")
         else:
             print(f"### {name}\n\n(no {p})\n")
-    if a.model_json:
-        print(f"### model\n\n{model(json.loads(a.model_json.read_text()))}\n")
     return 0
 
 

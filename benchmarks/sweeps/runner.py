@@ -46,13 +46,17 @@ def ranks_for(method: str, workers: int, flags=()) -> int:
 
 # ----------------------------------------------------------------------------- emulated cluster
 # The papers' regime as a ratio: one transfer of the model over one link against one step's compute,
-# on the cluster the cost model projects to (docs/results.md): ResNet-18 (46.8 MB of float32) over
-# 100 Gb/s InfiniBand at 80% efficiency (10 GB/s) is 4.68 ms, against 30.2 ms of A100 compute per
-# step (batch 64)  ->  r = 0.155.  scalesgd.costmodel holds those constants.
+# on an A100 cluster (docs/results.md, section 8): ResNet-18 (46.8 MB of float32) over 100 Gb/s
+# InfiniBand at 80% efficiency (10 GB/s) is 4.68 ms, against 30.2 ms of A100 compute per step
+# (batch 64: the published 938 img/s of ResNet-50 in TF32, scaled by the two models' FLOPs)  ->
+# r = 0.155.
+RESNET18_PARAMS = 11_689_512                  # torchvision's resnet18
+RESNET50_GMAC, RESNET18_GMAC = 4.09, 1.81      # multiply-accumulates per 224 px image
+
+
 def papers_ratio() -> float:
-    from scalesgd.costmodel.workloads import PARAMS, RESNET18_GMAC, RESNET50_GMAC  # noqa: PLC0415
-    step = 64 / 938.0 * RESNET18_GMAC / RESNET50_GMAC          # s: the model's stated A100 step
-    return PARAMS["resnet18"] * 4 / (100e9 / 8 * 0.8) / step
+    step = 64 / 938.0 * RESNET18_GMAC / RESNET50_GMAC          # s: the stated A100 step
+    return RESNET18_PARAMS * 4 / (100e9 / 8 * 0.8) / step
 
 
 class Net:

@@ -1,6 +1,6 @@
-"""The closed forms of communication and memory time, in one place for both performance models:
-the virtual cluster (``virtual/cluster.py``: message by message, with each node's NIC queues on
-top) and the analytic cost model (``costmodel/cost.py``: a step's means).  Seconds and bytes; a
+"""The closed forms of communication and memory time, in one place: the virtual cluster's clock
+(``virtual/cluster.py``: message by message, with each node's NIC queues on top) and ``plan``'s
+network balance (``virtual/plan.py``).  Seconds and bytes; a
 link moves ``bps`` bytes per second each way and costs ``latency`` seconds per message.
 
 Pure arithmetic, evaluated in one fixed order: a re-timing or a replay that goes through these
