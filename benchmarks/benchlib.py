@@ -170,7 +170,8 @@ class OursRunner:
     ``cudnn_conv.CudnnEngine`` for the cuDNN path, None for im2col."""
 
     def __init__(self, name: str, classes: int, size: int, batch: int, xp=np, engine=None,
-                 seed: int = 0, lr: float = 0.01, width: float = 1.0, conv_algo: str = "auto"):
+                 seed: int = 0, lr: float = 0.01, width: float = 1.0, conv_algo: str = "auto",
+                 graph=None):
         self.xp, self.batch, self.lr = xp, batch, lr
         self.memory = DeviceMemory(xp) if xp is not np else None
         with self._memory():
@@ -181,6 +182,12 @@ class OursRunner:
             x, y = synthetic_batch(batch, size, classes)
             self.x, self.y = xp.asarray(x), xp.asarray(y)
         self._loss = float("nan")            # a device scalar on the GPU: read only when asked
+        # graph: forward, loss and backward captured in a CUDA graph (train/graphstep.py; True: CUDA,
+        # or a capture function, e.g. graphstep.replay_on_host on NumPy), replayed from the third step
+        self.captured = None
+        if graph is not None and graph is not False:
+            from scalesgd.train.graphstep import CapturedStep, cuda_capture  # noqa: PLC0415
+            self.captured = CapturedStep(self.model, xp, capture=cuda_capture if graph is True else graph)
 
     def _memory(self):
         return self.memory.active() if self.memory is not None else contextlib.nullcontext()
@@ -191,9 +198,12 @@ class OursRunner:
 
     def _step(self) -> None:
         m = self.model
-        logits, cache = m.forward(self.x, True)
-        self._loss, dlogits, _ = L.softmax_cross_entropy(logits, self.y)   # via the module: profilable
-        m.backward(dlogits, cache)
+        if self.captured is not None:
+            self._loss = self.captured(self.x, self.y)[0]
+        else:
+            logits, cache = m.forward(self.x, True)
+            self._loss, dlogits, _ = L.softmax_cross_entropy(logits, self.y)   # via the module: profilable
+            m.backward(dlogits, cache)
         self.opt.step(m.ps.params, m.ps.grads, self.lr)
 
     @property

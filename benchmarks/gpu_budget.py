@@ -56,6 +56,7 @@ UNIT = {
     "allreduce": 10.0,        # mpiexec -n 2: CuPy twice, each transport's sums, 102 MB timed
     "dali": 20.0,             # DALI's import, a CPU and a mixed pipeline, 256 JPEGs each (not yet run)
     "doctor": 20.0,           # mpiexec -n 2 scalesgd doctor: its MPI, all-reduce, GPU and disk rows
+    "capture": 5.0,           # capturing a ResNet-50 step in a CUDA graph (a first estimate: never run)
     "train_start": 15.0,      # the program's start: imports, CuPy, MPI, DALI's GPU pipelines, shards
                               # (a first estimate: the training case has not run on a GPU)
 }
@@ -94,8 +95,9 @@ class Case:
         return " ".join(str(v) for v in (self.section, self.precision, self.batch) if v is not None)
 
 
-def estimate(case: Case, first_results: bool = False, steps_per_runner: int = 18) -> float:
-    """Seconds of ``case`` on a cold machine (``first_results``: torch starts in this case)."""
+def estimate(case: Case, first_results: bool = False, steps_per_runner: int = 18, runners: int = 3) -> float:
+    """Seconds of ``case`` on a cold machine (``first_results``: torch starts in this case;
+    ``runners``: the results cases' paths)."""
     conv, bn = train_graphs()
     if case.section == "selfcheck":
         raw = UNIT["raw_module"] * (2 if case.precision == "bf16" else 1)
@@ -110,7 +112,10 @@ def estimate(case: Case, first_results: bool = False, steps_per_runner: int = 18
     if case.section == "results":
         step = UNIT[f"step_{'bf16' if case.precision == 'bf16' else 'fp32'}"] * (case.batch or 128) / 128
         return (graph_seconds(conv, bn) + KERNELS["results"] * UNIT["kernel"] + UNIT["torch_autotune"]
-                + (UNIT["torch_start"] if first_results else 0.0) + 2 * steps_per_runner * step)
+                + (UNIT["torch_start"] if first_results else 0.0) + runners * steps_per_runner * step)
+    if case.section == "graph":                 # ResNet-50 at batch 32: its graphs, 2 eager + 2 replays
+        step = UNIT[f"step_{'bf16' if case.precision == 'bf16' else 'fp32'}"] / 4
+        return graph_seconds(conv, bn) + KERNELS["results"] * UNIT["kernel"] + 8 * step + UNIT["capture"]
     return UNIT[case.section]
 
 
@@ -129,6 +134,7 @@ def cases(precisions, batches, sections) -> list[Case]:
         add("parity", p)
         for b in batches:
             add("results", p, b)
+        add("graph", p)                          # the captured step against the eager one
     for s in ("nccl", "allreduce", "dali", "doctor"):
         add(s)
     for p in rest:                               # cheapest first: parity, training, results, the self-check
@@ -141,7 +147,7 @@ def cases(precisions, batches, sections) -> list[Case]:
 
 
 def plan(precisions, batches, sections, budget_s: float = BUDGET_S, steps_per_runner: int = 18,
-         env_s: float = UNIT["cupy_start"]) -> tuple[list[Case], float]:
+         env_s: float = UNIT["cupy_start"], runners: int = 3) -> tuple[list[Case], float]:
     """The run's cases with their estimates, planned while the running total (the environment's
     ``env_s`` first) fits ``TARGET_FRACTION * budget_s``; returns (cases, that target)."""
     target = TARGET_FRACTION * budget_s
@@ -149,7 +155,7 @@ def plan(precisions, batches, sections, budget_s: float = BUDGET_S, steps_per_ru
     out = cases(precisions, batches, sections)
     for c in out:
         first = c.section == "results" and not seen_results
-        c.estimate_s = round(estimate(c, first, steps_per_runner), 1)
+        c.estimate_s = round(estimate(c, first, steps_per_runner, runners), 1)
         seen_results |= c.section == "results"
         c.planned = total + c.estimate_s <= target
         total += c.estimate_s if c.planned else 0.0

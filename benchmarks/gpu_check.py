@@ -15,9 +15,13 @@ only if time is left); each case's failure is recorded in the JSON and does not 
 3. ``parity fp32``: every fused kernel (nn/kernels.py) and the cuDNN graphs of 3 conv geometries and
    BN against their reference twins, on fresh random data, outputs poisoned with NaN first;
 4. ``results fp32 BATCH``: ResNet-50 training steps (forward + loss + backward + Nesterov SGD),
-   synthetic data in device memory: our cuDNN path (and im2col with ``--paths``) against a
+   synthetic data in device memory: our cuDNN path, the same with forward, loss and backward
+   captured in a CUDA graph (``cudnn-graph``; and im2col with ``--paths``) against a
    torchvision-free PyTorch ResNet-50 (torch_resnet.py; channels_last, same precision and batch);
-   interleaved blocks, median images/s, ratios, and each runner's own peak device memory;
+   interleaved blocks, median images/s, ratios, the host's time per step, and each runner's own
+   peak device memory;
+   ``graph fp32``: the captured step against the uncaptured one (ResNet-50 at batch 32, two
+   batches, each output's relative difference: ``train/graphstep.py``);
 5. ``nccl``: a one-rank NCCL communicator through comm/mpi/device.py: created, one all-reduce, destroyed;
 6. ``allreduce``: a 2-rank all-reduce on this one GPU through each transport ($MPIEXEC
    $MPIEXEC_ARGS, tests/gpu/allreduce_parity.py), sums checked, one ResNet-50 gradient timed;
@@ -44,7 +48,7 @@ import numpy as np
 from scalesgd.nn import cudnn_conv as CC
 
 TARGET_CHECK_S = G.TARGET_CHECK_S
-SECTIONS = ("selfcheck", "train", "parity", "results", "nccl", "allreduce", "dali", "doctor")
+SECTIONS = ("selfcheck", "train", "parity", "results", "graph", "nccl", "allreduce", "dali", "doctor")
 HEADER, table_rows = G.HEADER, G.table_rows
 
 
@@ -57,7 +61,7 @@ def _parse(argv):
     ap.add_argument("--dry-run", action="store_true", help="CPU: tiny model, doubles for the device parts")
     ap.add_argument("--batches", type=int, nargs="+", default=[128])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=CC.PRECISIONS)
-    ap.add_argument("--paths", nargs="+", default=["cudnn", "torch"])
+    ap.add_argument("--paths", nargs="+", default=["cudnn", "cudnn-graph", "torch"])
     ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
@@ -79,7 +83,8 @@ def run_case(case: B.Case, args, xp, rep: dict) -> None:
           "results": lambda: G.results_case(args, xp, case.precision, case.batch),
           "nccl": lambda: G.nccl_case(args, xp), "allreduce": lambda: G.allreduce_case(args, xp),
           "dali": lambda: G.dali_case(args, xp), "doctor": lambda: G.doctor_case(args, xp),
-          "train": lambda: G.train_case(args, xp, case.precision)}[case.section]
+          "train": lambda: G.train_case(args, xp, case.precision),
+          "graph": lambda: G.graph_case(args, xp, case.precision)}[case.section]
     try:
         out = fn()
     except Exception as exc:  # noqa: BLE001 - this case alone; the rest still run
@@ -95,8 +100,8 @@ def run_case(case: B.Case, args, xp, rep: dict) -> None:
         par["errors"].update(out["errors"])
         par["raised"].update(out["raised"])
         par["failed"] += out["failed"]
-    elif case.section == "train":
-        rep.setdefault("train", {})[case.precision] = out
+    elif case.section in ("train", "graph"):
+        rep.setdefault(case.section, {})[case.precision] = out
     elif case.section == "results":
         rep.setdefault("results", {"results": []})["results"].append(
             out if "runs" in out else {"precision": case.precision, "batch": case.batch, "runs": {},
@@ -127,7 +132,7 @@ def main(argv=None) -> int:
     rep["seconds"]["env"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(rep["env"], indent=1, default=str), flush=True)
     todo, target = B.plan(args.precisions, args.batches, args.sections, args.budget_s,
-                          args.warmup + args.blocks * args.steps)
+                          args.warmup + args.blocks * args.steps, runners=len(args.paths))
     for line in B.plan_lines(todo, target, args.budget_s):
         print(line, flush=True)
     rep["plan"] = {"budget_s": args.budget_s, "target_s": target, "unit_costs": B.UNIT, "cases": []}
@@ -171,6 +176,8 @@ def failures(rep: dict) -> list[str]:
     out += [f"section {k}" for k in SECTIONS if isinstance(rep.get(k), dict) and "error" in rep[k]]
     out += [f"train {p}" + ("" if "error" in v else ": the loss did not go down")
             for p, v in rep.get("train", {}).items() if "error" in v or not v.get("loss_down")]
+    out += [f"graph {p}" + ("" if "error" in v else ": the captured step differs from the eager one")
+            for p, v in rep.get("graph", {}).items() if "error" in v or not v.get("ok")]
     out += [f"allreduce {k}" for k, v in rep.get("allreduce", {}).get("transports", {}).items()
             if v.get("sums") == "wrong"]
     nccl = rep.get("nccl", {}).get("steps", {})
@@ -192,6 +199,11 @@ def report_table(rep: dict) -> str:
                      f"train {prec}: {len(tr['losses'])} steps, {tr['images_per_second'] or 0:.1f} images/s, "
                      f"loss {'down' if tr['loss_down'] else 'NOT down'}; fast paths "
                      f"{sum(v == 'used' for v in tr['fast_paths'].values())} used of {len(tr['fast_paths'])}")
+    for prec, g in rep.get("graph", {}).items():
+        lines.append(f"graph {prec}: FAILED {g['error']}" if "error" in g else
+                     f"graph {prec}: captured step vs eager, largest relative difference "
+                     f"{max(g['rel_error'].values()):.2e} (tolerance {g['tol']:g}): "
+                     + ("same" if g["ok"] else "DIFFERENT"))
     par = rep.get("parity")
     if par:
         lines.append(f"parity: {len(par['errors'])} compared, {len(par['failed'])} failed"

@@ -19,6 +19,7 @@ from benchlib import OursRunner, mpi_launcher
 from scalesgd.nn import cudnn_conv as CC
 from scalesgd.nn import kernels as K
 from scalesgd.nn import layers as L
+from scalesgd.train import graphstep as GS
 
 ROOT = Path(__file__).resolve().parents[1]
 RESNET50 = ("resnet50", 1000, 224, 25_557_032)      # model, classes, image side, parameter count
@@ -347,13 +348,71 @@ def train_case(args, xp, precision: str) -> dict:
                val_top1=s.get("val_top1_accuracy"), losses=losses,
                loss_down=bool(losses) and min(losses[len(losses) // 2:]) < losses[0],
                fast_paths={k: v.get("status") for k, v in paths.items()}, summary=str(summary))
+    res["steady_images_per_second"] = steady_rate(steps, t["batch"])
+    res["torch_same_data"] = guarded(torch_on_same_data, args, data, precision, t)
+    tr = res["torch_same_data"].get("steady_images_per_second")
+    if tr and res["steady_images_per_second"]:
+        res["vs_torch"] = round(res["steady_images_per_second"] / tr, 3)
     used = sum(v == "used" for v in res["fast_paths"].values())
     print(f"train {precision}: {len(losses)} steps of {t['model']} at batch {t['batch']}, "
           f"{res['images_per_second'] or 0:.1f} images/s, loss {losses[0] if losses else '-'} -> "
           f"{losses[-1] if losses else '-'} ({'down' if res['loss_down'] else 'NOT down'}); fast paths "
           f"{used} used, {len(paths) - used} not; peak device memory "
-          f"{res['peak_device_mib'] if res['peak_device_mib'] is not None else 'n/a'} MiB", flush=True)
+          f"{res['peak_device_mib'] if res['peak_device_mib'] is not None else 'n/a'} MiB; steady "
+          f"{res['steady_images_per_second'] or 0:.1f} images/s, PyTorch on the same data: "
+          + (f"{res['vs_torch']:.2f}x" if "vs_torch" in res else
+             str(res["torch_same_data"].get("skipped") or res["torch_same_data"].get("error"))), flush=True)
     return res
+
+
+def steady_rate(steps: list[dict], batch: int) -> float | None:
+    """Images/s of a run's steady state: ``batch`` over the median time between consecutive steps
+    (their ``train_seconds``: the loader's wait included, evaluations not) in the second half of
+    the run's steps (the first ones build graphs and compile kernels).  None below 4 steps."""
+    ts = [r["train_seconds"] for r in steps]
+    gaps = [b - a for a, b in zip(ts, ts[1:])][len(ts) // 2 - 1:]
+    return round(batch / float(np.median(gaps)), 2) if len(ts) >= 4 and np.median(gaps) > 0 else None
+
+
+def torch_on_same_data(args, data: Path, precision: str, t: dict) -> dict:
+    """PyTorch's ResNet (torch_resnet.py) trained on the batches the program's own loader makes of
+    the same shards (``train.assemble.loaders``: DALI's GPU decode and resize on a GPU; each batch
+    handed to torch by DLPack, its NHWC memory viewed as channels_last NCHW), the same epochs and
+    batch, timed as ``steady_rate`` times the program: the loader's wait included.  Never run yet:
+    no torch on the CPU machine, and no GPU run since it was written ("skipped" where torch does not
+    import or sees no GPU)."""
+    from torch_resnet import TorchRunner, torch  # noqa: PLC0415  (imports torch: only here)
+    if torch is None:
+        return {"skipped": "torch does not import"}
+    device = "cpu" if args.dry_run else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        return {"skipped": "torch sees no GPU"}
+    import types  # noqa: PLC0415
+
+    from scalesgd import backend as backend_mod  # noqa: PLC0415
+    from scalesgd import config as C  # noqa: PLC0415
+    from scalesgd.nn.resnet import ResNet  # noqa: PLC0415
+    from scalesgd.train.assemble import loaders, open_splits  # noqa: PLC0415
+    cfg = C.build(overrides={"data": {"batch_size": t["batch"], "image_size": t["size"]},
+                             "model": {"model": t["model"]}})
+    splits = open_splits(data, cfg.data.cache_mb)
+    classes = splits[0].num_classes
+    roles = types.SimpleNamespace(is_server=False, worker_index=0, num_workers=1)
+    train, _ = loaders(cfg, splits, roles, backend_mod.select("cpu" if args.dry_run else "gpu"), 4)
+    nparams = ResNet(t["model"], classes).num_params
+    runner = TorchRunner(t["model"], classes, t["size"], t["batch"], nparams, precision=precision,
+                         device=device)
+    stamps, losses, t0 = [], [], time.perf_counter()
+    for epoch in range(t["epochs"]):
+        for x, y in train.epoch(epoch):
+            runner.x = torch.from_dlpack(x).permute(0, 3, 1, 2)      # NHWC memory: channels_last
+            runner.y = torch.from_dlpack(y).long()
+            runner.step()
+            losses.append(round(runner.loss, 4))                      # (a device sync per step)
+            stamps.append({"train_seconds": time.perf_counter() - t0})
+    train.close()
+    return {"steps": len(stamps), "losses": losses, "seconds": round(time.perf_counter() - t0, 1),
+            "steady_images_per_second": steady_rate(stamps, t["batch"])}
 
 
 # ----------------------------------------------------------------------------- self-check
@@ -477,17 +536,19 @@ def results_case(args, xp, precision: str, batch: int, emit=print) -> dict:
 
 
 def _runners(args, xp, batch, precision) -> tuple[dict, dict]:
-    if args.dry_run:      # CPU: a tiny ResNet-20 through the same runner class
-        return {"im2col": OursRunner("resnet20", 10, 32, batch)}, {}
+    if args.dry_run:      # CPU: a tiny ResNet-20 through the same runner class (the graph: a stand-in)
+        return {"im2col": OursRunner("resnet20", 10, 32, batch),
+                "im2col-graph": _graphed(OursRunner("resnet20", 10, 32, batch))}, {}
     name, classes, size, nparams = RESNET50
     runners, errors = {}, {}
     for path in args.paths:
         try:
             if path == "cudnn" and CC.probe_cudnn() is None:
                 errors[path] = "skipped: the cudnn frontend does not import"
-            elif path in ("cudnn", "im2col"):
-                engine = CC.CudnnEngine(CC.probe_cudnn(), xp, precision) if path == "cudnn" else None
-                runners[path] = OursRunner(name, classes, size, batch, xp=xp, engine=engine)
+            elif path in ("cudnn", "im2col", "cudnn-graph"):
+                engine = CC.CudnnEngine(CC.probe_cudnn(), xp, precision) if path.startswith("cudnn") else None
+                runners[path] = OursRunner(name, classes, size, batch, xp=xp, engine=engine,
+                                           graph=path.endswith("-graph"))
                 assert runners[path].model.num_params == nparams
             elif path == "torch":
                 from torch_resnet import TorchRunner, torch  # noqa: PLC0415  (imports torch: only here)
@@ -497,6 +558,45 @@ def _runners(args, xp, batch, precision) -> tuple[dict, dict]:
         except Exception as exc:  # noqa: BLE001 - this path alone
             errors[path] = err_text(exc)
     return runners, errors
+
+
+def _graphed(runner):
+    """``runner`` with its step captured by the host stand-in (``graphstep.replay_on_host``)."""
+    from scalesgd.train.graphstep import CapturedStep  # noqa: PLC0415
+    runner.captured = CapturedStep(runner.model, runner.xp, capture=GS.replay_on_host(runner.model))
+    return runner
+
+
+def graph_case(args, xp, precision: str) -> dict:
+    """The training step captured in a CUDA graph against the uncaptured one (``graphstep.
+    captured_matches_eager``: one capture, replays on two batches, each output's relative
+    difference), ResNet-50 on cuDNN at batch 32 (dry run: ResNet-20 at batch 2 on NumPy, through
+    the host stand-in), within the whole model's tolerance (``fastpaths`` ``MODEL_TOL``)."""
+    from scalesgd.fastpaths.core import MODEL_TOL  # noqa: PLC0415
+    from scalesgd.nn.resnet import ResNet  # noqa: PLC0415
+    if args.dry_run:
+        model, batch, hw, classes = ResNet("resnet20", 10, 0.25), 2, 32, 10
+        capture = GS.replay_on_host(model)
+    else:
+        name, classes, hw, _ = RESNET50
+        model, batch, capture = ResNet(name, classes, xp=xp), 32, GS.cuda_capture
+        if CC.probe_cudnn() is not None:
+            model.set_engine(CC.CudnnEngine(CC.probe_cudnn(), xp, precision))
+    rng = np.random.default_rng(11)
+    x = xp.asarray(rng.standard_normal((batch, hw, hw, 3)).astype(np.float32))
+    y = xp.asarray(rng.integers(0, classes, batch))
+    t = time.perf_counter()
+    worst = GS.captured_matches_eager(model, x, y, xp, capture)
+    tol = MODEL_TOL[precision if model.stem_conv.engine is not None else "fp32"]
+    out = {"precision": precision, "batch": batch, "rel_error": worst, "tol": tol,
+           "ok": max(worst.values()) <= tol, "seconds": round(time.perf_counter() - t, 2),
+           "engine": "cudnn" if model.stem_conv.engine is not None else "xp"}
+    print(f"graph {precision}: captured step against eager, largest relative difference "
+          f"{max(worst.values()):.2e} (tolerance {tol:g}): {'same' if out['ok'] else 'DIFFERENT'}",
+          flush=True)
+    del model
+    _free_device_memory(xp)
+    return out
 
 
 def _free_device_memory(xp) -> None:

@@ -93,6 +93,10 @@ class TrainConfig:
     seed: int = _f(0, "seed of the initial weights, data order and augmentation", lo=0)
     device: str = _f("auto", "cpu, gpu, or auto (GPU when CuPy sees one)", choices=DEVICES)
     label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy", lo=0, hi=0.99)
+    cuda_graph: bool = _f(False, "GPU: capture forward, loss and backward in a CUDA graph once the batch's "
+                          "shapes are fixed, and replay it every step (the gradient sum then starts after "
+                          "backward; checked against the uncaptured step at start-up; never yet run on a "
+                          "GPU)")
     log_every: int = _f(10, "steps between log lines", lo=1)
     progress: str = _f("auto", "step display: bar (one line redrawn in place), lines (one every log_every "
                        "steps), off, auto (bar on a terminal unless an MPI launcher started the ranks)",

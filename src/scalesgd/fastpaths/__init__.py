@@ -46,18 +46,22 @@ from .parts import (cudnn_components, decode_components, decode_crops, forward_g
 
 
 # ----------------------------------------------------------------------------- the run's components
-def check(cfg, topo, model, backend, loaders=(), method=None) -> Report:
+def check(cfg, topo, model, backend, loaders=(), method=None, then=None) -> Report:
     """Collective, once per run, after the gradient role's ``attach`` and before anything is written: checks
     the fast paths of this rank's ``model``, ``loaders`` and ``method`` on ``backend`` as
     ``model.fast_paths`` says and returns the run's ``Report``.  NumPy: no component, nothing runs.
     Several ranks agree unless ``train.device = cpu`` (then none is on a GPU): a rank left on NumPy
-    by ``device = auto`` still takes part, so a job mixing GPU and CPU ranks cannot hang here."""
+    by ``device = auto`` still takes part, so a job mixing GPU and CPU ranks cannot hang here.
+    ``then``: the caller's components of a last round, made after the whole model's (the training
+    step captured in a CUDA graph, ``train/graphstep.py``: it captures the layers that passed);
+    None on every rank alike, or a round on every rank (it may be empty: an agreement)."""
     report = Report(cfg.model.fast_paths)
     agree = agree_over(topo.transport) if topo.size > 1 and cfg.train.device != "cpu" else None
     # two rounds: each part alone, then the whole model with the parts that passed (so a model
     # failure is the parts' integration: weight copies, views, the evaluation graphs)
-    for make in (lambda: components(model, backend, cfg, loaders, method),      # built when their
-                 lambda: model_components(model, backend, cfg, loaders, report)):  # round comes
+    rounds = (lambda: components(model, backend, cfg, loaders, method),      # built when their
+              lambda: model_components(model, backend, cfg, loaders, report))   # round comes
+    for make in rounds + ((then,) if then is not None else ()):
         comps = make()
         if comps or agree is not None:
             validate(comps, cfg.model.fast_paths, agree, speak=topo.is_root, report=report, tally=False)

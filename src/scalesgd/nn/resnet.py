@@ -12,6 +12,7 @@ in exact reverse order of forward.  Activations are NHWC: ``x: (N, H, W, 3)``.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from ..backend import get_array_module
@@ -363,6 +364,20 @@ class ResNet:
         """``fn(names)`` is called during backward as soon as the gradients of ``names`` are final."""
         for m in _leaves(self.net):
             if isinstance(m, ParamModule):
+                m.grad_hook = fn
+
+    @contextlib.contextmanager
+    def grad_hook_off(self):
+        """Inside, backward calls no gradient hook (a CUDA graph's capture: the hook's host calls,
+        e.g. starting an all-reduce, cannot be recorded); afterwards each module's hook again."""
+        mods = [m for m in _leaves(self.net) if isinstance(m, ParamModule)]
+        saved = [m.grad_hook for m in mods]
+        for m in mods:
+            m.grad_hook = None
+        try:
+            yield
+        finally:
+            for m, fn in zip(mods, saved):
                 m.grad_hook = fn
 
     def layer_inputs(self, n: int, hw: int) -> list[tuple[object, tuple]]:

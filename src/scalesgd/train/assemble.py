@@ -29,6 +29,7 @@ from ..nn.resnet import ResNet
 from ..optim.sgd import SGD
 from . import resuming
 from .control import Control
+from .graphstep import graph_components
 
 
 @dataclass
@@ -106,6 +107,7 @@ def build(cfg: Config, topo, backend, method, control: Control, data_root: Path,
     elif topo.is_root:
         gpu_only = [f"model.{k} = {v}" for k, v in (("conv_impl", m.conv_impl), ("precision", m.precision))
                     if v not in ("auto", "im2col", "fp32")]
+        gpu_only += ["train.cuda_graph = true"] * cfg.train.cuda_graph
         if gpu_only:       # a GPU job file run on CPUs: kept (the same file serves both), but said once
             logging.warning("warning: %s: GPU only; on NumPy (%s) this changes nothing",
                             ", ".join(gpu_only), "CPU convolutions follow model.conv_algo")
@@ -167,6 +169,8 @@ def assemble(cfg: Config, topo, backend, data_root: Path, data_threads: int, res
         setup.model.share_workspaces(share_with.model)     # one replica computes at a time
     method.gradients.attach(setup.model)
     if check_fast_paths:
-        setup.fast_paths = fastpaths.check(cfg, topo, setup.model, backend,
-                                           (setup.train_data, setup.val_data), method)
+        setup.fast_paths = fastpaths.check(
+            cfg, topo, setup.model, backend, (setup.train_data, setup.val_data), method,
+            then=(lambda: graph_components(setup.model, backend, cfg, cfg.data.batch_size))
+            if cfg.train.cuda_graph else None)
     return setup

@@ -31,7 +31,8 @@ from .bad_samples import BadSamples
 from .rankstate import LoopState
 from .faults import Faults, Straggler
 from .phases import Phases, Stopped, eval_boundaries  # noqa: F401 - Stopped: re-exported
-from .step import eval_step, train_step
+from .graphstep import stepper_for
+from .step import eval_step
 
 
 def evaluate_local(model, loader: Loader | None) -> np.ndarray:
@@ -94,6 +95,8 @@ class Run:
         # signals carry over from a job that had one: survive.rebuilt)
         s.control.signals.check_alive = self.detector.check if self.detector is not None else None
         self.bad = BadSamples(s.topo.transport, s.topo.rank, s.train_data, s.val_data, s.train_samples)
+        # the step: eager, or captured in a CUDA graph (train.cuda_graph; the start-up check's say)
+        self.step = stepper_for(s.cfg, s.model, s.backend, s.method.gradients.grad_scale, s.fast_paths)
         self.progress.enabled = s.topo.is_root
         self.progress.show_steps(s.roles.worker_index == 0)     # (the first worker may have died)
         self.saving = False                               # inside on_checkpoint
@@ -139,6 +142,7 @@ class Run:
         with evaluated(s.method, s.model.ps) as extra:
             counts = s.control.sum_over_ranks(np.append(evaluate_local(s.model, s.val_data),
                                                         self.bad.report()))
+        self.step.invalidate()                       # (evaluation may have regrown a workspace)
         st.eval_seconds += self.clock() - t
         top1, top5 = counts[0] / max(counts[2], 1), counts[1] / max(counts[2], 1)
         rec = dict(epoch=boundary / self.spe, global_samples=boundary, val_top1_accuracy=top1,
@@ -228,7 +232,7 @@ class Run:
                 st.data_seconds += tc - td
                 lr = lr_at(cfg.schedule, gs / self.spe, batch)
                 watchdog.doing(f"training step {st.step}")
-                loss, errors = train_step(s.model, x, y, cfg.train.label_smoothing, m.gradients.grad_scale)
+                loss, errors = self.step(x, y)
                 loss, errors = self.host_values(loss, errors)   # (the GPU's one wait per step)
                 finite = math.isfinite(loss)
                 if not finite and not m.traits.replicas_identical:
@@ -346,6 +350,7 @@ class Run:
             train_seconds=st.train_seconds, eval_seconds=st.eval_seconds, wall_seconds=wall,
             allocations=st.allocations, failures=self.failures, **st.blas_summary(),
             fast_paths=s.fast_paths.to_dict(),
+            cuda_graph=dict(captures=self.step.captures, replays=self.step.replays),   # (rank 0's)
             time_split_rank0=dict(data=st.data_seconds,   # (a server computes nothing: its timers)
                                   compute=0.0 if s.roles.is_server else
                                   st.compute_seconds - sum(timers.values()),
