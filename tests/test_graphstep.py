@@ -54,25 +54,18 @@ def test_a_new_shape_or_invalidate_warms_up_and_captures_again():
     assert (step.captures, step.replays) == (3, 4)
 
 
-def test_the_gradient_hook_is_off_while_capturing_and_back_afterwards():
+def test_the_gradient_hook_is_off_in_every_captured_step_and_back_afterwards():
+    """Warm-up, capture and replays call no gradient hook (a replay cannot: so neither may the
+    steps around it); the model's hook is set again after each step."""
     m = model()
     called = []
     m.set_grad_hook(lambda names: called.append(tuple(names)))
-    seen_in_capture = []
-
-    def capture(xp, fn):
-        seen_in_capture.append(len(called))
-        out = stand_in(m)(xp, fn)
-        seen_in_capture.append(len(called))
-        return out
-    step = G.CapturedStep(m, np, warmup=1, capture=capture)
-    step(*batch(0))
-    assert called, "the eager warm-up step calls the hook"
-    step(*batch(1))                              # the capture: the host side ran without the hook
-    assert seen_in_capture[0] == seen_in_capture[1]
-    n = len(called)
-    train_step(m, *batch(2))
-    assert len(called) > n, "the hook is set again after the capture"
+    step = G.CapturedStep(m, np, warmup=1, capture=stand_in(m))
+    for k in range(3):
+        step(*batch(k))
+    assert (step.captures, step.replays, called) == (1, 2, [])
+    train_step(m, *batch(3))
+    assert called, "the hook is set again after the captured steps"
 
 
 def test_the_check_passes_a_sound_capture_and_fails_one_that_reads_a_stale_batch(monkeypatch):
@@ -96,21 +89,57 @@ def test_the_check_passes_a_sound_capture_and_fails_one_that_reads_a_stale_batch
 
 def test_the_run_captures_only_on_a_gpu_with_the_key_on_and_the_check_passed():
     """On NumPy the key changes nothing (as the other GPU-only keys: said once at start-up); on a
-    GPU the step is captured unless the start-up check failed it."""
+    GPU the step is captured only where the start-up check used it (not where it fell back, was
+    off or did not run); with the key on no rank's backward calls the gradient hook (a replay
+    calls none, and every rank must start its sums alike: found by review)."""
     import types
 
     from scalesgd.fastpaths import Report
     cpu, gpu = types.SimpleNamespace(is_gpu=False, xp=np), types.SimpleNamespace(is_gpu=True, xp=np)
     on, off = C.build(overrides={"train": {"cuda_graph": True}}), C.build(None, {})
+
+    def report(status):
+        r = Report("auto")
+        r.components[G.GRAPH_COMPONENT] = {"status": status}
+        return r
     m = model()
-    assert isinstance(G.stepper_for(off, m, gpu, 0.5), G.EagerStep)
-    assert isinstance(G.stepper_for(on, m, cpu, 0.5), G.EagerStep)
-    step = G.stepper_for(on, m, gpu, 0.5)
+    plain = G.stepper_for(off, m, gpu, 0.5, report("used"))
+    assert isinstance(plain, G.EagerStep) and plain.hooks
+    for backend, rep in ((cpu, report("used")), (gpu, None), (gpu, Report("auto")), (gpu, report("off")),
+                         (gpu, report("fell back"))):
+        step = G.stepper_for(on, m, backend, 0.5, rep)
+        assert isinstance(step, G.EagerStep) and not step.hooks, (backend, rep)
+    step = G.stepper_for(on, m, gpu, 0.5, report("used"))
     assert isinstance(step, G.CapturedStep) and step.grad_scale == 0.5
-    failed = Report("auto")
-    failed.components[G.GRAPH_COMPONENT] = {"status": "fell back"}
-    assert isinstance(G.stepper_for(on, m, gpu, 0.5, failed), G.EagerStep)
+    called = []
+    m.set_grad_hook(lambda names: called.append(1))
+    for k in range(4):                            # warm-up, capture, replays: never the hook
+        step.capture = stand_in(m)
+        step(*batch(k))
+    G.EagerStep(m, hooks=False)(*batch(5))
+    assert not called
+    G.EagerStep(m)(*batch(6))
+    assert called
     assert G.graph_components(m, cpu, on, 4) == [] and G.graph_components(m, gpu, off, 4) == []
+
+
+def test_the_step_has_no_boolean_mask_assignment():
+    """CuPy's ``a[mask] = v`` reads the mask's count on the host, a sync that a CUDA graph's capture
+    refuses (found by review in max pooling, on every ImageNet-stem ResNet): no assignment through
+    a comparison in the layers, the model or the step (a NumPy run cannot show it)."""
+    import ast
+    from pathlib import Path
+    src = Path(G.__file__).resolve().parents[1]
+    found = []
+    for f in (src / "nn" / "layers.py", src / "nn" / "resnet.py", src / "train" / "step.py"):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            for t in getattr(node, "targets", []) + ([node.target] if isinstance(node, ast.AugAssign) else []):
+                if isinstance(t, ast.Subscript) and any(isinstance(n, ast.Compare) for n in ast.walk(t.slice)):
+                    found.append(f"{f.name}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not found, found
+    probe = "a = b\na[b == c] = 1\n"
+    assert any(isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Compare)
+               for n in ast.walk(ast.parse(probe)) for t in getattr(n, "targets", []))
 
 
 def test_the_start_up_check_uses_a_sound_capture_and_fails_a_stale_one():

@@ -154,10 +154,12 @@ def maxpool_forward(x, k: int = 3, stride: int = 2, pad: int = 1):
     out = wins[0].copy()
     for v in wins[1:]:
         xp.maximum(out, v, out=out)
-    # argmax over the k*k window positions (first maximum wins, like a sequential scan)
+    # argmax over the k*k window positions (first maximum wins, like a sequential scan); by
+    # ``where``, not a boolean mask: CuPy's mask assignment reads the mask's count on the host (a
+    # sync, which a CUDA graph's capture refuses)
     arg = xp.full(out.shape, k * k, dtype=xp.int8)
     for t in range(k * k - 1, -1, -1):
-        arg[wins[t] == out] = t
+        arg = xp.where(wins[t] == out, xp.int8(t), arg)
     return out, (arg, x.shape, k, stride, pad)
 
 

@@ -33,9 +33,10 @@ def cuda_capture(xp, fn):
     """Captures ``fn()`` on a side stream with a private memory pool; returns ``launch()``, which
     replays it on the stream current at the call (so it is ordered with the copies before it and
     the update after it), and the pool (kept alive with the graph)."""
-    stream = xp.cuda.Stream(non_blocking=True)
-    stream.wait_event(xp.cuda.get_current_stream().record())   # after everything queued so far
-    pool = xp.cuda.MemoryPool()
+    xp.cuda.get_current_stream().synchronize()    # the warm-up's cached blocks back to the device, so
+    xp.get_default_memory_pool().free_all_blocks()   # the graph's pool never has to free its own
+    stream = xp.cuda.Stream(non_blocking=True)     # (under pressure a pool frees every block it
+    pool = xp.cuda.MemoryPool()                    # caches: captured addresses, mid-capture)
     with xp.cuda.using_allocator(pool.malloc), stream:
         stream.begin_capture()
         try:
@@ -83,6 +84,10 @@ class CapturedStep:
         self.eager = 0
 
     def __call__(self, x, y):
+        with self.model.grad_hook_off():     # every step alike: see ``stepper_for``
+            return self._step(x, y)
+
+    def _step(self, x, y):
         key = (x.shape, str(x.dtype), y.shape, str(y.dtype))
         if key != self.key:
             self.invalidate()
@@ -109,21 +114,26 @@ class CapturedStep:
                 self.out = (xp.empty_like(loss), xp.empty_like(errors))
             self.out[0][...] = loss
             self.out[1][...] = errors
-        with self.model.grad_hook_off():     # a hook's host calls (MPI) cannot be captured
-            self.launch, self.pool = self.capture(xp, step)
+        self.launch, self.pool = self.capture(xp, step)   # (the hook is off: its MPI calls cannot be)
         self.captures += 1
 
 
 class EagerStep:
-    """The uncaptured step, called as ``CapturedStep`` is: ``step(x, y) -> (loss, errors)``."""
+    """The uncaptured step, called as ``CapturedStep`` is: ``step(x, y) -> (loss, errors)``;
+    ``hooks``: whether backward calls the gradient hook (off on every rank of a run with
+    ``train.cuda_graph``: see ``stepper_for``)."""
 
     captures = replays = 0
 
-    def __init__(self, model, label_smoothing: float = 0.0, grad_scale: float = 1.0):
+    def __init__(self, model, label_smoothing: float = 0.0, grad_scale: float = 1.0, hooks: bool = True):
         self.model, self.label_smoothing, self.grad_scale = model, label_smoothing, grad_scale
+        self.hooks = hooks
 
     def __call__(self, x, y):
-        return train_step(self.model, x, y, self.label_smoothing, self.grad_scale)
+        if self.hooks:
+            return train_step(self.model, x, y, self.label_smoothing, self.grad_scale)
+        with self.model.grad_hook_off():
+            return train_step(self.model, x, y, self.label_smoothing, self.grad_scale)
 
     def invalidate(self) -> None:
         pass
@@ -134,23 +144,25 @@ def step_outputs(model, xp, batches, captured: bool, capture=cuda_capture,
     """The loss, gradients and BN statistics of a step on each of ``batches``, each
     from the same BN statistics (the model's now, restored afterwards; its parameters untouched),
     eager or ``captured`` (one capture at the first batch, after an eager step that compiled the
-    kernels, then a replay per batch): float64 host arrays, the outputs of the two batches in turn."""
+    kernels, then a replay per batch): float64 host arrays, the outputs of the two batches in turn.
+    The gradient hook is off throughout (the run's all-reducer is attached: no sum may start here)."""
     ps = model.ps
     start = ps.buffers.copy()
     stepper = CapturedStep(model, xp, label_smoothing, warmup=0, capture=capture) if captured else None
     out = []
-    try:
-        if captured:                         # kernels compiled and plans built before the capture
-            train_step(model, *batches[0], label_smoothing)
-        for bx, by in batches:
+    with model.grad_hook_off():
+        try:
+            if captured:                     # kernels compiled and plans built before the capture
+                train_step(model, *batches[0], label_smoothing)
+            for bx, by in batches:
+                ps.buffers[...] = start
+                ps.grads[...] = 0            # (what this step writes, not what one before left)
+                loss = (stepper(bx, by) if captured else train_step(model, bx, by, label_smoothing))[0]
+                for a in (loss, ps.grads, ps.buffers):   # (the error count: discrete, not compared)
+                    a = xp.asarray(a).astype("float64")
+                    out.append(a.get() if hasattr(a, "get") else a)
+        finally:
             ps.buffers[...] = start
-            ps.grads[...] = 0                # (what this step writes, not what one before left)
-            loss = (stepper(bx, by) if captured else train_step(model, bx, by, label_smoothing))[0]
-            for a in (loss, ps.grads, ps.buffers):   # (the error count: discrete, not compared)
-                a = xp.asarray(a).astype("float64")
-                out.append(a.get() if hasattr(a, "get") else a)
-    finally:
-        ps.buffers[...] = start
     return out
 
 
@@ -201,9 +213,13 @@ def graph_components(model, backend, cfg, rows: int, capture=cuda_capture) -> li
 def stepper_for(cfg, model, backend, grad_scale: float, report=None):
     """The run's step: ``CapturedStep`` when ``train.cuda_graph`` is on, the run is on a GPU (on
     NumPy the key changes nothing, as the other GPU-only keys: ``assemble.build`` says so once) and
-    the start-up check (``report``, a ``fastpaths.Report``) did not fail it; else ``EagerStep``."""
-    ls = cfg.train.label_smoothing
+    the start-up check (``report``, a ``fastpaths.Report``) used it (not checked, failed or off:
+    ``EagerStep``).  With ``train.cuda_graph`` on, backward calls no gradient hook on any rank, eager
+    or captured: a replay calls none, so the all-reduce's buckets all start after backward, and
+    every rank must start them alike (one rank's non-blocking sums against another's blocking ones
+    would never match)."""
+    ls, on = cfg.train.label_smoothing, cfg.train.cuda_graph
     status = report.components.get(GRAPH_COMPONENT, {}).get("status") if report is not None else None
-    if not cfg.train.cuda_graph or not getattr(backend, "is_gpu", False) or status == "fell back":
-        return EagerStep(model, ls, grad_scale)
+    if not on or not getattr(backend, "is_gpu", False) or status != "used":
+        return EagerStep(model, ls, grad_scale, hooks=not on)
     return CapturedStep(model, backend.xp, ls, grad_scale)
