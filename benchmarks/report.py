@@ -657,8 +657,30 @@ def pct(x, sign=True):
     return "—" if x is None else f"{100 * x:+.0f}%" if sign else f"{100 * x:.0f}%"
 
 
+def anchors(d):
+    """Published clusters against the virtual cluster's predictions (anchors.py): seconds per
+    iteration, the ratio and the goal, and the compute a step would need for the prediction to
+    match (published minus the predicted communication and waiting) beside the profile's."""
+    out = ["| row | source | network | method | GPUs | published ms/it | predicted ms/it (compute + comm "
+           "+ wait) | ratio | within 25% | compute it implies, ms (profile's) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        sp = r["split_per_step"]
+        implied = 1000 * (r["published"] - sp["comm"] - sp["wait"])
+        goal = "not comparable" if r["goal_met"] is None else "met" if r["goal_met"] else "**missed**"
+        out.append(f"| {r['key']} | {r['source']} | {r['network']} | {r['method']} | {r['gpus']} | "
+                   f"{1000 * r['published']:.0f} | {1000 * r['predicted']:.0f} ({1000 * sp['compute']:.0f} + "
+                   f"{1000 * sp['comm']:.0f} + {1000 * sp['wait']:.0f}) | {r['ratio']:.2f} | {goal} | "
+                   f"{implied:.0f} ({1000 * sp['compute']:.0f}) |")
+    comp = [r for r in d["rows"] if r["goal_met"] is not None]
+    out += ["", f"{sum(r['goal_met'] for r in comp)} of {len(comp)} comparable rows within "
+            f"{100 * d['goal']:.0f}% of the published figure; {d['steps']} clock-only steps a row "
+            f"(commit {d['commit']})."]
+    return "\n".join(out)
+
+
 TABLES = {"sync": sync, "methods": methods, "stragglers": stragglers, "lr": lr, "consensus": consensus,
-          "easgd": easgd, "asgd": asgd, "extensions": extensions, "virtual": virtual}
+          "easgd": easgd, "asgd": asgd, "extensions": extensions, "virtual": virtual, "anchors": anchors}
 NET_TABLES = {"methods": methods_net}          # a sweep on emulated nodes (--net): with the time split
 
 

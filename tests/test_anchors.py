@@ -1,0 +1,40 @@
+"""``benchmarks/anchors.py``: every published row's cluster is a valid profile, a row's prediction
+is a clock-only virtual run read as seconds per iteration, and the derived published figures are
+the sources' arithmetic."""
+import json
+
+import pytest
+
+import anchors as A
+
+
+def test_the_published_figures_derived_from_wall_clock_times():
+    # Goyal et al.: 90 epochs of ImageNet at 8192 in one hour: 14,075 iterations
+    assert A.per_iteration(1.0, 90, 8192) == pytest.approx(3600 / (90 * 1_281_167 / 8192))
+    assert 0.2557 < A.per_iteration(1.0, 90, 8192) < 0.2559
+    assert A.per_iteration(0.25, 90, 32768) == pytest.approx(A.per_iteration(1.0, 90, 8192))
+
+
+def test_every_row_names_a_cluster_that_loads_as_a_profile(tmp_path):
+    assert len({r["key"] for r in A.ROWS}) == len(A.ROWS)
+    for name in {r["cluster"] for r in A.ROWS}:
+        prof = A.profile(name, tmp_path)
+        assert prof.stands_for["model"] == "resnet50" and prof.ranks_per_node == 8, name
+        assert prof.compute_source                     # where the GPU's speed comes from, said
+    comparable = [r for r in A.ROWS if r["comparable"]]
+    assert len(comparable) >= 6 and {r["network"] for r in comparable} >= {"10 GbE", "2 x FDR InfiniBand"}
+
+
+def test_a_row_is_predicted_by_a_clock_only_run(tmp_path):
+    out = tmp_path / "anchors.json"
+    assert A.main(["--only", "goyal-allreduce", "--steps", "3", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    (row,) = d["rows"]
+    assert row["key"] == "goyal-allreduce" and row["steps"] == 3 and row["gpus"] == 256
+    sp = row["split_per_step"]
+    assert sp["compute"] == pytest.approx(32 / 178, rel=1e-3)   # the profile's step: 32 images at 178/s
+    assert row["predicted"] >= sp["compute"] + sp["comm"] > sp["compute"]
+    assert row["ratio"] == pytest.approx(row["predicted"] / row["published"])
+    assert row["goal_met"] is (abs(row["ratio"] - 1) <= A.GOAL)
+    with pytest.raises(SystemExit):
+        A.main(["--only", "no-such-row", "--json", str(out)])
