@@ -118,7 +118,8 @@ def test_sync_and_easgd_quick_real_runs(tmp_path):
 
 
 @pytest.mark.parametrize("doc,blocks", [
-    ("results.md", {"methods", "sync", "consensus", "virtual-validation", "crossover-map", "crossover-claims",
+    ("results.md", {"methods", "sync", "consensus", "virtual-validation", "anchors", "crossover-map",
+                     "crossover-claims",
                      "crossover-tuning", "crossover-cells", "crossover-noise"}),
     ("benchmarks.md", {"cpu-step", "cpu-e2e", "cpu-profile", "conv-candidates"}),
     ("cluster.md", {"buckets"})])
