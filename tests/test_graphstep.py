@@ -133,8 +133,8 @@ def test_the_step_has_no_boolean_mask_assignment():
     found = []
     for f in (src / "nn" / "layers.py", src / "nn" / "resnet.py", src / "train" / "step.py"):
         for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            targets = getattr(node, "targets", []) + ([node.target] if isinstance(node, ast.AugAssign) else [])
-            for t in targets:
+            aug = [node.target] if isinstance(node, ast.AugAssign) else []
+            for t in getattr(node, "targets", []) + aug:
                 if isinstance(t, ast.Subscript) and any(isinstance(n, ast.Compare)
                                                         for n in ast.walk(t.slice)):
                     found.append(f"{f.name}:{node.lineno}: {ast.unparse(node)[:80]}")
