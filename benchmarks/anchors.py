@@ -57,14 +57,14 @@ CLUSTERS = {
                        "at 32 images; the forward pass is assumed half of that: 180 ms a step, 178 "
                        "images/s; NVLink taken as 80 GB/s a GPU",
         link_gbps=40, latency_us=10, ranks_per_node=8, intra_gbps=640, mem_gbps=732),
-    "p100x8-fdr2": dict(
-        description="MN-1 nodes (8 P100), two FDR InfiniBand links (2 x 56 Gbit/s) a node at 80% "
-                    "efficiency: Akiba et al.'s cluster",
-        images_per_second=178, reference=RESNET50, stands_for={**RESNET50, "batch_size": 32},
-        compute_source="as p100x8-50gbe (Goyal et al.'s P100 backprop time; the forward assumed half); "
-                       "PCIe between a node's GPUs taken as 16 GB/s",
-        link_gbps=89.6, latency_us=2, ranks_per_node=8, intra_gbps=128, mem_gbps=732),
 }
+CLUSTERS["p100x8-fdr2"] = {
+    **CLUSTERS["p100x8-50gbe"],
+    "description": "MN-1 nodes (8 P100), two FDR InfiniBand links (2 x 56 Gbit/s) a node at 80% "
+                   "efficiency: Akiba et al.'s cluster",
+    "compute_source": "as p100x8-50gbe (Goyal et al.'s P100 backprop time; the forward assumed half); "
+                      "PCIe between a node's GPUs taken as 16 GB/s",
+    "link_gbps": 89.6, "latency_us": 2, "intra_gbps": 128}
 
 
 def per_iteration(hours: float, epochs: int, global_batch: int) -> float:
