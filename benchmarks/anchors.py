@@ -168,7 +168,9 @@ def main(argv=None) -> int:
                 continue
             got = predict(row, a.steps, Path(d))
             ratio = got["predicted"] / row["published"]
-            out.append({**row, **got, "ratio": ratio,
+            sp = got["split_per_step"]             # the compute a step would need for a match
+            implied = row["published"] - sp["comm"] - sp["wait"]
+            out.append({**row, **got, "ratio": ratio, "implied_compute": implied,
                         "goal_met": abs(ratio - 1) <= GOAL if row["comparable"] else None})
             print(f"{row['key']}: predicted {1000 * got['predicted']:.0f} ms an iteration, published "
                   f"{1000 * row['published']:.0f} ms: {ratio:.2f}x"

@@ -666,7 +666,7 @@ def anchors(d):
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
         sp = r["split_per_step"]
-        implied = 1000 * (r["published"] - sp["comm"] - sp["wait"])
+        implied = 1000 * r["implied_compute"]
         goal = "not comparable" if r["goal_met"] is None else "met" if r["goal_met"] else "**missed**"
         out.append(f"| {r['key']} | {r['source']} | {r['network']} | {r['method']} | {r['gpus']} | "
                    f"{1000 * r['published']:.0f} | {1000 * r['predicted']:.0f} ({1000 * sp['compute']:.0f} + "

@@ -35,6 +35,7 @@ def test_a_row_is_predicted_by_a_clock_only_run(tmp_path):
     assert sp["compute"] == pytest.approx(32 / 178, rel=1e-3)   # the profile's step: 32 images at 178/s
     assert row["predicted"] >= sp["compute"] + sp["comm"] > sp["compute"]
     assert row["ratio"] == pytest.approx(row["predicted"] / row["published"])
+    assert row["implied_compute"] == pytest.approx(row["published"] - sp["comm"] - sp["wait"])
     assert row["goal_met"] is (abs(row["ratio"] - 1) <= A.GOAL)
     with pytest.raises(SystemExit):
         A.main(["--only", "no-such-row", "--json", str(out)])
