@@ -171,7 +171,7 @@ class OursRunner:
 
     def __init__(self, name: str, classes: int, size: int, batch: int, xp=np, engine=None,
                  seed: int = 0, lr: float = 0.01, width: float = 1.0, conv_algo: str = "auto",
-                 graph=None):
+                 graph: str | None = None):
         self.xp, self.batch, self.lr = xp, batch, lr
         self.memory = DeviceMemory(xp) if xp is not np else None
         with self._memory():
@@ -182,12 +182,13 @@ class OursRunner:
             x, y = synthetic_batch(batch, size, classes)
             self.x, self.y = xp.asarray(x), xp.asarray(y)
         self._loss = float("nan")            # a device scalar on the GPU: read only when asked
-        # graph: forward, loss and backward captured in a CUDA graph (train/graphstep.py; True: CUDA,
-        # or a capture function, e.g. graphstep.replay_on_host on NumPy), replayed from the third step
+        # graph: forward, loss and backward captured in a CUDA graph (train/graphstep.py), replayed
+        # from the third step: "cuda", or "host" (NumPy: graphstep.replay_on_host, the stand-in)
         self.captured = None
-        if graph is not None and graph is not False:
-            from scalesgd.train.graphstep import CapturedStep, cuda_capture  # noqa: PLC0415
-            self.captured = CapturedStep(self.model, xp, capture=cuda_capture if graph is True else graph)
+        if graph is not None:
+            from scalesgd.train import graphstep as GS  # noqa: PLC0415
+            capture = GS.cuda_capture if graph == "cuda" else GS.replay_on_host(self.model)
+            self.captured = GS.CapturedStep(self.model, xp, capture=capture)
 
     def _memory(self):
         return self.memory.active() if self.memory is not None else contextlib.nullcontext()

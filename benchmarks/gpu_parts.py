@@ -538,7 +538,7 @@ def results_case(args, xp, precision: str, batch: int, emit=print) -> dict:
 def _runners(args, xp, batch, precision) -> tuple[dict, dict]:
     if args.dry_run:      # CPU: a tiny ResNet-20 through the same runner class (the graph: a stand-in)
         return {"im2col": OursRunner("resnet20", 10, 32, batch),
-                "im2col-graph": _graphed(OursRunner("resnet20", 10, 32, batch))}, {}
+                "im2col-graph": OursRunner("resnet20", 10, 32, batch, graph="host")}, {}
     name, classes, size, nparams = RESNET50
     runners, errors = {}, {}
     for path in args.paths:
@@ -548,7 +548,7 @@ def _runners(args, xp, batch, precision) -> tuple[dict, dict]:
             elif path in ("cudnn", "im2col", "cudnn-graph"):
                 engine = CC.CudnnEngine(CC.probe_cudnn(), xp, precision) if path.startswith("cudnn") else None
                 runners[path] = OursRunner(name, classes, size, batch, xp=xp, engine=engine,
-                                           graph=path.endswith("-graph"))
+                                           graph="cuda" if path.endswith("-graph") else None)
                 assert runners[path].model.num_params == nparams
             elif path == "torch":
                 from torch_resnet import TorchRunner, torch  # noqa: PLC0415  (imports torch: only here)
@@ -558,13 +558,6 @@ def _runners(args, xp, batch, precision) -> tuple[dict, dict]:
         except Exception as exc:  # noqa: BLE001 - this path alone
             errors[path] = err_text(exc)
     return runners, errors
-
-
-def _graphed(runner):
-    """``runner`` with its step captured by the host stand-in (``graphstep.replay_on_host``)."""
-    from scalesgd.train.graphstep import CapturedStep  # noqa: PLC0415
-    runner.captured = CapturedStep(runner.model, runner.xp, capture=GS.replay_on_host(runner.model))
-    return runner
 
 
 def graph_case(args, xp, precision: str) -> dict:

@@ -23,6 +23,10 @@ is the check a GPU run makes (the start-up check's ``cuda graph`` component, and
 """
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
+
 from .step import train_step
 
 GRAPH_COMPONENT = "cuda graph of the training step"   # its name in the start-up check's report
@@ -130,9 +134,7 @@ class EagerStep:
         self.hooks = hooks
 
     def __call__(self, x, y):
-        if self.hooks:
-            return train_step(self.model, x, y, self.label_smoothing, self.grad_scale)
-        with self.model.grad_hook_off():
+        with contextlib.nullcontext() if self.hooks else self.model.grad_hook_off():
             return train_step(self.model, x, y, self.label_smoothing, self.grad_scale)
 
     def invalidate(self) -> None:
@@ -175,7 +177,6 @@ def check_batches(x, y, xp) -> list:
 def captured_matches_eager(model, x, y, xp, capture=cuda_capture, label_smoothing: float = 0.0) -> dict:
     """The captured step against the eager one from the same state, on ``x, y`` and on a second
     batch (``check_batches``): the largest relative difference of each output, by name."""
-    import numpy as np  # noqa: PLC0415
     batches = check_batches(x, y, xp)
     got = step_outputs(model, xp, batches, True, capture, label_smoothing)
     want = step_outputs(model, xp, batches, False, capture, label_smoothing)
@@ -194,8 +195,6 @@ def graph_components(model, backend, cfg, rows: int, capture=cuda_capture) -> li
     step uncaptured (``stepper_for`` reads the report)."""
     if not cfg.train.cuda_graph or not getattr(backend, "is_gpu", False):
         return []
-    import numpy as np  # noqa: PLC0415
-
     from ..fastpaths.core import MODEL_TOL, Component  # noqa: PLC0415
     xp, hw = backend.xp, cfg.data.image_size
     rng = np.random.default_rng([7, rows])
