@@ -258,3 +258,58 @@ def test_the_balance_is_at_the_bandwidth_each_rank_gets(made):
     lat = one.latency_us * 1e-6
     assert b["comm_seconds"] - lat == pytest.approx(8 * (a["comm_seconds"] - lat), rel=1e-12)
     assert b["ratio"] > 7 * a["ratio"]
+    # as node agents (--hierarchy node) each node has the whole link, and sums inside itself first
+    c = L.balance(eight, made["study"], agents="node")
+    nbytes = (a["comm_seconds"] - lat) * one.link_gbps * 1e9 / 8
+    assert c["comm_seconds"] == pytest.approx(lat + nbytes / (one.link_gbps * 1e9 / 8)
+                                              + 2 * nbytes / (one.intra_gbps * 1e9 / 8), rel=1e-9)
+    assert a["ratio"] < c["ratio"] < b["ratio"] / 7
+
+
+def test_plan_times_node_agents_on_a_profile_of_several_gpus_a_node(made, tmp_path):
+    """2 GPUs a node on a slow link, 4 workers: every method is timed flat and as node agents
+    (its flags with --hierarchy node, on a clock-only run of them); the node agents' all-reduce is
+    exact (the study's errors on the two-level sum's clock), pull gossip's node agents take the flat
+    runs' samples on their own clock (not the flat one's); the use: line carries the hierarchy when
+    a node-agent row is first."""
+    import dataclasses
+    st = dict(made["study"], workers=[1, 2, 4],
+              cells={k.replace("/p2", "/p4"): v for k, v in made["study"]["cells"].items()})
+    prof = dataclasses.replace(P.load("v100-10gbe-resnet50"), name="slow-pairs", ranks_per_node=2,
+                               link_gbps=0.05)
+    res = L.predict(st, prof, 4, "typical")
+    assert res["node_agents"]["nodes"] == 2 and res["ranks_per_node"] == 2
+    rows = {(r["method"], r["agents"]): r for r in res["rows"]}
+    assert set(rows) == {(m, a) for m in METHODS for a in ("rank", "node")}
+    ar = rows["allreduce", "node"]
+    assert ar["flags"].endswith("--hierarchy node") and ar["timing"] == "exact (re-timed)"
+    assert "hierarchy node" in ar["settings"] and "hierarchy" not in rows["allreduce", "rank"]["settings"]
+    yours = P.condition_of(prof, "typical")
+    truth = []
+    for sd, v in st["cells"]["v100-10gbe-resnet50/typical/p4"]["methods"]["allreduce"]["seeds"].items():
+        pts = L.clock(st, METHODS["allreduce"] + " --hierarchy node", 4, prof, yours, int(sd),
+                      v["curve"][-1][0])
+        truth.append(L.to_target(v["curve"], pts, st["target_error"]))
+    assert ar["mean_seconds"] == pytest.approx(sum(truth) / len(truth), rel=1e-12)
+    g, gflat = rows["gossip-pull", "node"], rows["gossip-pull", "rank"]
+    seeds = st["cells"]["v100-10gbe-resnet50/typical/p4"]["methods"]["gossip-pull"]["seeds"]
+    need = [v["samples"] for v in seeds.values()]
+    pts = L.clock(st, METHODS["gossip-pull"] + " --hierarchy node", 4, prof, yours, int(next(iter(seeds))),
+                  max(need))
+    assert g["mean_seconds"] == pytest.approx(sum(L.at(pts, x) for x in need) / len(need), rel=1e-12)
+    assert g["mean_seconds"] != pytest.approx(gflat["mean_seconds"], rel=1e-3)
+    assert "statistics of" in rows["gossip-pull", "node"]["timing"] and "flat" in rows["gossip-pull", "node"][
+        "timing"]
+    assert any("timed both flat (one agent a rank" in n for n in res["notes"])
+    first = next(r for r in res["rows"] if r["mean_seconds"] is not None)
+    text = L.show(res, prof)
+    assert "method (agents)" in text and "as node agents (2 nodes of 2)" in text
+    use = next(ln for ln in text.splitlines() if ln.strip().startswith("use:"))
+    assert (("--hierarchy node" in use) == (first["agents"] == "node")), (use, first)
+    forced = dict(res, rows=[ar, *[r for r in res["rows"] if r is not ar]])
+    use = next(ln for ln in L.show(forced, prof).splitlines() if ln.strip().startswith("use:"))
+    assert "--method allreduce" in use and use.count("--hierarchy node") == 1 and "keep each node's 2" in use
+    # fewer than two nodes at p: flat only, said
+    alone = L.predict(made["study"], dataclasses.replace(prof, ranks_per_node=2), 2, "typical")
+    assert alone["node_agents"] is None and {r["agents"] for r in alone["rows"]} == {"rank"}
+    assert any("fewer than two nodes" in n for n in alone["notes"])

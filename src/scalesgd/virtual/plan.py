@@ -23,6 +23,10 @@ stragglers); its per-seed results ship as ``study/crossover.json`` (written by
   network and condition, on the user's clock: their timing is exact, their statistics the nearest
   studied ones (said).
 
+* **agents**: on a profile of several ranks a node, every method is timed both flat and as node
+  agents (``--hierarchy node``; the settings and statistics of the studied network nearest to a node
+  agent's balance, from the study's flat runs: said);
+
 It prints the methods ranked by predicted time to target (mean and range over the seeds, whether
 the study found it tied with the fastest), the settings to use, and the methods that missed the
 target in a seed, with the error they reached.  ``--run`` then checks the two fastest in the
@@ -90,12 +94,16 @@ def task_config(study: dict):
                               f"{str(exc).replace(str(job), 'the job')}") from None
 
 
-def balance(prof: P.Profile, study: dict, cfg=None) -> dict:
+def balance(prof: P.Profile, study: dict, cfg=None, agents: str = "rank") -> dict:
     """One step's compute (seconds) and the ratio of one gradient's transfer to it, for the study's
-    task (``cfg``: its Config, read once by the caller) timed as ``prof`` times it.  The transfer is
-    at the bandwidth each rank gets: the ``ranks_per_node`` ranks of a node share its link, as the
-    study's flat methods (one agent a rank) and the clock-only runs below share it; a profile of 8
-    GPUs a node on 10 GbE is an eighth of the link per rank, not all of it."""
+    task (``cfg``: its Config, read once by the caller) timed as ``prof`` times it, per *agent*:
+
+    * ``agents="rank"`` (the study's flat methods, one agent a rank): the ``ranks_per_node`` ranks of
+      a node share its link, so each gets a share of it; a profile of 8 GPUs a node on 10 GbE is an
+      eighth of the link per rank, not all of it;
+    * ``agents="node"`` (``--hierarchy node``: a node's ranks sum their gradients inside the node and
+      the node is the agent): the whole link per agent, plus the node's own sum (reduce and
+      broadcast, twice one gradient over ``intra_gbps``)."""
     if prof.measured or prof.step_seconds is not None:
         raise ConfigError(f"--profile {prof.name}: plan times the study's own small task on your cluster, so "
                           "it needs your GPUs' images_per_second on a reference model (and stands_for: your "
@@ -106,8 +114,14 @@ def balance(prof: P.Profile, study: dict, cfg=None) -> dict:
     classes = study["task"]["classes"]
     step = P.Compute(prof, cfg, classes, condition=V.load("none")).seconds
     nbytes = 4 * P.model_params(cfg.model.model, classes, cfg.model.width) * P.byte_scale(prof, cfg, classes)
-    per_rank = prof.link_gbps * 1e9 / 8 / max(1, int(prof.ranks_per_node))    # bytes/s a rank gets
-    comm = transfer_seconds(nbytes, per_rank, prof.latency_us * 1e-6)
+    per_node = max(1, int(prof.ranks_per_node))
+    lat = prof.latency_us * 1e-6
+    if agents == "node":
+        comm = transfer_seconds(nbytes, prof.link_gbps * 1e9 / 8, lat)
+        if per_node > 1:
+            comm += 2 * transfer_seconds(nbytes, prof.intra_gbps * 1e9 / 8, 0.0)
+    else:
+        comm = transfer_seconds(nbytes, prof.link_gbps * 1e9 / 8 / per_node, lat)   # bytes/s a rank gets
     return dict(step_seconds=step, comm_seconds=comm, ratio=comm / step)
 
 
@@ -139,7 +153,8 @@ def describe(method: str, config: str, flags: str) -> str:
     knobs = [f"{label} {flag_value(flags, flag)}"
              for flag, label in (("--tau", "tau"), ("--beta", "beta"), ("--servers", "servers K"),
                                  ("--n-sync", "n_sync"), ("--slowmo-beta", "SlowMo beta"),
-                                 ("--gossip-graph", "graph")) if flag_value(flags, flag) is not None]
+                                 ("--gossip-graph", "graph"), ("--hierarchy", "hierarchy"))
+             if flag_value(flags, flag) is not None]
     return ", ".join([words, *knobs])
 
 
@@ -197,6 +212,48 @@ def to_target(curve: list, points: list[tuple[float, float]], target: float) -> 
     return None
 
 
+def method_rows(study: dict, cell: dict, p: int, prof: P.Profile, yours, target: float, net: str,
+                cond: str, node: bool, say) -> list[dict]:
+    """Each method of ``cell`` timed on ``prof``'s clock at ``p`` (see the module docstring); with
+    ``node``, as node agents (``--hierarchy node`` added to its flags), on the statistics of the
+    study's flat runs: exact for all-reduce (the two-level sum adds the same gradients), the study's
+    nearest for the others (a node's ranks averaging every step train unlike ``p`` flat agents)."""
+    rows = []
+    for m, r in (cell or {}).get("methods", {}).items():
+        seeds = r["seeds"]
+        sync = m in SYNC
+        flags = r["flags"] + (" --hierarchy node" if node else "")
+        say(f"timing {m}{' as node agents' if node else ''} on {prof.name} "
+            f"({'each seed' if sync else 'one seed'}, clock only)")
+        times = []
+        if sync:                          # the study's errors on your profile's clock
+            for sd, v in seeds.items():
+                pts = clock(study, flags, p, prof, yours, int(sd), max(x for x, _ in v["curve"]))
+                times.append(to_target(v["curve"], pts, target))
+        else:                             # the nearest studied statistics on your profile's clock
+            need = [v["samples"] for v in seeds.values() if v["samples"] is not None]
+            if need:
+                pts = clock(study, flags, p, prof, yours, int(next(iter(seeds))), max(need))
+                times = [None if v["samples"] is None else at(pts, v["samples"]) for v in seeds.values()]
+            else:
+                times = [None] * len(seeds)
+        got = [t for t in times if t is not None]
+        reached = len(got) == len(seeds)
+        if m == "allreduce" or (sync and not node):
+            timing = "exact (re-timed)"
+        elif sync:
+            timing = f"statistics of flat ranks (the study's runs at p = {p})"
+        else:
+            timing = f"statistics of {net} / {cond}" + (", flat ranks" if node else "")
+        rows.append(dict(method=m, agents="node" if node else "rank", config=r["config"], flags=flags,
+                         settings=describe(m, r["config"], flags), seeds=len(seeds),
+                         reached=len(got), mean_seconds=sum(got) / len(got) if reached else None,
+                         lo=min(got) if reached else None, hi=max(got) if reached else None,
+                         final_error=r["final_error"], tied=m in cell.get("tied_set", []),
+                         timing=timing, network=net))
+    return rows
+
+
 def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = None,
             say=lambda msg: None) -> dict:
     """The ranked prediction for ``workers`` workers on ``prof`` (see the module docstring)."""
@@ -207,7 +264,10 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
     cfg = task_config(study)
     mine = balance(prof, study, cfg)
     nets = {n: balance(P.load(n), study, cfg) for n in study["networks"]}
-    net = min(nets, key=lambda n: abs(math.log(nets[n]["ratio"]) - math.log(mine["ratio"])))
+
+    def nearest(ratio):
+        return min(nets, key=lambda n: abs(math.log(nets[n]["ratio"]) - math.log(ratio)))
+    net = nearest(mine["ratio"])
     have = sorted({int(k.rsplit("/p", 1)[1]) for k in study["cells"] if k.startswith(f"{net}/{cond}/p")})
     planned = nearest_p(study["workers"], workers) if workers > 1 else 1
     # while the study runs, the nearest p > 1 it has results for (a p it has not reached yet is said)
@@ -238,37 +298,33 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
         still = ", ".join(cell.get("missing", [])) or "more tuning or the extra seeds of the close methods"
         notes.append(f"the study's cell {key} is not complete yet (still to run: {still}): "
                      "the ranking below may change")
-    if prof.ranks_per_node > 1:
-        notes.append(f"your profile puts {prof.ranks_per_node} ranks on a node; the study ran one a node")
-    rows = []
-    for m, r in (cell or {}).get("methods", {}).items():
-        seeds = r["seeds"]
-        sync = m in SYNC
-        say(f"timing {m} on {prof.name} ({'each seed' if sync else 'one seed'}, clock only)")
-        times = []
-        if sync:                          # exact: the study's errors on your profile's clock
-            for sd, v in seeds.items():
-                pts = clock(study, r["flags"], p, prof, yours, int(sd), max(x for x, _ in v["curve"]))
-                times.append(to_target(v["curve"], pts, study["target_error"]))
-        else:                             # the nearest studied statistics on your profile's clock
-            need = [v["samples"] for v in seeds.values() if v["samples"] is not None]
-            if need:
-                pts = clock(study, r["flags"], p, prof, yours, int(next(iter(seeds))), max(need))
-                times = [None if v["samples"] is None else at(pts, v["samples"]) for v in seeds.values()]
-            else:
-                times = [None] * len(seeds)
-        got = [t for t in times if t is not None]
-        reached = len(got) == len(seeds)
-        rows.append(dict(method=m, config=r["config"], flags=r["flags"],
-                         settings=describe(m, r["config"], r["flags"]), seeds=len(seeds),
-                         reached=len(got), mean_seconds=sum(got) / len(got) if reached else None,
-                         lo=min(got) if reached else None, hi=max(got) if reached else None,
-                         final_error=r["final_error"], tied=m in cell.get("tied_set", []),
-                         timing="exact (re-timed)" if sync else f"statistics of {net} / {cond}"))
-    rows.sort(key=lambda x: (x["mean_seconds"] is None, x["mean_seconds"] or 0, x["final_error"]))
+    target = study["target_error"]
+    rows = method_rows(study, cell, p, prof, yours, target, net, cond, False, say)
+    node = None
+    rpn = int(prof.ranks_per_node)
+    if rpn > 1 and p >= 2 * rpn:
+        # node agents (--hierarchy node): the node's ranks sum inside the node, the node is the agent
+        agent = balance(prof, study, cfg, agents="node")
+        nnet = nearest(agent["ratio"])
+        nkey = f"{nnet}/{cond}/p{p}"
+        ncell = study["cells"].get(nkey)
+        node = dict(network=nnet, cell=nkey, ratio=agent["ratio"], network_ratio=nets[nnet]["ratio"],
+                    nodes=p // rpn, missing=ncell is None)
+        rows += method_rows(study, ncell, p, prof, yours, target, nnet, cond, True, say)
+        notes.append(f"your profile puts {rpn} ranks on a node: every method is timed both flat (one agent "
+                     f"a rank, the node's link shared) and as node agents (--hierarchy node: {p // rpn} "
+                     f"agents, each node's ranks summing inside it), on your clock; the study ran one rank a "
+                     f"node, so the node agents' statistics are its flat runs at p = {p} on {nnet}, the "
+                     "network nearest to a node agent's balance (exact for all-reduce only)")
+    elif rpn > 1:
+        notes.append(f"your profile puts {rpn} ranks on a node: at p = {p} there are fewer than two nodes, "
+                     "so only flat agents are timed; the study ran one rank a node")
+    rows.sort(key=lambda x: (x["mean_seconds"] is None, x["mean_seconds"] or 0, x["final_error"],
+                             x["agents"]))
     return dict(workers=workers, p=p, network=net, condition=cond, cell=key, studied_p=have,
                 ratio=mine["ratio"], network_ratio=nets[net]["ratio"], notes=notes, rows=rows,
-                complete=study.get("complete", False), target_error=study["target_error"],
+                node_agents=node, ranks_per_node=rpn,
+                complete=study.get("complete", False), target_error=target,
                 missing=cell is None, cell_complete=bool(cell) and cell.get("complete", True),
                 task=study.get("task", {}).get("name", "the study's task"))
 
@@ -282,6 +338,12 @@ def show(res: dict, prof: P.Profile) -> str:
                "settings each method was tuned to there; every time is a run on your profile's clock "
                "(exact for all-reduce, local SGD and one worker; the asynchronous methods' samples to "
                "target are that network's)")
+    node = res.get("node_agents")
+    if node:
+        out.append(f"  as node agents ({node['nodes']} nodes of {res['ranks_per_node']}): nearest studied "
+                   f"network {node['network']} (communication / compute {node['network_ratio']:.3g}; a node "
+                   f"agent's {node['ratio']:.3g}: the whole link, and the node's own sum)"
+                   + (f"; the study has no results for {node['cell']} yet" if node["missing"] else ""))
     for n in res["notes"]:
         out.append(f"  note: {n}")
     if not res["complete"]:
@@ -304,10 +366,11 @@ def show(res: dict, prof: P.Profile) -> str:
             t = f"{r['mean_seconds']:.4g} [{r['lo']:.4g}-{r['hi']:.4g}] ({r['seeds']} seeds)"
             rank = str(i)
         tie = "  (tied with the fastest)" if r["tied"] and i > 1 else ""
-        table.append((rank, r["method"], t, r["settings"] + tie))
-    wide = [max(len(row[k]) for row in [("rank", "method", "time to target (s)", ""), *table])
-            for k in range(3)]
-    for rank, m, t, settings in [("rank", "method", "time to target (s)", "settings"), *table]:
+        who = f"{r['method']} ({r['agents']})" if node else r["method"]
+        table.append((rank, who, t, r["settings"] + tie))
+    head = ("rank", "method (agents)" if node else "method", "time to target (s)", "settings")
+    wide = [max(len(row[k]) for row in [head, *table]) for k in range(3)]
+    for rank, m, t, settings in [head, *table]:
         out.append(f"  {rank:{wide[0]}s} {m:{wide[1]}s} {t:>{wide[2]}s}  {settings}")
     if any(r["mean_seconds"] is None for r in res["rows"]):
         out.append("  missed: not at the target in every seed by the end of the study's runs, with the "
@@ -320,6 +383,9 @@ def show(res: dict, prof: P.Profile) -> str:
         ranks = res["workers"] + servers
         who = f"{res['workers']} workers" + (f" + {servers} server rank{'s' if servers > 1 else ''}"
                                              if servers else "")
+        if best.get("agents") == "node":
+            who += (f"; node agents: keep each node's {res['ranks_per_node']} ranks together (consecutive "
+                    "ranks, mpirun's and srun's default block placement)")
         out.append(f"  use: mpirun -n {ranks} python -m scalesgd {best['flags']}  ({who}; the study's "
                    "rate is for a batch of 8 per worker: scale it to yours; add your job's --config or "
                    "--data and your launcher)")
