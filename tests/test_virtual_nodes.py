@@ -189,3 +189,28 @@ def test_a_hierarchical_run_is_not_replayed(data, tmp_path, capsys):
     assert VR.main(["--replay", str(src), "--epochs", "3", "--workers", "8", "--threads", "1"]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("scalesgd: error")]
     assert len(err) == 1 and "--epochs, --workers cannot change it" in err[0], err
+
+
+def test_a_broadcast_inside_a_node_is_timed_at_the_intra_node_rate():
+    """A node's leader hands its parameters to the node's ranks (the node groups of gossip, local
+    SGD, EASGD, A-SGD) in a broadcast: one transfer at ``intra_gbps`` inside a node; across nodes at
+    the link rate (it was charged the link rate everywhere: a node agent paid a second network
+    transfer for each exchange)."""
+    b = np.zeros(1 << 16, np.float32)
+    prof = dict(link_gbps=1.0, latency_us=30, intra_gbps=50)
+
+    def inside(net):
+        node = net.node_split()
+        t0 = net.clock()
+        node.broadcast(b.copy(), 0)
+        return net.clock() - t0
+    got, _ = in_world(4, 2, inside, **prof)
+    small = got[0] - b.nbytes / (50e9 / 8)
+    assert 0 <= small < 1e-4 and got == pytest.approx([got[0]] * 4)
+
+    def across(net):
+        t0 = net.clock()
+        net.broadcast(b.copy(), 0)
+        return net.clock() - t0
+    got, _ = in_world(4, 2, across, **prof)
+    assert got[0] - b.nbytes / (1e9 / 8) == pytest.approx(small, abs=1e-4)

@@ -72,6 +72,13 @@ class Net:
         passes at the profile's memory rate."""
         return element_pass_seconds(nbytes, self.p.mem_gbps * 1e9, self.scale)
 
+    def bcast_seconds(self, nbytes: int, group) -> float:
+        """A broadcast of ``nbytes`` (pipelined: about one transfer of it) over the links ``group``
+        spans: within one node its intra-node rate (a node's leader handing its parameters to
+        the node's ranks), across nodes the link's."""
+        within = len({self.node(r) for r in group}) == 1
+        return transfer_seconds(nbytes * self.scale, self.intra_bps if within else self.bps)
+
     def wire_seconds(self, nbytes: int) -> float:
         """Seconds of ``nbytes`` at the link rate (no NIC queueing: collectives' own terms)."""
         return transfer_seconds(nbytes * self.scale, self.bps)

@@ -12,7 +12,8 @@ Timing (``Cluster.net``, from a ``profile.Profile``): a message occupies the sen
 receiver's NIC for bytes / link rate (FIFO per node: a server's NIC serialises its workers'
 pushes), plus the latency; ranks on one node (``ranks_per_node``) exchange at the intra-node
 rate.  Collectives cost the ring all-reduce time (2 (n-1)/n bytes / rate + 2 (n-1) latencies over
-n nodes) once the last rank has arrived.  A one-sided read is a round trip; an accumulate and the
+n nodes) once the last rank has arrived; a broadcast one transfer of its bytes, at the intra-node
+rate within a node (a node's leader handing its parameters on), else the link's.  A one-sided read is a round trip; an accumulate and the
 counter update wait for their completion at the target (as the flushed MPI calls do).  The
 gradient all-reduce (``allreduce.py``: flat, or in two levels with ``dist.hierarchy = node``)
 hides under backward or not by the profile's ``allreduce_progress``; one-sided calls wait for a
@@ -225,7 +226,7 @@ class InProcessTransport:
         if kind == "small":
             return self._small()
         if kind == "bcast":
-            return self._small() + net.wire_seconds(nbytes)
+            return self._small() + net.bcast_seconds(nbytes, self.group)
         if kind == "avg":
             return net.collective_seconds(nbytes, self.group)
         if kind == "funnel":
