@@ -159,6 +159,23 @@ def predict(row: dict, steps: int, tmp: Path) -> dict:
                 split_per_step={k: v / steps for k, v in split.items() if k != "data"})
 
 
+def differences(rows: list[dict]) -> list[dict]:
+    """Each comparable row against the comparable all-reduce row of the same source and cluster
+    (SlowMo's Table 2(a): one table, one cluster): the published difference in seconds per
+    iteration beside the predicted one.  The GPU's step is the same on both sides, so it cancels:
+    what is left tests the clock's communication and waiting alone, whatever the compute."""
+    out = []
+    for r in rows:
+        base = next((b for b in rows if b is not r and b["comparable"] and r["comparable"]
+                     and b["cluster"] == r["cluster"] and b["flags"] == "--method allreduce"
+                     and b["source"].split(":")[0] == r["source"].split(":")[0]), None)
+        if base is None:
+            continue
+        out.append(dict(key=r["key"], against=base["key"], published=base["published"] - r["published"],
+                        predicted=base["predicted"] - r["predicted"]))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="*", default=None, help="row keys (default: every row)")
@@ -184,7 +201,7 @@ def main(argv=None) -> int:
                   f"{1000 * row['published']:.0f} ms: {ratio:.2f}x"
                   + ("" if row["comparable"] else " (not comparable)"), flush=True)
     res = {"experiment": "anchors", "commit": git_commit(), "goal": GOAL, "steps": a.steps,
-           "clusters": CLUSTERS, "rows": out}
+           "clusters": CLUSTERS, "rows": out, "differences": differences(out)}
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(res, indent=1) + "\n")
     return 0

@@ -440,7 +440,8 @@ def crossover_tuning(results: Path) -> str:
 def crossover_cells(results: Path) -> str:
     """Every method's time to target in every cell, per network: method by p, each cell its mean
     seconds under none / typical / stragglers (bold: the cell's fastest), or, where it missed the
-    target in a seed, the seeds that reached it and the mean error the seeds that missed ended at."""
+    target in a seed, the seeds that reached it and the mean error the seeds that missed ended at
+    ("cap" where each of those was stopped at the cap, not run to its horizon)."""
     d, _ = fair_study(results)
     ps = [p for p in d["workers"] if p > 1]
     out = []
@@ -456,7 +457,8 @@ def crossover_cells(results: Path) -> str:
         if not missed:                       # (every seed run so far reached it; seeds to come)
             t = M.secs(sum(v["seconds"] for v in r["seeds"].values()) / len(r["seeds"]))
             return f"{t} (so far: {len(r['seeds'])} of {len(M.X.SEEDS)} seeds)"
-        return f"{len(r['seeds']) - len(missed)}/{len(r['seeds'])} ({sum(missed) / len(missed):.0%})"
+        cap = ", cap" if M.X.stops(r) == "cap" else ""
+        return f"{len(r['seeds']) - len(missed)}/{len(r['seeds'])} ({sum(missed) / len(missed):.0%}{cap})"
     for n in d["networks"]:
         methods = list(dict.fromkeys(m for k, cl in d["cells"].items() if k.startswith(n + "/")
                                      for m in cl["methods"] if m != "single"))
@@ -676,6 +678,13 @@ def anchors(d):
     out += ["", f"{sum(r['goal_met'] for r in comp)} of {len(comp)} comparable rows within "
             f"{100 * d['goal']:.0f}% of the published figure; {d['steps']} clock-only steps a row "
             f"(commit {d['commit']})."]
+    if d.get("differences"):
+        out += ["", "All-reduce's time less each method's, same table and cluster (the GPU's step cancels):",
+                "", "| row | against | published, ms/it | predicted, ms/it | predicted - published |",
+                "|---|---|---|---|---|"]
+        for x in d["differences"]:
+            out.append(f"| {x['key']} | {x['against']} | {1000 * x['published']:.0f} | "
+                       f"{1000 * x['predicted']:.0f} | {1000 * (x['predicted'] - x['published']):+.0f} |")
     return "\n".join(out)
 
 

@@ -40,3 +40,19 @@ def test_a_row_is_predicted_by_a_clock_only_run(tmp_path):
     assert row["goal_met"] is (abs(row["ratio"] - 1) <= A.GOAL)
     with pytest.raises(SystemExit):
         A.main(["--only", "no-such-row", "--json", str(out)])
+
+
+def test_the_differences_between_methods_cancel_the_compute():
+    """SlowMo's rows against its all-reduce row: published and predicted differences, read from
+    rows whose compute is the same on both sides (a row of another source or cluster is not paired)."""
+    rows = [dict(key="ar", cluster="c", flags="--method allreduce", comparable=True, source="S: AR",
+                 published=0.42, predicted=0.23),
+            dict(key="sgp", cluster="c", flags="--method gossip", comparable=True, source="S: SGP",
+                 published=0.30, predicted=0.21),
+            dict(key="other", cluster="c", flags="--method gossip", comparable=True, source="T: x",
+                 published=0.1, predicted=0.1),
+            dict(key="slow", cluster="c", flags="--method gossip", comparable=False, source="S: y",
+                 published=1.0, predicted=0.1)]
+    (d,) = A.differences(rows)
+    assert d["key"] == "sgp" and d["against"] == "ar"
+    assert d["published"] == pytest.approx(0.12) and d["predicted"] == pytest.approx(0.02)
