@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""Time to final quality, the crossover study's next metric: its budget E, then a pilot at the
+cell where the answer is decided.
+
+    python benchmarks/final_study.py pin [COMMIT]     # the code every run uses (results/final/pin.json)
+    python benchmarks/final_study.py run [--minutes 55] [--jobs 2]   # one resumable piece
+    python benchmarks/final_study.py status           # E, the pilot's table so far
+
+**Runs.** The crossover study's task (the glyphs, ``jobs/glyphs.toml``: ResNet-8 at half width,
+batch 8 a worker) on its *tune* split (the reported split is never used to choose E), each run a
+full schedule: a 0.5-epoch linear warm-up, then a cosine decay to 0 at E epochs.  One worker at the
+study's rate chosen for it (p = 1, a fixed 0.04205) and all-reduce at p = 32 at the study's chosen
+rule (linear scaling, 0.03536 per 8 images of global batch: a peak of 1.13), each at E in
+``EPOCHS`` and seeds ``SEEDS``.  The runs are virtual-cluster runs of the pinned commit (a git
+worktree, as the crossover study's); their arithmetic does not depend on the clock, so one profile
+serves (``a100-ib100-resnet50``, condition none).
+
+**The plateau rule.**  E is the smallest budget in ``EPOCHS`` whose mean final error (over the
+seeds) is within ``DELTA`` / 2 of the next budget's (twice as long), for both methods: a longer
+schedule would buy less than half the study's tolerance δ = ``DELTA``.  A doubling is run only
+while the last one still improved by more than that.
+
+**The pilot** (``PILOT``), once E is known: all-reduce against overlapped push-sum (SGP's form) at
+p = 32 on the 10 GbE V100 profile under the typical condition, where the crossover study at its
+early target had push-sum needing 2.2x all-reduce's samples and 1.5x faster per sample.  Each
+method gets the same search: its rate chosen there by the early-target study (linear scaling, a
+0.5-epoch warm-up) times 1/2, 1 and 2, and while its choice sits on an edge of that grid one more
+rate past it (at most ``EDGE_MORE``), each at E with ``SEEDS`` on the tune split, on the profile's
+own clock.  All-reduce's best mean final error F* sets the quality: a configuration's time to
+quality is the time its validation error first reaches F* + ``DELTA`` (interpolated), and a
+method's choice is its fastest configuration that reaches it in every seed, else its lowest final
+error.  The pilot is tuning data, on the tune split: the reported split waits for the study.
+
+Each finished run is a record under ``results/final/{epochs,pilot}/`` (``crossover/store.py``:
+commit them as you go); a piece stopped anywhere resumes where the records end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from pathlib import Path
+
+from crossover import driver, store
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results" / "final"
+PIN = RESULTS / "pin.json"
+DELTA = 0.01                 # the study's tolerance on final error: 1 point of top-1 error
+EPOCHS = (4, 8, 16, 32)
+SEEDS = (100, 101)
+WARMUP = 0.5
+NETWORK = "a100-ib100-resnet50"
+STEP_COST_S = 0.0055         # real seconds per worker-step, two runs at a time (planning only)
+# method -> (workers, flags): the crossover study's choices for them (its cells' configurations)
+METHODS = {"single": (1, ["--method", "single", "--lr", "0.04205"]),
+           "allreduce": (32, ["--method", "allreduce", "--lr", "0.03536", "--linear-scaling",
+                              "--reference-batch", "8"])}
+
+
+TARGET = 0.40               # the early target, kept for comparison
+EDGE_MORE = 2
+PILOT = dict(network="v100-10gbe-resnet50", condition="typical", workers=32,
+             # method -> (its flags but the rate, the early-target study's chosen rate at that cell)
+             methods={"allreduce": (["--method", "allreduce"], 0.03536),
+                      "pushsum-ov": (["--method", "gossip", "--gossip", "push", "--gossip-overlap",
+                                      "--gossip-graph", "exponential"], 0.01051)})
+LSW = ["--linear-scaling", "--reference-batch", "8"]
+
+
+def key(method: str, epochs: int, seed: int) -> str:
+    return f"epochs/{method}-p{METHODS[method][0]}-E{epochs}-s{seed}"
+
+
+def pilot_key(method: str, rate: float, epochs: int, seed: int) -> str:
+    return f"pilot/{method}-p{PILOT['workers']}-L{rate:.4g}-E{epochs}-s{seed}"
+
+
+def interpolate(curve: list[dict], target: float) -> float | None:
+    """Seconds at which the validation error first reaches ``target``: linear between the last
+    validation above it and the first at or below it (as the crossover study reads its runs)."""
+    prev = None
+    for c in curve:
+        if c["error"] <= target:
+            if prev is None or prev["error"] <= c["error"]:
+                return float(c["seconds"])
+            f = (prev["error"] - target) / (prev["error"] - c["error"])
+            return float(prev["seconds"] + f * (c["seconds"] - prev["seconds"]))
+        prev = c
+    return None
+
+
+def fstar(recs: dict, epochs: int) -> float | None:
+    """All-reduce's best mean final error once its search is over (None before)."""
+    rates, over = pilot_grid(recs, "allreduce", epochs)
+    table = pilot_table(recs, epochs, {"allreduce": rates}, quality=None) if over else None
+    return None if table is None else min(sum(v["final_error"]) / len(SEEDS)
+                                          for v in table["allreduce"]["rates"].values())
+
+
+def pilot_grid(recs: dict, method: str, epochs: int) -> tuple[list[float], bool]:
+    """(the rates tuned for ``method`` so far, whether its search is over): the early-target choice
+    x 1/2, 1, 2, then one more past an edge while the choice sits on it (at most EDGE_MORE).
+    All-reduce's choice is by final error (its best is the quality F*); every other method's by
+    time to quality, so its search waits for F*."""
+    base = PILOT["methods"][method][1]
+    rates = [float(f"{base * f:.4g}") for f in (0.5, 1.0, 2.0)]
+    quality = None if method == "allreduce" else fstar(recs, epochs)
+    if method != "allreduce" and quality is None:
+        return rates, False
+    for _ in range(EDGE_MORE + 1):
+        table = pilot_table(recs, epochs, {method: rates}, quality=quality)
+        if table is None:
+            return rates, False
+        c = table[method]["chosen"]
+        if c == max(rates) and len(rates) < 3 + EDGE_MORE:
+            rates.append(float(f"{c * 2:.4g}"))
+        elif c == min(rates) and len(rates) < 3 + EDGE_MORE:
+            rates.append(float(f"{c / 2:.4g}"))
+        else:
+            return rates, True
+    return rates, True
+
+
+def pilot_table(recs: dict, epochs: int, grids: dict, quality: float | None) -> dict | None:
+    """Per method, per rate: each seed's final error, time to quality (F* + DELTA; None without
+    ``quality``) and time to the early target; the method's choice.  None while a run is missing."""
+    out = {}
+    for m, rates in grids.items():
+        rows = {}
+        for r in rates:
+            got = [recs.get(pilot_key(m, r, epochs, s)) for s in SEEDS]
+            if any(g is None for g in got):
+                return None
+            rows[r] = dict(final_error=[g["final_error"] for g in got],
+                           to_quality=[None if quality is None else interpolate(g["curve"], quality + DELTA)
+                                       for g in got],
+                           to_target=[interpolate(g["curve"], TARGET) for g in got],
+                           seconds=[g["curve"][-1]["seconds"] for g in got])
+
+        def score(r):
+            t = rows[r]["to_quality"]
+            fe = sum(rows[r]["final_error"]) / len(SEEDS)
+            return (0, sum(t) / len(t)) if quality is not None and None not in t else (1, fe)
+        out[m] = dict(rates=rows, chosen=min(rates, key=score))
+    return out
+
+
+def pinned() -> str | None:
+    try:
+        return json.loads(PIN.read_text())["commit"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def records() -> dict[str, dict]:
+    pin = pinned()
+    return {k: r for k, r in store.records(RESULTS).items() if r.get("commit") == pin}
+
+
+def mean_final(recs: dict, method: str, epochs: int) -> float | None:
+    got = [recs.get(key(method, epochs, s)) for s in SEEDS]
+    if any(r is None for r in got):
+        return None
+    return sum(r["final_error"] for r in got) / len(got)
+
+
+def plateau(recs: dict) -> dict:
+    """Per method, the budgets with all seeds in and their mean final error; the plateau E (the
+    first budget within DELTA / 2 of its doubling), or None while it is not decided; the budgets
+    still to run."""
+    out = {}
+    for m in METHODS:
+        errs = {e: mean_final(recs, m, e) for e in EPOCHS}
+        e_star, todo = None, []
+        for i, e in enumerate(EPOCHS):
+            if errs[e] is None:
+                todo.append(e)
+                break
+            nxt = EPOCHS[i + 1] if i + 1 < len(EPOCHS) else None
+            if nxt is None:
+                break
+            if errs[nxt] is not None and errs[e] - errs[nxt] <= DELTA / 2:
+                e_star = e
+                break
+        out[m] = dict(errors={e: v for e, v in errs.items() if v is not None}, plateau=e_star, todo=todo)
+    both = [out[m]["plateau"] for m in METHODS]
+    return dict(methods=out, E=max(both) if None not in both else None)
+
+
+def plan(recs: dict) -> list[tuple]:
+    """The runs ready now: every seed of the next budget each method needs (the first budget
+    with a seed missing, while no plateau is found) as ("epochs", method, E, seed); once E is
+    known, the pilot's as ("pilot", method, rate, E, seed)."""
+    st = plateau(recs)
+    out = [("epochs", m, e, s) for m in METHODS for e in st["methods"][m]["todo"] for s in SEEDS
+           if key(m, e, s) not in recs]
+    if st["E"] is not None:
+        for m in PILOT["methods"]:
+            rates, _ = pilot_grid(recs, m, st["E"])
+            out += [("pilot", m, r, st["E"], s) for r in rates for s in SEEDS
+                    if pilot_key(m, r, st["E"], s) not in recs]
+    return out
+
+
+def run_cost(run: tuple) -> float:
+    """Planning seconds of a run (its epochs' worker-steps)."""
+    return run[-2] * 51_200 / 8 * STEP_COST_S
+
+
+def execute(run: tuple, sha: str, wt: Path, data: Path, scratch: Path) -> dict:
+    """One virtual run of the pinned tree, a full schedule on the tune split; writes its record."""
+    kind = run[0]
+    if kind == "epochs":
+        _, method, epochs, seed = run
+        rkey = key(method, epochs, seed)
+        workers, flags = METHODS[method]
+        network, condition = NETWORK, "none"
+    else:
+        _, method, rate, epochs, seed = run
+        rkey = pilot_key(method, rate, epochs, seed)
+        workers, network, condition = PILOT["workers"], PILOT["network"], PILOT["condition"]
+        flags = [*PILOT["methods"][method][0], "--lr", f"{rate:g}", *LSW]
+    run_dir = scratch / rkey
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    every = max(0.25, epochs / 16)
+    argv = [sys.executable, "-m", "scalesgd.virtual", "--config", str(wt / "jobs" / "glyphs.toml"),
+            "--data", str(data), *flags, "--schedule", "cosine", "--warmup-epochs", str(WARMUP),
+            "--seed", str(seed), "--workers", str(workers), "--epochs", str(epochs),
+            "--eval-every", f"{every:g}", "--profile", network, "--condition", condition,
+            "--threads", "1", "--run-dir", str(run_dir)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(wt / "src"))
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, cwd=wt, capture_output=True, text=True, env=env)
+    diverged = proc.returncode != 0 and "the training loss became" in proc.stderr
+    if proc.returncode and not diverged:
+        raise RuntimeError(f"{rkey}: {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+    curve = [dict(samples=v["global_samples"], seconds=v["train_seconds"], error=1 - v["val_top1_accuracy"])
+             for v in driver.vals(run_dir)]
+    shown = [a.replace(str(wt) + "/", "").replace(str(ROOT) + "/", "") for a in argv[2:]]
+    rec = dict(key=rkey, kind=kind, method=method, workers=workers, epochs=epochs, seed=seed,
+               network=network, condition=condition, argv=shown, diverged=diverged,
+               final_error=curve[-1]["error"] if curve and not diverged else 0.9, curve=curve,
+               commit=sha, real_seconds=time.perf_counter() - t0)
+    store.write(RESULTS, rkey, rec)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return rec
+
+
+def piece(minutes: float, jobs: int, data: Path, scratch: Path) -> int:
+    sha = pinned() or sys.exit("final_epochs: no pinned commit yet: python benchmarks/final_epochs.py pin")
+    wt = driver.tree(sha)
+    tune = driver.data_dirs(data)["tune"]
+    deadline = time.monotonic() + 60 * minutes
+    with ThreadPoolExecutor(jobs) as pool:
+        running: dict = {}
+        while True:
+            taken = set(running.values())
+            todo = [r for r in plan(records()) if r not in taken]
+            while todo and len(running) < jobs:
+                run = todo.pop(0)
+                if time.monotonic() + 1.2 * run_cost(run) > deadline:
+                    continue
+                running[pool.submit(execute, run, sha, wt, tune, scratch)] = run
+                print(f"[{time.strftime('%H:%M:%S')}] start {run}", flush=True)
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in done:
+                running.pop(f)
+                rec = f.result()
+                print(f"[{time.strftime('%H:%M:%S')}] done  {rec['key']}: final error "
+                      f"{rec['final_error']:.4f}, {rec['real_seconds']:.0f} s real", flush=True)
+    return status()
+
+
+def status() -> int:
+    recs = records()
+    st = plateau(recs)
+    for m, v in st["methods"].items():
+        errs = ", ".join(f"E={e}: {x:.2%}" for e, x in v["errors"].items())
+        print(f"{m}: mean final error {errs or 'none yet'}; plateau "
+              f"{v['plateau'] if v['plateau'] is not None else 'not decided'}")
+    hours = sum(r["real_seconds"] for r in recs.values()) / 3600
+    print(f"E = {st['E'] if st['E'] is not None else 'not decided'}; {len(recs)} runs, "
+          f"{hours:.2f} machine-hours; ready: {len(plan(recs))}")
+    if st["E"] is not None:
+        f = fstar(recs, st["E"])
+        grids = {m: [r for r in pilot_grid(recs, m, st["E"])[0]
+                     if all(pilot_key(m, r, st["E"], s) in recs for s in SEEDS)] for m in PILOT["methods"]}
+        table = pilot_table(recs, st["E"], grids, quality=f)
+        print(f"pilot at p = {PILOT['workers']}, {PILOT['network']} / {PILOT['condition']}, E = {st['E']}: "
+              f"F* = {'not yet' if f is None else f'{f:.2%}'} (all-reduce's best final error)")
+        for m, v in (table or {}).items():
+            for r, row in v["rates"].items():
+                fe = ", ".join(f"{x:.2%}" for x in row["final_error"])
+                tq = ", ".join("-" if x is None else f"{x:.0f}" for x in row["to_quality"])
+                tt = ", ".join("-" if x is None else f"{x:.0f}" for x in row["to_target"])
+                mark = "  <- chosen" if r == v["chosen"] else ""
+                print(f"  {m} L{r:g}: final error {fe}; s to F* + {DELTA:.0%}: {tq}; s to "
+                      f"{TARGET:.0%}: {tt}{mark}")
+    return 0
+
+
+def pin(commit: str) -> int:
+    sha = subprocess.run(["git", "rev-parse", commit], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    PIN.write_text(json.dumps({"commit": sha}) + "\n")
+    print(f"pinned {sha}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=("pin", "run", "status"))
+    ap.add_argument("commit", nargs="?", default="HEAD")
+    ap.add_argument("--minutes", type=float, default=55.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--data", type=Path, default=ROOT / "data" / "glyphs")
+    ap.add_argument("--scratch", type=Path, default=ROOT / "runs" / "final")
+    a = ap.parse_args(argv)
+    if a.what == "pin":
+        return pin(a.commit)
+    if a.what == "run":
+        return piece(a.minutes, a.jobs, a.data, a.scratch)
+    return status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""``benchmarks/final_study.py``: the plateau rule that sets the budget E, and the pilot's search and
+choice by time to final quality, on records made by hand (the runs themselves are virtual-cluster
+runs like the crossover study's, tested there)."""
+import pytest
+
+import final_study as F
+
+
+def rec(error: float, seconds: float = 100.0, curve=None) -> dict:
+    curve = curve or [dict(samples=1, seconds=seconds / 2, error=0.5),
+                      dict(samples=2, seconds=seconds, error=error)]
+    return dict(final_error=curve[-1]["error"], curve=curve, real_seconds=1.0)
+
+
+def epochs_recs(errors: dict) -> dict:
+    """{(method, E): mean final error} -> records for every seed (seed 100 +0.002, 101 -0.002)."""
+    out = {}
+    for (m, e), err in errors.items():
+        for s, d in zip(F.SEEDS, (0.002, -0.002)):
+            out[F.key(m, e, s)] = rec(err + d)
+    return out
+
+
+def test_the_plateau_is_the_first_budget_whose_doubling_buys_under_half_the_tolerance():
+    recs = epochs_recs({("single", 4): 0.23, ("single", 8): 0.17, ("single", 16): 0.166,
+                        ("allreduce", 4): 0.24, ("allreduce", 8): 0.18})
+    st = F.plateau(recs)
+    assert st["methods"]["single"]["plateau"] == 8            # 8 -> 16 gained 0.4 points <= 0.5
+    assert st["methods"]["allreduce"]["plateau"] is None and st["methods"]["allreduce"]["todo"] == [16]
+    assert st["E"] is None
+    # only the next budget of the undecided method is ready, every seed of it
+    assert F.plan(recs) == [("epochs", "allreduce", 16, s) for s in F.SEEDS]
+    recs.update(epochs_recs({("allreduce", 16): 0.17}))       # 8 -> 16 gained a point: go on
+    assert F.plateau(recs)["methods"]["allreduce"]["todo"] == [32]
+    recs.update(epochs_recs({("allreduce", 32): 0.168}))
+    st = F.plateau(recs)
+    assert st["methods"]["allreduce"]["plateau"] == 16 and st["E"] == 16     # the larger of the two
+    # a seed missing: not decided, and that seed is the run ready
+    del recs[F.key("allreduce", 32, F.SEEDS[1])]
+    assert F.plateau(recs)["E"] is None
+    assert ("epochs", "allreduce", 32, F.SEEDS[1]) in F.plan(recs)
+
+
+def test_time_to_quality_is_interpolated_between_validations():
+    curve = [dict(samples=1, seconds=10.0, error=0.5), dict(samples=2, seconds=20.0, error=0.3),
+             dict(samples=3, seconds=30.0, error=0.2)]
+    assert F.interpolate(curve, 0.4) == pytest.approx(15.0)
+    assert F.interpolate(curve, 0.5) == pytest.approx(10.0)
+    assert F.interpolate(curve, 0.25) == pytest.approx(25.0)
+    assert F.interpolate(curve, 0.1) is None
+
+
+def test_the_pilot_tunes_all_reduce_by_final_error_then_push_sum_by_time_to_its_quality():
+    E = 16
+    ar, ps = F.PILOT["methods"]["allreduce"][1], F.PILOT["methods"]["pushsum-ov"][1]
+    recs = epochs_recs({("single", 4): 0.23, ("single", 8): 0.19, ("single", 16): 0.17,
+                        ("single", 32): 0.168, ("allreduce", 4): 0.24, ("allreduce", 8): 0.2,
+                        ("allreduce", 16): 0.18, ("allreduce", 32): 0.178})
+    assert F.plateau(recs)["E"] == E
+    todo = F.plan(recs)
+    base = [float(f"{ar * f:.4g}") for f in (0.5, 1, 2)]
+    assert [r for r in todo if r[1] == "allreduce"] == [("pilot", "allreduce", r, E, s)
+                                                         for r in base for s in F.SEEDS]
+    # push-sum's first grid runs beside all-reduce's, its choice waits for F*
+    assert {r[2] for r in todo if r[1] == "pushsum-ov"} == {float(f"{ps * f:.4g}") for f in (0.5, 1, 2)}
+    assert F.fstar(recs, E) is None
+    # all-reduce: the middle rate best (its final error 0.15): the search is over, F* = 0.15
+    for r, err in zip(base, (0.17, 0.15, 0.16)):
+        for s in F.SEEDS:
+            recs[F.pilot_key("allreduce", r, E, s)] = rec(err, 200.0)
+    assert F.pilot_grid(recs, "allreduce", E) == (base, True)
+    assert F.fstar(recs, E) == pytest.approx(0.15)
+    # push-sum: the highest rate reaches F* + 1 point soonest: on an edge, one more rate past it
+    pbase = [float(f"{ps * f:.4g}") for f in (0.5, 1, 2)]
+    for r, (err, secs) in zip(pbase, ((0.20, 100.0), (0.158, 120.0), (0.155, 90.0))):
+        for s in F.SEEDS:
+            recs[F.pilot_key("pushsum-ov", r, E, s)] = rec(err, secs)
+    rates, over = F.pilot_grid(recs, "pushsum-ov", E)
+    assert rates == [*pbase, float(f"{pbase[-1] * 2:.4g}")] and not over
+    assert [r[2] for r in F.plan(recs)] == [rates[-1]] * len(F.SEEDS)
+    # ... which misses the quality: the choice stays, the search is over
+    for s in F.SEEDS:
+        recs[F.pilot_key("pushsum-ov", rates[-1], E, s)] = rec(0.30, 50.0)
+    rates, over = F.pilot_grid(recs, "pushsum-ov", E)
+    assert over and len(rates) == 4
+    table = F.pilot_table(recs, E, {"pushsum-ov": rates}, quality=F.fstar(recs, E))
+    assert table["pushsum-ov"]["chosen"] == pbase[-1]
+    row = table["pushsum-ov"]["rates"][pbase[-1]]
+    assert row["to_quality"] == [pytest.approx(45.0 + 45.0 * (0.5 - 0.16) / (0.5 - 0.155))] * 2
+    assert table["pushsum-ov"]["rates"][rates[-1]]["to_quality"] == [None, None]
