@@ -13,8 +13,9 @@ receiver's NIC for bytes / link rate (FIFO per node: a server's NIC serialises i
 pushes), plus the latency; ranks on one node (``ranks_per_node``) exchange at the intra-node
 rate.  Collectives cost the ring all-reduce time (2 (n-1)/n bytes / rate + 2 (n-1) latencies over
 n nodes) once the last rank has arrived; a broadcast one transfer of its bytes, at the intra-node
-rate within a node (a node's leader handing its parameters on), else the link's.  A one-sided read is a round trip; an accumulate and the
-counter update wait for their completion at the target (as the flushed MPI calls do).  The
+rate within a node (a node's leader handing its parameters on), else the link's.  A one-sided
+read is a round trip; an accumulate and the counter update wait for their completion at the
+target (as the flushed MPI calls do).  The
 gradient all-reduce (``allreduce.py``: flat, or in two levels with ``dist.hierarchy = node``)
 hides under backward or not by the profile's ``allreduce_progress``; one-sided calls wait for a
 busy target by its ``rma_progress`` (docs/virtual.md).  Node groups (``node_groups``,
