@@ -5,6 +5,7 @@ cell where the answer is decided.
     python benchmarks/final_study.py pin [COMMIT]     # the code every run uses (results/final/pin.json)
     python benchmarks/final_study.py run [--minutes 55] [--jobs 2]   # one resumable piece
     python benchmarks/final_study.py status           # E, the pilot's table so far
+    python benchmarks/final_study.py report           # results/final-study.json (docs/results.md, 14)
 
 **Runs.** The crossover study's task (the glyphs, ``jobs/glyphs.toml``: ResNet-8 at half width,
 batch 8 a worker) on its *tune* split (the reported split is never used to choose E), each run a
@@ -308,6 +309,34 @@ def status() -> int:
     return 0
 
 
+def summary() -> dict:
+    """What ``report`` writes (results/final-study.json): every budget's final errors per seed and
+    their mean, the plateau per method and E; the pilot's table once E is known; machine-hours."""
+    recs = records()
+    st = plateau(recs)
+    epochs = {m: {str(e): dict(seeds=[recs[key(m, e, s)]["final_error"] for s in SEEDS],
+                                mean=st["methods"][m]["errors"][e])
+                  for e in EPOCHS if e in st["methods"][m]["errors"]} for m in METHODS}
+    out = dict(experiment="final-study", commit=pinned(), delta=DELTA, seeds=list(SEEDS),
+               methods={m: dict(workers=METHODS[m][0], flags=" ".join(METHODS[m][1])) for m in METHODS},
+               epochs=epochs, plateau={m: st["methods"][m]["plateau"] for m in METHODS}, E=st["E"],
+               runs=len(recs), machine_hours=sum(r["real_seconds"] for r in recs.values()) / 3600,
+               pilot=None)
+    if st["E"] is not None:
+        f = fstar(recs, st["E"])
+        grids = {m: [r for r in pilot_grid(recs, m, st["E"])[0]
+                     if all(pilot_key(m, r, st["E"], s) in recs for s in SEEDS)] for m in PILOT["methods"]}
+        over = {m: pilot_grid(recs, m, st["E"])[1] for m in PILOT["methods"]}
+        table = pilot_table(recs, st["E"], grids, quality=f) or {}
+        out["pilot"] = dict(PILOT, methods={m: dict(flags=" ".join(v[0]), early_rate=v[1])
+                                            for m, v in PILOT["methods"].items()},
+                            fstar=f, search_over=over,
+                            table={m: dict(chosen=v["chosen"],
+                                           rates={f"{r:g}": row for r, row in v["rates"].items()})
+                                   for m, v in table.items()})
+    return out
+
+
 def pin(commit: str) -> int:
     sha = subprocess.run(["git", "rev-parse", commit], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout.strip()
@@ -319,7 +348,7 @@ def pin(commit: str) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("pin", "run", "status"))
+    ap.add_argument("what", choices=("pin", "run", "status", "report"))
     ap.add_argument("commit", nargs="?", default="HEAD")
     ap.add_argument("--minutes", type=float, default=55.0)
     ap.add_argument("--jobs", type=int, default=2)
@@ -330,6 +359,11 @@ def main(argv=None) -> int:
         return pin(a.commit)
     if a.what == "run":
         return piece(a.minutes, a.jobs, a.data, a.scratch)
+    if a.what == "report":
+        path = ROOT / "results" / "final-study.json"
+        path.write_text(json.dumps(summary(), indent=1) + "\n")
+        print(f"wrote {path.relative_to(ROOT)}")
+        return 0
     return status()
 
 

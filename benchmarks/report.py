@@ -688,8 +688,45 @@ def anchors(d):
     return "\n".join(out)
 
 
+def final_study(d):
+    """Time to final quality (final_study.py): each budget's mean final error (per seed) for one
+    worker and all-reduce, the plateau and E; then the pilot's table, once E is known."""
+    budgets = sorted({int(e) for v in d["epochs"].values() for e in v})
+    out = ["| method | p | " + " | ".join(f"E = {e}" for e in budgets) + " | plateau |",
+           "|---|---|" + "---|" * (len(budgets) + 1)]
+    for m, per in d["epochs"].items():
+        cells = []
+        for e in budgets:
+            v = per.get(str(e))
+            cells.append("—" if v is None else f"{100 * v['mean']:.2f}% ("
+                         + ", ".join(f"{100 * x:.2f}" for x in v["seeds"]) + ")")
+        plateau = d["plateau"][m]
+        out.append(f"| {m} | {d['methods'][m]['workers']} | " + " | ".join(cells)
+                   + f" | {'not yet' if plateau is None else plateau} |")
+    hours = f"{d['runs']} runs, {d['machine_hours']:.2f} machine-hours"
+    out += ["", f"Final top-1 error on the tune split after a full schedule of E epochs (mean; each seed); "
+            f"E = {d['E'] if d['E'] is not None else 'not decided yet'}; {hours} (commit {d['commit'][:7]})."]
+    pilot = d.get("pilot")
+    if pilot and pilot.get("table"):
+        f = pilot["fstar"]
+        out += ["", f"Pilot at p = {pilot['workers']}, {pilot['network']} / {pilot['condition']}, E = {d['E']}: "
+                f"F* = {'not yet' if f is None else f'{100 * f:.2f}%'} (all-reduce's best final error); "
+                f"time to quality: to F* + {100 * d['delta']:.0f} point(s).", "",
+                "| method | peak rule | final error % (each seed) | s to quality (each seed) | s to 40% | chosen |",
+                "|---|---|---|---|---|---|"]
+        def fmt(xs, k=0):
+            return ", ".join("—" if x is None else f"{x:.{k}f}" for x in xs)
+        for m, v in pilot["table"].items():
+            for r, row in v["rates"].items():
+                mark = "yes" if float(r) == v["chosen"] else ""
+                out.append(f"| {m} | L{r} | {fmt([100 * x for x in row['final_error']], 2)} | "
+                           f"{fmt(row['to_quality'])} | {fmt(row['to_target'])} | {mark} |")
+    return "\n".join(out)
+
+
 TABLES = {"sync": sync, "methods": methods, "stragglers": stragglers, "lr": lr, "consensus": consensus,
-          "easgd": easgd, "asgd": asgd, "extensions": extensions, "virtual": virtual, "anchors": anchors}
+          "easgd": easgd, "asgd": asgd, "extensions": extensions, "virtual": virtual, "anchors": anchors,
+          "final": final_study}          # results/final-study.json
 NET_TABLES = {"methods": methods_net}          # a sweep on emulated nodes (--net): with the time split
 
 
