@@ -709,10 +709,12 @@ def final_study(d):
     pilot = d.get("pilot")
     if pilot and pilot.get("table"):
         f = pilot["fstar"]
-        out += ["", f"Pilot at p = {pilot['workers']}, {pilot['network']} / {pilot['condition']}, E = {d['E']}: "
+        out += ["", f"Pilot at p = {pilot['workers']}, {pilot['network']} / {pilot['condition']}, "
+                f"E = {d['E']}: "
                 f"F* = {'not yet' if f is None else f'{100 * f:.2f}%'} (all-reduce's best final error); "
                 f"time to quality: to F* + {100 * d['delta']:.0f} point(s).", "",
-                "| method | peak rule | final error % (each seed) | s to quality (each seed) | s to 40% | chosen |",
+                "| method | peak rule | final error % (each seed) | s to quality (each seed) | s to 40% "
+                "| chosen |",
                 "|---|---|---|---|---|---|"]
         def fmt(xs, k=0):
             return ", ".join("—" if x is None else f"{x:.{k}f}" for x in xs)

@@ -161,6 +161,41 @@ def test_plan_is_exact_for_all_reduce_on_the_users_profile(made, tmp_path):
         L.predict(dict(part, complete=False), prof, 2, "stragglers"), prof)
 
 
+def test_a_method_stopped_at_the_cap_is_not_called_missed(made):
+    """A study seed that did not reach the target because the study stopped its run at the cap
+    (``stopped`` "cap": twice the fastest synchronous time) shows as "stopped at the cap", with its
+    own footnote; one that ran its whole horizon ("horizon") as "missed"."""
+    prof = P.load("v100-10gbe-resnet50")
+
+    def with_easgd(stopped):
+        cells = {}
+        for k, cell in made["study"]["cells"].items():
+            methods = {m: dict(r, seeds={s: dict(v, stopped="horizon" if v["seconds"] is None else "target")
+                                         for s, v in r["seeds"].items()})
+                       for m, r in cell["methods"].items()}
+            lost = dict(methods["easgd"]["seeds"]["0"], seconds=None, samples=None, final_error=0.55,
+                        stopped=stopped)
+            methods["easgd"] = dict(methods["easgd"], reached_all=False, mean_seconds=None, final_error=0.55,
+                                    seeds={"0": lost})
+            cells[k] = dict(cell, methods=methods)
+        return dict(made["study"], cells=cells)
+    res = L.predict(with_easgd("cap"), prof, 2, "typical")
+    row = next(r for r in res["rows"] if r["method"] == "easgd")
+    assert row["mean_seconds"] is None and row["stopped_at_cap"] and row["capped"] == 1
+    shown = L.show(res, prof)
+    assert "stopped at the cap (0/1 seeds; error 55%)" in shown and "missed (" not in shown
+    assert shown.count("stopped at the cap: the study stopped the method's runs once it could not be the "
+                       "fastest") == 1 and "missed: not at the target" not in shown
+    res = L.predict(with_easgd("horizon"), prof, 2, "typical")
+    row = next(r for r in res["rows"] if r["method"] == "easgd")
+    assert not row["stopped_at_cap"] and row["capped"] == 0
+    shown = L.show(res, prof)
+    assert "missed (0/1 seeds; error 55%)" in shown and "stopped at the cap" not in shown
+    # a study file that says why each seed ended needs no word on the cap under "missed"
+    assert "missed: not at the target in every seed by the end of the study's runs, with the mean error " \
+           "reached\n" in shown + "\n" and "twice the fastest" not in shown
+
+
 def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):
     out = run_cli(["plan", "--profile", "v100-10gbe-resnet50", "--workers", "2", "--study", str(made["path"]),
                    "--condition", "typical"], tmp_path, module="scalesgd")

@@ -36,21 +36,30 @@ def secs(v: float) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
 
 
+CAP_MARK = "†"
+CAP_LEGEND = (f"{CAP_MARK} decided by the cap: no asynchronous method reached the target in every seed, "
+              "and the runs of some (those marked `cap` in the table of every method in every cell) were "
+              f"stopped at the cap, {X.CAP_TIME:g}× the best synchronous time of the cell in whole epochs, "
+              "to save time, since they could not be the fastest: stopped, not missed targets.")
+
 SHORT = {"single": "1 worker", "allreduce": "all-reduce", "localsgd": "local SGD", "easgd": "EASGD",
          "asgd": "A-SGD", "gossip-pull": "pull gossip", "pushsum-ov": "push-sum"}
 
 
 def cell_text(c: dict | None) -> str:
-    """A map cell: the fastest method and its mean time, and what ties with it."""
+    """A map cell: the fastest method and its mean time, and what ties with it; ``CAP_MARK`` where
+    the families' call was decided by the cap."""
     if c is None:
         return "not run yet"
     if c["fastest"] is None:
-        return "none reached the target in every seed" + so_far(c)
+        capped = [SHORT[m] for m, r in c["methods"].items() if r.get("capped")]
+        return ("none reached the target in every seed"
+                + (f" ({', '.join(capped)} stopped at the cap)" if capped else "") + so_far(c))
     r = c["methods"][c["fastest"]]
     ties = [SHORT[m] for m in c.get("tied", [])]
     text = f"**{SHORT[c['fastest']]}** {secs(r['mean_seconds'])} s" + (f" (ties {', '.join(ties)})"
                                                                        if ties else "")
-    return text + so_far(c)
+    return text + (f" {CAP_MARK}" if c.get("decided_by_cap") else "") + so_far(c)
 
 
 def so_far(c: dict) -> str:
@@ -108,10 +117,16 @@ def p_span(a, b) -> str:
 def per_p_words(per_p: dict) -> str:
     """The family first at each p (``crossover``'s ``per_p``; keys int, or str as read from JSON),
     runs of p alike together: "asynchronous first at p = 2 · a tie at p = 4 · synchronous first at
-    p = 8–64"."""
-    runs = runs_of((int(p), per_p[p]["family"]) for p in sorted(per_p, key=int))
-    return " · ".join(("a tie" if f == "tie" else f"{FAMILY_NAME[f]} first") + f" at {p_span(a, b)}"
-                      for f, a, b in runs)
+    p = 8–64", and the p where the cap decided it: "(decided by the cap at p = 64)"."""
+    ps = sorted(per_p, key=int)
+    runs = runs_of((int(p), per_p[p]["family"]) for p in ps)
+    capped = runs_of((int(p), bool(per_p[p].get("by_cap"))) for p in ps)
+    out = []
+    for f, a, b in runs:
+        cap = [p_span(max(a, x), min(b, y)) for on, x, y in capped if on and x <= b and y >= a]
+        out.append(("a tie" if f == "tie" else f"{FAMILY_NAME[f]} first") + f" at {p_span(a, b)}"
+                   + (f" (decided by the cap at {', '.join(cap)})" if cap else ""))
+    return " · ".join(out)
 
 
 def shares_text(shares: dict[str, float]) -> str:
@@ -136,6 +151,8 @@ def map_markdown(res: dict) -> str:
             out.append(f"| {c} | " + " | ".join(cell_text(res["cells"].get(f"{n}/{c}/p{p}"))
                                              for p in res["workers"]) + " |")
         out.append("")
+        if any(v.get("decided_by_cap") for k, v in res["cells"].items() if k.startswith(f"{n}/")):
+            out += [CAP_LEGEND, ""]
         for c in res["conditions"]:
             x = res["crossovers"][f"{n}/{c}"]
             seq = per_p_words(x["per_p"])
@@ -149,7 +166,7 @@ def segments(res: dict, network: str, condition: str) -> list[dict]:
     """Along p (cells with runs, p > 1): runs of the same first family (``tie``: a method of the other
     family ties with the fastest; ``miss``: none reached the target; ``open``: the cell's runs are
     not all in, or not begun below a p that has runs, so it names no family and no run reaches
-    across it), with the methods first in each."""
+    across it), with the methods first in each and the p where the cap decided it (``cap``)."""
     out: list[dict] = []
     ps = [p for p in res["workers"][1:] if f"{network}/{condition}/p{p}" in res["cells"]]
     for p in res["workers"][1:]:
@@ -169,7 +186,10 @@ def segments(res: dict, network: str, condition: str) -> list[dict]:
             out[-1]["methods"] += [m for m in names if m not in out[-1]["methods"]]
             out[-1]["by_p"][p] = names
         else:
-            out.append({"family": fam, "from": p, "to": p, "methods": list(names), "by_p": {p: names}})
+            out.append({"family": fam, "from": p, "to": p, "methods": list(names), "by_p": {p: names},
+                        "cap": []})
+        if c and c["complete"] and c.get("decided_by_cap"):
+            out[-1]["cap"].append(p)
     return out
 
 
@@ -185,7 +205,10 @@ def say_segments(segs: list[dict]) -> str:
         if g["family"] == "open":
             return f"runs still to come at {span}"
         what = "a tie of the families" if g["family"] == "tie" else FAMILY_NAME[g["family"]]
-        return f"{what} at {span} ({names})"
+        cap = [p_span(a, b) for on, a, b in runs_of((p, p in g.get("cap", [])) for p in g.get("by_p", {}))
+               if on]
+        return f"{what} at {span} ({names}" + (f"; decided by the cap at {', '.join(cap)}" if cap else
+                                               "") + ")"
     return " · ".join(one(g) for g in segs) if segs else "not run yet"
 
 
@@ -216,6 +239,8 @@ def answer_markdown(res: dict, final: bool) -> str:
         out.append(f"* **{words.get(c, c)}.** " + " ".join(f"{' and '.join(ns)}: {text}."
                                                          for text, ns in said.items()))
     out.append("* " + horizon_words(res))
+    if res.get("decided_by_cap"):
+        out.append("* " + cap_words(res))
     out.append("* " + budget_words(res, final))
     return "\n".join(out)
 
@@ -232,6 +257,37 @@ def horizon_words(res: dict) -> str:
         return head + ": in every one some method reached the target in every seed."
     return (head + f": in {len(done) - len(short)} some method reached the target in every seed; in "
             + ", ".join(f"`{k}`" for k in short) + " none did (a longer horizon would be needed there).")
+
+
+def cap_words(res: dict) -> str:
+    """What the cap decided (``report.cap_count``): the cells and verdicts, and how many seeds it
+    stopped against how many missed the target at their horizon."""
+    d = res["decided_by_cap"]
+    several = sum(1 for cl in res["cells"].values() if cl["workers"] > 1)
+    ps = sorted({int(k.rsplit("/p", 1)[1]) for k in d["cells"]})
+    where = f"p = {', '.join(map(str, ps))}; {CAP_MARK} in the map" if ps else ""
+    every = d.get("n_cells_every_method", len(d["cells"]))
+    if ps and every < len(d["cells"]):
+        where += (f"; in {every} every asynchronous method was stopped there, in the others some missed the "
+                  "target at their horizon")
+    claims = Counter(v["claim"] for v in d["verdicts"])
+    seeds = d["seeds"]
+
+    def n(fam, *how):
+        return sum(seeds.get(fam, {}).get(h, 0) for h in how)
+    ran = d.get("least_over_fastest")
+    return (f"**The cap.** An asynchronous run stops at {d['cap_time']:g}× the best synchronous time of its "
+            "cell (in whole epochs, by its speed in its tuning or timing runs): past that it cannot be the "
+            "fastest, so it is reported as stopped at the cap with the error it reached, never as a miss"
+            + (f" (every seed stopped there had run at least {ran:.2f}× its cell's fastest mean time)"
+               if ran else "") + ". The cap decided the families' call in "
+            f"{len(d['cells'])} of the {several} cells with p > 1" + (f" ({where})" if where else "")
+            + f" and {len(d['verdicts'])} verdicts at some p"
+            + (f" ({'; '.join(f'{c}: {k}' for c, k in claims.items())})" if claims else "")
+            + f". Of the asynchronous methods' seeds in the cells, {n('async', 'cap')} were stopped at the "
+            f"cap and {n('async', 'horizon', 'diverged')} missed the target at their whole horizon or "
+            f"diverged; of the authors' asynchronous forms' seeds, {n('authors', 'cap')} and "
+            f"{n('authors', 'horizon', 'diverged')}.")
 
 
 def budget_words(res: dict, final: bool) -> str:
@@ -253,6 +309,8 @@ def budget_words(res: dict, final: bool) -> str:
 def claims_markdown(res: dict) -> str:
     rows = ["| claim | network | condition | where | evidence | verdict |", "|---|---|---|---|---|---|"]
     for r in res["verdicts"]:
+        cap = r.get("decided_by_cap")
         rows.append(f"| {r['claim']} | {r['network']} | {r['condition']} | {r['scale']} | {r['evidence']} | "
-                    f"**{r['verdict']}** |")
+                    f"**{r['verdict']}**" + (f" (decided by the cap at p = {', '.join(map(str, cap))})"
+                                             if cap else "") + " |")
     return "\n".join(rows)

@@ -8,7 +8,10 @@
 Per (method, p): the tuning table (every configuration's samples and time to target on the tune
 split, its score under each network, the choice per network, the runs spent).  Per cell (network,
 condition, p): each method's chosen configuration and its time to target per seed (paired seeds:
-every method ran the same ones) or, where it missed, the error it reached.  Then:
+every method ran the same ones) or, where it did not reach it, the error it reached and why its run
+ended (``stopped``: "cap" for an asynchronous run stopped at ``CAP_TIME`` x the best synchronous
+time of its cell, to save time, since it could not be the fastest; "horizon" for one that went its
+whole horizon and missed; "diverged").  Then:
 
 * **the fastest** of a cell: the lowest mean time among the methods that reached the target in
   every seed; **tied** with it: every such method not clearly slower, i.e. whose paired difference
@@ -23,8 +26,9 @@ every method ran the same ones) or, where it missed, the error it reached.  Then
 * **the crossover** per (network, condition): at each p the family first (synchronous: all-reduce,
   local SGD; asynchronous: EASGD, A-SGD, pull gossip, push-sum), by the paired comparison of each
   family's fastest method, or a tie; a family that missed the target at a p loses it to one that
-  reached it; every change along p as a bracket [p_i, p_j], and in ``BOOT`` paired resamples of
-  the seeds (per cell) the share of every outcome, "no crossing in range" included.
+  reached it (*decided by the cap* where a method of it was stopped there: ``decided_by_cap``, per
+  cell and in the report's count); every change along p as a bracket [p_i, p_j], and in ``BOOT``
+  paired resamples of the seeds (per cell) the share of every outcome, "no crossing in range" included.
 * **the noise scale**: steps to target of the tuned all-reduce (and one worker) against the global
   batch B = 8p, fitted to S = S_min (1 + B_noise / B) (McCandlish et al. 2018), with a bootstrap
   interval; and B_simple measured directly at the target (``noise_scale.py``), which p is read
@@ -41,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from . import claims as C
+from . import markdown as M
 from . import study as X
 from .markdown import SHORT, secs
 
@@ -95,20 +100,26 @@ def cell(st: X.Study, p: int, network: str, condition: str) -> dict:
                 t = X.seconds_to(r, network, condition)
                 per[s] = dict(seconds=t, samples=r["samples_to_target"], final_error=r["final_error"],
                               epochs=r["epochs"], diverged=r["diverged"],
-                              curve=[[v["samples"], v["error"]] for v in r["curve"]])
+                              curve=[[v["samples"], v["error"]] for v in r["curve"]],
+                              stopped=X.stopped(r, t), end_seconds=X.end_seconds(r, network, condition))
         if not per:
             continue
         times = {s: v["seconds"] for s, v in per.items() if v["seconds"] is not None}
+        best_sync = None if X.is_sync(m) else st.cell_sync_best(p, network, condition)
         rows[m] = dict(config=c, flags=" ".join(X.flags(m, c, p)), seeds=per,
                        reached_all=len(times) == len(per) and set(X.SEEDS) <= set(per),
                        mean_seconds=mean(list(times.values())) if len(times) == len(per) else None,
-                       final_error=mean([v["final_error"] for v in per.values()]))
+                       final_error=mean([v["final_error"] for v in per.values()]),
+                       capped=sum(v["stopped"] == "cap" for v in per.values()),
+                       cap_seconds=None if best_sync is None else X.CAP_TIME * best_sync)
     out = dict(workers=p, network=network, condition=condition, methods=rows, fastest=None, tied=[],
                missing=[m for m in methods if len(rows.get(m, {}).get("seeds", {})) < len(X.SEEDS)],
                searching=searching)
     best, tied = rank_rows(rows)
     if best is not None:
         out.update(fastest=best, tied=tied, tied_set=[best, *tied])
+    if p > 1:                                # (the families' call here rests on the cap: said)
+        out["decided_by_cap"] = bool((family_call(rows) or {}).get("by_cap"))
     return out
 
 
@@ -133,8 +144,9 @@ def family_call(rows: dict) -> dict | None:
     """At one p: the asynchronous family against the synchronous one, each by its fastest method
     that reached the target in every seed (``claims.compare``: paired seeds, the
     expanded interval, a tie within 25% on too few seeds); a family none of whose methods reached
-    it loses to one that did (its runs stopped at twice the synchronous time), and None when
-    neither did.  ``family``: "sync", "async" or "tie"."""
+    it loses to one that did, and None when neither did.  ``family``: "sync", "async" or "tie";
+    ``by_cap``: the call was decided by the cap (a method of the losing family had its runs stopped
+    at ``CAP_TIME`` x the best synchronous time, ``capped``, rather than missing the target)."""
     c = C.compare(rows, X.ASYNC, C.SYNC_SIDE)
     if c["outcome"] == "neither":
         return None
@@ -183,7 +195,7 @@ def crossover(cells: dict[int, dict], rng) -> dict:
         counts[o] = counts.get(o, 0) + 1
     shares = {k: v / BOOT for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
     per_p = {p: {k: c.get(k) for k in ("family", "claim", "other", "claim_mean", "other_mean", "diff", "lo",
-                                       "hi", "seeds", "few")} for p, c in calls.items()}
+                                       "hi", "seeds", "few", "by_cap", "capped")} for p, c in calls.items()}
     return dict(outcome=point, shares=shares, per_p=per_p)
 
 
@@ -350,11 +362,43 @@ def analyse(st: X.Study | None = None, seed: int = 0) -> dict:
                                              rng(f"{n}/{c}"))
     out.update(cells=cells, map=fastest, crossovers=crossings, noise_scale=noise_scale(st, rng("noise")))
     out["verdicts"] = C.claims(out, st)
+    out["decided_by_cap"] = cap_count(out, st)
     out["workload"] = workload(out["noise_scale"])
     out["left"] = dict(ready=len(ready), waiting=len(waiting),
                        ready_hours=sum(r.cost for r in ready) / 3600)
     out["foreign_records"] = len(st.foreign)          # (of another commit than the pinned one: left out)
     return out
+
+
+def cap_count(res: dict, st: X.Study) -> dict:
+    """What the cap decided: the cells whose families' call it decided (``cells``; p > 1), the
+    verdicts it decided (``verdicts``: claim / network / condition, with the p), and how the reported
+    seeds ended (``seeds``: "target", "cap", "horizon" or "diverged", counted over the cells'
+    synchronous rows, a run in every cell it serves; their asynchronous rows; and the authors'
+    asynchronous rows, every p and condition); ``least_over_fastest``: the least time a seed stopped
+    at the cap had run, over its cell's fastest mean time."""
+    seeds: dict[str, dict[str, int]] = {"sync": {}, "async": {}, "authors": {}}
+    rows = [("sync" if X.is_sync(m) else "async", r) for cl in res["cells"].values()
+            for m, r in cl["methods"].items()]
+    rows += [("authors", r) for p in X.WORKERS for c in X.AUTHORS_CONDITIONS
+             for m, r in C.authors_rows(st, p, c).items() if not X.is_sync(m)]
+    for fam, r in rows:
+        for v in r["seeds"].values():
+            seeds[fam][v["stopped"]] = seeds[fam].get(v["stopped"], 0) + 1
+    cells = [k for k, cl in res["cells"].items() if cl.get("decided_by_cap")]
+    verdicts = [dict(claim=v["claim"], network=v["network"], condition=v["condition"], p=v["decided_by_cap"])
+                for v in res["verdicts"] if v.get("decided_by_cap")]
+    # (the cells where no asynchronous method missed the target at its horizon: every one was capped)
+    only = [k for k in cells if all(X.stops(r) == "cap" for m, r in res["cells"][k]["methods"].items()
+                                    if m in X.ASYNC)]
+    # how far the seeds stopped at the cap had run: their last validation over the cell's fastest
+    # mean (the cap is set in whole epochs by a speed measured in the tuning or timing runs)
+    ran = [v["end_seconds"] / cl["methods"][cl["fastest"]]["mean_seconds"] for cl in res["cells"].values()
+           if cl["fastest"] for r in cl["methods"].values() for v in r["seeds"].values()
+           if v["stopped"] == "cap" and v["end_seconds"] is not None]
+    return dict(cap_time=X.CAP_TIME, cells=cells, verdicts=verdicts, n_cells=len(cells),
+                n_cells_every_method=len(only), n_verdicts=len(verdicts), seeds=seeds,
+                least_over_fastest=min(ran, default=None))
 
 
 def study_file(res: dict) -> dict:
@@ -365,7 +409,7 @@ def study_file(res: dict) -> dict:
                      missing=v["missing"],
                      methods={m: dict({f: r[f] for f in keep},
                                       seeds={str(s): dict(seconds=x["seconds"], samples=x["samples"],
-                                                         final_error=x["final_error"],
+                                                         final_error=x["final_error"], stopped=x["stopped"],
                                                          **({"curve": x["curve"]} if X.is_sync(m) else {}))
                                              for s, x in r["seeds"].items()})
                               for m, r in v["methods"].items()})
@@ -388,7 +432,8 @@ COLORS = {"single": "#999999", "allreduce": "#1f77b4", "localsgd": "#6baed6", "e
 
 def figure(res: dict, path: Path, provisional: bool = False) -> None:
     """The map as one figure: a panel per network (stacked), conditions by p, each cell the fastest method's
-    colour (a hatched cell: others tie with it), its mean time to target written in."""
+    colour (a hatched cell: others tie with it), its mean time to target written in (marked where the
+    families' call was decided by the cap)."""
     import matplotlib  # noqa: PLC0415
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -404,6 +449,7 @@ def figure(res: dict, path: Path, provisional: bool = False) -> None:
                                        hatch="//" if cl and cl.get("tied") else None))
                 label = ("—" if not cl else "miss" if best is None
                          else secs(cl["methods"][best]["mean_seconds"]))
+                label += "" if not cl or not cl.get("decided_by_cap") else M.CAP_MARK
                 label += "" if not cl or cl["complete"] else "*"
                 r, g, b = matplotlib.colors.to_rgb(COLORS.get(best, "white"))
                 ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
@@ -416,9 +462,12 @@ def figure(res: dict, path: Path, provisional: bool = False) -> None:
     axes[-1, 0].set_xlabel("workers p")
     fig.legend(handles=[Patch(facecolor=v, label=SHORT[k]) for k, v in COLORS.items()], loc="lower center",
                ncol=(len(COLORS) + 1) // 2, fontsize=8, frameon=False)
+    capped = any(cl.get("decided_by_cap") for cl in res["cells"].values())
     fig.suptitle(("provisional (*: the cell's runs are not all in): " if provisional else "")
                  + f"fastest to {res['target_error']:.0%} error (hatched: others tie)\n"
-                 "simulated seconds of each profile's GPUs and network", fontsize=10)
+                 "simulated seconds of each profile's GPUs and network"
+                 + (f"\n{M.CAP_MARK}: decided by the cap (the asynchronous runs stopped at "
+                    f"{X.CAP_TIME:g}× the best synchronous time)" if capped else ""), fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 0.96))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -41,7 +41,7 @@ the driver's plan repeats that until no new method is close).  The authors' rows
 Horizons: a tuning run ends at ``CAP_SAMPLES`` x the samples the most sample-efficient
 configuration at that p needed; a reported asynchronous run at ``CAP_TIME`` x the best synchronous
 method's time in its cell (a method that needs more cannot be the fastest; it is reported with
-the error it reached).
+the error it reached, as *stopped at the cap*, not as a miss: ``stopped``).
 """
 from __future__ import annotations
 
@@ -210,6 +210,40 @@ def seconds_to(rec: dict, network: str, condition: str) -> float | None:
     if (rec["network"], rec["condition"]) != (network, condition):
         return None
     return interpolate(rec["curve"], "seconds")
+
+
+def end_seconds(rec: dict, network: str, condition: str) -> float | None:
+    """A record's clock at its last validation under (network, condition), as ``seconds_to``
+    reads it: a run that did not reach the target would have needed more than that."""
+    if is_sync(rec["method"]):
+        times = rec.get("retimed", {}).get(f"{network}/{condition}")
+        return float(times[-1]) if times else None
+    return float(rec["curve"][-1]["seconds"]) if rec["curve"] else None
+
+
+def stopped(rec: dict, seconds: float | None) -> str:
+    """Why a reported run (a sweep or an authors' row) ended, given its time to target in its cell
+    (None: not reached): "target"; "diverged"; "cap", an asynchronous run whose horizon was set by
+    ``CAP_TIME`` x the best synchronous time of its cell (``sweep_epochs``, ``authors_epochs``) and
+    came before ``MAX_EPOCHS``: stopped there to save time, since it could not be the fastest, not a
+    missed target; else "horizon", a run that went its whole horizon and missed."""
+    if seconds is not None:
+        return "target"
+    if rec.get("diverged"):
+        return "diverged"
+    if rec["kind"] in ("sweep", "authors") and not is_sync(rec["method"]) and rec["epochs"] < MAX_EPOCHS:
+        return "cap"
+    return "horizon"
+
+
+def stops(row: dict) -> str | None:
+    """Why a row of a cell (or an authors' row) did not reach the target in every seed: "cap" when
+    each seed that did not was stopped at the cap (its seeds' ``stopped``), else "missed" (a row
+    without ``stopped``, of an older analysis, reads as before: missed); None when no seed missed."""
+    why = [v.get("stopped") for v in row["seeds"].values() if v["seconds"] is None]
+    if not why:
+        return None
+    return "cap" if all(w == "cap" for w in why) else "missed"
 
 
 # ---------------------------------------------------------------------------------------- the plan

@@ -29,10 +29,13 @@ stragglers); its per-seed results ship as ``study/crossover.json`` (written by
 
 It prints the methods ranked by predicted time to target (mean and range over the seeds, whether
 the study found it tied with the fastest), the settings to use, and the methods that missed the
-target in a seed, with the error they reached.  ``--run`` then checks the two fastest in the
-virtual cluster under the profile itself and the prediction's condition, at its p: one seed each,
-to the target (or 12 epochs), on the study's task (``--data``: the glyphs, ``python
-benchmarks/glyphs.py data/glyphs``); with ``--json`` the checks join the JSON (key ``checks``).
+target in a seed, with the error they reached, or whose runs the study *stopped at the cap* (an
+asynchronous method's runs end at twice the fastest synchronous time of the cell, since it cannot
+be the fastest past that: not a missed target; the seeds' ``stopped``, where the study file has
+it).  ``--run`` then checks the two fastest in the virtual cluster under the profile itself and
+the prediction's condition, at its p: one seed each, to the target (or 12 epochs), on the study's
+task (``--data``: the glyphs, ``python benchmarks/glyphs.py data/glyphs``); with ``--json`` the
+checks join the JSON (key ``checks``).
 """
 from __future__ import annotations
 
@@ -239,6 +242,10 @@ def method_rows(study: dict, cell: dict, p: int, prof: P.Profile, yours, target:
                 times = [None] * len(seeds)
         got = [t for t in times if t is not None]
         reached = len(got) == len(seeds)
+        # why the seeds that did not reach the target ended (a study file without it: None)
+        why = [v.get("stopped") for v, t in zip(seeds.values(), times) if t is None]
+        capped = (None if any("stopped" not in v for v in seeds.values())
+                  else sum(v["stopped"] == "cap" for v in seeds.values()))
         if m == "allreduce" or (sync and not node):
             timing = "exact (re-timed)"
         elif sync:
@@ -250,7 +257,8 @@ def method_rows(study: dict, cell: dict, p: int, prof: P.Profile, yours, target:
                          reached=len(got), mean_seconds=sum(got) / len(got) if reached else None,
                          lo=min(got) if reached else None, hi=max(got) if reached else None,
                          final_error=r["final_error"], tied=m in cell.get("tied_set", []),
-                         timing=timing, network=net))
+                         timing=timing, network=net, capped=capped,
+                         stopped_at_cap=bool(why) and all(w == "cap" for w in why)))
     return rows
 
 
@@ -360,7 +368,8 @@ def show(res: dict, prof: P.Profile) -> str:
     table = []
     for i, r in enumerate(res["rows"], 1):
         if r["mean_seconds"] is None:
-            t = f"missed ({r['reached']}/{r['seeds']} seeds; error {r['final_error']:.0%})"
+            t = (f"{'stopped at the cap' if r.get('stopped_at_cap') else 'missed'} "
+                 f"({r['reached']}/{r['seeds']} seeds; error {r['final_error']:.0%})")
             rank = "-"
         else:
             t = f"{r['mean_seconds']:.4g} [{r['lo']:.4g}-{r['hi']:.4g}] ({r['seeds']} seeds)"
@@ -372,10 +381,16 @@ def show(res: dict, prof: P.Profile) -> str:
     wide = [max(len(row[k]) for row in [head, *table]) for k in range(3)]
     for rank, m, t, settings in [head, *table]:
         out.append(f"  {rank:{wide[0]}s} {m:{wide[1]}s} {t:>{wide[2]}s}  {settings}")
-    if any(r["mean_seconds"] is None for r in res["rows"]):
+    short = [r for r in res["rows"] if r["mean_seconds"] is None]
+    if any(not r.get("stopped_at_cap") for r in short):
         out.append("  missed: not at the target in every seed by the end of the study's runs, with the "
-                   "mean error reached (an asynchronous run stops once it cannot be the fastest: at twice "
-                   "the fastest synchronous method's time)")
+                   "mean error reached" + ("" if all(r.get("capped") is not None for r in short) else
+                                           " (an asynchronous run stops once it cannot be the fastest: at "
+                                           "twice the fastest synchronous method's time)"))
+    if any(r.get("stopped_at_cap") for r in short):
+        out.append("  stopped at the cap: the study stopped the method's runs once it could not be the "
+                   "fastest, at twice the fastest synchronous method's time in its cell, with the mean "
+                   "error reached there: slower than that, not a missed target")
     best = res["rows"][0]
     if best["mean_seconds"] is not None:
         servers = (int(flag_value(best["flags"], "--servers") or 0) if best["method"] in ("easgd", "asgd")
