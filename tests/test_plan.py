@@ -11,6 +11,7 @@ import pytest
 from helpers import ROOT, TINY, run_cli
 from synth import make_dataset
 
+from scalesgd.errors import ConfigError
 from scalesgd.io import files
 from scalesgd.virtual import plan as L
 from scalesgd.virtual import profile as P
@@ -348,3 +349,39 @@ def test_plan_times_node_agents_on_a_profile_of_several_gpus_a_node(made, tmp_pa
     alone = L.predict(made["study"], dataclasses.replace(prof, ranks_per_node=2), 2, "typical")
     assert alone["node_agents"] is None and {r["agents"] for r in alone["rows"]} == {"rank"}
     assert any("fewer than two nodes" in n for n in alone["notes"])
+
+
+def test_plan_times_to_another_target_read_from_the_same_runs(made):
+    """--target ERR at or above the study's own: every time is read from the same validations
+    (all-reduce's re-timed, the asynchronous methods' samples to ERR on their clock), no tie is
+    marked; below the study's target, or 'final' before the final-quality study ships: refused."""
+    st, prof = made["study"], P.load("v100-10gbe-resnet50")
+    own = L.predict(st, prof, 2, "typical")
+    assert L.predict(st, prof, 2, "typical", target=str(st["target_error"]))["rows"] == own["rows"]
+    errs = sorted({e for c in made["runs"]["allreduce"].values() for _, _, e in c})
+    higher = next(e for e in reversed(errs) if e > st["target_error"] + 0.05)
+    res = L.predict(st, prof, 2, "typical", target=higher)
+    assert res["target_error"] == higher and res["study_target"] == st["target_error"]
+    assert any("not the study's own target" in n for n in res["notes"])
+    assert not any(r["tied"] for r in res["rows"])
+    rows = {r["method"]: r for r in res["rows"]}
+    cell = st["cells"]["v100-10gbe-resnet50/typical/p2"]["methods"]
+    yours = P.condition_of(prof, "typical")
+    truth = []
+    for sd, v in cell["allreduce"]["seeds"].items():
+        pts = L.clock(st, METHODS["allreduce"], 2, prof, yours, int(sd), v["curve"][-1][0])
+        truth.append(L.to_target(v["curve"], pts, higher))
+    assert rows["allreduce"]["mean_seconds"] == pytest.approx(sum(truth) / 2, rel=1e-12)
+    before = {r["method"]: r for r in own["rows"]}
+    assert rows["allreduce"]["mean_seconds"] <= before["allreduce"]["mean_seconds"]
+    g = cell["gossip-pull"]["seeds"]["0"]
+    x = L.samples_to(g["curve"], higher)
+    assert x is not None and x <= g["curve"][-1][0]
+    pts = L.clock(st, METHODS["gossip-pull"], 2, prof, yours, 0, x)
+    assert rows["gossip-pull"]["mean_seconds"] == pytest.approx(L.at(pts, x), rel=1e-12)
+    # the study's own samples are this reading at its own target
+    assert L.samples_to(g["curve"], st["target_error"]) == g["samples"]
+    for spec, needle in (("final", "final-quality study"), (st["target_error"] / 2, "stop at its target"),
+                         ("1.5", "between 0 and 1"), ("x", "'final' or a top-1 error")):
+        with pytest.raises(ConfigError, match=needle):
+            L.predict(st, prof, 2, "typical", target=spec)

@@ -215,6 +215,13 @@ def to_target(curve: list, points: list[tuple[float, float]], target: float) -> 
     return None
 
 
+def samples_to(curve: list, target: float) -> float | None:
+    """Global samples at which a run whose validation errors are ``curve`` ([samples, error])
+    first reaches ``target``: linear between the validations around it, as the study reads its
+    runs (its ``samples`` to its own target are this at that target)."""
+    return to_target(curve, [(x, x) for x, _ in curve], target)
+
+
 def method_rows(study: dict, cell: dict, p: int, prof: P.Profile, yours, target: float, net: str,
                 cond: str, node: bool, say) -> list[dict]:
     """Each method of ``cell`` timed on ``prof``'s clock at ``p`` (see the module docstring); with
@@ -234,10 +241,12 @@ def method_rows(study: dict, cell: dict, p: int, prof: P.Profile, yours, target:
                 pts = clock(study, flags, p, prof, yours, int(sd), max(x for x, _ in v["curve"]))
                 times.append(to_target(v["curve"], pts, target))
         else:                             # the nearest studied statistics on your profile's clock
-            need = [v["samples"] for v in seeds.values() if v["samples"] is not None]
+            own = target == study["target_error"]
+            samples = [v["samples"] if own else samples_to(v["curve"], target) for v in seeds.values()]
+            need = [x for x in samples if x is not None]
             if need:
                 pts = clock(study, flags, p, prof, yours, int(next(iter(seeds))), max(need))
-                times = [None if v["samples"] is None else at(pts, v["samples"]) for v in seeds.values()]
+                times = [None if x is None else at(pts, x) for x in samples]
             else:
                 times = [None] * len(seeds)
         got = [t for t in times if t is not None]
@@ -256,17 +265,43 @@ def method_rows(study: dict, cell: dict, p: int, prof: P.Profile, yours, target:
                          settings=describe(m, r["config"], flags), seeds=len(seeds),
                          reached=len(got), mean_seconds=sum(got) / len(got) if reached else None,
                          lo=min(got) if reached else None, hi=max(got) if reached else None,
-                         final_error=r["final_error"], tied=m in cell.get("tied_set", []),
+                         final_error=r["final_error"],
+                         tied=target == study["target_error"] and m in cell.get("tied_set", []),
                          timing=timing, network=net, capped=capped,
                          stopped_at_cap=bool(why) and all(w == "cap" for w in why)))
     return rows
 
 
+def target_of(study: dict, spec) -> float:
+    """The error ``--target`` asks for (None: the study's own).  The study's runs end at its target
+    (a validation at or below it), so a lower error is not in them; ``final`` is the final-quality
+    study's metric, which has not shipped yet."""
+    own = study["target_error"]
+    if spec is None:
+        return own
+    if str(spec) == "final":
+        raise ConfigError("--target final: time to final quality needs the final-quality study "
+                          "(benchmarks/final_study.py), whose results have not shipped yet; "
+                          f"--target {own:g} (the study's own) or a higher error until they do")
+    try:
+        t = float(spec)
+    except ValueError:
+        raise ConfigError(f"--target: 'final' or a top-1 error between 0 and 1, got {spec!r}") from None
+    if not 0 < t < 1:
+        raise ConfigError(f"--target: a top-1 error between 0 and 1, got {spec!r}")
+    if t < own:
+        raise ConfigError(f"--target {spec}: the study's runs stop at its target, {own:g} top-1 error, so "
+                          f"they hold no time to {t:g}; {own:g} or above")
+    return t
+
+
 def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = None,
-            say=lambda msg: None) -> dict:
-    """The ranked prediction for ``workers`` workers on ``prof`` (see the module docstring)."""
+            say=lambda msg: None, target=None) -> dict:
+    """The ranked prediction for ``workers`` workers on ``prof`` (see the module docstring), by
+    time to ``target`` (``target_of``: None is the study's own)."""
     if workers < 1:
         raise ConfigError(f"--workers: at least 1, got {workers}")
+    goal = target_of(study, target)
     cond, cond_note = condition_name(prof, condition)
     yours = P.condition_of(prof, condition)
     cfg = task_config(study)
@@ -306,7 +341,11 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
         still = ", ".join(cell.get("missing", [])) or "more tuning or the extra seeds of the close methods"
         notes.append(f"the study's cell {key} is not complete yet (still to run: {still}): "
                      "the ranking below may change")
-    target = study["target_error"]
+    target = goal
+    if goal != study["target_error"]:
+        notes.append(f"time to {goal:.0%} error, not the study's own target ({study['target_error']:.0%}): "
+                     "read from the same runs' validations (each method's settings and the ties are the "
+                     "study's at its own target: none is marked here)")
     rows = method_rows(study, cell, p, prof, yours, target, net, cond, False, say)
     node = None
     rpn = int(prof.ranks_per_node)
@@ -333,6 +372,7 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
                 ratio=mine["ratio"], network_ratio=nets[net]["ratio"], notes=notes, rows=rows,
                 node_agents=node, ranks_per_node=rpn,
                 complete=study.get("complete", False), target_error=target,
+                study_target=study["target_error"],
                 missing=cell is None, cell_complete=bool(cell) and cell.get("complete", True),
                 task=study.get("task", {}).get("name", "the study's task"))
 
@@ -464,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
                     "epochs, minutes; run directories runs/<time>-plan-<method>-p<p>)")
     ap.add_argument("--data", type=Path, default=Path("data/glyphs/main"), help="--run: the glyph data set "
                     "(default data/glyphs/main: python benchmarks/glyphs.py data/glyphs)")
+    ap.add_argument("--target", help="the top-1 error to time to (default: the study's own, 0.4; a "
+                    "higher one is read from the same runs); 'final', time to final quality, needs the "
+                    "final-quality study, which has not shipped yet")
     ap.add_argument("--json", action="store_true", help="print the prediction as JSON")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="scalesgd: %(message)s", stream=sys.stderr)
@@ -471,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         prof = P.load(a.profile)
         study = load_study(a.study)
         res = predict(study, prof, a.workers, a.condition,
-                      say=lambda msg: print(f"scalesgd: {msg}", file=sys.stderr, flush=True))
+                      say=lambda msg: print(f"scalesgd: {msg}", file=sys.stderr, flush=True), target=a.target)
         if not a.json:
             print(show(res, prof), flush=True)
         try:
