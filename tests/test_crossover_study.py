@@ -888,3 +888,17 @@ def test_the_shipped_study_reads_from_its_packs():
     final = json.loads((X.ROOT / "results" / "crossover.json").read_text())
     pin = json.loads((shipped / "pin.json").read_text())["commit"]
     assert len(recs) == final["runs"] and {r["commit"] for r in recs.values()} == {pin}
+
+
+def test_the_map_reads_p_in_noise_scale_units():
+    """A row of 8p / B_noise (and / B_simple in brackets) under each network's table, from the
+    study's noise scale; an unresolved fit leaves B_simple alone; neither: no row."""
+    res = dict(workers=[1, 2, 128], noise_scale=dict(resolved=True, b_noise=800.0,
+                                                     measured=dict(b_simple=400.0)))
+    row, text = M.noise_units(res)
+    assert row == "| *8p / B_noise (/ B_simple)* | 0.01 (0.02) | 0.02 (0.04) | 1.3 (2.6) |"
+    assert "B_noise ≈ 800" in text and "B_simple ≈ 400" in text
+    row, text = M.noise_units(dict(res, noise_scale=dict(resolved=False, b_noise=5.0,
+                                                         measured=dict(b_simple=400.0))))
+    assert row == "| *8p / B_simple* | 0.02 | 0.04 | 2.6 |" and "B_noise" not in text
+    assert M.noise_units(dict(res, noise_scale={})) is None

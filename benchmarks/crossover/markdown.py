@@ -140,16 +140,42 @@ def shares_text(shares: dict[str, float]) -> str:
         for k, v in shares.items()) + ")"
 
 
+def noise_units(res: dict, batch: int = 8) -> tuple[str, str] | None:
+    """The map's p in noise-scale units: a table row of the global batch ``batch`` x p over the
+    fitted B_noise (where the fit is resolved) and over the measured B_simple, and the sentence
+    that says so (None: the study has neither)."""
+    ns = res.get("noise_scale") or {}
+    bn = ns.get("b_noise") if ns.get("resolved") else None
+    bs = (ns.get("measured") or {}).get("b_simple")
+    if not bn and not bs:
+        return None
+    names = [name for name, b in (("B_noise", bn), ("B_simple", bs)) if b]
+    row = (f"| *{batch}p / " + " (/ ".join(names) + ")" * (len(names) - 1) + "* | "
+           + " | ".join(" (".join(f"{batch * p / b:.2g}" for b in (bn, bs) if b) + ")" * (len(names) - 1)
+                        for p in res["workers"]) + " |")
+    said = [f"the fitted B_noise ≈ {bn:.0f}" if bn else "", f"the measured B_simple ≈ {bs:.0f}" if bs else ""]
+    text = ("The last row of each network's table reads p in noise-scale units: the global batch "
+            f"{batch}p over " + ", and in brackets over ".join(x for x in said if x)
+            + " (the noise scale: section 11). Another workload's map is read at its own global batch over "
+            "its own noise scale, not at its number of GPUs.")
+    return row, text
+
+
 def map_markdown(res: dict) -> str:
     """Per network: the fastest method (or the tied set) by condition and p, then each condition's
     crossover with the bootstrap share of its outcomes."""
     out = []
+    units = noise_units(res)
+    if units:
+        out += [units[1], ""]
     for n in res["networks"]:
         out += [f"**{n}**", "", "| condition | " + " | ".join(f"p = {p}" for p in res["workers"]) + " |",
                 "|---|" + "---|" * len(res["workers"])]
         for c in res["conditions"]:
             out.append(f"| {c} | " + " | ".join(cell_text(res["cells"].get(f"{n}/{c}/p{p}"))
                                              for p in res["workers"]) + " |")
+        if units:
+            out.append(units[0])
         out.append("")
         if any(v.get("decided_by_cap") for k, v in res["cells"].items() if k.startswith(f"{n}/")):
             out += [CAP_LEGEND, ""]
