@@ -39,12 +39,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from crossover import driver, store
@@ -228,56 +225,30 @@ def execute(run: tuple, sha: str, wt: Path, data: Path, scratch: Path) -> dict:
         workers, network, condition = PILOT["workers"], PILOT["network"], PILOT["condition"]
         flags = [*PILOT["methods"][method][0], "--lr", f"{rate:g}", *LSW]
     run_dir = scratch / rkey
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
     every = max(0.25, epochs / 16)
-    argv = [sys.executable, "-m", "scalesgd.virtual", "--config", str(wt / "jobs" / "glyphs.toml"),
-            "--data", str(data), *flags, "--schedule", "cosine", "--warmup-epochs", str(WARMUP),
-            "--seed", str(seed), "--workers", str(workers), "--epochs", str(epochs),
-            "--eval-every", f"{every:g}", "--profile", network, "--condition", condition,
-            "--threads", "1", "--run-dir", str(run_dir)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(wt / "src"))
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, cwd=wt, capture_output=True, text=True, env=env)
-    diverged = proc.returncode != 0 and "the training loss became" in proc.stderr
-    if proc.returncode and not diverged:
-        raise RuntimeError(f"{rkey}: {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+    got = driver.glyph_run(wt, rkey, run_dir, [
+        "--data", str(data), *flags, "--schedule", "cosine", "--warmup-epochs", str(WARMUP),
+        "--seed", str(seed), "--workers", str(workers), "--epochs", str(epochs),
+        "--eval-every", f"{every:g}", "--profile", network, "--condition", condition])
+    diverged = got["diverged"]
     curve = [dict(samples=v["global_samples"], seconds=v["train_seconds"], error=1 - v["val_top1_accuracy"])
              for v in driver.vals(run_dir)]
-    shown = [a.replace(str(wt) + "/", "").replace(str(ROOT) + "/", "") for a in argv[2:]]
     rec = dict(key=rkey, kind=kind, method=method, workers=workers, epochs=epochs, seed=seed,
-               network=network, condition=condition, argv=shown, diverged=diverged,
+               network=network, condition=condition, argv=got["argv"], diverged=diverged,
                final_error=curve[-1]["error"] if curve and not diverged else 0.9, curve=curve,
-               commit=sha, real_seconds=time.perf_counter() - t0)
+               commit=sha, real_seconds=time.perf_counter() - got["t0"])
     store.write(RESULTS, rkey, rec)
     shutil.rmtree(run_dir, ignore_errors=True)
     return rec
 
 
 def piece(minutes: float, jobs: int, data: Path, scratch: Path) -> int:
-    sha = pinned() or sys.exit("final_epochs: no pinned commit yet: python benchmarks/final_epochs.py pin")
+    sha = pinned() or sys.exit("final_study: no pinned commit yet: python benchmarks/final_study.py pin")
     wt = driver.tree(sha)
     tune = driver.data_dirs(data)["tune"]
-    deadline = time.monotonic() + 60 * minutes
-    with ThreadPoolExecutor(jobs) as pool:
-        running: dict = {}
-        while True:
-            taken = set(running.values())
-            todo = [r for r in plan(records()) if r not in taken]
-            while todo and len(running) < jobs:
-                run = todo.pop(0)
-                if time.monotonic() + 1.2 * run_cost(run) > deadline:
-                    continue
-                running[pool.submit(execute, run, sha, wt, tune, scratch)] = run
-                print(f"[{time.strftime('%H:%M:%S')}] start {run}", flush=True)
-            if not running:
-                break
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for f in done:
-                running.pop(f)
-                rec = f.result()
-                print(f"[{time.strftime('%H:%M:%S')}] done  {rec['key']}: final error "
-                      f"{rec['final_error']:.4f}, {rec['real_seconds']:.0f} s real", flush=True)
+    driver.run_pool(jobs, minutes, lambda: plan(records()), lambda r: execute(r, sha, wt, tune, scratch),
+                    run_cost, str, lambda r, rec: (f"{rec['key']}: final error {rec['final_error']:.4f}, "
+                                                   f"{rec['real_seconds']:.0f} s real"))
     return status()
 
 
@@ -337,15 +308,6 @@ def summary() -> dict:
     return out
 
 
-def pin(commit: str) -> int:
-    sha = subprocess.run(["git", "rev-parse", commit], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.strip()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    PIN.write_text(json.dumps({"commit": sha}) + "\n")
-    print(f"pinned {sha}")
-    return 0
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=("pin", "run", "status", "report"))
@@ -356,7 +318,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scratch", type=Path, default=ROOT / "runs" / "final")
     a = ap.parse_args(argv)
     if a.what == "pin":
-        return pin(a.commit)
+        return driver.pin(a.commit, RESULTS, pinned(), "final_study")
     if a.what == "run":
         return piece(a.minutes, a.jobs, a.data, a.scratch)
     if a.what == "report":

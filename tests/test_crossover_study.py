@@ -902,3 +902,22 @@ def test_the_map_reads_p_in_noise_scale_units():
                                                          measured=dict(b_simple=400.0))))
     assert row == "| *8p / B_simple* | 0.02 | 0.04 | 2.6 |" and "B_noise" not in text
     assert M.noise_units(dict(res, noise_scale={})) is None
+
+
+def test_the_pool_runs_what_is_ready_as_records_open_more_and_keeps_to_the_deadline(capsys):
+    """run_pool (both studies' pieces): what ready() lists, at most ``jobs`` at a time, read again
+    after each finish (a record opens the next run); a run that would end past the deadline waits."""
+    done: list = []
+
+    def ready():
+        opened = [("a", 1), ("b", 1)] + ([("c", 2)] if ("a", 1) in done else []) \
+            + ([("late", 10_000)] if len(done) >= 2 else [])
+        return [r for r in opened if r not in done]
+
+    def start(r):
+        done.append(r)
+        return {"key": r[0]}
+    n = D.run_pool(2, 1.0, ready, start, lambda r: r[1], lambda r: r[0], lambda r, rec: rec["key"])
+    assert n == 3 and sorted(done) == [("a", 1), ("b", 1), ("c", 2)]
+    out = capsys.readouterr().out
+    assert out.count("start ") == 3 and out.count("done ") == 3 and "late" not in out

@@ -50,32 +50,43 @@ def data_dirs(data: Path) -> dict[str, Path]:
             "time": timing / "main"}
 
 
-def execute(run: S.Run, sha: str, wt: Path, dirs: dict[str, Path], scratch: Path) -> dict:
-    """One virtual run from the pinned tree; re-timed under every (network, condition) if its
-    arithmetic ignores the clock; writes and returns its record."""
-    run_dir = scratch / run.key
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
+def glyph_run(wt: Path, name: str, run_dir: Path, args: list[str]) -> dict:
+    """``python -m scalesgd.virtual --config jobs/glyphs.toml ARGS --threads 1 --run-dir RUN_DIR``
+    from the pinned tree ``wt`` (one BLAS thread, its code on the path; ``run_dir`` made empty
+    first).  A failure other than a divergence raises with the command and its stderr.  Returns
+    ``diverged``, ``why`` (the divergence's last line), ``argv`` (as recorded: no local paths),
+    ``env`` (for a re-timing) and the clock's start ``t0``."""
+    shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "scalesgd.virtual", "--config", str(wt / "jobs" / "glyphs.toml"),
-            "--data", str(dirs[run.kind]), *S.flags(run.method, run.config, run.workers),
-            "--seed", str(run.seed), "--workers", str(run.workers), "--epochs", str(run.epochs),
-            "--eval-every", str(S.EVAL_EVERY), "--profile", run.network, "--condition", run.condition,
+    argv = [sys.executable, "-m", "scalesgd.virtual", "--config", str(wt / "jobs" / "glyphs.toml"), *args,
             "--threads", "1", "--run-dir", str(run_dir)]
-    # (P3's runs go their whole horizon: its exchanges, its final error)
-    if run.kind not in ("time", "extra"):
-        argv += ["--stop-at-error", str(S.TARGET)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(wt / "src"))
     t0 = time.perf_counter()
     proc = subprocess.run(argv, cwd=wt, capture_output=True, text=True, env=env)
     diverged = proc.returncode != 0 and "the training loss became" in proc.stderr
     if proc.returncode and not diverged:
-        raise RuntimeError(f"{run.key}: {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{name}: {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
     shown = [a.replace(str(wt) + "/", "").replace(str(S.ROOT) + "/", "") for a in argv[2:]]
-    rec = summarize(run, run_dir, shown, diverged, proc.stderr.strip().splitlines()[-1:] if diverged else [])
+    return dict(diverged=diverged, why=proc.stderr.strip().splitlines()[-1:] if diverged else [],
+                argv=shown, env=env, t0=t0)
+
+
+def execute(run: S.Run, sha: str, wt: Path, dirs: dict[str, Path], scratch: Path) -> dict:
+    """One virtual run from the pinned tree; re-timed under every (network, condition) if its
+    arithmetic ignores the clock; writes and returns its record."""
+    run_dir = scratch / run.key
+    args = ["--data", str(dirs[run.kind]), *S.flags(run.method, run.config, run.workers),
+            "--seed", str(run.seed), "--workers", str(run.workers), "--epochs", str(run.epochs),
+            "--eval-every", str(S.EVAL_EVERY), "--profile", run.network, "--condition", run.condition]
+    # (P3's runs go their whole horizon: its exchanges, its final error)
+    if run.kind not in ("time", "extra"):
+        args += ["--stop-at-error", str(S.TARGET)]
+    got = glyph_run(wt, run.key, run_dir, args)
+    diverged = got["diverged"]
+    rec = summarize(run, run_dir, got["argv"], diverged, got["why"])
     if S.is_sync(run.method) and run.kind != "time" and not diverged:
-        rec["retimed"] = retime(run_dir, wt, env)
-    rec.update(commit=sha, real_seconds=time.perf_counter() - t0)
+        rec["retimed"] = retime(run_dir, wt, got["env"])
+    rec.update(commit=sha, real_seconds=time.perf_counter() - got["t0"])
     store.write(S.RESULTS, run.key, rec)
     shutil.rmtree(run_dir, ignore_errors=True)
     return rec
@@ -124,33 +135,45 @@ def summarize(run: S.Run, run_dir: Path, argv: list[str], diverged: bool, why: l
                 worker_steps=virt.get("worker_steps"), curve=curve)
 
 
-def piece(minutes: float, jobs: int, data: Path, scratch: Path) -> int:
-    sha = S.commit()
-    wt = tree(sha)
-    dirs = data_dirs(data)
+def run_pool(jobs: int, minutes: float, ready, start, cost, name, said) -> int:
+    """Runs what ``ready()`` lists (read again after every finish, so a run's record can open the
+    next), at most ``jobs`` at a time, and none that would end past ``minutes`` from now (its
+    ``cost(run)`` seconds, with a fifth to spare): ``start(run)`` does one and returns its record;
+    ``name(run)`` and ``said(run, record)`` are its start and end lines.  Runs must compare equal
+    when they are the same run (a frozen dataclass, a tuple).  Returns the runs finished."""
     deadline = time.monotonic() + 60 * minutes
     done = 0
     with ThreadPoolExecutor(jobs) as pool:
         running: dict = {}
         while True:
-            taken = {r.key for r in running.values()}
-            todo = [r for r in S.Study().plan()[0] if r.key not in taken]
+            taken = list(running.values())
+            todo = [r for r in ready() if r not in taken]
             while todo and len(running) < jobs:
                 r = todo.pop(0)
-                if time.monotonic() + r.cost * 1.2 > deadline:
+                if time.monotonic() + 1.2 * cost(r) > deadline:
                     continue
-                running[pool.submit(execute, r, sha, wt, dirs, scratch)] = r
-                print(f"[{time.strftime('%H:%M:%S')}] start {r.key} ({r.epochs} epochs)", flush=True)
+                running[pool.submit(start, r)] = r
+                print(f"[{time.strftime('%H:%M:%S')}] start {name(r)}", flush=True)
             if not running:
-                break
+                return done
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for f in finished:
                 r = running.pop(f)
                 rec = f.result()
                 done += 1
-                print(f"[{time.strftime('%H:%M:%S')}] done  {r.key}: error {rec['final_error']:.3f}, "
-                      f"samples to target {rec['samples_to_target']}, {rec['real_seconds']:.0f} s real"
-                      + (" (diverged)" if rec["diverged"] else ""), flush=True)
+                print(f"[{time.strftime('%H:%M:%S')}] done  {said(r, rec)}", flush=True)
+
+
+def piece(minutes: float, jobs: int, data: Path, scratch: Path) -> int:
+    sha = S.commit()
+    wt = tree(sha)
+    dirs = data_dirs(data)
+    run_pool(jobs, minutes, lambda: S.Study().plan()[0],
+             lambda r: execute(r, sha, wt, dirs, scratch), lambda r: r.cost,
+             lambda r: f"{r.key} ({r.epochs} epochs)",
+             lambda r, rec: (f"{r.key}: error {rec['final_error']:.3f}, samples to target "
+                             f"{rec['samples_to_target']}, {rec['real_seconds']:.0f} s real"
+                             + (" (diverged)" if rec["diverged"] else "")))
     status()
     return 0
 
@@ -266,14 +289,17 @@ def projection(st: S.Study, ready: list[S.Run], waiting: list[str], total: float
     return "\n".join(lines)
 
 
-def pin(sha: str) -> int:
+def pin(sha: str, results: Path | None = None, pinned: str | None = None, label: str = "crossover") -> int:
+    """Pins the commit every run of a study uses (``results``/pin.json; default the crossover
+    study's).  A study runs from one commit: refused while records of another pinned one exist."""
+    results = S.RESULTS if results is None else results
+    old = S.pinned() if pinned is None and results == S.RESULTS else pinned
     full = subprocess.run(["git", "rev-parse", sha], cwd=S.ROOT, capture_output=True, text=True,
                           check=True).stdout.strip()
-    pin_file, old = S.RESULTS / S.PIN.name, S.pinned()
-    if old is not None and old != full and store.any_records(S.RESULTS):
-        sys.exit(f"crossover: records of {old[:12]} exist; "
+    if old is not None and old != full and store.any_records(results):
+        sys.exit(f"{label}: records of {old[:12]} exist; "
                  "a study runs from one commit (move them away to start another)")
-    pin_file.parent.mkdir(parents=True, exist_ok=True)
-    pin_file.write_text(json.dumps({"commit": full}) + "\n")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / S.PIN.name).write_text(json.dumps({"commit": full}) + "\n")
     print(f"pinned {full}")
     return 0
