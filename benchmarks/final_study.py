@@ -280,6 +280,30 @@ def status() -> int:
     return 0
 
 
+# The study this metric is for, as the crossover study's issue asks it (a planning count, not a
+# measurement): p = 8-128 on 5 networks under 3 conditions; 6 methods, each tuned at 3 rates x 2
+# seeds per p; the synchronous two's reported runs (5 seeds) re-timed under every network and
+# condition; the asynchronous four run under each, 5 seeds at p <= 32 and 3 above.
+DESIGN = dict(p=(8, 16, 32, 64, 128), networks=5, conditions=3, methods=6, sync=2, tune_rates=3,
+              tune_seeds=2, seeds_small=5, seeds_large=3)
+
+
+def design_runs(d: dict = DESIGN) -> dict:
+    """Runs of ``DESIGN``: tuning, the synchronous reported runs, the asynchronous ones."""
+    small = sum(p <= 32 for p in d["p"])
+    seeds = small * d["seeds_small"] + (len(d["p"]) - small) * d["seeds_large"]
+    return dict(tune=d["methods"] * len(d["p"]) * d["tune_rates"] * d["tune_seeds"],
+                sync=d["sync"] * seeds,
+                async_=(d["methods"] - d["sync"]) * d["networks"] * d["conditions"] * seeds)
+
+
+def seconds_per_epoch(recs: dict) -> float | None:
+    """The least real seconds an epoch took in any run so far (two runs at a time on this
+    machine's two cores): a planning figure."""
+    got = [r["real_seconds"] / r["epochs"] for r in recs.values()]
+    return min(got) if got else None
+
+
 def summary() -> dict:
     """What ``report`` writes (results/final-study.json): every budget's final errors per seed and
     their mean, the plateau per method and E; the pilot's table once E is known; machine-hours."""
@@ -293,6 +317,10 @@ def summary() -> dict:
                epochs=epochs, plateau={m: st["methods"][m]["plateau"] for m in METHODS}, E=st["E"],
                runs=len(recs), machine_hours=sum(r["real_seconds"] for r in recs.values()) / 3600,
                pilot=None)
+    spe, counts = seconds_per_epoch(recs), design_runs()
+    total = sum(counts.values())
+    out["projection"] = dict(seconds_per_epoch=spe, design=DESIGN, runs=counts, total_runs=total,
+                             hours={str(e): None if spe is None else total * e * spe / 3600 for e in EPOCHS})
     if st["E"] is not None:
         f = fstar(recs, st["E"])
         grids = {m: [r for r in pilot_grid(recs, m, st["E"])[0]

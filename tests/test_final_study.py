@@ -88,3 +88,12 @@ def test_the_pilot_tunes_all_reduce_by_final_error_then_push_sum_by_time_to_its_
     row = table["pushsum-ov"]["rates"][pbase[-1]]
     assert row["to_quality"] == [pytest.approx(45.0 + 45.0 * (0.5 - 0.16) / (0.5 - 0.155))] * 2
     assert table["pushsum-ov"]["rates"][rates[-1]]["to_quality"] == [None, None]
+
+
+def test_the_projection_counts_the_issues_design_at_each_budget():
+    """Tuning 6 methods x 5 p x 3 rates x 2 seeds; reported seeds 5 at p <= 32 and 3 above: the
+    synchronous two's once (re-timed), the asynchronous four's under 5 networks x 3 conditions."""
+    n = F.design_runs()
+    assert n == dict(tune=180, sync=2 * (3 * 5 + 2 * 3), async_=4 * 15 * (3 * 5 + 2 * 3))
+    recs = {"a": dict(real_seconds=400.0, epochs=8), "b": dict(real_seconds=150.0, epochs=4)}
+    assert F.seconds_per_epoch(recs) == 37.5 and F.seconds_per_epoch({}) is None
