@@ -337,6 +337,9 @@ def test_plan_times_node_agents_on_a_profile_of_several_gpus_a_node(made, tmp_pa
     assert "statistics of" in rows["gossip-pull", "node"]["timing"] and "flat" in rows["gossip-pull", "node"][
         "timing"]
     assert any("timed both flat (one agent a rank" in n for n in res["notes"])
+    # its ratio is far outside the studied ones because its ranks share the link (it has stands_for)
+    assert any("ranks a node share its link" in n for n in res["notes"])
+    assert not any("without stands_for" in n for n in res["notes"])
     first = next(r for r in res["rows"] if r["mean_seconds"] is not None)
     text = L.show(res, prof)
     assert "method (agents)" in text and "as node agents (2 nodes of 2)" in text
@@ -345,6 +348,12 @@ def test_plan_times_node_agents_on_a_profile_of_several_gpus_a_node(made, tmp_pa
     forced = dict(res, rows=[ar, *[r for r in res["rows"] if r is not ar]])
     use = next(ln for ln in L.show(forced, prof).splitlines() if ln.strip().startswith("use:"))
     assert "--method allreduce" in use and use.count("--hierarchy node") == 1 and "keep each node's 2" in use
+    # the fastest method's other form is not marked as tied with it
+    shown = L.show(dict(forced, rows=[dict(r, tied=True) for r in forced["rows"]]), prof).splitlines()
+    assert not any("allreduce (rank)" in ln and "tied with the fastest" in ln for ln in shown)
+    others = [f"{r['method']} ({r['agents']})" for r in forced["rows"]
+              if r["method"] != "allreduce" and r["mean_seconds"] is not None]
+    assert all(any(o in ln and "tied with the fastest" in ln for ln in shown) for o in others)
     # fewer than two nodes at p: flat only, said
     alone = L.predict(made["study"], dataclasses.replace(prof, ranks_per_node=2), 2, "typical")
     assert alone["node_agents"] is None and {r["agents"] for r in alone["rows"]} == {"rank"}

@@ -333,10 +333,12 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
         notes.append(cond_note + " (the asynchronous methods' statistics; every clock is your condition's)")
     lo, hi = min(v["ratio"] for v in nets.values()), max(v["ratio"] for v in nets.values())
     if not lo / 2 <= mine["ratio"] <= 2 * hi:
+        why = ("a profile without stands_for times the study's small model as itself: "
+               "docs/virtual.md#profiles" if prof.stands_for is None else
+               f"your {prof.ranks_per_node} ranks a node share its link: the node agents' balance is "
+               "on its own line" if prof.ranks_per_node > 1 else "your network against your GPUs")
         notes.append(f"your ratio of communication to compute ({mine['ratio']:.3g}) lies outside the studied "
-                     f"{lo:.3g}-{hi:.3g}: the asynchronous methods' statistics are an extrapolation "
-                     "(a profile without stands_for times the study's small model as itself: "
-                     "docs/virtual.md#profiles)")
+                     f"{lo:.3g}-{hi:.3g}: the asynchronous methods' statistics are an extrapolation ({why})")
     if cell and not cell.get("complete", True):
         still = ", ".join(cell.get("missing", [])) or "more tuning or the extra seeds of the close methods"
         notes.append(f"the study's cell {key} is not complete yet (still to run: {still}): "
@@ -414,7 +416,9 @@ def show(res: dict, prof: P.Profile) -> str:
         else:
             t = f"{r['mean_seconds']:.4g} [{r['lo']:.4g}-{r['hi']:.4g}] ({r['seeds']} seeds)"
             rank = str(i)
-        tie = "  (tied with the fastest)" if r["tied"] and i > 1 else ""
+        # (the fastest method's other form is not "tied" with it: the ties are between methods)
+        tie = ("  (tied with the fastest)" if r["tied"] and i > 1 and r["method"] != res["rows"][0]["method"]
+               else "")
         who = f"{r['method']} ({r['agents']})" if node else r["method"]
         table.append((rank, who, t, r["settings"] + tie))
     head = ("rank", "method (agents)" if node else "method", "time to target (s)", "settings")
