@@ -16,12 +16,22 @@ rule (linear scaling, 0.03536 per 8 images of global batch: a peak of 1.13), eac
 worktree, as the crossover study's); their arithmetic does not depend on the clock, so one profile
 serves (``a100-ib100-resnet50``, condition none).
 
-**The plateau rule.**  E is the smallest budget in ``EPOCHS`` whose mean final error (over the
-seeds) is within ``DELTA`` / 2 of the next budget's (twice as long), for both methods: a longer
-schedule would buy less than half the study's tolerance δ = ``DELTA``.  A doubling is run only
-while the last one still improved by more than that.
+**The plateau rule.**  The plateau is the smallest budget in ``EPOCHS`` whose mean final error
+(over the seeds) is within ``DELTA`` / 2 of the next budget's (twice as long), for both methods: a
+longer schedule would buy less than half the study's tolerance δ = ``DELTA``.  A doubling is run
+only while the last one still improved by more than that.  ``fit`` puts ``a + b E^-c`` through the
+budgets measured and says where the rule would stop (its asymptote ``a`` is the error an endless
+schedule would reach).
 
-**The pilot** (``PILOT``), once E is known: all-reduce against overlapped push-sum (SGP's form) at
+**The study's budget E = ``BUDGET`` is not the plateau**, and says so.  At 32 epochs the last
+doublings still bought 2.2 (one worker) and 1.4 points (all-reduce); the fit puts the plateau at
+64-128 epochs, 4-8x the cost of 16, where the issue's study is already 4x its 60 machine-hours (the
+projection below).  So E is a budget, as the papers' 90 epochs are, the same for every method, and
+a guard stands in for the plateau: the pilot's chosen configurations run again at ``CHECK`` = 2E,
+and E serves the study only if the pilot's verdict (which method reaches the quality first) holds
+there (``check``).  The 64-epoch runs that test the fit come after the pilot.
+
+**The pilot** (``PILOT``), at E: all-reduce against overlapped push-sum (SGP's form) at
 p = 32 on the 10 GbE V100 profile under the typical condition, where the crossover study at its
 early target had push-sum needing 2.2x all-reduce's samples and 1.5x faster per sample.  Each
 method gets the same search: its rate chosen there by the early-target study (linear scaling, a
@@ -44,6 +54,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from crossover import driver, store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +74,8 @@ METHODS = {"single": (1, ["--method", "single", "--lr", "0.04205"]),
 
 
 TARGET = 0.40               # the early target, kept for comparison
+BUDGET = 16                 # the study's E (the docstring says why it is not the plateau)
+CHECK = 32                  # the pilot's choices run again at this budget: the verdict must hold
 EDGE_MORE = 2
 PILOT = dict(network="v100-10gbe-resnet50", condition="typical", workers=32,
              # method -> (its flags but the rate, the early-target study's chosen rate at that cell)
@@ -191,19 +205,90 @@ def plateau(recs: dict) -> dict:
     return dict(methods=out, E=max(both) if None not in both else None)
 
 
+def fit(errors: dict) -> dict | None:
+    """The curve ``a + b * E**-c`` through {E: mean final error} (least squares; c on a grid of
+    0.01, a and b solved for each c): the asymptote ``a``, and the plateau it predicts, the first
+    budget in the doubling sequence from EPOCHS[0] whose doubling buys at most DELTA / 2.  None with
+    fewer than 4 budgets (3 parameters need a residual to be a fit)."""
+    if len(errors) < 4:
+        return None
+    e = np.array(sorted(errors), dtype=float)
+    y = np.array([errors[k] for k in sorted(errors)], dtype=float)
+    best = None
+    for c in np.arange(0.05, 3.0, 0.01):
+        A = np.stack([np.ones_like(e), e ** -c], axis=1)
+        (a, b), *_ = np.linalg.lstsq(A, y, rcond=None)
+        sse = float(np.sum((A @ [a, b] - y) ** 2))
+        if best is None or sse < best[0]:
+            best = (sse, float(a), float(b), float(c))
+    sse, a, b, c = best
+    at = EPOCHS[0]
+    while b * at ** -c * (1 - 2 ** -c) > DELTA / 2 and at < 2 ** 20:
+        at *= 2
+    return dict(asymptote=a, b=b, c=c, rms=(sse / len(e)) ** 0.5, plateau=at)
+
+
+def verdict(recs: dict, epochs: int, rates: dict) -> dict | None:
+    """All-reduce against push-sum at ``epochs``, each at its rate in ``rates``: per method the mean
+    final error, the seconds to quality (F* + DELTA, F* all-reduce's mean final error there; None
+    when a seed never reaches it) and to the early target; the method faster to quality and
+    push-sum's time and error against all-reduce's.  None while a run is missing."""
+    rows = {}
+    for m, r in rates.items():
+        got = [recs.get(pilot_key(m, r, epochs, s)) for s in SEEDS]
+        if r is None or any(g is None for g in got):
+            return None
+        rows[m] = got
+    f = float(np.mean([g["final_error"] for g in rows["allreduce"]]))
+
+    def mean_to(got, target):
+        t = [interpolate(g["curve"], target) for g in got]
+        return None if None in t else float(np.mean(t))
+    out = {m: dict(rate=rates[m], final_error=float(np.mean([g["final_error"] for g in got])),
+                   to_quality=mean_to(got, f + DELTA), to_target=mean_to(got, TARGET))
+           for m, got in rows.items()}
+    reach = {m: v["to_quality"] for m, v in out.items() if v["to_quality"] is not None}
+    ar, ps = out["allreduce"], out["pushsum-ov"]
+    return dict(epochs=epochs, fstar=f, methods=out, faster=min(reach, key=reach.get) if reach else None,
+                time_ratio=None if None in (ar["to_quality"], ps["to_quality"])
+                else ps["to_quality"] / ar["to_quality"],
+                error_gap=ps["final_error"] - ar["final_error"])
+
+
+def check(recs: dict) -> dict:
+    """The pilot's verdict at ``BUDGET`` and, at the same chosen rates, at ``CHECK``; ``holds`` when
+    the same method is faster to quality at both (None until both are in)."""
+    rates = {m: chosen(recs, m, BUDGET) for m in PILOT["methods"]}
+    at = {e: None if None in rates.values() else verdict(recs, e, rates) for e in (BUDGET, CHECK)}
+    both = None not in at.values()
+    return dict(rates=rates, budget=at[BUDGET], check=at[CHECK],
+                holds=(at[BUDGET]["faster"] == at[CHECK]["faster"]) if both else None)
+
+
 def plan(recs: dict) -> list[tuple]:
-    """The runs ready now: every seed of the next budget each method needs (the first budget
-    with a seed missing, while no plateau is found) as ("epochs", method, E, seed); once E is
-    known, the pilot's as ("pilot", method, rate, E, seed)."""
+    """The runs ready now, in order: the pilot's search at ``BUDGET`` as ("pilot", method, rate,
+    E, seed); once a method's search is over, its choice at ``CHECK`` (every seed); then every seed
+    of the next budget the plateau still needs, as ("epochs", method, E, seed)."""
+    out = []
+    for m in PILOT["methods"]:
+        rates, over = pilot_grid(recs, m, BUDGET)
+        out += [("pilot", m, r, BUDGET, s) for r in rates for s in SEEDS
+                if pilot_key(m, r, BUDGET, s) not in recs]
+        if over:
+            c = chosen(recs, m, BUDGET)
+            out += [("pilot", m, c, CHECK, s) for s in SEEDS if pilot_key(m, c, CHECK, s) not in recs]
     st = plateau(recs)
-    out = [("epochs", m, e, s) for m in METHODS for e in st["methods"][m]["todo"] for s in SEEDS
-           if key(m, e, s) not in recs]
-    if st["E"] is not None:
-        for m in PILOT["methods"]:
-            rates, _ = pilot_grid(recs, m, st["E"])
-            out += [("pilot", m, r, st["E"], s) for r in rates for s in SEEDS
-                    if pilot_key(m, r, st["E"], s) not in recs]
-    return out
+    return out + [("epochs", m, e, s) for m in METHODS for e in st["methods"][m]["todo"] for s in SEEDS
+                  if key(m, e, s) not in recs]
+
+
+def chosen(recs: dict, method: str, epochs: int) -> float | None:
+    """``method``'s chosen rate at ``epochs`` once its search there is over (None before)."""
+    rates, over = pilot_grid(recs, method, epochs)
+    if not over:
+        return None
+    quality = None if method == "allreduce" else fstar(recs, epochs)
+    return pilot_table(recs, epochs, {method: rates}, quality=quality)[method]["chosen"]
 
 
 def run_cost(run: tuple) -> float:
@@ -252,31 +337,48 @@ def piece(minutes: float, jobs: int, data: Path, scratch: Path) -> int:
     return status()
 
 
+def pilot_now(recs: dict) -> tuple[float | None, dict]:
+    """F* at ``BUDGET`` (None before all-reduce's search is over) and the pilot's table of the rates
+    with every seed in."""
+    f = fstar(recs, BUDGET)
+    grids = {m: [r for r in pilot_grid(recs, m, BUDGET)[0]
+                 if all(pilot_key(m, r, BUDGET, s) in recs for s in SEEDS)] for m in PILOT["methods"]}
+    return f, pilot_table(recs, BUDGET, {m: g for m, g in grids.items() if g}, quality=f) or {}
+
+
 def status() -> int:
     recs = records()
     st = plateau(recs)
     for m, v in st["methods"].items():
         errs = ", ".join(f"E={e}: {x:.2%}" for e, x in v["errors"].items())
+        ft = fit(v["errors"])
         print(f"{m}: mean final error {errs or 'none yet'}; plateau "
-              f"{v['plateau'] if v['plateau'] is not None else 'not decided'}")
+              f"{v['plateau'] if v['plateau'] is not None else 'not reached'}"
+              + ("" if ft is None else f"; fitted asymptote {ft['asymptote']:.2%}, plateau by the fit "
+                 f"E = {ft['plateau']}"))
     hours = sum(r["real_seconds"] for r in recs.values()) / 3600
-    print(f"E = {st['E'] if st['E'] is not None else 'not decided'}; {len(recs)} runs, "
-          f"{hours:.2f} machine-hours; ready: {len(plan(recs))}")
-    if st["E"] is not None:
-        f = fstar(recs, st["E"])
-        grids = {m: [r for r in pilot_grid(recs, m, st["E"])[0]
-                     if all(pilot_key(m, r, st["E"], s) in recs for s in SEEDS)] for m in PILOT["methods"]}
-        table = pilot_table(recs, st["E"], grids, quality=f)
-        print(f"pilot at p = {PILOT['workers']}, {PILOT['network']} / {PILOT['condition']}, E = {st['E']}: "
-              f"F* = {'not yet' if f is None else f'{f:.2%}'} (all-reduce's best final error)")
-        for m, v in (table or {}).items():
-            for r, row in v["rates"].items():
-                fe = ", ".join(f"{x:.2%}" for x in row["final_error"])
-                tq = ", ".join("-" if x is None else f"{x:.0f}" for x in row["to_quality"])
-                tt = ", ".join("-" if x is None else f"{x:.0f}" for x in row["to_target"])
-                mark = "  <- chosen" if r == v["chosen"] else ""
-                print(f"  {m} L{r:g}: final error {fe}; s to F* + {DELTA:.0%}: {tq}; s to "
-                      f"{TARGET:.0%}: {tt}{mark}")
+    print(f"the study's E = {BUDGET} (checked at {CHECK}); {len(recs)} runs, {hours:.2f} machine-hours; "
+          f"ready: {len(plan(recs))}")
+    f, table = pilot_now(recs)
+    print(f"pilot at p = {PILOT['workers']}, {PILOT['network']} / {PILOT['condition']}, E = {BUDGET}: "
+          f"F* = {'not yet' if f is None else f'{f:.2%}'} (all-reduce's best final error)")
+    for m, v in table.items():
+        for r, row in v["rates"].items():
+            fe = ", ".join(f"{x:.2%}" for x in row["final_error"])
+            tq = ", ".join("-" if x is None else f"{x:.0f}" for x in row["to_quality"])
+            tt = ", ".join("-" if x is None else f"{x:.0f}" for x in row["to_target"])
+            mark = "  <- chosen" if r == v["chosen"] else ""
+            print(f"  {m} L{r:g}: final error {fe}; s to F* + {DELTA:.0%}: {tq}; s to "
+                  f"{TARGET:.0%}: {tt}{mark}")
+    ck = check(recs)
+    for name in ("budget", "check"):
+        v = ck[name]
+        if v is not None:
+            ratio = "-" if v["time_ratio"] is None else f"{v['time_ratio']:.2f}x"
+            print(f"  E = {v['epochs']}: faster to F* + {DELTA:.0%} = {v['faster']}; push-sum's time / "
+                  f"all-reduce's {ratio}, its final error {100 * v['error_gap']:+.2f} points")
+    if ck["holds"] is not None:
+        print(f"the verdict at E = {BUDGET} {'holds' if ck['holds'] else 'does not hold'} at E = {CHECK}")
     return 0
 
 
@@ -306,7 +408,8 @@ def seconds_per_epoch(recs: dict) -> float | None:
 
 def summary() -> dict:
     """What ``report`` writes (results/final-study.json): every budget's final errors per seed and
-    their mean, the plateau per method and E; the pilot's table once E is known; machine-hours."""
+    their mean, the plateau per method (measured and fitted); the study's E; the pilot's table at
+    it and its check; the projection; machine-hours."""
     recs = records()
     st = plateau(recs)
     epochs = {m: {str(e): dict(seeds=[recs[key(m, e, s)]["final_error"] for s in SEEDS],
@@ -314,25 +417,21 @@ def summary() -> dict:
                   for e in EPOCHS if e in st["methods"][m]["errors"]} for m in METHODS}
     out = dict(experiment="final-study", commit=pinned(), delta=DELTA, seeds=list(SEEDS),
                methods={m: dict(workers=METHODS[m][0], flags=" ".join(METHODS[m][1])) for m in METHODS},
-               epochs=epochs, plateau={m: st["methods"][m]["plateau"] for m in METHODS}, E=st["E"],
-               runs=len(recs), machine_hours=sum(r["real_seconds"] for r in recs.values()) / 3600,
-               pilot=None)
+               epochs=epochs, plateau={m: st["methods"][m]["plateau"] for m in METHODS},
+               fit={m: fit(st["methods"][m]["errors"]) for m in METHODS}, E=BUDGET, check_E=CHECK,
+               runs=len(recs), machine_hours=sum(r["real_seconds"] for r in recs.values()) / 3600)
     spe, counts = seconds_per_epoch(recs), design_runs()
     total = sum(counts.values())
     out["projection"] = dict(seconds_per_epoch=spe, design=DESIGN, runs=counts, total_runs=total,
                              hours={str(e): None if spe is None else total * e * spe / 3600 for e in EPOCHS})
-    if st["E"] is not None:
-        f = fstar(recs, st["E"])
-        grids = {m: [r for r in pilot_grid(recs, m, st["E"])[0]
-                     if all(pilot_key(m, r, st["E"], s) in recs for s in SEEDS)] for m in PILOT["methods"]}
-        over = {m: pilot_grid(recs, m, st["E"])[1] for m in PILOT["methods"]}
-        table = pilot_table(recs, st["E"], grids, quality=f) or {}
-        out["pilot"] = dict(PILOT, methods={m: dict(flags=" ".join(v[0]), early_rate=v[1])
-                                            for m, v in PILOT["methods"].items()},
-                            fstar=f, search_over=over,
-                            table={m: dict(chosen=v["chosen"],
-                                           rates={f"{r:g}": row for r, row in v["rates"].items()})
-                                   for m, v in table.items()})
+    f, table = pilot_now(recs)
+    out["pilot"] = dict(PILOT, methods={m: dict(flags=" ".join(v[0]), early_rate=v[1])
+                                        for m, v in PILOT["methods"].items()},
+                        fstar=f, search_over={m: pilot_grid(recs, m, BUDGET)[1] for m in PILOT["methods"]},
+                        table={m: dict(chosen=v["chosen"],
+                                       rates={f"{r:g}": row for r, row in v["rates"].items()})
+                               for m, v in table.items()},
+                        check=check(recs))
     return out
 
 

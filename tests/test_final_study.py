@@ -28,8 +28,10 @@ def test_the_plateau_is_the_first_budget_whose_doubling_buys_under_half_the_tole
     assert st["methods"]["single"]["plateau"] == 8            # 8 -> 16 gained 0.4 points <= 0.5
     assert st["methods"]["allreduce"]["plateau"] is None and st["methods"]["allreduce"]["todo"] == [16]
     assert st["E"] is None
-    # only the next budget of the undecided method is ready, every seed of it
-    assert F.plan(recs) == [("epochs", "allreduce", 16, s) for s in F.SEEDS]
+    # only the next budget of the undecided method is ready, every seed of it, after the pilot's runs
+    todo = F.plan(recs)
+    assert [r for r in todo if r[0] == "epochs"] == [("epochs", "allreduce", 16, s) for s in F.SEEDS]
+    assert todo[-len(F.SEEDS):] == [("epochs", "allreduce", 16, s) for s in F.SEEDS]
     recs.update(epochs_recs({("allreduce", 16): 0.17}))       # 8 -> 16 gained a point: go on
     assert F.plateau(recs)["methods"]["allreduce"]["todo"] == [32]
     recs.update(epochs_recs({("allreduce", 32): 0.168}))
@@ -39,6 +41,19 @@ def test_the_plateau_is_the_first_budget_whose_doubling_buys_under_half_the_tole
     del recs[F.key("allreduce", 32, F.SEEDS[1])]
     assert F.plateau(recs)["E"] is None
     assert ("epochs", "allreduce", 32, F.SEEDS[1]) in F.plan(recs)
+
+
+def test_the_fit_finds_the_asymptote_and_where_the_rule_would_stop():
+    a, b, c = 0.10, 0.5, 0.7
+    errs = {e: a + b * e ** -c for e in (4, 8, 16, 32)}
+    ft = F.fit(errs)
+    assert ft["asymptote"] == pytest.approx(a, abs=2e-3) and ft["c"] == pytest.approx(c, abs=0.02)
+    # the first budget 4 * 2^k whose doubling gains <= DELTA / 2, from the true curve
+    at = 4
+    while b * at ** -c * (1 - 2 ** -c) > F.DELTA / 2:
+        at *= 2
+    assert ft["plateau"] == at and ft["rms"] < 1e-3
+    assert F.fit({4: 0.2, 8: 0.15, 16: 0.13}) is None
 
 
 def test_time_to_quality_is_interpolated_between_validations():
@@ -51,12 +66,11 @@ def test_time_to_quality_is_interpolated_between_validations():
 
 
 def test_the_pilot_tunes_all_reduce_by_final_error_then_push_sum_by_time_to_its_quality():
-    E = 16
+    E = F.BUDGET
     ar, ps = F.PILOT["methods"]["allreduce"][1], F.PILOT["methods"]["pushsum-ov"][1]
     recs = epochs_recs({("single", 4): 0.23, ("single", 8): 0.19, ("single", 16): 0.17,
                         ("single", 32): 0.168, ("allreduce", 4): 0.24, ("allreduce", 8): 0.2,
                         ("allreduce", 16): 0.18, ("allreduce", 32): 0.178})
-    assert F.plateau(recs)["E"] == E
     todo = F.plan(recs)
     base = [float(f"{ar * f:.4g}") for f in (0.5, 1, 2)]
     assert [r for r in todo if r[1] == "allreduce"] == [("pilot", "allreduce", r, E, s)
@@ -77,7 +91,9 @@ def test_the_pilot_tunes_all_reduce_by_final_error_then_push_sum_by_time_to_its_
             recs[F.pilot_key("pushsum-ov", r, E, s)] = rec(err, secs)
     rates, over = F.pilot_grid(recs, "pushsum-ov", E)
     assert rates == [*pbase, float(f"{pbase[-1] * 2:.4g}")] and not over
-    assert [r[2] for r in F.plan(recs)] == [rates[-1]] * len(F.SEEDS)
+    # ready: all-reduce's choice at CHECK (its search is over), push-sum's rate past the edge
+    assert [r[1:4] for r in F.plan(recs) if r[0] == "pilot"] == [("allreduce", base[1], F.CHECK)] * len(
+        F.SEEDS) + [("pushsum-ov", rates[-1], E)] * len(F.SEEDS)
     # ... which misses the quality: the choice stays, the search is over
     for s in F.SEEDS:
         recs[F.pilot_key("pushsum-ov", rates[-1], E, s)] = rec(0.30, 50.0)
@@ -88,6 +104,24 @@ def test_the_pilot_tunes_all_reduce_by_final_error_then_push_sum_by_time_to_its_
     row = table["pushsum-ov"]["rates"][pbase[-1]]
     assert row["to_quality"] == [pytest.approx(45.0 + 45.0 * (0.5 - 0.16) / (0.5 - 0.155))] * 2
     assert table["pushsum-ov"]["rates"][rates[-1]]["to_quality"] == [None, None]
+    # both searches over: each choice runs again at CHECK, every seed, before the plateau's runs
+    assert F.chosen(recs, "allreduce", E) == base[1] and F.chosen(recs, "pushsum-ov", E) == pbase[-1]
+    todo = F.plan(recs)
+    assert todo[:2 * len(F.SEEDS)] == [("pilot", "allreduce", base[1], F.CHECK, s) for s in F.SEEDS] + [
+        ("pilot", "pushsum-ov", pbase[-1], F.CHECK, s) for s in F.SEEDS]
+    ck = F.check(recs)
+    assert ck["budget"]["faster"] == "pushsum-ov" and ck["check"] is None and ck["holds"] is None
+    assert ck["budget"]["time_ratio"] == pytest.approx(row["to_quality"][0] / (100 + 100 * 0.34 / 0.35))
+    assert ck["budget"]["error_gap"] == pytest.approx(0.005)
+    # at CHECK all-reduce ends at 0.12 in 400 s; push-sum at 0.135 in 300 s misses 0.13: the verdict
+    # (push-sum first) does not hold, and the next runs are the plateau's
+    for s in F.SEEDS:
+        recs[F.pilot_key("allreduce", base[1], F.CHECK, s)] = rec(0.12, 400.0)
+        recs[F.pilot_key("pushsum-ov", pbase[-1], F.CHECK, s)] = rec(0.135, 300.0)
+    ck = F.check(recs)
+    assert ck["check"]["fstar"] == pytest.approx(0.12) and ck["check"]["faster"] == "allreduce"
+    assert ck["check"]["time_ratio"] is None and ck["holds"] is False
+    assert all(r[0] == "epochs" for r in F.plan(recs))
 
 
 def test_the_projection_counts_the_issues_design_at_each_budget():
