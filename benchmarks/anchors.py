@@ -30,6 +30,7 @@ from pathlib import Path
 
 from benchlib import git_commit
 
+from scalesgd.choices import SERVER_METHODS
 from scalesgd.launch import make_parser, resolve_config
 from scalesgd.virtual import profile as P
 from scalesgd.virtual.run import run as vrun
@@ -38,6 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 IMAGENET_TRAIN = 1_281_167
 GOAL = 0.25                      # |predicted / published - 1| within this: the goal met
 RESNET50 = {"model": "resnet50", "image_size": 224}
+RESNET101 = {"model": "resnet101", "image_size": 224}
+HOROVOD = ("Horovod's README of 2017-09-05 (github.com/horovod/horovod, commit d54e3a8), first table "
+           "(16 GPUs)")
+HOROVOD64 = HOROVOD.replace("first table (16 GPUs)", "second table (64 GPUs)")
 
 
 def per_iteration(hours: float, epochs: int, global_batch: int) -> float:
@@ -78,6 +83,31 @@ CLUSTERS["p100x8-fdr2"] = {
     "compute_source": "as p100x8-50gbe: Goyal et al.'s 8-GPU P100 baseline (Caffe2; this row's ChainerMN "
                       "publishes no single-server speed); PCIe between a node's GPUs taken as 16 GB/s",
     "link_gbps": 89.6, "latency_us": 2, "intra_gbps": 128}
+
+# Horovod's two benchmarks: ResNet-101 at 64 images a GPU (TensorFlow), each table's own one-GPU
+# baseline the GPU's speed (the rows under test are its multi-GPU rows)
+PASCAL = dict(reference=RESNET101, stands_for={**RESNET101, "batch_size": 64}, ranks_per_node=4,
+              intra_gbps=128, mem_gbps=732)
+CLUSTERS["pascal4-25gbe"] = dict(
+    PASCAL, description="4 servers of 4 Pascal GPUs, RoCE-capable 25 Gbit/s Ethernet at 80% efficiency: "
+                        "Horovod's first benchmark",
+    images_per_second=119.4,
+    compute_source=HOROVOD + ": 'Baseline single-GPU (batch size=64)', ResNet-101, 119.4 images/s; "
+                   "the Pascal model is not named (P100's memory taken) nor the link inside a server "
+                   "(PCIe, 16 GB/s, taken)",
+    link_gbps=20, latency_us=5)
+CLUSTERS["pascal4-40gbe"] = dict(
+    PASCAL, description="16 servers of 4 Pascal GPUs, plain 40 Gbit/s Ethernet (TCP) at 80% efficiency: "
+                        "Horovod's second benchmark",
+    images_per_second=136.0,
+    compute_source=HOROVOD64 + ": 'Baseline single-GPU (batch size=64)', ResNet-101, 136.0 images/s; "
+                   "the rest as pascal4-25gbe",
+    link_gbps=32, latency_us=25)
+
+
+def per_image(images_per_second: float, gpus: int, batch: int = 64) -> float:
+    """Seconds per iteration of ``gpus`` GPUs at ``batch`` images each, from images/s."""
+    return gpus * batch / images_per_second
 
 
 SGP = "--method gossip --gossip push --gossip-graph exponential --hierarchy node"
@@ -124,6 +154,28 @@ ROWS = [
          source="Akiba et al. 2017, abstract: ResNet-50, 90 epochs in 15 minutes on 1024 P100, batch 32k",
          network="2 x FDR InfiniBand", method="all-reduce", comparable=True,
          note="ChainerMN's ring all-reduce; the precision of the compute is not stated in the abstract"),
+    dict(key="horovod-nccl-16", cluster="pascal4-25gbe", gpus=16, flags="--method allreduce",
+         published=per_image(1746.2, 16), source=HOROVOD + ": RDMA Horovod (allreduce on GPU with NCCL), "
+         "ResNet-101, 1,746.2 images/s", network="25 GbE (RoCE)", method="all-reduce", comparable=True,
+         note="NCCL's all-reduce with Horovod's tensor fusion, under backward as this program's buckets "
+              "are; the TCP row of the same table (1,685.1 images/s) has the same prediction"),
+    dict(key="horovod-nccl-64", cluster="pascal4-40gbe", gpus=64, flags="--method allreduce",
+         published=per_image(7741.6, 64), source=HOROVOD64 + ": TCP Horovod (allreduce on GPU with NCCL), "
+         "ResNet-101, 7,741.6 images/s", network="40 GbE", method="all-reduce", comparable=True,
+         note="as horovod-nccl-16, over plain TCP"),
+    dict(key="tf-ps-16", cluster="pascal4-25gbe", gpus=16, flags="--method asgd --n-sync 1 --servers 4",
+         published=per_image(1168.8, 16), source=HOROVOD + ": Distributed TensorFlow (variables on CPU), "
+         "ResNet-101, 1,168.8 images/s", network="25 GbE (RoCE)",
+         method="parameter servers (A-SGD, n_sync = 1, 4 shards)", comparable=False,
+         note="not comparable: TensorFlow's gRPC parameter servers (the same table has VGG-16 on 16 GPUs "
+              "at 0.6x one GPU), synchronous, their number and placement not stated; predicted as this "
+              "program's A-SGD pushing and fetching every step through 4 server shards, which as ranks "
+              "0-3 fill a node of their own (TensorFlow puts a server beside each server's workers)"),
+    dict(key="tf-ps-64", cluster="pascal4-40gbe", gpus=64, flags="--method asgd --n-sync 1 --servers 16",
+         published=per_image(4269.2, 64), source=HOROVOD64 + ": Distributed TensorFlow (variables on "
+         "CPU), ResNet-101, 4,269.2 images/s", network="40 GbE",
+         method="parameter servers (A-SGD, n_sync = 1, 16 shards)", comparable=False,
+         note="as tf-ps-16, with 16 shards on 4 nodes of their own"),
 ]
 
 
@@ -154,9 +206,11 @@ def predict(row: dict, steps: int, tmp: Path) -> dict:
     finally:
         log.setLevel(level)
     seconds = s["train_seconds"] / steps
-    split = s["time_split_rank0"]
-    return dict(predicted=seconds, steps=steps,
-                split_per_step={k: v / steps for k, v in split.items() if k != "data"})
+    split = {k: v / steps for k, v in s["time_split_rank0"].items() if k != "data"}
+    if cfg.train.method in SERVER_METHODS:       # rank 0 serves: a worker's step is the profile's,
+        step = P.Compute(prof, cfg, 10).seconds  # the rest of its time exchanging or waiting
+        split = dict(compute=step, comm=seconds - step, wait=0.0)
+    return dict(predicted=seconds, steps=steps, split_per_step=split)
 
 
 def differences(rows: list[dict]) -> list[dict]:

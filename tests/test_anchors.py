@@ -19,10 +19,14 @@ def test_every_row_names_a_cluster_that_loads_as_a_profile(tmp_path):
     assert len({r["key"] for r in A.ROWS}) == len(A.ROWS)
     for name in {r["cluster"] for r in A.ROWS}:
         prof = A.profile(name, tmp_path)
-        assert prof.stands_for["model"] == "resnet50" and prof.ranks_per_node == 8, name
+        assert prof.stands_for["model"] in ("resnet50", "resnet101") and prof.ranks_per_node in (4, 8), name
+        assert prof.stands_for["model"] == prof.reference["model"], name   # the step: the source's own
         assert prof.compute_source                     # where the GPU's speed comes from, said
     comparable = [r for r in A.ROWS if r["comparable"]]
-    assert len(comparable) >= 6 and {r["network"] for r in comparable} >= {"10 GbE", "2 x FDR InfiniBand"}
+    assert len(comparable) >= 6 and {r["network"] for r in comparable} >= {"10 GbE", "2 x FDR InfiniBand",
+                                                                            "40 GbE"}
+    methods = " ".join(r["flags"] for r in A.ROWS)
+    assert all(f"--method {m}" in methods for m in ("allreduce", "gossip", "localsgd", "asgd"))
 
 
 def test_a_row_is_predicted_by_a_clock_only_run(tmp_path):
@@ -40,6 +44,18 @@ def test_a_row_is_predicted_by_a_clock_only_run(tmp_path):
     assert row["goal_met"] is (abs(row["ratio"] - 1) <= A.GOAL)
     with pytest.raises(SystemExit):
         A.main(["--only", "no-such-row", "--json", str(out)])
+
+
+def test_a_parameter_server_row_splits_a_workers_step_from_its_exchanges(tmp_path):
+    """Rank 0 of a server method serves and computes nothing: the row's split is a worker's step
+    (the profile's: Horovod's one-GPU ResNet-101 at 64 images) and the rest of the iteration."""
+    out = tmp_path / "anchors.json"
+    assert A.main(["--only", "tf-ps-16", "--steps", "2", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    sp = row["split_per_step"]
+    assert sp["compute"] == pytest.approx(64 / 119.4, rel=1e-6)
+    assert sp["comm"] == pytest.approx(row["predicted"] - sp["compute"]) and sp["comm"] > 0
+    assert row["published"] == pytest.approx(16 * 64 / 1168.8) and row["goal_met"] is None
 
 
 def test_the_differences_between_methods_cancel_the_compute():

@@ -10,7 +10,8 @@ from gradcheck import numeric_grad, rel_error, sample_idx
 
 
 @pytest.mark.parametrize("name,count", [("resnet18", 11_689_512), ("resnet34", 21_797_672),
-                                        ("resnet50", 25_557_032)])
+                                        ("resnet50", 25_557_032), ("resnet101", 44_549_160),
+                                        ("resnet152", 60_192_808)])
 def test_parameter_counts_match_reference(name, count):
     assert ResNet(name, 1000, seed=None).num_params == count
 
@@ -22,8 +23,8 @@ def test_cifar_resnets_have_expected_depth():
         convs = [s for s in m.ps.layout.specs if s.name.endswith(".weight") and len(s.shape) == 4
                  and "downsample" not in s.name]
         assert len(convs) + 1 == 6 * n + 2
-    assert set(ARCHS) == {"resnet18", "resnet34", "resnet50", "resnet8", "resnet20", "resnet32",
-                          "resnet56"}
+    assert set(ARCHS) == {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet8",
+                          "resnet20", "resnet32", "resnet56"}
 
 
 def test_unknown_model_is_a_clear_error():

@@ -35,6 +35,8 @@ ARCHS = {
     "resnet18": Arch("imagenet", "basic", (2, 2, 2, 2), (64, 128, 256, 512)),
     "resnet34": Arch("imagenet", "basic", (3, 4, 6, 3), (64, 128, 256, 512)),
     "resnet50": Arch("imagenet", "bottleneck", (3, 4, 6, 3), (64, 128, 256, 512)),
+    "resnet101": Arch("imagenet", "bottleneck", (3, 4, 23, 3), (64, 128, 256, 512)),
+    "resnet152": Arch("imagenet", "bottleneck", (3, 8, 36, 3), (64, 128, 256, 512)),
     "resnet8": Arch("cifar", "basic", (1, 1, 1), (16, 32, 64)),     # the smallest of He et al.'s 6n+2
     "resnet20": Arch("cifar", "basic", (3, 3, 3), (16, 32, 64)),
     "resnet32": Arch("cifar", "basic", (5, 5, 5), (16, 32, 64)),
