@@ -690,32 +690,36 @@ def anchors(d):
 
 def final_study(d):
     """Time to final quality (final_study.py): each budget's mean final error (per seed) for one
-    worker and all-reduce, the plateau and E; then the pilot's table, once E is known."""
+    worker and all-reduce, the plateau measured and fitted; the pilot's table at the study's E and
+    its verdict there and at the check budget."""
     budgets = sorted({int(e) for v in d["epochs"].values() for e in v})
-    out = ["| method | p | " + " | ".join(f"E = {e}" for e in budgets) + " | plateau |",
-           "|---|---|" + "---|" * (len(budgets) + 1)]
+    out = ["| method | p | " + " | ".join(f"E = {e}" for e in budgets) + " | plateau | fit: asymptote, "
+           "plateau |", "|---|---|" + "---|" * (len(budgets) + 2)]
     for m, per in d["epochs"].items():
         cells = []
         for e in budgets:
             v = per.get(str(e))
             cells.append("—" if v is None else f"{100 * v['mean']:.2f}% ("
                          + ", ".join(f"{100 * x:.2f}" for x in v["seeds"]) + ")")
-        plateau = d["plateau"][m]
+        plateau, ft = d["plateau"][m], (d.get("fit") or {}).get(m)
+        fitted = "—" if ft is None else f"{100 * ft['asymptote']:.1f}%, E = {ft['plateau']}"
         out.append(f"| {m} | {d['methods'][m]['workers']} | " + " | ".join(cells)
-                   + f" | {'not yet' if plateau is None else plateau} |")
+                   + f" | {'not reached' if plateau is None else plateau} | {fitted} |")
     hours = f"{d['runs']} runs, {d['machine_hours']:.2f} machine-hours"
     out += ["", f"Final top-1 error on the tune split after a full schedule of E epochs (mean; each seed); "
-            f"E = {d['E'] if d['E'] is not None else 'not decided yet'}; {hours} (commit {d['commit'][:7]})."]
+            f"the fit: a + b E^-c, its asymptote a and where the plateau rule would stop; the study's "
+            f"E = {d['E']}, checked at {d['check_E']}; {hours} (commit {d['commit'][:7]})."]
     pilot = d.get("pilot")
     if pilot and pilot.get("table"):
         f = pilot["fstar"]
         out += ["", f"Pilot at p = {pilot['workers']}, {pilot['network']} / {pilot['condition']}, "
                 f"E = {d['E']}: "
                 f"F* = {'not yet' if f is None else f'{100 * f:.2f}%'} (all-reduce's best final error); "
-                f"time to quality: to F* + {100 * d['delta']:.0f} point(s).", "",
+                f"time to quality: to F* + {100 * d['delta']:.0f} point(s), simulated seconds.", "",
                 "| method | peak rule | final error % (each seed) | s to quality (each seed) | s to 40% "
                 "| chosen |",
                 "|---|---|---|---|---|---|"]
+
         def fmt(xs, k=0):
             return ", ".join("—" if x is None else f"{x:.{k}f}" for x in xs)
         for m, v in pilot["table"].items():
@@ -723,6 +727,25 @@ def final_study(d):
                 mark = "yes" if float(r) == v["chosen"] else ""
                 out.append(f"| {m} | L{r} | {fmt([100 * x for x in row['final_error']], 2)} | "
                            f"{fmt(row['to_quality'])} | {fmt(row['to_target'])} | {mark} |")
+        ck = pilot.get("check") or {}
+        rows = [ck.get("budget"), ck.get("check")]
+        if any(rows):
+            out += ["", "The verdict at the chosen rates, at E and at the check (means over the seeds):", "",
+                    "| E | F* | method | rate | final error | s to quality | s to 40% | faster to quality "
+                    "| push-sum's time / all-reduce's |", "|---|---|---|---|---|---|---|---|---|"]
+            for v in rows:
+                if v is None:
+                    continue
+                ratio = "—" if v["time_ratio"] is None else f"{v['time_ratio']:.2f}"
+                for m, x in v["methods"].items():
+                    t = "—" if x["to_quality"] is None else f"{x['to_quality']:.0f}"
+                    t40 = "—" if x["to_target"] is None else f"{x['to_target']:.0f}"
+                    out.append(f"| {v['epochs']} | {100 * v['fstar']:.2f}% | {m} | L{x['rate']:g} | "
+                               f"{100 * x['final_error']:.2f}% | {t} | {t40} | {v['faster'] or 'neither'} "
+                               f"| {ratio} |")
+            if ck.get("holds") is not None:
+                out += ["", f"The verdict at E = {d['E']} {'holds' if ck['holds'] else '**does not hold**'} "
+                        f"at E = {d['check_E']}."]
     return "\n".join(out)
 
 

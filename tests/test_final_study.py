@@ -1,6 +1,8 @@
 """``benchmarks/final_study.py``: the plateau rule that sets the budget E, and the pilot's search and
 choice by time to final quality, on records made by hand (the runs themselves are virtual-cluster
 runs like the crossover study's, tested there)."""
+import json
+
 import pytest
 
 import final_study as F
@@ -9,7 +11,7 @@ import final_study as F
 def rec(error: float, seconds: float = 100.0, curve=None) -> dict:
     curve = curve or [dict(samples=1, seconds=seconds / 2, error=0.5),
                       dict(samples=2, seconds=seconds, error=error)]
-    return dict(final_error=curve[-1]["error"], curve=curve, real_seconds=1.0)
+    return dict(final_error=curve[-1]["error"], curve=curve, real_seconds=1.0, epochs=1)
 
 
 def epochs_recs(errors: dict) -> dict:
@@ -131,3 +133,33 @@ def test_the_projection_counts_the_issues_design_at_each_budget():
     assert n == dict(tune=180, sync=2 * (3 * 5 + 2 * 3), async_=4 * 15 * (3 * 5 + 2 * 3))
     recs = {"a": dict(real_seconds=400.0, epochs=8), "b": dict(real_seconds=150.0, epochs=4)}
     assert F.seconds_per_epoch(recs) == 37.5 and F.seconds_per_epoch({}) is None
+
+
+def test_the_report_shows_the_fit_the_pilot_and_whether_its_verdict_holds(monkeypatch):
+    """summary() over records, then report.py's table of it (docs/results.md, section 14)."""
+    import report
+    E, C = F.BUDGET, F.CHECK
+    ar, ps = F.PILOT["methods"]["allreduce"][1], F.PILOT["methods"]["pushsum-ov"][1]
+    recs = epochs_recs({(m, e): err for m in F.METHODS
+                        for e, err in ((4, 0.23), (8, 0.18), (16, 0.155), (32, 0.14))})
+    for r, err in zip([float(f"{ar * f:.4g}") for f in (0.5, 1, 2)], (0.17, 0.15, 0.16)):
+        for s in F.SEEDS:
+            recs[F.pilot_key("allreduce", r, E, s)] = rec(err, 200.0)
+            recs[F.pilot_key("allreduce", r, C, s)] = rec(err - 0.02, 400.0)
+    for r in [float(f"{ps * f:.4g}") for f in (0.5, 1, 2)]:
+        for s in F.SEEDS:
+            recs[F.pilot_key("pushsum-ov", r, E, s)] = rec(0.20 if r == ps else 0.22, 150.0)
+            recs[F.pilot_key("pushsum-ov", r, C, s)] = rec(0.18, 300.0)
+    monkeypatch.setattr(F, "records", lambda: recs)
+    monkeypatch.setattr(F, "pinned", lambda: "0123456789abcdef")
+    d = F.summary()
+    assert d["E"] == E and d["fit"]["single"]["plateau"] >= 32
+    ck = d["pilot"]["check"]
+    assert ck["rates"] == {"allreduce": float(f"{ar:.4g}"), "pushsum-ov": ps}
+    # push-sum misses F* + 1 point (0.16) at E and at the check: all-reduce first at both
+    assert ck["budget"]["faster"] == ck["check"]["faster"] == "allreduce" and ck["holds"] is True
+    assert ck["check"]["fstar"] == pytest.approx(0.13) and ck["budget"]["error_gap"] == pytest.approx(0.05)
+    text = report.final_study(json.loads(json.dumps(d)))
+    assert "| single | 1 | 23.00% (23.20, 22.80) |" in text and "E = 16, checked at 32" in text
+    assert f"| {C} | 13.00% | pushsum-ov | L{ps:g} | 18.00% | — |" in text
+    assert f"The verdict at E = {E} holds at E = {C}." in text
