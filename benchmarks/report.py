@@ -743,6 +743,13 @@ def final_study(d):
                     out.append(f"| {v['epochs']} | {100 * v['fstar']:.2f}% | {m} | L{x['rate']:g} | "
                                f"{100 * x['final_error']:.2f}% | {t} | {t40} | {v['faster'] or 'neither'} "
                                f"| {ratio} |")
+            for v in rows:
+                if v is not None and v["time_ratio"] is None and v["end_ratio"] is not None:
+                    x = 1 / v["end_ratio"]
+                    out += ["", f"At E = {v['epochs']} push-sum misses the quality; its whole schedule takes "
+                            f"{v['end_ratio']:.2f}x all-reduce's time to it ("
+                            + (f"{x:.2f}x faster" if x >= 1 else f"{1 / x:.2f}x slower")
+                            + f") and ends {100 * v['error_gap']:+.2f} points from all-reduce's final error."]
             if ck.get("holds") is not None:
                 out += ["", f"The verdict at E = {d['E']} {'holds' if ck['holds'] else '**does not hold**'} "
                         f"at E = {d['check_E']}."]
