@@ -166,5 +166,5 @@ def test_the_report_shows_the_fit_the_pilot_and_whether_its_verdict_holds(monkey
     # push-sum ends (150 s) before all-reduce reaches the quality: 'faster, points worse'
     t_ar = 100 + 100 * (0.5 - 0.16) / (0.5 - 0.15)
     assert ck["budget"]["end_ratio"] == pytest.approx(150 / t_ar)
-    assert (f"At E = {E} push-sum misses the quality; its whole schedule takes {150 / t_ar:.2f}x all-reduce's "
-            f"time to it ({t_ar / 150:.2f}x faster) and ends +5.00 points") in text
+    assert (f"At E = {E} push-sum misses the quality; its whole schedule takes {150 / t_ar:.2f}x "
+            f"all-reduce's time to it ({t_ar / 150:.2f}x faster) and ends +5.00 points") in text
