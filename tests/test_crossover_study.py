@@ -417,7 +417,7 @@ def test_paired_intervals_and_the_noise_scale():
             "y": dict(reached_all=True, mean_seconds=np.mean(list(b.values())),
                       seeds={s: dict(seconds=v) for s, v in b.items()})}
     c, d = C.compare(rows, ("x",), ("y",)), R.paired_interval(a, b)
-    assert (c["lo"], c["hi"]) == (d["lo"], d["hi"]) and d["lo"] < 0 < d["hi"]
+    assert (c["lo"], c["hi"]) == (d["lo"], d["hi"]) and d["lo"] < 0 < d["hi"] and c["pick"] is None
     assert C.resamples(5).shape == (C.BOOT, 5) and C.resamples(5) is C.resamples(5)
     assert not C.resamples(5).flags.writeable
     assert not np.array_equal(C.resamples(5, 1), C.resamples(5, 2))      # an unpaired ratio's two sides
@@ -553,6 +553,33 @@ def test_the_claims_follow_their_rules_on_the_model(study):
     assert near["outcome"] == "tie" and near["few"] and "fewer than 5 seeds" in C._say(2, near)
     assert C.compare(rows, ("c",), ("b",))["outcome"] == "other"      # a missed seed loses
     assert C.compare(rows, ("c",), ("c",))["outcome"] == "neither"
+
+
+def test_a_sides_pick_is_made_again_inside_every_resample():
+    """Two methods a side: the fastest by its mean is the side's entry, but a rival that is faster
+    in some seeds wins some resamples, so the interval is the picked minimum's, not the entry's
+    alone; a method with fewer seeds (or a missed one) is no candidate; one a side: no change."""
+    def row(xs):
+        return dict(reached_all=None not in xs, mean_seconds=None if None in xs else float(np.mean(xs)),
+                    seeds={s: dict(seconds=x) for s, x in enumerate(xs)})
+    a = [10.0, 10.4, 9.6, 10.2, 9.8]
+    rows = {"x": row(a), "x2": row([10.6, 9.0, 10.8, 9.1, 10.9]),     # mean 10.08 against 10.0
+            "x3": row([20.0, 20.0]), "x4": row([None, 1.0, 1.0, 1.0, 1.0]),
+            "y": row([10.3, 10.1, 10.0, 10.6, 10.2])}
+    seeds = list(range(5))
+    assert C.side_matrix(rows, ("x", "x2", "x3", "x4"), seeds).shape == (2, 5)
+    c = C.compare(rows, ("x", "x2", "x3", "x4"), ("y",))
+    alone = C.compare(rows, ("x",), ("y",))
+    assert c["claim"] == "x" and c["diff"] == alone["diff"] and alone["pick"] is None
+    A, B = c["pick"]
+    idx = C.resamples(5)
+    boot = C.picked(A, B, idx)
+    # the minimum of two resampled means: never above the entry's own, below it where x2 wins
+    own = A[0][idx].mean(axis=1) - B[0][idx].mean(axis=1)
+    assert np.all(boot <= own + 1e-12) and np.any(boot < own - 1e-9)
+    q = 100 * C.tail(5)
+    assert (c["lo"], c["hi"]) == (float(np.percentile(boot, q)), float(np.percentile(boot, 100 - q)))
+    assert c["lo"] < alone["lo"]
 
 
 def test_the_map_claims_and_figure_render(study, tmp_path):

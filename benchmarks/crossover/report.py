@@ -28,7 +28,8 @@ whole horizon and missed; "diverged").  Then:
   family's fastest method, or a tie; a family that missed the target at a p loses it to one that
   reached it (*decided by the cap* where a method of it was stopped there: ``decided_by_cap``, per
   cell and in the report's count); every change along p as a bracket [p_i, p_j], and in ``BOOT``
-  paired resamples of the seeds (per cell) the share of every outcome, "no crossing in range" included.
+  paired resamples of the seeds (per cell; each family's pick made again in every resample,
+  ``claims.picked``) the share of every outcome, "no crossing in range" included.
 * **the noise scale**: steps to target of the tuned all-reduce (and one worker) against the global
   batch B = 8p, fitted to S = S_min (1 + B_noise / B) (McCandlish et al. 2018), with a bootstrap
   interval; and B_simple measured directly at the target (``noise_scale.py``), which p is read
@@ -176,9 +177,10 @@ def sequence_words(seq: list[tuple[int, str]]) -> str:
 
 def crossover(cells: dict[int, dict], rng) -> dict:
     """The family first at each p (``family_call``, ties included) and the changes along p as
-    brackets (``sequence_words``); then, in ``BOOT`` resamples, the share of every outcome: each
-    p's two entries kept (the fastest of each family on all seeds), their common seeds resampled
-    with one index draw for both (paired), the family with the lower resampled mean first."""
+    brackets (``sequence_words``); then, in ``BOOT`` resamples, the share of every outcome: at
+    each p the common seeds of the two entries (the fastest of each family on all seeds) resampled
+    with one index draw for every method (paired), each family's pick made again among its methods
+    that ran them, the family with the lower resampled mean first."""
     ps = [p for p in X.WORKERS if p in cells]
     calls = {p: c for p in ps for c in [family_call(cells[p]["methods"])] if c is not None}
     point = sequence_words([(p, c["family"]) for p, c in calls.items()])
@@ -188,7 +190,8 @@ def crossover(cells: dict[int, dict], rng) -> dict:
             draws[p] = np.full(BOOT, c["family"] == "async")
             continue
         d = c["diffs"]                       # (async - sync, by common seed)
-        draws[p] = d[rng.integers(0, len(d), size=(BOOT, len(d)))].mean(axis=1) < 0
+        idx = rng.integers(0, len(d), size=(BOOT, len(d)))
+        draws[p] = (d[idx].mean(axis=1) if c["pick"] is None else C.picked(*c["pick"], idx)) < 0
     counts: dict[str, int] = {}
     for i in range(BOOT):
         o = sequence_words([(p, "async" if draws[p][i] else "sync") for p in calls])
