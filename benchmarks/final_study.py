@@ -405,6 +405,28 @@ def design_runs(d: dict = DESIGN) -> dict:
                 async_=(d["methods"] - d["sync"]) * d["networks"] * d["conditions"] * seeds)
 
 
+# A cut that the budget allows (a plan, to be judged by the pilot before it runs; the counts from
+# results/crossover.json at the early target): p = 8-32, where every network's crossing lies
+# (p = 64 and 128 join only if the asynchronous family is first or tied at 32); all-reduce and local
+# SGD (the synchronous family, re-timed) and overlapped push-sum, the asynchronous family's entry in
+# 25 of the 29 cells at p >= 8 that had one (pull gossip the other 4); push-sum under `none` and
+# `stragglers` (`typical` made the same family call as `none` at 18 of 21 p); every method tuned
+# at 3 rates x 2 seeds a p, push-sum under each network (`none`), and the tuning's two seeds at the
+# chosen rate reused as two of the 5 reported (edge steps not counted).
+CUT = dict(p=(8, 16, 32), networks=5, async_conditions=2, sync=2, async_methods=1, tune_rates=3,
+           tune_seeds=2, seeds=5)
+
+
+def cut_runs(c: dict = CUT) -> dict:
+    """Runs of ``CUT``: tuning (synchronous once, asynchronous per network), then the reported
+    seeds the tuning did not already give."""
+    n_p, more = len(c["p"]), c["seeds"] - c["tune_seeds"]
+    tuned = c["sync"] + c["async_methods"] * c["networks"]         # (method, network) pairs tuned
+    reported = more + (c["async_conditions"] - 1) * c["seeds"]      # an asynchronous pair's new seeds
+    return dict(tune=tuned * n_p * c["tune_rates"] * c["tune_seeds"], sync=c["sync"] * n_p * more,
+                async_=c["async_methods"] * n_p * c["networks"] * reported)
+
+
 def seconds_per_epoch(recs: dict) -> float | None:
     """The least real seconds an epoch took in any run so far (two runs at a time on this
     machine's two cores): a planning figure."""
@@ -428,8 +450,11 @@ def summary() -> dict:
                runs=len(recs), machine_hours=sum(r["real_seconds"] for r in recs.values()) / 3600)
     spe, counts = seconds_per_epoch(recs), design_runs()
     total = sum(counts.values())
+    cut = cut_runs()
     out["projection"] = dict(seconds_per_epoch=spe, design=DESIGN, runs=counts, total_runs=total,
-                             hours={str(e): None if spe is None else total * e * spe / 3600 for e in EPOCHS})
+                             hours={str(e): None if spe is None else total * e * spe / 3600 for e in EPOCHS},
+                             cut=dict(design=CUT, runs=cut, total_runs=sum(cut.values()),
+                                      hours=None if spe is None else sum(cut.values()) * BUDGET * spe / 3600))
     f, table = pilot_now(recs)
     out["pilot"] = dict(PILOT, methods={m: dict(flags=" ".join(v[0]), early_rate=v[1])
                                         for m, v in PILOT["methods"].items()},

@@ -131,6 +131,9 @@ def test_the_projection_counts_the_issues_design_at_each_budget():
     synchronous two's once (re-timed), the asynchronous four's under 5 networks x 3 conditions."""
     n = F.design_runs()
     assert n == dict(tune=180, sync=2 * (3 * 5 + 2 * 3), async_=4 * 15 * (3 * 5 + 2 * 3))
+    # the cut: 3 p; tuning 2 synchronous methods + push-sum under 5 networks, 3 rates x 2 seeds;
+    # 3 more reported seeds each, and push-sum's 5 under stragglers
+    assert F.cut_runs() == dict(tune=(2 + 5) * 3 * 6, sync=2 * 3 * 3, async_=3 * 5 * (3 + 5))
     recs = {"a": dict(real_seconds=400.0, epochs=8), "b": dict(real_seconds=150.0, epochs=4)}
     assert F.seconds_per_epoch(recs) == 37.5 and F.seconds_per_epoch({}) is None
 
