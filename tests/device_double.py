@@ -289,7 +289,9 @@ def ones(shape, dtype=float) -> ndarray:
 
 
 def matmul(a, b) -> ndarray:
-    return _queued((a.shape[0], b.shape[1]), a.dtype, lambda: a._a @ b._a)
+    """Queued work of a product's shape: its place in the queue is what the self-check uses (work
+    that delays a later write), never its values, so the double does not compute them."""
+    return _queued((a.shape[0], b.shape[1]), a.dtype, lambda: 0)
 
 
 def reset() -> None:

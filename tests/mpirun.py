@@ -4,6 +4,7 @@ The launcher is ``$MPIEXEC`` if set, else the ``mpiexec`` next to this Python (t
 the one on PATH; ``$MPIEXEC_ARGS`` (split like a shell would) goes before ``-n N``, e.g. for Open MPI
 as root on few cores: ``MPIEXEC_ARGS="--allow-run-as-root --oversubscribe"`` (see ``make test-openmpi``).
 """
+import functools
 import os
 import shlex
 import signal
@@ -32,6 +33,22 @@ def mpi_launcher(n: int) -> list[str]:
 
 
 needs_mpi = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec (install the [mpi] extra)")
+
+
+def launcher_says(*argv: str) -> str:
+    """A launcher tool's standard output ("" when it cannot run)."""
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+@functools.lru_cache(maxsize=None)
+def open_mpi() -> bool:
+    """Whether the launcher is Open MPI's (its ``--version``), known before any job starts."""
+    exe = mpiexec()
+    out = launcher_says(exe, "--version") if exe is not None else ""
+    return "Open MPI" in out or "prte" in out.lower()
 
 
 def uses_mpi(test):

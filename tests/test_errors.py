@@ -19,7 +19,8 @@ from synth import make_dataset
 
 from scalesgd.io import checkpoint as ckpt
 
-pytestmark = [needs_mpi, pytest.mark.mpi]
+# one worker for the module: its module-scoped fixture (runs made once) is built once under -n 2
+pytestmark = [needs_mpi, pytest.mark.mpi, pytest.mark.xdist_group("errors")]
 
 
 def tree_digest(d: Path) -> dict:

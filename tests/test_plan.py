@@ -31,6 +31,9 @@ METHODS = {"allreduce": "--method allreduce --lr 0.1",
            "gossip-pull": "--method gossip --gossip pull --lr 0.1",
            "easgd": "--method easgd --lr 0.1 --tau 2 --servers 2"}
 
+# one worker for the module: its module-scoped fixture (runs made once) is built once under -n 2
+pytestmark = pytest.mark.xdist_group("plan")
+
 
 def vrun(data, run_dir, flags, *more):
     assert VR.main([*flags.split(), "--data", str(data), *TINY, "--workers", "2", "--epochs", "2",

