@@ -15,6 +15,7 @@ def run_checks(*checks) -> None:
     """Runs each ``check(comm)`` on every rank; a failure on any rank fails the job (non-zero)."""
     comm = MPI.COMM_WORLD
     for check in checks:
+        t0 = time.perf_counter()
         try:
             check(comm)
         except Exception:
@@ -25,4 +26,4 @@ def run_checks(*checks) -> None:
             os._exit(1)                          # MPICH's Abort can return before the kill arrives
         comm.Barrier()                           # every rank passed it
         if comm.rank == 0:
-            print(f"{check.__name__}: ok", flush=True)
+            print(f"{check.__name__}: ok ({time.perf_counter() - t0:.2f} s)", flush=True)
