@@ -66,7 +66,9 @@ EPOCHS = (4, 8, 16, 32, 64)
 SEEDS = (100, 101)
 WARMUP = 0.5
 NETWORK = "a100-ib100-resnet50"
-STEP_COST_S = 0.0055         # real seconds per worker-step, two runs at a time (planning only)
+STEP_COST_S = 0.008          # real seconds per worker-step, two runs at a time (planning only:
+                             # all-reduce at p = 32 took 730-910 s for 16 epochs here)
+COST_FACTOR = {"pushsum-ov": 2.2}   # per epoch against all-reduce (the crossover study's runs at p = 32)
 # method -> (workers, flags): the crossover study's choices for them (its cells' configurations)
 METHODS = {"single": (1, ["--method", "single", "--lr", "0.04205"]),
            "allreduce": (32, ["--method", "allreduce", "--lr", "0.03536", "--linear-scaling",
@@ -297,8 +299,8 @@ def chosen(recs: dict, method: str, epochs: int) -> float | None:
 
 
 def run_cost(run: tuple) -> float:
-    """Planning seconds of a run (its epochs' worker-steps)."""
-    return run[-2] * 51_200 / 8 * STEP_COST_S
+    """Planning seconds of a run (its epochs' worker-steps, times its method's ``COST_FACTOR``)."""
+    return run[-2] * 51_200 / 8 * STEP_COST_S * COST_FACTOR.get(run[1], 1.0)
 
 
 def execute(run: tuple, sha: str, wt: Path, data: Path, scratch: Path) -> dict:
