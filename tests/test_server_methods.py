@@ -14,7 +14,7 @@ CHECKS = 8                                       # functions run by tests/mpi/se
 
 @pytest.mark.parametrize("ranks", [2, 4])       # one worker (no staleness), three (3 ranks: a subset)
 def test_server_invariants(ranks):
-    """Exact update sums, hand-computed easgd, conservation, staleness, 40 short runs that end."""
+    """Exact update sums, hand-computed easgd, conservation, staleness, 24 short runs that end."""
     out = check(run_mpi(ranks, ["tests/mpi/server_check.py"], timeout=240))   # a hang guard: Open MPI
     # oversubscribed on 2 cores needs over 90 s for the 8 checks at 4 ranks
     assert out.count(": ok") == CHECKS, out
