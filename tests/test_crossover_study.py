@@ -556,30 +556,38 @@ def test_the_claims_follow_their_rules_on_the_model(study):
 
 
 def test_a_sides_pick_is_made_again_inside_every_resample():
-    """Two methods a side: the fastest by its mean is the side's entry, but a rival that is faster
-    in some seeds wins some resamples, so the interval is the picked minimum's, not the entry's
-    alone; a method with fewer seeds (or a missed one) is no candidate; one a side: no change."""
+    """Two methods a side: the difference is of each side's fastest mean on the common seeds, and
+    its interval has the pick made again in every resample, reflected about that difference (the
+    basic interval: a resampled minimum is biased low); a method with fewer seeds (or a missed one)
+    is no candidate; one a side: the paired interval, unchanged."""
     def row(xs):
         return dict(reached_all=None not in xs, mean_seconds=None if None in xs else float(np.mean(xs)),
                     seeds={s: dict(seconds=x) for s, x in enumerate(xs)})
-    a = [10.0, 10.4, 9.6, 10.2, 9.8]
-    rows = {"x": row(a), "x2": row([10.6, 9.0, 10.8, 9.1, 10.9]),     # mean 10.08 against 10.0
+    rows = {"x": row([10.0, 10.4, 9.6, 10.2, 9.8]), "x2": row([10.6, 9.0, 10.8, 9.1, 10.9]),
             "x3": row([20.0, 20.0]), "x4": row([None, 1.0, 1.0, 1.0, 1.0]),
             "y": row([10.3, 10.1, 10.0, 10.6, 10.2])}
-    seeds = list(range(5))
-    assert C.side_matrix(rows, ("x", "x2", "x3", "x4"), seeds).shape == (2, 5)
+    names, A = C.side_matrix(rows, ("x", "x2", "x3", "x4"), list(range(5)))
+    assert names == ["x", "x2"] and A.shape == (2, 5)
     c = C.compare(rows, ("x", "x2", "x3", "x4"), ("y",))
     alone = C.compare(rows, ("x",), ("y",))
-    assert c["claim"] == "x" and c["diff"] == alone["diff"] and alone["pick"] is None
+    assert alone["pick"] is None and c["claim"] == "x" and c["other"] == "y"
+    assert c["diff"] == pytest.approx(10.0 - 10.24) and c["claim_mean"] == pytest.approx(10.0)
     A, B = c["pick"]
-    idx = C.resamples(5)
-    boot = C.picked(A, B, idx)
-    # the minimum of two resampled means: never above the entry's own, below it where x2 wins
-    own = A[0][idx].mean(axis=1) - B[0][idx].mean(axis=1)
+    boot = C.picked(A, B, C.resamples(5))
+    # the least of two resampled means: never above x's own, below it where x2 wins
+    own = A[0][C.resamples(5)].mean(axis=1) - B[0][C.resamples(5)].mean(axis=1)
     assert np.all(boot <= own + 1e-12) and np.any(boot < own - 1e-9)
     q = 100 * C.tail(5)
-    assert (c["lo"], c["hi"]) == (float(np.percentile(boot, q)), float(np.percentile(boot, 100 - q)))
-    assert c["lo"] < alone["lo"]
+    assert (c["lo"], c["hi"]) == pytest.approx((2 * c["diff"] - np.percentile(boot, 100 - q),
+                                                2 * c["diff"] - np.percentile(boot, q)))
+    # x2 nearly ties x: the least of the two resampled means undershoots, and the reflection
+    # about the observed difference moves the interval up against x's alone (no false advantage
+    # for the side with more candidates)
+    assert c["hi"] > alone["hi"] and c["lo"] > alone["lo"]
+    # the picks are named from the common seeds: on seeds 1 and 3 alone x2 is the faster
+    two = {m: dict(r, seeds={s: v for s, v in r["seeds"].items() if s in (1, 3)}) for m, r in rows.items()
+           if m in ("x", "x2", "y")}
+    assert C.compare(two, ("x", "x2"), ("y",))["claim"] == "x2"
 
 
 def test_the_map_claims_and_figure_render(study, tmp_path):

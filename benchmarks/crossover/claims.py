@@ -9,9 +9,10 @@ was judged, the evidence as numbers, and a verdict that follows from them:
   difference of the two entries (their common seeds) has a 95% bootstrap interval below 0, the
   other side when above, else a **tie** (``paired``: the expanded percentile interval, and a tie
   whenever the two are within 25% on fewer than five paired seeds).  Where a side has several
-  methods that ran those seeds, the interval is of the side's pick made again in every resample
-  (``picked``: the fastest resampled mean of each side), so choosing the entry is inside the
-  bootstrap, not before it; a side whose methods all
+  methods that ran those seeds, the difference is of each side's fastest mean over those seeds
+  and its interval has the pick made again in every resample (``picked_interval``: the basic
+  interval, which takes off the low bias of a resampled minimum), so choosing the entry is inside
+  the bootstrap, not before it; a side whose methods all
   missed a seed loses to one that did not; neither reaching it: no evidence at that p.  Where a
   method of the losing side did not reach the target only because its runs were stopped at the cap
   (``study.stopped``: ``CAP_TIME`` x the best synchronous time of the cell, to save time, since it
@@ -142,18 +143,33 @@ def side_entry(rows: dict, side) -> tuple[str, dict] | None:
     return m, {s: v["seconds"] for s, v in r["seeds"].items()}
 
 
-def side_matrix(rows: dict, side, seeds: list) -> np.ndarray:
+def side_matrix(rows: dict, side, seeds: list) -> tuple[list[str], np.ndarray]:
     """The side's methods that reached the target in every seed and ran every one of ``seeds``
-    (its fastest always does: ``seeds`` are its common seeds with the other side), as a (methods x
-    seeds) array of seconds: the candidates for the side's pick."""
-    return np.array([[r["seeds"][s]["seconds"] for s in seeds] for m, r in rows.items()
-                     if m in side and r["reached_all"] and all(s in r["seeds"] for s in seeds)])
+    (its fastest always does: ``seeds`` are its common seeds with the other side): their names and
+    a (methods x seeds) array of seconds, the candidates for the side's pick."""
+    names = [m for m, r in rows.items()
+             if m in side and r["reached_all"] and all(s in r["seeds"] for s in seeds)]
+    return names, np.array([[rows[m]["seeds"][s]["seconds"] for s in seeds] for m in names])
 
 
 def picked(a: np.ndarray, b: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """Per resample (a row of seed indices in ``idx``): the fastest of side a's candidates by its
     resampled mean, less the fastest of side b's: each side's pick made again in every resample."""
     return a[:, idx].mean(axis=2).min(axis=0) - b[:, idx].mean(axis=2).min(axis=0)
+
+
+def picked_interval(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float, np.ndarray]:
+    """The difference of the two sides' fastest means over the seeds (the columns) and its 95%
+    interval with each side's pick made again in every resample: the *basic* bootstrap interval
+    (2 theta - the resamples' upper and lower quantiles, at ``tail``'s expanded levels).  The
+    percentile interval of a minimum is biased low, the more so the more candidates a side has
+    (the least of several noisy means undershoots); reflecting the resamples about the observed
+    difference takes that bias off.  Returns (theta, lo, hi, the reflected resamples)."""
+    n = a.shape[1]
+    theta = float(a.mean(axis=1).min() - b.mean(axis=1).min())
+    boot = 2 * theta - picked(a, b, resamples(n))
+    q = 100 * tail(n)
+    return theta, float(np.percentile(boot, q)), float(np.percentile(boot, 100 - q)), boot
 
 
 def compare(rows: dict, claim_side, other_side) -> dict:
@@ -174,13 +190,16 @@ def compare(rows: dict, claim_side, other_side) -> dict:
         return dict(outcome="tie", claim=a[0], other=b[0], diff=float("nan"), lo=-np.inf, hi=np.inf,
                     seeds=len(set(a[1]) & set(b[1])), few=True, claim_mean=float("nan"),
                     other_mean=float("nan"))
-    pick = (side_matrix(rows, claim_side, d["seeds"]), side_matrix(rows, other_side, d["seeds"]))
-    if len(pick[0]) > 1 or len(pick[1]) > 1:   # a side of several: its pick inside the bootstrap
-        boot, q = picked(*pick, resamples(len(d["seeds"]))), 100 * tail(len(d["seeds"]))
-        d = dict(d, lo=float(np.percentile(boot, q)), hi=float(np.percentile(boot, 100 - q)))
-        d["call"] = "tie" if d["few"] or d["lo"] <= 0 <= d["hi"] else "a" if d["hi"] < 0 else "b"
-    else:
-        pick = None
+    (na, A), (nb, B) = side_matrix(rows, claim_side, d["seeds"]), side_matrix(rows, other_side, d["seeds"])
+    pick = None
+    if len(na) > 1 or len(nb) > 1:            # a side of several: its pick inside the bootstrap,
+        pick = (A, B)                         # and the picks and their difference on these seeds
+        theta, lo, hi, _ = picked_interval(A, B)
+        a = (na[int(np.argmin(A.mean(axis=1)))], None)
+        b = (nb[int(np.argmin(B.mean(axis=1)))], None)
+        d = dict(d, mean=theta, lo=lo, hi=hi, a_mean=float(A.mean(axis=1).min()),
+                 b_mean=float(B.mean(axis=1).min()))
+        d["call"] = "tie" if d["few"] or lo <= 0 <= hi else "a" if hi < 0 else "b"
     out = {"a": "claim", "b": "other", "tie": "tie"}[d["call"]]
     return dict(outcome=out, claim=a[0], other=b[0], diff=d["mean"], lo=d["lo"], hi=d["hi"],
                 seeds=len(d["seeds"]), diffs=d["diffs"], few=d["few"], claim_mean=d["a_mean"],

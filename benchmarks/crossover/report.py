@@ -191,7 +191,9 @@ def crossover(cells: dict[int, dict], rng) -> dict:
             continue
         d = c["diffs"]                       # (async - sync, by common seed)
         idx = rng.integers(0, len(d), size=(BOOT, len(d)))
-        draws[p] = (d[idx].mean(axis=1) if c["pick"] is None else C.picked(*c["pick"], idx)) < 0
+        # (a pick inside the resample: reflected about the observed difference, as its interval)
+        draws[p] = (d[idx].mean(axis=1) if c["pick"] is None
+                    else 2 * c["diff"] - C.picked(*c["pick"], idx)) < 0
     counts: dict[str, int] = {}
     for i in range(BOOT):
         o = sequence_words([(p, "async" if draws[p][i] else "sync") for p in calls])
