@@ -188,7 +188,8 @@ def profile(name: str, tmp: Path) -> P.Profile:
 
 def predict(row: dict, steps: int, tmp: Path) -> dict:
     """Seconds per iteration of ``row`` on its cluster: a clock-only virtual run of ``steps``
-    steps (a proxy job timed as ResNet-50 at 32 images a GPU)."""
+    steps (a proxy job timed as the cluster's ``stands_for``: ResNet-50 at 32 images a GPU, or
+    Horovod's ResNet-101 at 64)."""
     prof = profile(row["cluster"], tmp)
     workers, batch = row["gpus"], prof.stands_for["batch_size"]
     run_dir = tmp / f"run-{row['key']}"

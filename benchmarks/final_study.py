@@ -48,6 +48,7 @@ commit them as you go); a piece stopped anywhere resumes where the records end.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import sys
@@ -67,8 +68,9 @@ SEEDS = (100, 101)
 WARMUP = 0.5
 NETWORK = "a100-ib100-resnet50"
 STEP_COST_S = 0.008          # real seconds per worker-step, two runs at a time (planning only:
-                             # all-reduce at p = 32 took 730-910 s for 16 epochs here)
-COST_FACTOR = {"pushsum-ov": 2.2}   # per epoch against all-reduce (the crossover study's runs at p = 32)
+                             # all-reduce at p = 32 took 730-910 s for 16 epochs here; the crossover
+                             # study's runs at p = 8-32, median: push-sum 5.6 ms, all-reduce 7.0 ms
+                             # with its re-timing, local SGD 6.0 ms: one figure serves every method)
 # method -> (workers, flags): the crossover study's choices for them (its cells' configurations)
 METHODS = {"single": (1, ["--method", "single", "--lr", "0.04205"]),
            "allreduce": (32, ["--method", "allreduce", "--lr", "0.03536", "--linear-scaling",
@@ -109,6 +111,14 @@ def interpolate(curve: list[dict], target: float) -> float | None:
     return None
 
 
+def mean_curve(got: list[dict]) -> list[dict]:
+    """The seeds' curves averaged validation by validation (the same schedule: the same
+    validations; seconds and error both averaged), as far as the shortest goes."""
+    n = min(len(g["curve"]) for g in got)
+    return [dict(seconds=float(np.mean([g["curve"][i]["seconds"] for g in got])),
+                 error=float(np.mean([g["curve"][i]["error"] for g in got]))) for i in range(n)]
+
+
 def fstar(recs: dict, epochs: int) -> float | None:
     """All-reduce's best mean final error once its search is over (None before)."""
     rates, over = pilot_grid(recs, "allreduce", epochs)
@@ -143,7 +153,11 @@ def pilot_grid(recs: dict, method: str, epochs: int) -> tuple[list[float], bool]
 
 def pilot_table(recs: dict, epochs: int, grids: dict, quality: float | None) -> dict | None:
     """Per method, per rate: each seed's final error, time to quality (F* + DELTA; None without
-    ``quality``) and time to the early target; the method's choice.  None while a run is missing."""
+    ``quality``) and time to the early target, and the time the seeds' mean curve (``mean_curve``)
+    takes to quality; the method's choice: its least such time, else (none reaching it) its least
+    mean final error.  The mean curve, not every seed: F* is itself a mean of the seeds, so all-reduce's
+    worse seed would reach F* + DELTA only at its schedule's end or never.  None while a run is
+    missing."""
     out = {}
     for m, rates in grids.items():
         rows = {}
@@ -155,12 +169,14 @@ def pilot_table(recs: dict, epochs: int, grids: dict, quality: float | None) -> 
                            to_quality=[None if quality is None else interpolate(g["curve"], quality + DELTA)
                                        for g in got],
                            to_target=[interpolate(g["curve"], TARGET) for g in got],
-                           seconds=[g["curve"][-1]["seconds"] for g in got])
+                           seconds=[g["curve"][-1]["seconds"] for g in got],
+                           mean_to_quality=None if quality is None
+                           else interpolate(mean_curve(got), quality + DELTA))
 
         def score(r):
-            t = rows[r]["to_quality"]
+            t = rows[r]["mean_to_quality"]
             fe = sum(rows[r]["final_error"]) / len(SEEDS)
-            return (0, sum(t) / len(t)) if quality is not None and None not in t else (1, fe)
+            return (0, t) if t is not None else (1, fe)
         out[m] = dict(rates=rows, chosen=min(rates, key=score))
     return out
 
@@ -207,58 +223,88 @@ def plateau(recs: dict) -> dict:
     return dict(methods=out, E=max(both) if None not in both else None)
 
 
+C_GRID = np.arange(0.05, 3.0, 0.01)
+
+
 def fit(errors: dict) -> dict | None:
-    """The curve ``a + b * E**-c`` through {E: mean final error} (least squares; c on a grid of
-    0.01, a and b solved for each c): the asymptote ``a``, and the plateau it predicts, the first
-    budget in the doubling sequence from EPOCHS[0] whose doubling buys at most DELTA / 2.  None with
-    fewer than 4 budgets (3 parameters need a residual to be a fit)."""
+    """The curve ``a + b * E**-c`` through {E: mean final error}, least squares with c on the grid
+    ``C_GRID`` and a, b solved for each c within 0 <= a <= the least error and b >= 0: the
+    asymptote ``a``, and the plateau it predicts, the first budget in the doubling sequence from
+    EPOCHS[0] whose doubling buys at most DELTA / 2 (None past 2^20); ``edge`` when the best c is
+    an end of its grid.  Three parameters on a handful of budgets: ``fit_range`` says how little
+    the seeds pin them down.  None with fewer than 4 budgets."""
     if len(errors) < 4:
         return None
     e = np.array(sorted(errors), dtype=float)
     y = np.array([errors[k] for k in sorted(errors)], dtype=float)
-    best = None
-    for c in np.arange(0.05, 3.0, 0.01):
-        A = np.stack([np.ones_like(e), e ** -c], axis=1)
-        (a, b), *_ = np.linalg.lstsq(A, y, rcond=None)
-        sse = float(np.sum((A @ [a, b] - y) ** 2))
-        if best is None or sse < best[0]:
-            best = (sse, float(a), float(b), float(c))
+    x = e[None, :] ** -C_GRID[:, None]                      # (c, budgets): every c at once
+    xm, ym = x.mean(axis=1), y.mean()
+    b = ((x - xm[:, None]) * (y - ym)).sum(axis=1) / ((x - xm[:, None]) ** 2).sum(axis=1)
+    a = ym - b * xm
+    out = (a < 0) | (a > y.min()) | (b < 0)                 # on the bounds: a clipped, b refitted
+    a = np.where(out, np.clip(a, 0.0, y.min()), a)
+    b = np.where(out, np.maximum(0.0, (x * (y - a[:, None])).sum(axis=1) / (x * x).sum(axis=1)), b)
+    sse = ((a[:, None] + b[:, None] * x - y) ** 2).sum(axis=1)
+    i = int(np.argmin(sse))
+    best = (float(sse[i]), float(a[i]), float(b[i]), float(C_GRID[i]))
     sse, a, b, c = best
     at = EPOCHS[0]
     while b * at ** -c * (1 - 2 ** -c) > DELTA / 2 and at < 2 ** 20:
         at *= 2
-    return dict(asymptote=a, b=b, c=c, rms=(sse / len(e)) ** 0.5, plateau=at)
+    return dict(asymptote=a, b=b, c=c, rms=(sse / max(len(e) - 3, 1)) ** 0.5,
+                plateau=at if at < 2 ** 20 else None, edge=i in (0, len(C_GRID) - 1))
+
+
+def fit_range(recs: dict, method: str) -> dict | None:
+    """How far the seeds pin the fit down: ``fit`` of every bootstrap resample of each budget's
+    seeds (all of them, enumerated: with 2 seeds a budget's mean is one seed, the other or both),
+    the 5th and 95th percentiles of its asymptote and of its plateau (a plateau past 2^20
+    epochs counted as such).  None without 4 budgets of every seed."""
+    per = {e: [recs[key(method, e, s)]["final_error"] for s in SEEDS] for e in EPOCHS
+           if all(key(method, e, s) in recs for s in SEEDS)}
+    if len(per) < 4:
+        return None
+    n = len(SEEDS)
+    draws = [np.array(d) for d in itertools.product(range(n), repeat=n)]     # one budget's resamples
+    asym, plat = [], []
+    for combo in itertools.product(draws, repeat=len(per)):
+        ft = fit({e: float(np.mean(np.array(v)[i])) for (e, v), i in zip(per.items(), combo)})
+        asym.append(ft["asymptote"])
+        plat.append(ft["plateau"] if ft["plateau"] is not None else 2 ** 20)
+    q = lambda xs, v: float(np.percentile(xs, v))       # noqa: E731
+    return dict(resamples=len(asym), asymptote=(q(asym, 5), q(asym, 95)), plateau=(q(plat, 5), q(plat, 95)))
 
 
 def verdict(recs: dict, epochs: int, rates: dict) -> dict | None:
     """All-reduce against push-sum at ``epochs``, each at its rate in ``rates``: per method the mean
-    final error, the seconds to quality (F* + DELTA, F* all-reduce's mean final error there; None
-    when a seed never reaches it), to the early target and to the schedule's end; the method faster
-    to quality; push-sum's time to quality, its whole schedule's time, and its final error against
-    all-reduce's time to quality and final error.  None while a run is missing."""
+    final error, the time its seeds' mean curve takes to quality (F* + DELTA, F* all-reduce's mean
+    final error there; None when it never gets there), to the early target and to the schedule's
+    end; the method faster to quality and push-sum's time to it against all-reduce's.  A push-sum
+    that misses the quality is still an answer, put fairly: its whole schedule's time against the
+    time all-reduce's mean curve takes to push-sum's own final error (``end_ratio``), and how much
+    worse it ends than all-reduce (``error_gap``).  None while a run is missing."""
+    if None in rates.values():
+        return None
     rows = {}
     for m, r in rates.items():
         got = [recs.get(pilot_key(m, r, epochs, s)) for s in SEEDS]
-        if r is None or any(g is None for g in got):
+        if any(g is None for g in got):
             return None
         rows[m] = got
     f = float(np.mean([g["final_error"] for g in rows["allreduce"]]))
-
-    def mean_to(got, target):
-        t = [interpolate(g["curve"], target) for g in got]
-        return None if None in t else float(np.mean(t))
     out = {m: dict(rate=rates[m], final_error=float(np.mean([g["final_error"] for g in got])),
-                   to_quality=mean_to(got, f + DELTA), to_target=mean_to(got, TARGET),
+                   to_quality=interpolate(mean_curve(got), f + DELTA),
+                   to_target=interpolate(mean_curve(got), TARGET),
                    seconds=float(np.mean([g["curve"][-1]["seconds"] for g in got])))
            for m, got in rows.items()}
     reach = {m: v["to_quality"] for m, v in out.items() if v["to_quality"] is not None}
     ar, ps = out["allreduce"], out["pushsum-ov"]
-    # a method that misses the quality is still an answer: its whole schedule's time against
-    # all-reduce's time to quality, and how much worse it ends ("1.8x faster, 2 points worse")
+    ar_to_ps = interpolate(mean_curve(rows["allreduce"]), ps["final_error"])
     return dict(epochs=epochs, fstar=f, methods=out, faster=min(reach, key=reach.get) if reach else None,
                 time_ratio=None if None in (ar["to_quality"], ps["to_quality"])
                 else ps["to_quality"] / ar["to_quality"],
-                end_ratio=ps["seconds"] / ar["to_quality"] if ar["to_quality"] else None,
+                allreduce_to_pushsum_error=ar_to_ps,
+                end_ratio=ps["seconds"] / ar_to_ps if ar_to_ps else None,
                 error_gap=ps["final_error"] - ar["final_error"])
 
 
@@ -268,8 +314,9 @@ def check(recs: dict) -> dict:
     rates = {m: chosen(recs, m, BUDGET) for m in PILOT["methods"]}
     at = {e: None if None in rates.values() else verdict(recs, e, rates) for e in (BUDGET, CHECK)}
     both = None not in at.values()
+    known = both and None not in (at[BUDGET]["faster"], at[CHECK]["faster"])
     return dict(rates=rates, budget=at[BUDGET], check=at[CHECK],
-                holds=(at[BUDGET]["faster"] == at[CHECK]["faster"]) if both else None)
+                holds=(at[BUDGET]["faster"] == at[CHECK]["faster"]) if known else None)
 
 
 def plan(recs: dict) -> list[tuple]:
@@ -299,8 +346,13 @@ def chosen(recs: dict, method: str, epochs: int) -> float | None:
 
 
 def run_cost(run: tuple) -> float:
-    """Planning seconds of a run (its epochs' worker-steps, times its method's ``COST_FACTOR``)."""
-    return run[-2] * 51_200 / 8 * STEP_COST_S * COST_FACTOR.get(run[1], 1.0)
+    """Planning seconds of a run (its epochs' worker-steps)."""
+    return epoch_cost(run[-2])
+
+
+def epoch_cost(epochs: float) -> float:
+    """Planning seconds of a run of ``epochs`` epochs of the task (51,200 images, 8 a worker-step)."""
+    return epochs * 51_200 / 8 * STEP_COST_S
 
 
 def execute(run: tuple, sha: str, wt: Path, data: Path, scratch: Path) -> dict:
@@ -358,11 +410,13 @@ def status() -> int:
     st = plateau(recs)
     for m, v in st["methods"].items():
         errs = ", ".join(f"E={e}: {x:.2%}" for e, x in v["errors"].items())
-        ft = fit(v["errors"])
+        ft, fr = fit(v["errors"]), fit_range(recs, m)
         print(f"{m}: mean final error {errs or 'none yet'}; plateau "
               f"{v['plateau'] if v['plateau'] is not None else 'not reached'}"
               + ("" if ft is None else f"; fitted asymptote {ft['asymptote']:.2%}, plateau by the fit "
-                 f"E = {ft['plateau']}"))
+                 f"E = {ft['plateau']}")
+              + ("" if fr is None else f" (seed resamples, 5-95%: asymptote {fr['asymptote'][0]:.1%}-"
+                 f"{fr['asymptote'][1]:.1%}, plateau E = {fr['plateau'][0]:.0f}-{fr['plateau'][1]:.0f})"))
     hours = sum(r["real_seconds"] for r in recs.values()) / 3600
     print(f"the study's E = {BUDGET} (checked at {CHECK}); {len(recs)} runs, {hours:.2f} machine-hours; "
           f"ready: {len(plan(recs))}")
@@ -382,9 +436,10 @@ def status() -> int:
         v = ck[name]
         if v is not None:
             ratio = "-" if v["time_ratio"] is None else f"{v['time_ratio']:.2f}x"
+            end = "-" if v["end_ratio"] is None else f"{v['end_ratio']:.2f}x"
             print(f"  E = {v['epochs']}: faster to F* + {DELTA:.0%} = {v['faster']}; push-sum's time / "
-                  f"all-reduce's {ratio} (its whole schedule: {v['end_ratio']:.2f}x), its final error "
-                  f"{100 * v['error_gap']:+.2f} points")
+                  f"all-reduce's {ratio} (its whole schedule against all-reduce's time to its final "
+                  f"error: {end}), its final error {100 * v['error_gap']:+.2f} points")
     if ck["holds"] is not None:
         print(f"the verdict at E = {BUDGET} {'holds' if ck['holds'] else 'does not hold'} at E = {CHECK}")
     return 0
@@ -412,21 +467,24 @@ def design_runs(d: dict = DESIGN) -> dict:
 # (p = 64 and 128 join only if the asynchronous family is first or tied at 32); all-reduce and local
 # SGD (the synchronous family, re-timed) and overlapped push-sum, the asynchronous family's entry in
 # 25 of the 29 cells at p >= 8 that had one (pull gossip the other 4); push-sum under `none` and
-# `stragglers` (`typical` made the same family call as `none` at 18 of 21 p); every method tuned
-# at 3 rates x 2 seeds a p, push-sum under each network (`none`), and the tuning's two seeds at the
-# chosen rate reused as two of the 5 reported (edge steps not counted).
-CUT = dict(p=(8, 16, 32), networks=5, async_conditions=2, sync=2, async_methods=1, tune_rates=3,
-           tune_seeds=2, seeds=5)
+# `stragglers` (`typical` made the same family call as `none` at 18 of 21 p) on the three networks
+# of one GPU a node at p = 8-32 and the two of eight at 16 and 32 (at 8 their GPUs are one node: no
+# exchange between agents); every method tuned at 3 rates x 2 seeds a p, push-sum under each
+# network (`none`), and the tuning's two seeds at the chosen rate reused as two of the 5 reported
+# (edge steps not counted).
+CUT = dict(p=(8, 16, 32), node_p=(16, 32), networks=3, node_networks=2, async_conditions=2, sync=2,
+           async_methods=1, tune_rates=3, tune_seeds=2, seeds=5)
 
 
 def cut_runs(c: dict = CUT) -> dict:
-    """Runs of ``CUT``: tuning (synchronous once, asynchronous per network), then the reported
-    seeds the tuning did not already give."""
-    n_p, more = len(c["p"]), c["seeds"] - c["tune_seeds"]
-    tuned = c["sync"] + c["async_methods"] * c["networks"]         # (method, network) pairs tuned
+    """Runs of ``CUT``: tuning (synchronous once a p, asynchronous per network and p), then the
+    reported seeds the tuning did not already give."""
+    more = c["seeds"] - c["tune_seeds"]
+    cells = c["networks"] * len(c["p"]) + c["node_networks"] * len(c["node_p"])   # (network, p) pairs
     reported = more + (c["async_conditions"] - 1) * c["seeds"]      # an asynchronous pair's new seeds
-    return dict(tune=tuned * n_p * c["tune_rates"] * c["tune_seeds"], sync=c["sync"] * n_p * more,
-                async_=c["async_methods"] * n_p * c["networks"] * reported)
+    tuned = c["sync"] * len(c["p"]) + c["async_methods"] * cells    # (method, network, p) searches
+    return dict(tune=tuned * c["tune_rates"] * c["tune_seeds"], sync=c["sync"] * len(c["p"]) * more,
+                async_=c["async_methods"] * cells * reported)
 
 
 def seconds_per_epoch(recs: dict) -> float | None:
@@ -448,7 +506,8 @@ def summary() -> dict:
     out = dict(experiment="final-study", commit=pinned(), delta=DELTA, seeds=list(SEEDS),
                methods={m: dict(workers=METHODS[m][0], flags=" ".join(METHODS[m][1])) for m in METHODS},
                epochs=epochs, plateau={m: st["methods"][m]["plateau"] for m in METHODS},
-               fit={m: fit(st["methods"][m]["errors"]) for m in METHODS}, E=BUDGET, check_E=CHECK,
+               fit={m: fit(st["methods"][m]["errors"]) for m in METHODS},
+               fit_range={m: fit_range(recs, m) for m in METHODS}, E=BUDGET, check_E=CHECK,
                runs=len(recs), machine_hours=sum(r["real_seconds"] for r in recs.values()) / 3600)
     spe, counts = seconds_per_epoch(recs), design_runs()
     total = sum(counts.values())
@@ -456,7 +515,8 @@ def summary() -> dict:
     out["projection"] = dict(seconds_per_epoch=spe, design=DESIGN, runs=counts, total_runs=total,
                              hours={str(e): None if spe is None else total * e * spe / 3600 for e in EPOCHS},
                              cut=dict(design=CUT, runs=cut, total_runs=sum(cut.values()),
-                                      hours=None if spe is None else sum(cut.values()) * BUDGET * spe / 3600))
+                                      hours=sum(cut.values()) * epoch_cost(BUDGET) / 3600,
+                                      step_cost_s=STEP_COST_S))
     f, table = pilot_now(recs)
     out["pilot"] = dict(PILOT, methods={m: dict(flags=" ".join(v[0]), early_rate=v[1])
                                         for m, v in PILOT["methods"].items()},

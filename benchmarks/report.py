@@ -701,13 +701,17 @@ def final_study(d):
             v = per.get(str(e))
             cells.append("—" if v is None else f"{100 * v['mean']:.2f}% ("
                          + ", ".join(f"{100 * x:.2f}" for x in v["seeds"]) + ")")
-        plateau, ft = d["plateau"][m], (d.get("fit") or {}).get(m)
+        plateau, ft, fr = d["plateau"][m], (d.get("fit") or {}).get(m), (d.get("fit_range") or {}).get(m)
         fitted = "—" if ft is None else f"{100 * ft['asymptote']:.1f}%, E = {ft['plateau']}"
+        if fr is not None:
+            fitted += (f" (seed resamples: {100 * fr['asymptote'][0]:.1f}–{100 * fr['asymptote'][1]:.1f}%, "
+                       f"E = {fr['plateau'][0]:.0f}–{fr['plateau'][1]:.0f})")
         out.append(f"| {m} | {d['methods'][m]['workers']} | " + " | ".join(cells)
                    + f" | {'not reached' if plateau is None else plateau} | {fitted} |")
     hours = f"{d['runs']} runs, {d['machine_hours']:.2f} machine-hours"
     out += ["", f"Final top-1 error on the tune split after a full schedule of E epochs (mean; each seed); "
-            f"the fit: a + b E^-c, its asymptote a and where the plateau rule would stop; the study's "
+            f"the fit: a + b E^-c, its asymptote a and where the plateau rule would stop, and their 5th-95th "
+            f"percentiles over every bootstrap resample of the seeds; the study's "
             f"E = {d['E']}, checked at {d['check_E']}; {hours} (commit {d['commit'][:7]})."]
     pilot = d.get("pilot")
     if pilot and pilot.get("table"):
@@ -716,9 +720,9 @@ def final_study(d):
                 f"E = {d['E']}: "
                 f"F* = {'not yet' if f is None else f'{100 * f:.2f}%'} (all-reduce's best final error); "
                 f"time to quality: to F* + {100 * d['delta']:.0f} point(s), simulated seconds.", "",
-                "| method | peak rule | final error % (each seed) | s to quality (each seed) | s to 40% "
-                "| chosen |",
-                "|---|---|---|---|---|---|"]
+                "| method | peak rule | final error % (each seed) | s to quality (each seed) | s to quality "
+                "(mean curve) | s to 40% | chosen |",
+                "|---|---|---|---|---|---|---|"]
 
         def fmt(xs, k=0):
             return ", ".join("—" if x is None else f"{x:.{k}f}" for x in xs)
@@ -726,11 +730,13 @@ def final_study(d):
             for r, row in v["rates"].items():
                 mark = "yes" if float(r) == v["chosen"] else ""
                 out.append(f"| {m} | L{r} | {fmt([100 * x for x in row['final_error']], 2)} | "
-                           f"{fmt(row['to_quality'])} | {fmt(row['to_target'])} | {mark} |")
+                           f"{fmt(row['to_quality'])} | {fmt([row.get('mean_to_quality')])} | "
+                           f"{fmt(row['to_target'])} | {mark} |")
         ck = pilot.get("check") or {}
         rows = [ck.get("budget"), ck.get("check")]
         if any(rows):
-            out += ["", "The verdict at the chosen rates, at E and at the check (means over the seeds):", "",
+            out += ["", "The verdict at the chosen rates, at E and at the check (the seeds' mean curves):",
+                    "",
                     "| E | F* | method | rate | final error | s to quality | s to 40% | faster to quality "
                     "| push-sum's time / all-reduce's |", "|---|---|---|---|---|---|---|---|---|"]
             for v in rows:
@@ -747,9 +753,10 @@ def final_study(d):
                 if v is not None and v["time_ratio"] is None and v["end_ratio"] is not None:
                     x = 1 / v["end_ratio"]
                     out += ["", f"At E = {v['epochs']} push-sum misses the quality; its whole schedule takes "
-                            f"{v['end_ratio']:.2f}x all-reduce's time to it ("
+                            f"{v['end_ratio']:.2f}x the time all-reduce takes to push-sum's final error ("
                             + (f"{x:.2f}x faster" if x >= 1 else f"{1 / x:.2f}x slower")
-                            + f") and ends {100 * v['error_gap']:+.2f} points from all-reduce's final error."]
+                            + f"), and it ends {100 * v['error_gap']:+.2f} points from all-reduce's final "
+                            "error."]
             if ck.get("holds") is not None:
                 out += ["", f"The verdict at E = {d['E']} {'holds' if ck['holds'] else '**does not hold**'} "
                         f"at E = {d['check_E']}."]

@@ -175,8 +175,9 @@ def test_every_method_trains_resumes_after_a_kill_and_leaves_nothing_on_three_no
     evaluations and checkpoints also fall between two averages, where a node's ranks must still
     agree on the leader's count), on 3 nodes x 2 ranks (1 Gbit/s), with ``--hierarchy node``, and
     flat for push-sum (``FLAT``: trimmed twice to keep the suite under 10 minutes, from every
-    method to one a protocol, then to the one no other test runs flat across nodes) (with the hierarchy a node's replicas are identical at the end, and differ
-    across nodes under EASGD, A-SGD and pull gossip).  Each run is SIGKILLed in one rank
+    method to one a protocol, then to the one no other test runs flat across nodes) (with the
+    hierarchy a node's replicas are identical at the end, and differ across nodes under EASGD,
+    A-SGD and pull gossip).  Each run is SIGKILLed in one rank
     after its first checkpoint: the whole job ends by itself (non-zero, no summary), no rank
     survives and no MPI segment is left in /dev/shm.  Resumed from that run's checkpoint, it
     finishes its 2 epochs on 6 ranks with every rank's metrics, and every node's NIC carried at
