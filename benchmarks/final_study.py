@@ -320,20 +320,20 @@ def check(recs: dict) -> dict:
 
 
 def plan(recs: dict) -> list[tuple]:
-    """The runs ready now, in order: the pilot's search at ``BUDGET`` as ("pilot", method, rate,
-    E, seed); once a method's search is over, its choice at ``CHECK`` (every seed); then every seed
-    of the next budget the plateau still needs, as ("epochs", method, E, seed)."""
-    out = []
+    """The runs ready now, in order: the pilot's searches at ``BUDGET`` as ("pilot", method, rate,
+    E, seed); then, for each method whose search is over, its choice at ``CHECK`` (every seed); then
+    every seed of the next budget the plateau still needs, as ("epochs", method, E, seed)."""
+    out, checks = [], []
     for m in PILOT["methods"]:
         rates, over = pilot_grid(recs, m, BUDGET)
         out += [("pilot", m, r, BUDGET, s) for r in rates for s in SEEDS
                 if pilot_key(m, r, BUDGET, s) not in recs]
         if over:
             c = chosen(recs, m, BUDGET)
-            out += [("pilot", m, c, CHECK, s) for s in SEEDS if pilot_key(m, c, CHECK, s) not in recs]
-    st = plateau(recs)
-    return out + [("epochs", m, e, s) for m in METHODS for e in st["methods"][m]["todo"] for s in SEEDS
-                  if key(m, e, s) not in recs]
+            checks += [("pilot", m, c, CHECK, s) for s in SEEDS if pilot_key(m, c, CHECK, s) not in recs]
+    st = plateau(recs)          # (every search at E first: the verdict at E before its check)
+    return out + checks + [("epochs", m, e, s) for m in METHODS for e in st["methods"][m]["todo"]
+                           for s in SEEDS if key(m, e, s) not in recs]
 
 
 def chosen(recs: dict, method: str, epochs: int) -> float | None:

@@ -97,9 +97,10 @@ def test_the_pilot_tunes_all_reduce_by_final_error_then_push_sum_by_time_to_its_
             recs[F.pilot_key("pushsum-ov", r, E, s)] = rec(err, secs)
     rates, over = F.pilot_grid(recs, "pushsum-ov", E)
     assert rates == [*pbase, float(f"{pbase[-1] * 2:.4g}")] and not over
-    # ready: all-reduce's choice at CHECK (its search is over), push-sum's rate past the edge
-    assert [r[1:4] for r in F.plan(recs) if r[0] == "pilot"] == [("allreduce", base[1], F.CHECK)] * len(
-        F.SEEDS) + [("pushsum-ov", rates[-1], E)] * len(F.SEEDS)
+    # ready: push-sum's rate past the edge first (every search at E before a check), then
+    # all-reduce's choice at CHECK (its search is over)
+    assert [r[1:4] for r in F.plan(recs) if r[0] == "pilot"] == [("pushsum-ov", rates[-1], E)] * len(
+        F.SEEDS) + [("allreduce", base[1], F.CHECK)] * len(F.SEEDS)
     # ... which misses the quality: the choice stays, the search is over
     for s in F.SEEDS:
         recs[F.pilot_key("pushsum-ov", rates[-1], E, s)] = rec(0.30, 50.0)
