@@ -38,9 +38,12 @@ method gets the same search: its rate chosen there by the early-target study (li
 0.5-epoch warm-up) times 1/2, 1 and 2, and while its choice sits on an edge of that grid one more
 rate past it (at most ``EDGE_MORE``), each at E with ``SEEDS`` on the tune split, on the profile's
 own clock.  All-reduce's best mean final error F* sets the quality: a configuration's time to
-quality is the time its validation error first reaches F* + ``DELTA`` (interpolated), and a
-method's choice is its fastest configuration that reaches it in every seed, else its lowest final
-error.  The pilot is tuning data, on the tune split: the reported split waits for the study.
+quality is the time its seeds' mean validation curve first reaches F* + ``DELTA`` (interpolated;
+F* is itself a mean of the seeds, so all-reduce's worse seed alone would get there only at its
+end or never), and a method's choice is its fastest configuration that gets there, else its lowest
+final error.  A push-sum that misses the quality is put against the time all-reduce's mean curve
+takes to push-sum's own final error ("1.2x faster, 2 points worse").  The pilot is tuning data, on
+the tune split: the reported split waits for the study.
 
 Each finished run is a record under ``results/final/{epochs,pilot}/`` (``crossover/store.py``:
 commit them as you go); a piece stopped anywhere resumes where the records end.
