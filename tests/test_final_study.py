@@ -140,8 +140,6 @@ def test_the_projection_counts_the_issues_design_at_each_budget():
     # rates x 2 seeds; 3 more reported seeds each, and push-sum's 5 under stragglers
     assert F.cut_runs() == dict(tune=(2 * 3 + 13) * 6, sync=2 * 3 * 3, async_=13 * (3 + 5))
     assert F.epoch_cost(16) == 16 * 6400 * F.STEP_COST_S
-    recs = {"a": dict(real_seconds=400.0, epochs=8), "b": dict(real_seconds=150.0, epochs=4)}
-    assert F.seconds_per_epoch(recs) == 37.5 and F.seconds_per_epoch({}) is None
 
 
 def test_the_report_shows_the_fit_the_pilot_and_whether_its_verdict_holds(monkeypatch):
