@@ -30,7 +30,8 @@ cannot place it.  Each doubling doubles the study, which at 16 epochs is already
 machine-hours as the issue asks it (the projection below).  So E is a budget, as the papers' 90
 epochs are, the same for every method, and a guard stands in for the plateau: the pilot's chosen
 configurations run again at ``CHECK`` = 2E, and E serves the study only if the pilot's verdict
-(which method reaches the quality first) holds there (``check``).  The 64-epoch runs that test the fit come after the pilot.
+(which method reaches the quality first) holds there (``check``).  The 64-epoch runs that test
+the fit come after the pilot.
 
 **The pilot** (``PILOT``), at E: all-reduce against overlapped push-sum (SGP's form) at
 p = 32 on the 10 GbE V100 profile under the typical condition, where the crossover study at its
