@@ -30,8 +30,9 @@ cannot place it.  Each doubling doubles the study, which at 16 epochs is already
 machine-hours as the issue asks it (the projection below).  So E is a budget, as the papers' 90
 epochs are, the same for every method, and a guard stands in for the plateau: the pilot's chosen
 configurations run again at ``CHECK`` = 2E, and E serves the study only if the pilot's verdict
-(which method reaches the quality first) holds there (``check``).  The 64-epoch runs that test
-the fit come after the pilot.
+(which method reaches the quality first) holds there (``check``).  They run at ``SHORT`` = E/2 as
+well: where the verdict holds there too, a budget half as dear gives the study the same answer at
+this cell.  The 64-epoch runs that test the fit come after the pilot.
 
 **The pilot** (``PILOT``), at E: all-reduce against overlapped push-sum (SGP's form) at
 p = 32 on the 10 GbE V100 profile under the typical condition, where the crossover study at its
@@ -85,6 +86,7 @@ METHODS = {"single": (1, ["--method", "single", "--lr", "0.04205"]),
 TARGET = 0.40               # the early target, kept for comparison
 BUDGET = 16                 # the study's E (the docstring says why it is not the plateau)
 CHECK = 32                  # the pilot's choices run again at this budget: the verdict must hold
+SHORT = 8                   # ... and at this one: whether a budget half as dear would give the same
 EDGE_MORE = 2
 PILOT = dict(network="v100-10gbe-resnet50", condition="typical", workers=32,
              # method -> (its flags but the rate, the early-target study's chosen rate at that cell)
@@ -314,20 +316,25 @@ def verdict(recs: dict, epochs: int, rates: dict) -> dict | None:
 
 
 def check(recs: dict) -> dict:
-    """The pilot's verdict at ``BUDGET`` and, at the same chosen rates, at ``CHECK``; ``holds`` when
-    the same method is faster to quality at both (None until both are in)."""
+    """The pilot's verdict at ``BUDGET`` and, at the same chosen rates, at ``CHECK`` and ``SHORT``;
+    ``holds`` (``holds_short``) when the same method is faster to quality at E and at ``CHECK``
+    (``SHORT``), None until both are in."""
     rates = {m: chosen(recs, m, BUDGET) for m in PILOT["methods"]}
-    at = {e: None if None in rates.values() else verdict(recs, e, rates) for e in (BUDGET, CHECK)}
-    both = None not in at.values()
-    known = both and None not in (at[BUDGET]["faster"], at[CHECK]["faster"])
-    return dict(rates=rates, budget=at[BUDGET], check=at[CHECK],
-                holds=(at[BUDGET]["faster"] == at[CHECK]["faster"]) if known else None)
+    at = {e: None if None in rates.values() else verdict(recs, e, rates) for e in (BUDGET, CHECK, SHORT)}
+
+    def same(e):
+        known = at[BUDGET] is not None and at[e] is not None and None not in (at[BUDGET]["faster"],
+                                                                              at[e]["faster"])
+        return (at[BUDGET]["faster"] == at[e]["faster"]) if known else None
+    return dict(rates=rates, budget=at[BUDGET], check=at[CHECK], short=at[SHORT], holds=same(CHECK),
+                holds_short=same(SHORT))
 
 
 def plan(recs: dict) -> list[tuple]:
     """The runs ready now, in order: the pilot's searches at ``BUDGET`` as ("pilot", method, rate,
-    E, seed); then, for each method whose search is over, its choice at ``CHECK`` (every seed); then
-    every seed of the next budget the plateau still needs, as ("epochs", method, E, seed)."""
+    E, seed); then, for each method whose search is over, its choice at ``CHECK`` and then at
+    ``SHORT`` (every seed); then every seed of the next budget the plateau still needs, as
+    ("epochs", method, E, seed)."""
     out, checks = [], []
     for m in PILOT["methods"]:
         rates, over = pilot_grid(recs, m, BUDGET)
@@ -335,7 +342,9 @@ def plan(recs: dict) -> list[tuple]:
                 if pilot_key(m, r, BUDGET, s) not in recs]
         if over:
             c = chosen(recs, m, BUDGET)
-            checks += [("pilot", m, c, CHECK, s) for s in SEEDS if pilot_key(m, c, CHECK, s) not in recs]
+            checks += [("pilot", m, c, e, s) for e in (CHECK, SHORT) for s in SEEDS
+                       if pilot_key(m, c, e, s) not in recs]
+    checks.sort(key=lambda r: r[3] != CHECK)     # (every method's CHECK runs, then the SHORT ones)
     st = plateau(recs)          # (every search at E first: the verdict at E before its check)
     return out + checks + [("epochs", m, e, s) for m in METHODS for e in st["methods"][m]["todo"]
                            for s in SEEDS if key(m, e, s) not in recs]
@@ -437,7 +446,7 @@ def status() -> int:
             print(f"  {m} L{r:g}: final error {fe}; s to F* + {DELTA:.0%}: {tq}; s to "
                   f"{TARGET:.0%}: {tt}{mark}")
     ck = check(recs)
-    for name in ("budget", "check"):
+    for name in ("short", "budget", "check"):
         v = ck[name]
         if v is not None:
             ratio = "-" if v["time_ratio"] is None else f"{v['time_ratio']:.2f}x"
@@ -445,8 +454,9 @@ def status() -> int:
             print(f"  E = {v['epochs']}: faster to F* + {DELTA:.0%} = {v['faster']}; push-sum's time / "
                   f"all-reduce's {ratio} (its whole schedule against all-reduce's time to its final "
                   f"error: {end}), its final error {100 * v['error_gap']:+.2f} points")
-    if ck["holds"] is not None:
-        print(f"the verdict at E = {BUDGET} {'holds' if ck['holds'] else 'does not hold'} at E = {CHECK}")
+    for e, h in ((CHECK, ck["holds"]), (SHORT, ck["holds_short"])):
+        if h is not None:
+            print(f"the verdict at E = {BUDGET} {'holds' if h else 'does not hold'} at E = {e}")
     return 0
 
 
@@ -506,6 +516,7 @@ def summary() -> dict:
                epochs=epochs, plateau={m: st["methods"][m]["plateau"] for m in METHODS},
                fit={m: fit(st["methods"][m]["errors"]) for m in METHODS},
                fit_range={m: fit_range(recs, m) for m in METHODS}, E=BUDGET, check_E=CHECK,
+               short_E=SHORT,
                runs=len(recs), machine_hours=sum(r["real_seconds"] for r in recs.values()) / 3600)
     counts = design_runs()
     total = sum(counts.values())

@@ -691,7 +691,7 @@ def anchors(d):
 def final_study(d):
     """Time to final quality (final_study.py): each budget's mean final error (per seed) for one
     worker and all-reduce, the plateau measured and fitted; the pilot's table at the study's E and
-    its verdict there and at the check budget."""
+    its verdict there and at the check budgets (twice and half E)."""
     budgets = sorted({int(e) for v in d["epochs"].values() for e in v})
     out = ["| method | p | " + " | ".join(f"E = {e}" for e in budgets) + " | plateau | fit: asymptote, "
            "plateau |", "|---|---|" + "---|" * (len(budgets) + 2)]
@@ -712,7 +712,8 @@ def final_study(d):
     out += ["", f"Final top-1 error on the tune split after a full schedule of E epochs (mean; each seed); "
             f"the fit: a + b E^-c, its asymptote a and where the plateau rule would stop, and their 5th-95th "
             f"percentiles over every bootstrap resample of the seeds; the study's "
-            f"E = {d['E']}, checked at {d['check_E']}; {hours} (commit {d['commit'][:7]})."]
+            f"E = {d['E']}, checked at {d['check_E']}" + (f" and {d['short_E']}" if d.get("short_E") else "")
+            + f"; {hours} (commit {d['commit'][:7]})."]
     pilot = d.get("pilot")
     if pilot and pilot.get("table"):
         f = pilot["fstar"]
@@ -733,9 +734,9 @@ def final_study(d):
                            f"{fmt(row['to_quality'])} | {fmt([row.get('mean_to_quality')])} | "
                            f"{fmt(row['to_target'])} | {mark} |")
         ck = pilot.get("check") or {}
-        rows = [ck.get("budget"), ck.get("check")]
+        rows = [ck.get("short"), ck.get("budget"), ck.get("check")]
         if any(rows):
-            out += ["", "The verdict at the chosen rates, at E and at the check (the seeds' mean curves):",
+            out += ["", "The verdict at the chosen rates, at E and at the checks (the seeds' mean curves):",
                     "",
                     "| E | F* | method | rate | final error | s to quality | s to 40% | faster to quality "
                     "| push-sum's time / all-reduce's |", "|---|---|---|---|---|---|---|---|---|"]
@@ -757,9 +758,10 @@ def final_study(d):
                             + (f"{x:.2f}x faster" if x >= 1 else f"{1 / x:.2f}x slower")
                             + f"), and it ends {100 * v['error_gap']:+.2f} points from all-reduce's final "
                             "error."]
-            if ck.get("holds") is not None:
-                out += ["", f"The verdict at E = {d['E']} {'holds' if ck['holds'] else '**does not hold**'} "
-                        f"at E = {d['check_E']}."]
+            for h, e in ((ck.get("holds"), d["check_E"]), (ck.get("holds_short"), d.get("short_E"))):
+                if h is not None:
+                    out += ["", f"The verdict at E = {d['E']} {'holds' if h else '**does not hold**'} "
+                            f"at E = {e}."]
     return "\n".join(out)
 
 

@@ -98,9 +98,10 @@ def test_the_pilot_tunes_all_reduce_by_final_error_then_push_sum_by_time_to_its_
     rates, over = F.pilot_grid(recs, "pushsum-ov", E)
     assert rates == [*pbase, float(f"{pbase[-1] * 2:.4g}")] and not over
     # ready: push-sum's rate past the edge first (every search at E before a check), then
-    # all-reduce's choice at CHECK (its search is over)
+    # all-reduce's choice at CHECK and at SHORT (its search is over)
     assert [r[1:4] for r in F.plan(recs) if r[0] == "pilot"] == [("pushsum-ov", rates[-1], E)] * len(
-        F.SEEDS) + [("allreduce", base[1], F.CHECK)] * len(F.SEEDS)
+        F.SEEDS) + [("allreduce", base[1], F.CHECK)] * len(F.SEEDS) + [("allreduce", base[1], F.SHORT)] * len(
+        F.SEEDS)
     # ... which misses the quality: the choice stays, the search is over
     for s in F.SEEDS:
         recs[F.pilot_key("pushsum-ov", rates[-1], E, s)] = rec(0.30, 50.0)
@@ -111,23 +112,32 @@ def test_the_pilot_tunes_all_reduce_by_final_error_then_push_sum_by_time_to_its_
     row = table["pushsum-ov"]["rates"][pbase[-1]]
     assert row["to_quality"] == [pytest.approx(45.0 + 45.0 * (0.5 - 0.16) / (0.5 - 0.155))] * 2
     assert table["pushsum-ov"]["rates"][rates[-1]]["to_quality"] == [None, None]
-    # both searches over: each choice runs again at CHECK, every seed, before the plateau's runs
+    # both searches over: each choice runs again at CHECK, then at SHORT, every seed, before the
+    # plateau's runs
     assert F.chosen(recs, "allreduce", E) == base[1] and F.chosen(recs, "pushsum-ov", E) == pbase[-1]
     todo = F.plan(recs)
-    assert todo[:2 * len(F.SEEDS)] == [("pilot", "allreduce", base[1], F.CHECK, s) for s in F.SEEDS] + [
-        ("pilot", "pushsum-ov", pbase[-1], F.CHECK, s) for s in F.SEEDS]
+    assert todo[:4 * len(F.SEEDS)] == [("pilot", m, c, e, s) for e in (F.CHECK, F.SHORT)
+                                       for m, c in (("allreduce", base[1]), ("pushsum-ov", pbase[-1]))
+                                       for s in F.SEEDS]
     ck = F.check(recs)
     assert ck["budget"]["faster"] == "pushsum-ov" and ck["check"] is None and ck["holds"] is None
     assert ck["budget"]["time_ratio"] == pytest.approx(row["to_quality"][0] / (100 + 100 * 0.34 / 0.35))
     assert ck["budget"]["error_gap"] == pytest.approx(0.005)
     # at CHECK all-reduce ends at 0.12 in 400 s; push-sum at 0.135 in 300 s misses 0.13: the verdict
-    # (push-sum first) does not hold, and the next runs are the plateau's
+    # (push-sum first) does not hold; at SHORT all-reduce ends at 0.17 in 100 s, push-sum at 0.175 in
+    # 60 s reaches 0.18 first: the verdict holds there; then the next runs are the plateau's
     for s in F.SEEDS:
         recs[F.pilot_key("allreduce", base[1], F.CHECK, s)] = rec(0.12, 400.0)
         recs[F.pilot_key("pushsum-ov", pbase[-1], F.CHECK, s)] = rec(0.135, 300.0)
     ck = F.check(recs)
     assert ck["check"]["fstar"] == pytest.approx(0.12) and ck["check"]["faster"] == "allreduce"
-    assert ck["check"]["time_ratio"] is None and ck["holds"] is False
+    assert ck["check"]["time_ratio"] is None and ck["holds"] is False and ck["holds_short"] is None
+    assert {r[3] for r in F.plan(recs) if r[0] == "pilot"} == {F.SHORT}
+    for s in F.SEEDS:
+        recs[F.pilot_key("allreduce", base[1], F.SHORT, s)] = rec(0.17, 100.0)
+        recs[F.pilot_key("pushsum-ov", pbase[-1], F.SHORT, s)] = rec(0.175, 60.0)
+    ck = F.check(recs)
+    assert ck["short"]["faster"] == "pushsum-ov" and ck["holds_short"] is True and ck["holds"] is False
     assert all(r[0] == "epochs" for r in F.plan(recs))
 
 
@@ -153,10 +163,12 @@ def test_the_report_shows_the_fit_the_pilot_and_whether_its_verdict_holds(monkey
         for s in F.SEEDS:
             recs[F.pilot_key("allreduce", r, E, s)] = rec(err, 200.0)
             recs[F.pilot_key("allreduce", r, C, s)] = rec(err - 0.02, 400.0)
+            recs[F.pilot_key("allreduce", r, F.SHORT, s)] = rec(err + 0.03, 100.0)
     for r in [float(f"{ps * f:.4g}") for f in (0.5, 1, 2)]:
         for s in F.SEEDS:
             recs[F.pilot_key("pushsum-ov", r, E, s)] = rec(0.20 if r == ps else 0.22, 150.0)
             recs[F.pilot_key("pushsum-ov", r, C, s)] = rec(0.18, 300.0)
+            recs[F.pilot_key("pushsum-ov", r, F.SHORT, s)] = rec(0.24, 75.0)
     monkeypatch.setattr(F, "records", lambda: recs)
     monkeypatch.setattr(F, "pinned", lambda: "0123456789abcdef")
     d = F.summary()
@@ -165,11 +177,13 @@ def test_the_report_shows_the_fit_the_pilot_and_whether_its_verdict_holds(monkey
     assert ck["rates"] == {"allreduce": float(f"{ar:.4g}"), "pushsum-ov": ps}
     # push-sum misses F* + 1 point (0.16) at E and at the check: all-reduce first at both
     assert ck["budget"]["faster"] == ck["check"]["faster"] == "allreduce" and ck["holds"] is True
+    assert ck["short"]["faster"] == "allreduce" and ck["holds_short"] is True
     assert ck["check"]["fstar"] == pytest.approx(0.13) and ck["budget"]["error_gap"] == pytest.approx(0.05)
     text = report.final_study(json.loads(json.dumps(d)))
-    assert "| single | 1 | 23.00% (23.20, 22.80) |" in text and "E = 16, checked at 32" in text
+    assert "| single | 1 | 23.00% (23.20, 22.80) |" in text and "E = 16, checked at 32 and 8" in text
     assert f"| {C} | 13.00% | pushsum-ov | L{ps:g} | 18.00% | — |" in text
     assert f"The verdict at E = {E} holds at E = {C}." in text
+    assert f"The verdict at E = {E} holds at E = {F.SHORT}." in text
     # push-sum ends at 0.20 in 150 s; all-reduce's mean curve gets to 0.20 at 185.7 s: push-sum
     # 1.24x faster, 5 points worse at the end
     t_ar = 100 + 100 * (0.5 - 0.20) / (0.5 - 0.15)
