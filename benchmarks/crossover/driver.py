@@ -92,11 +92,12 @@ def execute(run: S.Run, sha: str, wt: Path, dirs: dict[str, Path], scratch: Path
     return rec
 
 
-def retime(run_dir: Path, wt: Path, env: dict) -> dict[str, list[float]]:
+def retime(run_dir: Path, wt: Path, env: dict, networks=S.NETWORKS,
+           conditions=S.CONDITIONS) -> dict[str, list[float]]:
     """The validations' training seconds under every (network, condition) (exact re-timing)."""
     out = {}
-    for n in S.NETWORKS:
-        for cond in S.CONDITIONS:
+    for n in networks:
+        for cond in conditions:
             dst = run_dir.parent / f"{run_dir.name}-rt"
             shutil.rmtree(dst, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "scalesgd.virtual", "retime", str(run_dir), "--profile", n,

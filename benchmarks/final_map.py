@@ -1,0 +1,534 @@
+"""The map by time to final quality: which family, synchronous or asynchronous, reaches within δ
+of the best synchronous final error first, by p, network and condition, after a full schedule of
+``E`` epochs (``final_study.py`` chose E and its pilot the search; this module is the study).
+
+``python benchmarks/final_map.py pin|run|status|report`` (``run --minutes M``: a resumable piece).
+
+**Task and runs.** The crossover study's (the glyphs, ResNet-8 at half width, batch 8 a worker),
+each run a virtual-cluster run of the pinned commit (``results/final-map/pin.json``) over a cosine
+schedule of ``E`` epochs after a 0.5-epoch warm-up, the peak rate by linear scaling
+(``--linear-scaling --reference-batch 8``: the rates below are per 8 images).  One rule for every
+method: under a common warm-up and schedule a fixed rate is a linear-scaled one at another value, so
+the crossover study's two rules are one search here.  Each finished run is a record under
+``results/final-map/`` (commit them as you go); a piece stopped anywhere resumes where they end.
+
+**Cells.** p in ``P`` on the three networks of one GPU a node (``FLAT``), and p in ``NODE_P`` on the
+two of eight GPUs a node (``NODE``), run as node agents (``--hierarchy node``: a node's GPUs reduce
+inside the node, the node is the agent; at p = 8 those networks are one node, with no exchange
+between agents), under the conditions ``CONDITIONS``.  The methods (the families' entries in the
+crossover study at p >= 8): all-reduce and local SGD (synchronous: their arithmetic ignores the
+clock, so each run is re-timed exactly under every network of its kind and every condition) and
+overlapped push-sum (SGP's form; asynchronous: it runs under each network, and under ``none`` and
+``stragglers`` only, ``typical`` having made the same family call as ``none`` at 18 of 21 p of the
+early-target study).  EASGD and A-SGD are left out (budget: 60 machine-hours).
+
+**The same search for every method** (``Search``), on the tune split with ``TUNE_SEEDS``:
+1. the grid: the starting rate x 1/2, 1, 2 with the method's first setting (local SGD: tau 4;
+   ``SETTINGS``).  The starting rate is the neighbouring p's choice (the searches run from p = 32
+   down), at p = 32 the pilot's choices (all-reduce, push-sum) and, for local SGD, twice its
+   early-target choice (the factor by which both pilot methods' final-quality rates exceeded theirs);
+2. the edge rule per setting: while the choice's rate is the highest (lowest) of its setting's, one
+   more rate twice (half) as large, at most ``EDGE_MORE`` a setting;
+3. the settings step (a method with more than one setting): the choice's rate with each other
+   setting, whose own edge rule then applies.
+Synchronous methods are searched by their mean final error: the least over both at a p is the
+tuning quality F*; a method's choice is then its configuration whose seeds' mean curve is first to
+F* + ``DELTA`` under each network (condition ``TUNE_CONDITION``), else its least final error.
+Push-sum is searched by that time to quality (its search waits for the synchronous ones at its p).
+All-reduce as node agents sums the same gradients in another order: it takes the one-GPU-a-node
+search's choice (ranked by time to quality, which for a method whose step costs the same at every
+rate is ranked by samples, under any clock).
+
+**Reported runs** (``SEEDS``, the main split): every choice, each seed, paired across methods.
+Per cell: F* = the least synchronous mean final error; per method its mean final error, the time
+its seeds' mean curve takes to F* + ``DELTA`` (δ = 1 point: about the spread of two seeds' final
+errors at one configuration, ``final_study``'s pilot), to the early target (40%), and to its end.
+**The family call** (``call``): the difference of the two families' times to quality, each family's
+pick (its faster method) and F* redone in each of the seeds' bootstrap resamples (the same seeds for
+every method), a family whose mean curve misses the quality in a resample last there; its 95%
+interval below 0: synchronous first; above 0: asynchronous first; else a tie.  A push-sum that misses
+the quality is still reported: its whole schedule's time against the time the synchronous pick
+takes to push-sum's own final error, and how much worse it ends.  No run is stopped early.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import final_study as F
+from crossover import claims, driver, store
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results" / "final-map"
+OUT = ROOT / "results" / "final-map.json"
+
+E = 8
+DELTA = F.DELTA
+TARGET = F.TARGET
+WARMUP = F.WARMUP
+P = (32, 16, 8)                          # the searches' order: each p starts from the one before
+NODE_P = (32, 16)
+FLAT = ("titanx-fdr-resnet18", "a100-ib100-resnet50", "v100-10gbe-resnet50")
+NODE = ("v100x8-10gbe-resnet50", "a100x8-ib100-resnet50")
+NODE_OF = {"v100x8-10gbe-resnet50": "v100-10gbe-resnet50", "a100x8-ib100-resnet50": "a100-ib100-resnet50"}
+CONDITIONS = ("none", "typical", "stragglers")
+ASYNC_CONDITIONS = ("none", "stragglers")
+TUNE_CONDITION = "none"
+TUNE_SEEDS = (100, 101)
+SEEDS = (0, 1, 2, 3, 4)
+EDGE_MORE = 2
+SYNC, ASYNC = ("allreduce", "localsgd"), ("pushsum-ov",)
+FLAGS = {"allreduce": ["--method", "allreduce"], "localsgd": ["--method", "localsgd"],
+         "pushsum-ov": ["--method", "gossip", "--gossip", "push", "--gossip-overlap", "--gossip-graph",
+                        "exponential"]}
+SETTINGS = {"allreduce": ("",), "pushsum-ov": ("",), "localsgd": ("t4", "t16m")}
+SETTING_FLAGS = {"": [], "t4": ["--tau", "4"], "t16m": ["--tau", "16", "--slowmo-beta", "0.6"]}
+# p = 32's starting rates: the pilot's choices (final_study, E = 16); local SGD twice its early-target one
+START = {"allreduce": 0.07072, "pushsum-ov": 0.08408, "localsgd": 0.01768}
+B_NOISE = 700.0            # the glyph task's noise scale at the early target (crossover.json), images
+
+
+def agents(network: str) -> str:
+    return "node" if network in NODE else "flat"
+
+
+def networks_of(kind: str) -> tuple[str, ...]:
+    return NODE if kind == "node" else FLAT
+
+
+def ps_of(kind: str) -> tuple[int, ...]:
+    return NODE_P if kind == "node" else P
+
+
+def config(rate: float, setting: str) -> str:
+    return f"L{rate:.4g}" + (f"-{setting}" if setting else "")
+
+
+def parse(cfg: str) -> tuple[float, str]:
+    head, _, setting = cfg.partition("-")
+    return float(head[1:]), setting
+
+
+def run_key(kind: str, method: str, ag: str, p: int, cfg: str, seed: int, network: str | None = None,
+            condition: str | None = None) -> str:
+    """A record's key: tune|rep / method-agents-p-config-seed, and the network and condition of a
+    run whose arithmetic depends on the clock (push-sum)."""
+    where = "" if network is None else f"-{network}-{condition}"
+    return f"{kind}/{method}-{ag}-p{p}-{cfg}-s{seed}{where}"
+
+
+def flags(method: str, cfg: str, ag: str) -> list[str]:
+    rate, setting = parse(cfg)
+    return [*FLAGS[method], "--lr", f"{rate:g}", "--linear-scaling", "--reference-batch", "8",
+            *SETTING_FLAGS[setting], *(["--hierarchy", "node"] if ag == "node" else [])]
+
+
+# ----------------------------------------------------------------------------------- reading runs
+def curve_of(rec: dict, network: str, condition: str) -> list[dict] | None:
+    """A record's validation curve (seconds, error) under (network, condition): a re-timing of a
+    synchronous run, a push-sum run's own (None: not run there)."""
+    if rec["method"] in SYNC:
+        times = rec.get("retimed", {}).get(f"{network}/{condition}")
+        if times is None:
+            return None
+        return [dict(c, seconds=t) for c, t in zip(rec["curve"], times)]
+    if (rec["network"], rec["condition"]) != (network, condition):
+        return None
+    return rec["curve"]
+
+
+def mean_curve(curves: list[list[dict]]) -> list[dict]:
+    return F.mean_curve([dict(curve=c) for c in curves])
+
+
+class Search:
+    """The tuning of one line: (method, agents, p, network for push-sum, else None)."""
+
+    def __init__(self, plan: "Plan", method: str, ag: str, p: int, network: str | None):
+        self.plan, self.method, self.ag, self.p, self.network = plan, method, ag, p, network
+
+    def key(self, cfg: str, seed: int) -> str:
+        return run_key("tune", self.method, self.ag, self.p, cfg, seed, self.network,
+                       None if self.network is None else TUNE_CONDITION)
+
+    def runs(self, cfg: str) -> list[dict] | None:
+        got = [self.plan.recs.get(self.key(cfg, s)) for s in TUNE_SEEDS]
+        return None if None in got else got
+
+    def start(self) -> tuple[float, str] | None:
+        """(rate, setting) the grid starts from: the neighbouring p's choice (None while it is not
+        known), at the first p the pilot's rate (node agents: the one-GPU-a-node line's choice)."""
+        ps = ps_of(self.ag)
+        if self.p != ps[0]:
+            before = Search(self.plan, self.method, self.ag, ps[ps.index(self.p) - 1], self.network)
+        elif self.ag == "node":
+            before = Search(self.plan, self.method, "flat", self.p,
+                            None if self.network is None else NODE_OF[self.network])
+        else:
+            return START[self.method], SETTINGS[self.method][0]
+        c = before.chosen()
+        return None if c is None else parse(c)
+
+    def score(self, cfg: str, network: str | None = None) -> tuple | None:
+        """Synchronous lines: (mean final error,); push-sum (or a synchronous choice under
+        ``network``): (0, seconds of the mean curve to F* + DELTA) or (1, mean final error).  None
+        while a run (or F*) is missing."""
+        got = self.runs(cfg)
+        if got is None:
+            return None
+        fe = float(np.mean([g["final_error"] for g in got]))
+        if self.method in SYNC and network is None:
+            return (fe,)
+        if any(g["diverged"] for g in got):         # (a diverged seed's curve ends early)
+            return (1, fe)
+        f = self.plan.fstar_tune(self.ag, self.p)
+        if f is None:
+            return None
+        net = network or self.network
+        curves = [curve_of(g, net, TUNE_CONDITION) for g in got]
+        t = None if None in curves else F.interpolate(mean_curve(curves), f + DELTA)
+        return (0, t) if t is not None else (1, fe)
+
+    def grid(self) -> tuple[list[str], bool]:
+        """(the configurations so far, whether the search is over): the grid, the edge rule per
+        setting, the settings step (module docstring).  Kept by the plan (its records do not
+        change)."""
+        k = (self.method, self.ag, self.p, self.network)
+        if k not in self.plan.grids:
+            self.plan.grids[k] = self._grid()
+        return self.plan.grids[k]
+
+    def _grid(self) -> tuple[list[str], bool]:
+        if self.method == "allreduce" and self.ag == "node":
+            return [], True
+        s = self.start()
+        if s is None:
+            return [], False
+        rate, first = s
+        cfgs = [config(float(f"{rate * f:.4g}"), first) for f in (0.5, 1.0, 2.0)]
+        more = {st: 0 for st in SETTINGS[self.method]}
+        settings_done = len(SETTINGS[self.method]) == 1
+        while True:
+            scores = {c: self.score(c) for c in cfgs}
+            if None in scores.values():
+                return cfgs, False
+            best = min(cfgs, key=scores.get)
+            r, st = parse(best)
+            rates = [parse(c)[0] for c in cfgs if parse(c)[1] == st]
+            nxt = []
+            if len(rates) == 1:               # a setting tried at one rate: its grid around it
+                nxt = [config(float(f"{r * f:.4g}"), st) for f in (0.5, 2.0)]
+            elif more[st] < EDGE_MORE and r == max(rates):
+                nxt, more[st] = [config(float(f"{r * 2:.4g}"), st)], more[st] + 1
+            elif more[st] < EDGE_MORE and r == min(rates):
+                nxt, more[st] = [config(float(f"{r / 2:.4g}"), st)], more[st] + 1
+            elif not settings_done:
+                nxt, settings_done = [config(r, o) for o in SETTINGS[self.method] if o != st], True
+            nxt = [c for c in nxt if c not in cfgs]
+            if not nxt:
+                return cfgs, True
+            cfgs += nxt
+
+    def best_error(self) -> float | None:
+        """The least mean final error of the search once it is over."""
+        cfgs, over = self.grid()
+        if not over or not cfgs:
+            return None
+        return min(float(np.mean([g["final_error"] for g in self.runs(c)])) for c in cfgs)
+
+    def chosen(self, network: str | None = None) -> str | None:
+        """The configuration chosen (under ``network``: a synchronous line's choice by time to
+        quality there); None before the search (and F*) is over."""
+        if self.method == "allreduce" and self.ag == "node":
+            return Search(self.plan, "allreduce", "flat", self.p, None).chosen(NODE_OF[network or NODE[0]])
+        cfgs, over = self.grid()
+        if not over:
+            return None
+        if self.method in SYNC and network is None:
+            return min(cfgs, key=self.score)
+        scores = {c: self.score(c, network) for c in cfgs}
+        return None if None in scores.values() else min(cfgs, key=scores.get)
+
+
+class Plan:
+    """The records and what can run next."""
+
+    def __init__(self, recs: dict | None = None):
+        self.recs = records() if recs is None else recs
+        self.grids: dict[tuple, tuple[list[str], bool]] = {}
+
+    def fstar_tune(self, ag: str, p: int) -> float | None:
+        """F* of the tuning: the least mean final error of the synchronous searches at p (node
+        agents: local SGD's own, all-reduce's from one GPU a node); None while one is open."""
+        got = [Search(self, m, "flat" if m == "allreduce" else ag, p, None).best_error() for m in SYNC]
+        return None if None in got else min(got)
+
+    def lines(self) -> list[Search]:
+        out = []
+        for ag in ("flat", "node"):
+            for p in ps_of(ag):
+                out += [Search(self, m, ag, p, None) for m in SYNC]
+                out += [Search(self, m, ag, p, n) for m in ASYNC for n in networks_of(ag)]
+        return out
+
+    def choices(self, s: Search) -> set[str]:
+        """The configurations ``s`` reports (a synchronous line: its choice under each network of
+        its kind); empty while not known."""
+        nets = [s.network] if s.network else list(networks_of(s.ag))
+        got = {s.chosen(n) for n in nets}
+        return set() if None in got else got
+
+    def todo(self) -> list[tuple]:
+        """The runs ready now: tuning first (it opens the next p), then reported runs, as
+        (kind, method, agents, p, config, seed, network or None, condition or None)."""
+        tune, rep = [], []
+        for s in self.lines():
+            cfgs, _ = s.grid()
+            tune += [("tune", s.method, s.ag, s.p, c, seed, s.network, s.network and TUNE_CONDITION)
+                     for c in cfgs for seed in TUNE_SEEDS if s.key(c, seed) not in self.recs]
+            conds = ASYNC_CONDITIONS if s.network else (None,)
+            rep += [("rep", s.method, s.ag, s.p, c, seed, s.network, cond)
+                    for c in sorted(self.choices(s)) for cond in conds for seed in SEEDS
+                    if run_key("rep", s.method, s.ag, s.p, c, seed, s.network, cond) not in self.recs]
+        return tune + rep
+
+
+# ------------------------------------------------------------------------------------ the cells
+def reported(recs: dict, plan: Plan, ag: str, p: int, network: str, condition: str) -> dict:
+    """method -> (its reported configuration, {seed: curve} under (network, condition)) for the
+    methods with every seed in."""
+    out = {}
+    for m in (*SYNC, *ASYNC):
+        s = Search(plan, m, ag, p, network if m in ASYNC else None)
+        c = s.chosen(network)
+        if c is None or (m in ASYNC and condition not in ASYNC_CONDITIONS):
+            continue
+        keys = {seed: run_key("rep", m, ag, p, c, seed, network if m in ASYNC else None,
+                              condition if m in ASYNC else None) for seed in SEEDS}
+        if any(k not in recs for k in keys.values()):
+            continue
+        curves = {seed: curve_of(recs[k], network, condition) for seed, k in keys.items()}
+        if None not in curves.values():
+            out[m] = (c, curves)
+    return out
+
+
+def padded(curves: list[list[dict]]) -> np.ndarray:
+    """Seeds x validations x (seconds, error); a diverged seed's curve, which ends early, carried on
+    at error 0.9 (chance) at the other seeds' mean seconds."""
+    n = max(len(c) for c in curves)
+    full = [c for c in curves if len(c) == n]
+    out = []
+    for c in curves:
+        rows = [(v["seconds"], v["error"]) for v in c]
+        rows += [(float(np.mean([f[i]["seconds"] for f in full])), 0.9) for i in range(len(c), n)]
+        out.append(rows)
+    return np.array(out, dtype=float)
+
+
+def first_times(mean: np.ndarray, quality) -> np.ndarray:
+    """Per row of ``mean`` (... x validations x (seconds, error)): the seconds its error first
+    reaches ``quality`` (a scalar or one per row), linear between the validation before and the
+    first at or below it, as ``final_study.interpolate``; inf where it never does."""
+    sec, err = mean[..., 0], mean[..., 1]
+    q = np.broadcast_to(np.asarray(quality, dtype=float)[..., None], err.shape)
+    hit = err <= q
+    j = hit.argmax(axis=-1)[..., None]
+    t = np.take_along_axis(sec, j, -1)[..., 0]
+    jp = np.maximum(j - 1, 0)
+    e0, e1 = np.take_along_axis(err, jp, -1)[..., 0], np.take_along_axis(err, j, -1)[..., 0]
+    s0 = np.take_along_axis(sec, jp, -1)[..., 0]
+    inner = (j[..., 0] > 0) & (e0 > e1)
+    f = np.where(inner, (e0 - q[..., 0]) / np.where(inner, e0 - e1, 1.0), 0.0)
+    t = np.where(inner, s0 + f * (t - s0), t)
+    return np.where(hit.any(axis=-1), t, np.inf)
+
+
+def times(curves: np.ndarray, quality: float) -> float:
+    """Seconds the mean of ``curves`` (seeds x validations x (seconds, error)) takes to ``quality``
+    (inf: never)."""
+    return float(first_times(curves.mean(axis=0), quality))
+
+
+def call(rows: dict) -> dict:
+    """The family call over the seeds' bootstrap (``claims.resamples``, the same seeds for every
+    method): per resample, F* (the least synchronous mean final error), each method's mean-curve
+    time to F* + DELTA, each family's pick (its least), and the difference synchronous - asynchronous
+    (a family that misses: inf on its side).  The interval: the expanded percentile interval
+    (``claims.tail``) by order statistics (infinities allowed).  ``rows``: method -> array (seeds x
+    validations x 2)."""
+    sync = [m for m in rows if m in SYNC]
+    asyn = [m for m in rows if m in ASYNC]
+    if not sync or not asyn:
+        return dict(outcome="neither" if not sync else "not run")
+    n = len(SEEDS)
+    idx = np.vstack([np.arange(n)[None, :], claims.resamples(n)])      # the observed, then the resamples
+    means = {m: rows[m][idx].mean(axis=1) for m in rows}                # resamples x validations x 2
+    fs = np.min([means[m][:, -1, 1] for m in sync], axis=0)
+    ts = {m: first_times(means[m], fs + DELTA) for m in rows}
+    a, s = np.min([ts[m] for m in asyn], axis=0), np.min([ts[m] for m in sync], axis=0)
+    with np.errstate(invalid="ignore"):
+        diffs = np.where(np.isinf(a) & np.isinf(s), 0.0, s - a)
+    boot = np.sort(diffs[1:])
+    q = claims.tail(n)
+    lo, hi = boot[int(np.floor(q * len(boot)))], boot[int(np.ceil((1 - q) * len(boot))) - 1]
+    outcome = "sync" if hi < 0 else "async" if lo > 0 else "tie"
+    return dict(outcome=outcome, diff=float(diffs[0]), lo=float(lo), hi=float(hi), seeds=n)
+
+
+def cell(recs: dict, plan: Plan, network: str, condition: str, p: int) -> dict | None:
+    """One cell: F*, per method its configuration, final error (mean, each seed), mean-curve times
+    to quality, to the early target and to its end; the family call; where push-sum misses the
+    quality, its end against the synchronous pick's time to push-sum's final error."""
+    ag = agents(network)
+    got = reported(recs, plan, ag, p, network, condition)
+    if not any(m in got for m in SYNC):
+        return None
+    arr = {m: padded([curves[s] for s in SEEDS]) for m, (_, curves) in got.items()}
+    fs = min(float(arr[m][:, -1, 1].mean()) for m in SYNC if m in arr)
+    methods = {}
+    for m, a in arr.items():
+        fe = a[:, -1, 1]
+        tq, t40 = times(a, fs + DELTA), times(a, TARGET)
+        methods[m] = dict(config=got[m][0], final_error=float(fe.mean()), seeds=[float(x) for x in fe],
+                          to_quality=None if not np.isfinite(tq) else tq,
+                          to_target=None if not np.isfinite(t40) else t40,
+                          end=float(a[:, -1, 0].mean()))
+    out = dict(network=network, condition=condition, p=p, agents=ag, noise_units=8 * p / B_NOISE, fstar=fs,
+               methods=methods, call=call(arr))
+    sync = [m for m in SYNC if m in methods]
+    pick = min(sync, key=lambda m: methods[m]["to_quality"])
+    out["sync_pick"] = pick
+    for m in ASYNC:
+        v = methods.get(m)
+        if v is not None and v["to_quality"] is None:
+            t = times(arr[pick], v["final_error"])
+            v["sync_to_its_error"] = None if not np.isfinite(t) else t
+            v["end_ratio"] = None if not np.isfinite(t) else v["end"] / t
+            v["error_gap"] = v["final_error"] - methods[pick]["final_error"]
+    return out
+
+
+def cells(recs: dict) -> list[dict]:
+    plan = Plan(recs)
+    out = []
+    for ag in ("flat", "node"):
+        for n in networks_of(ag):
+            for cond in CONDITIONS:
+                for p in sorted(ps_of(ag)):
+                    c = cell(recs, plan, n, cond, p)
+                    if c is not None:
+                        out.append(c)
+    return out
+
+
+# ------------------------------------------------------------------------------------- running
+def pinned() -> str | None:
+    try:
+        return json.loads((RESULTS / "pin.json").read_text())["commit"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def records() -> dict[str, dict]:
+    pin = pinned()
+    return {k: r for k, r in store.records(RESULTS).items() if r.get("commit") == pin}
+
+
+def run_cost(run: tuple) -> float:
+    return F.epoch_cost(E)
+
+
+def execute(run: tuple, sha: str, wt: Path, dirs: dict, scratch: Path) -> dict:
+    """One run of the pinned tree; a synchronous one re-timed under every network of its kind and
+    every condition; writes its record."""
+    kind, method, ag, p, cfg, seed, network, condition = run
+    rkey = run_key(kind, method, ag, p, cfg, seed, network, condition)
+    net = network or networks_of(ag)[0]
+    run_dir = scratch / rkey
+    got = driver.glyph_run(wt, rkey, run_dir, [
+        "--data", str(dirs["tune" if kind == "tune" else "sweep"]), *flags(method, cfg, ag),
+        "--schedule", "cosine", "--warmup-epochs", str(WARMUP), "--seed", str(seed), "--workers", str(p),
+        "--epochs", str(E), "--eval-every", f"{max(0.25, E / 16):g}", "--profile", net,
+        "--condition", condition or TUNE_CONDITION])
+    curve = [dict(samples=v["global_samples"], seconds=v["train_seconds"], error=1 - v["val_top1_accuracy"])
+             for v in driver.vals(run_dir)]
+    rec = dict(key=rkey, kind=kind, method=method, agents=ag, workers=p, config=cfg, seed=seed,
+               network=network, condition=condition, epochs=E, argv=got["argv"], diverged=got["diverged"],
+               final_error=curve[-1]["error"] if curve and not got["diverged"] else 0.9, curve=curve)
+    if method in SYNC and not got["diverged"]:
+        rec["retimed"] = driver.retime(run_dir, wt, got["env"], networks_of(ag), CONDITIONS)
+    rec.update(commit=sha, real_seconds=time.perf_counter() - got["t0"])
+    store.write(RESULTS, rkey, rec)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return rec
+
+
+def piece(minutes: float, jobs: int, data: Path, scratch: Path) -> int:
+    sha = pinned() or sys.exit("final_map: no pinned commit yet: python benchmarks/final_map.py pin")
+    wt = driver.tree(sha)
+    dirs = driver.data_dirs(data)
+    driver.run_pool(jobs, minutes, lambda: Plan().todo(), lambda r: execute(r, sha, wt, dirs, scratch),
+                    run_cost, lambda r: run_key(*r),
+                    lambda r, rec: f"{rec['key']}: final error {rec['final_error']:.4f}, "
+                                   f"{rec['real_seconds']:.0f} s real")
+    return status()
+
+
+def summary(recs: dict | None = None) -> dict:
+    recs = records() if recs is None else recs
+    plan = Plan(recs)
+    todo = plan.todo()
+    tuning = {}
+    for s in plan.lines():
+        cfgs, over = s.grid()
+        tuning[f"{s.method}/{s.ag}/p{s.p}" + (f"/{s.network}" if s.network else "")] = dict(
+            configs={c: None if s.runs(c) is None else [g["final_error"] for g in s.runs(c)] for c in cfgs},
+            over=over, chosen=sorted(plan.choices(s)))
+    hours = sum(r.get("real_seconds", 0.0) for r in recs.values()) / 3600
+    return dict(experiment="final-map", commit=pinned(), E=E, delta=DELTA, seeds=list(SEEDS),
+                tune_seeds=list(TUNE_SEEDS), b_noise=B_NOISE, runs=len(recs), machine_hours=hours,
+                ready=len(todo), ready_hours=len(todo) * F.epoch_cost(E) / 3600, tuning=tuning,
+                cells=cells(recs))
+
+
+def status() -> int:
+    d = summary()
+    print(f"final map at E = {d['E']}: {d['runs']} runs, {d['machine_hours']:.2f} machine-hours; ready now "
+          f"{d['ready']} runs (about {d['ready_hours']:.1f} machine-hours)")
+    for name, t in d["tuning"].items():
+        print(f"  {name}: {len(t['configs'])} configurations, "
+              f"{'over, chosen ' + ', '.join(t['chosen']) if t['over'] else 'open'}")
+    for c in d["cells"]:
+        print(f"  {c['network']} / {c['condition']} p = {c['p']}: F* {c['fstar']:.2%}, call {c['call']['outcome']}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=("pin", "run", "status", "report"))
+    ap.add_argument("commit", nargs="?", default="HEAD")
+    ap.add_argument("--minutes", type=float, default=55.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--data", type=Path, default=ROOT / "data" / "glyphs")
+    ap.add_argument("--scratch", type=Path, default=ROOT / "runs" / "final-map")
+    a = ap.parse_args(argv)
+    if a.what == "pin":
+        return driver.pin(a.commit, RESULTS, pinned(), "final_map")
+    if a.what == "run":
+        return piece(a.minutes, a.jobs, a.data, a.scratch)
+    if a.what == "report":
+        OUT.write_text(json.dumps(summary(), indent=1) + "\n")
+        print(f"wrote {OUT.relative_to(ROOT)}")
+        return 0
+    return status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""benchmarks/final_map.py: the search's order and rules, the reported runs, the cells and the
+family call, over records made up to a known answer (the runs themselves are virtual-cluster runs,
+tested in test_virtual*.py)."""
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import final_map as M  # noqa: E402
+
+V = 16                      # validations a run
+
+
+def curve(final: float, unit: float) -> list[dict]:
+    return [dict(samples=i, seconds=unit * i, error=0.9 - (0.9 - final) * math.sqrt(i / V))
+            for i in range(1, V + 1)]
+
+
+class World:
+    """Made-up runs: a method's final error is least at its best rate (setting t16m 1 point worse),
+    grows 2 points a doubling away from it, 0.2 points more for odd seeds; push-sum's is ``gap``
+    above all-reduce's and its step ``speed`` times as long; the networks' steps scale by ``NET``,
+    stragglers add 10%."""
+    BEST = {"allreduce": 0.1, "localsgd": 0.03, "pushsum-ov": 0.2}
+    NET = {"titanx-fdr-resnet18": 3.0, "a100-ib100-resnet50": 1.0, "v100-10gbe-resnet50": 2.0,
+           "v100x8-10gbe-resnet50": 2.5, "a100x8-ib100-resnet50": 1.2}
+
+    def __init__(self, gap=0.05, speed=0.5):
+        self.gap, self.speed, self.recs = gap, speed, {}
+
+    def error(self, m, cfg, seed):
+        rate, st = M.parse(cfg)
+        return (0.14 + 0.02 * abs(math.log2(rate / self.BEST[m])) + (0.01 if st == "t16m" else 0)
+                + 0.002 * (seed % 2) + (self.gap if m == "pushsum-ov" else 0.0))
+
+    def step(self, m, net, cond):
+        return self.NET[net] * (self.speed if m == "pushsum-ov" else 1.0) * (1.1 if cond == "stragglers" else 1)
+
+    def run(self, r):
+        kind, m, ag, p, cfg, seed, net, cond = r
+        fe = self.error(m, cfg, seed)
+        rec = dict(key=M.run_key(*r), method=m, agents=ag, workers=p, config=cfg, seed=seed, network=net,
+                   condition=cond, diverged=False, final_error=None, real_seconds=1.0)
+        if m in M.SYNC:
+            rec["curve"] = curve(fe, 1.0)
+            rec["retimed"] = {f"{n}/{c}": [x["seconds"] * self.step(m, n, c) for x in rec["curve"]]
+                              for n in M.networks_of(ag) for c in M.CONDITIONS}
+        else:
+            rec["curve"] = curve(fe, self.step(m, net, cond))
+        rec["final_error"] = rec["curve"][-1]["error"]
+        self.recs[rec["key"]] = rec
+
+    def finish(self, limit=2000):
+        for _ in range(limit):
+            todo = M.Plan(self.recs).todo()
+            if not todo:
+                return
+            for r in todo:
+                self.run(r)
+        raise AssertionError("the plan never ends")
+
+
+def test_the_first_runs_are_the_p32_grids_around_the_pilots_rates():
+    todo = M.Plan({}).todo()
+    assert {r[3] for r in todo} == {32} and {r[0] for r in todo} == {"tune"}
+    got = {(r[1], r[2], r[6]): sorted({r[4] for r in todo if r[1:3] == (m, a) and r[6] == n})
+           for r in todo for m, a, n in [(r[1], r[2], r[6])]}
+    ar = M.START["allreduce"]
+    assert got[("allreduce", "flat", None)] == sorted(M.config(float(f"{ar * f:.4g}"), "") for f in (0.5, 1, 2))
+    assert all(c.endswith("-t4") for c in got[("localsgd", "flat", None)])
+    assert {n for (m, _, n) in got if m == "pushsum-ov"} == set(M.FLAT)      # node lines wait for them
+    assert len(todo) == (2 + len(M.FLAT)) * 3 * len(M.TUNE_SEEDS)
+    assert all(r[7] == M.TUNE_CONDITION for r in todo if r[1] == "pushsum-ov")
+
+
+def test_the_search_extends_past_edges_per_setting_then_tries_the_other_setting():
+    w = World()
+    w.finish()
+    plan = M.Plan(w.recs)
+    for p in M.P:
+        s = M.Search(plan, "localsgd", "flat", p, None)
+        cfgs, over = s.grid()
+        assert over
+        t4 = sorted(M.parse(c)[0] for c in cfgs if c.endswith("-t4"))
+        t16 = sorted(M.parse(c)[0] for c in cfgs if c.endswith("-t16m"))
+        assert t16, "the settings step tried tau 16 with SlowMo"
+        assert len(t4) <= 3 + M.EDGE_MORE
+        assert s.chosen().endswith("-t4")           # (t16m is a point worse at every rate)
+    # the starting rate 0.01768 is under local SGD's best 0.03: the choice sits on the upper edge
+    s32 = M.Search(plan, "localsgd", "flat", 32, None)
+    assert len([c for c in s32.grid()[0] if c.endswith("-t4")]) == 4
+    # each p starts from the p before's choice
+    for m in ("allreduce", "localsgd"):
+        for hi, lo in zip(M.P, M.P[1:]):
+            c = M.Search(plan, m, "flat", hi, None).chosen()
+            assert c in M.Search(plan, m, "flat", lo, None).grid()[0]
+
+
+def test_every_line_ends_with_its_reported_runs_and_node_allreduce_borrows_the_flat_search():
+    w = World()
+    w.finish()
+    plan = M.Plan(w.recs)
+    assert not any(k.startswith("tune/allreduce-node") for k in w.recs)
+    for p in M.NODE_P:
+        flat = M.Search(plan, "allreduce", "flat", p, None)
+        node = M.Search(plan, "allreduce", "node", p, None)
+        assert node.chosen("v100x8-10gbe-resnet50") == flat.chosen("v100-10gbe-resnet50")
+        assert all(f"rep/allreduce-node-p{p}-{node.chosen(n)}-s{s}" in w.recs for n in M.NODE for s in M.SEEDS)
+    # push-sum: every seed under none and stragglers, each network, at its own choice
+    for n in M.FLAT:
+        c = M.Search(plan, "pushsum-ov", "flat", 8, n).chosen()
+        for cond in M.ASYNC_CONDITIONS:
+            assert all(M.run_key("rep", "pushsum-ov", "flat", 8, c, s, n, cond) in w.recs for s in M.SEEDS)
+        assert not any(k.endswith(f"{n}-typical") for k in w.recs)
+    d = M.summary(w.recs)
+    assert len(d["cells"]) == len(M.FLAT) * 3 * len(M.P) + len(M.NODE) * 3 * len(M.NODE_P)
+    assert d["ready"] == 0 and all(t["over"] for t in d["tuning"].values())
+
+
+def test_a_pushsum_that_misses_the_quality_loses_and_says_by_how_much():
+    w = World(gap=0.05, speed=0.5)
+    w.finish()
+    cells = M.cells(w.recs)
+    for c in cells:
+        if c["condition"] == "typical":
+            assert c["call"]["outcome"] == "not run" and "pushsum-ov" not in c["methods"]
+            continue
+        ps = c["methods"]["pushsum-ov"]
+        assert c["call"]["outcome"] == "sync" and ps["to_quality"] is None
+        assert ps["error_gap"] == pytest.approx(0.05, abs=0.005)
+        assert ps["end_ratio"] is not None and ps["end_ratio"] < 1     # quicker, worse
+        assert c["fstar"] == pytest.approx(min(v["final_error"] for m, v in c["methods"].items()
+                                               if m in M.SYNC))
+        assert c["noise_units"] == pytest.approx(8 * c["p"] / M.B_NOISE)
+
+
+def test_a_pushsum_as_good_and_twice_as_quick_wins_and_one_no_quicker_does_not():
+    w = World(gap=0.0, speed=0.5)
+    w.finish()
+    assert {c["call"]["outcome"] for c in M.cells(w.recs) if c["condition"] != "typical"} == {"async"}
+    w = World(gap=0.0, speed=1.0)
+    w.finish()
+    cells = [c for c in M.cells(w.recs) if c["condition"] != "typical"]
+    # all-reduce's step and curve shape: never called first; within 1% of the synchronous pick's time
+    # (these made-up seeds have no noise: the call is the sign of that small difference)
+    assert all(c["call"]["outcome"] != "async" for c in cells)
+    assert all(abs(c["call"]["diff"]) < 0.01 * c["methods"][c["sync_pick"]]["to_quality"] for c in cells)
+
+
+def test_the_call_resamples_the_seeds_and_redoes_fstar_and_the_picks():
+    def arr(finals, unit):
+        return np.array([[(unit * i, 0.9 - (0.9 - f) * i / 4) for i in range(1, 5)] for f in finals])
+    sync = arr([0.15, 0.16, 0.14, 0.15, 0.15], 1.0)
+    # push-sum's seeds spread around the quality (0.16): in some resamples it misses
+    noisy = arr([0.12, 0.30, 0.12, 0.30, 0.12], 0.5)
+    c = M.call({"allreduce": sync, "pushsum-ov": noisy})
+    assert c["outcome"] == "tie" and c["lo"] == -np.inf and c["hi"] > 0
+    good = arr([0.15] * 5, 0.5)
+    c = M.call({"allreduce": sync, "localsgd": arr([0.2] * 5, 0.1), "pushsum-ov": good})
+    # local SGD is quick but never within a point: all-reduce is the synchronous pick
+    assert c["outcome"] == "async" and c["diff"] > 0
+    assert M.call({"allreduce": sync})["outcome"] == "not run"
+    # first_times interpolates like final_study.interpolate, inf where it never gets there
+    m = np.array([[(10.0, 0.5), (20.0, 0.3), (30.0, 0.2)]])
+    assert M.first_times(m, np.array([0.4])) == pytest.approx([15.0])
+    assert M.first_times(m, np.array([0.5])) == pytest.approx([10.0])
+    assert np.isinf(M.first_times(m, np.array([0.1])))[0]
+
+
+def test_a_diverged_seed_is_carried_at_chance():
+    c = [dict(seconds=1.0, error=0.5), dict(seconds=2.0, error=0.3)]
+    a = M.padded([c, c[:1]])
+    assert a.shape == (2, 2, 2) and a[1, 1].tolist() == [2.0, 0.9]
