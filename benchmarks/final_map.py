@@ -144,7 +144,10 @@ def curve_of(rec: dict, network: str, condition: str) -> list[dict] | None:
 
 
 def mean_curve(curves: list[list[dict]]) -> list[dict]:
-    return F.mean_curve([dict(curve=c) for c in curves])
+    """The curves averaged validation by validation (``final_study.mean_curve``, in plain floats)."""
+    k, n = len(curves), min(len(c) for c in curves)
+    return [dict(seconds=sum(c[i]["seconds"] for c in curves) / k, error=sum(c[i]["error"] for c in curves) / k)
+            for i in range(n)]
 
 
 class Search:
@@ -244,7 +247,13 @@ class Search:
 
     def chosen(self, network: str | None = None) -> str | None:
         """The configuration chosen (under ``network``: a synchronous line's choice by time to
-        quality there); None before the search (and F*) is over."""
+        quality there); None before the search (and F*) is over.  Kept by the plan."""
+        k = (self.method, self.ag, self.p, self.network, network)
+        if k not in self.plan.choice:
+            self.plan.choice[k] = self._chosen(network)
+        return self.plan.choice[k]
+
+    def _chosen(self, network: str | None) -> str | None:
         if self.method == "allreduce" and self.ag == "node":
             return Search(self.plan, "allreduce", "flat", self.p, None).chosen(NODE_OF[network or NODE[0]])
         cfgs, over = self.grid()
@@ -262,6 +271,7 @@ class Plan:
     def __init__(self, recs: dict | None = None):
         self.recs = records() if recs is None else recs
         self.grids: dict[tuple, tuple[list[str], bool]] = {}
+        self.choice: dict[tuple, str | None] = {}
 
     def fstar_tune(self, ag: str, p: int) -> float | None:
         """F* of the tuning: the least mean final error of the synchronous searches at p (node

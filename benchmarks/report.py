@@ -765,9 +765,55 @@ def final_study(d):
     return "\n".join(out)
 
 
+def final_map(d):
+    """The map by time to final quality (final_map.py): per network and condition, the family call
+    at each p (and p in noise-scale units); then every cell's methods."""
+    cells = d.get("cells") or []
+    if not cells:
+        return (f"No cell has all its reported runs yet: {d['runs']} runs, {d['machine_hours']:.2f} "
+                f"machine-hours (E = {d['E']}, commit {(d['commit'] or 'unpinned')[:7]}).")
+    ps = sorted({c["p"] for c in cells})
+    out = ["| network | condition | " + " | ".join(f"p = {p} ({8 * p / d['b_noise']:.2f} B_noise)" for p in ps)
+           + " |", "|---|---|" + "---|" * len(ps)]
+
+    def said(c):
+        k = c["call"]
+        if k["outcome"] in ("not run", "neither"):
+            return k["outcome"]
+        ps_ = c["methods"].get("pushsum-ov", {})
+        word = {"sync": "**sync**", "async": "**async**", "tie": "tie"}[k["outcome"]]
+        if ps_.get("to_quality") is None:
+            end = ps_.get("end_ratio")
+            return word + (f"; push-sum misses ({100 * ps_['error_gap']:+.1f} pts" +
+                           (f", its end {end:.2f}×)" if end else ")"))
+        return word + f" ({ps_['to_quality'] / c['methods'][c['sync_pick']]['to_quality']:.2f}×)"
+    rows = {}
+    for c in cells:
+        rows.setdefault((c["network"], c["condition"]), {})[c["p"]] = said(c)
+    for (n, cond), got in rows.items():
+        out.append(f"| {n} | {cond} | " + " | ".join(got.get(p, "—") for p in ps) + " |")
+    out += ["", f"The family first to within {100 * d['delta']:.0f} point of the best synchronous final error "
+            f"(F*) after E = {d['E']} epochs, by its seeds' mean curve; the call's 95% interval over "
+            f"{len(d['seeds'])} paired seeds, F* and each family's pick redone in every resample; "
+            "(×): push-sum's time to quality over the synchronous pick's. B_noise: the task's noise "
+            f"scale at the early target ({d['b_noise']:.0f} images). {d['runs']} runs, "
+            f"{d['machine_hours']:.2f} machine-hours (commit {(d['commit'] or 'unpinned')[:7]}).", "",
+            "| network | condition | p | F* | method (configuration) | final error % (mean) | s to quality "
+            "| s to 40% | s to its end | call [interval] |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        k = c["call"]
+        iv = "" if "lo" not in k else f" [{k['lo']:+.3g}, {k['hi']:+.3g}]"
+        for m, v in c["methods"].items():
+            out.append(f"| {c['network']} | {c['condition']} | {c['p']} | {100 * c['fstar']:.2f}% | {m} "
+                       f"({v['config']}) | {100 * v['final_error']:.2f} | {f(v['to_quality'], '.0f')} | "
+                       f"{f(v['to_target'], '.0f')} | {v['end']:.0f} | {k['outcome']}{iv} |")
+    return "\n".join(out)
+
+
 TABLES = {"sync": sync, "methods": methods, "stragglers": stragglers, "lr": lr, "consensus": consensus,
           "easgd": easgd, "asgd": asgd, "extensions": extensions, "virtual": virtual, "anchors": anchors,
-          "final": final_study}          # results/final-study.json
+          "final": final_study,          # results/final-study.json
+          "final-map": final_map}
 NET_TABLES = {"methods": methods_net}          # a sweep on emulated nodes (--net): with the time split
 
 
@@ -785,7 +831,7 @@ def update(doc: Path, results: Path) -> list[str]:
         if not p.exists():
             return m.group(0)
         done.append(name)
-        base = name.split("-")[0]                  # methods-textures: a tagged rerun of methods
+        base = name if name in TABLES else name.split("-")[0]    # methods-textures: a rerun of methods
         data = json.loads(p.read_text())
         fn = NET_TABLES.get(base, TABLES[base]) if data.get("net") else TABLES[base]
         return f"<!-- begin:{name} -->\n{fn(data)}\n<!-- end:{name} -->"

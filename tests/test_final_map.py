@@ -1,6 +1,7 @@
 """benchmarks/final_map.py: the search's order and rules, the reported runs, the cells and the
 family call, over records made up to a known answer (the runs themselves are virtual-cluster runs,
 tested in test_virtual*.py)."""
+import functools
 import math
 import sys
 from pathlib import Path
@@ -63,6 +64,14 @@ class World:
         raise AssertionError("the plan never ends")
 
 
+@functools.lru_cache(maxsize=None)
+def finished(gap: float, speed: float) -> World:
+    """A World run to the plan's end (shared: the tests only read it)."""
+    w = World(gap, speed)
+    w.finish()
+    return w
+
+
 def test_the_first_runs_are_the_p32_grids_around_the_pilots_rates():
     todo = M.Plan({}).todo()
     assert {r[3] for r in todo} == {32} and {r[0] for r in todo} == {"tune"}
@@ -77,8 +86,7 @@ def test_the_first_runs_are_the_p32_grids_around_the_pilots_rates():
 
 
 def test_the_search_extends_past_edges_per_setting_then_tries_the_other_setting():
-    w = World()
-    w.finish()
+    w = finished(0.05, 0.5)
     plan = M.Plan(w.recs)
     for p in M.P:
         s = M.Search(plan, "localsgd", "flat", p, None)
@@ -100,8 +108,7 @@ def test_the_search_extends_past_edges_per_setting_then_tries_the_other_setting(
 
 
 def test_every_line_ends_with_its_reported_runs_and_node_allreduce_borrows_the_flat_search():
-    w = World()
-    w.finish()
+    w = finished(0.05, 0.5)
     plan = M.Plan(w.recs)
     assert not any(k.startswith("tune/allreduce-node") for k in w.recs)
     for p in M.NODE_P:
@@ -121,8 +128,7 @@ def test_every_line_ends_with_its_reported_runs_and_node_allreduce_borrows_the_f
 
 
 def test_a_pushsum_that_misses_the_quality_loses_and_says_by_how_much():
-    w = World(gap=0.05, speed=0.5)
-    w.finish()
+    w = finished(0.05, 0.5)
     cells = M.cells(w.recs)
     for c in cells:
         if c["condition"] == "typical":
@@ -138,11 +144,9 @@ def test_a_pushsum_that_misses_the_quality_loses_and_says_by_how_much():
 
 
 def test_a_pushsum_as_good_and_twice_as_quick_wins_and_one_no_quicker_does_not():
-    w = World(gap=0.0, speed=0.5)
-    w.finish()
+    w = finished(0.0, 0.5)
     assert {c["call"]["outcome"] for c in M.cells(w.recs) if c["condition"] != "typical"} == {"async"}
-    w = World(gap=0.0, speed=1.0)
-    w.finish()
+    w = finished(0.0, 1.0)
     cells = [c for c in M.cells(w.recs) if c["condition"] != "typical"]
     # all-reduce's step and curve shape: never called first; within 1% of the synchronous pick's time
     # (these made-up seeds have no noise: the call is the sign of that small difference)
@@ -174,3 +178,18 @@ def test_a_diverged_seed_is_carried_at_chance():
     c = [dict(seconds=1.0, error=0.5), dict(seconds=2.0, error=0.3)]
     a = M.padded([c, c[:1]])
     assert a.shape == (2, 2, 2) and a[1, 1].tolist() == [2.0, 0.9]
+
+
+def test_the_report_shows_the_map_and_every_cell(monkeypatch):
+    import json
+    import report
+    monkeypatch.setattr(M, "pinned", lambda: "0123456789abcdef")
+    empty = report.final_map(json.loads(json.dumps(M.summary({}))))
+    assert empty.startswith("No cell has all its reported runs yet: 0 runs")
+    w = finished(0.05, 0.5)
+    text = report.final_map(json.loads(json.dumps(M.summary(w.recs))))
+    assert f"| p = 8 ({64 / M.B_NOISE:.2f} B_noise) |" in text
+    row = next(x for x in text.splitlines() if x.startswith("| v100-10gbe-resnet50 | none |"))
+    assert row.count("**sync**; push-sum misses (+5.0 pts, its end") == 3
+    assert "| a100x8-ib100-resnet50 | typical | — | not run | not run |" in text
+    assert "| v100x8-10gbe-resnet50 | stragglers | 16 |" in text
