@@ -146,8 +146,8 @@ def curve_of(rec: dict, network: str, condition: str) -> list[dict] | None:
 def mean_curve(curves: list[list[dict]]) -> list[dict]:
     """The curves averaged validation by validation (``final_study.mean_curve``, in plain floats)."""
     k, n = len(curves), min(len(c) for c in curves)
-    return [dict(seconds=sum(c[i]["seconds"] for c in curves) / k, error=sum(c[i]["error"] for c in curves) / k)
-            for i in range(n)]
+    return [dict(seconds=sum(c[i]["seconds"] for c in curves) / k,
+                 error=sum(c[i]["error"] for c in curves) / k) for i in range(n)]
 
 
 class Search:
@@ -516,7 +516,8 @@ def status() -> int:
         print(f"  {name}: {len(t['configs'])} configurations, "
               f"{'over, chosen ' + ', '.join(t['chosen']) if t['over'] else 'open'}")
     for c in d["cells"]:
-        print(f"  {c['network']} / {c['condition']} p = {c['p']}: F* {c['fstar']:.2%}, call {c['call']['outcome']}")
+        print(f"  {c['network']} / {c['condition']} p = {c['p']}: F* {c['fstar']:.2%}, "
+              f"call {c['call']['outcome']}")
     return 0
 
 

@@ -773,8 +773,9 @@ def final_map(d):
         return (f"No cell has all its reported runs yet: {d['runs']} runs, {d['machine_hours']:.2f} "
                 f"machine-hours (E = {d['E']}, commit {(d['commit'] or 'unpinned')[:7]}).")
     ps = sorted({c["p"] for c in cells})
-    out = ["| network | condition | " + " | ".join(f"p = {p} ({8 * p / d['b_noise']:.2f} B_noise)" for p in ps)
-           + " |", "|---|---|" + "---|" * len(ps)]
+    out = ["| network | condition | "
+           + " | ".join(f"p = {p} ({8 * p / d['b_noise']:.2f} B_noise)" for p in ps) + " |",
+           "|---|---|" + "---|" * len(ps)]
 
     def said(c):
         k = c["call"]
@@ -792,8 +793,8 @@ def final_map(d):
         rows.setdefault((c["network"], c["condition"]), {})[c["p"]] = said(c)
     for (n, cond), got in rows.items():
         out.append(f"| {n} | {cond} | " + " | ".join(got.get(p, "—") for p in ps) + " |")
-    out += ["", f"The family first to within {100 * d['delta']:.0f} point of the best synchronous final error "
-            f"(F*) after E = {d['E']} epochs, by its seeds' mean curve; the call's 95% interval over "
+    out += ["", f"The family first to within {100 * d['delta']:.0f} point of the best synchronous final "
+            f"error (F*) after E = {d['E']} epochs, by its seeds' mean curve; the call's 95% interval over "
             f"{len(d['seeds'])} paired seeds, F* and each family's pick redone in every resample; "
             "(×): push-sum's time to quality over the synchronous pick's. B_noise: the task's noise "
             f"scale at the early target ({d['b_noise']:.0f} images). {d['runs']} runs, "

@@ -38,7 +38,8 @@ class World:
                 + 0.002 * (seed % 2) + (self.gap if m == "pushsum-ov" else 0.0))
 
     def step(self, m, net, cond):
-        return self.NET[net] * (self.speed if m == "pushsum-ov" else 1.0) * (1.1 if cond == "stragglers" else 1)
+        return (self.NET[net] * (self.speed if m == "pushsum-ov" else 1.0)
+                * (1.1 if cond == "stragglers" else 1))
 
     def run(self, r):
         kind, m, ag, p, cfg, seed, net, cond = r
@@ -78,7 +79,8 @@ def test_the_first_runs_are_the_p32_grids_around_the_pilots_rates():
     got = {(r[1], r[2], r[6]): sorted({r[4] for r in todo if r[1:3] == (m, a) and r[6] == n})
            for r in todo for m, a, n in [(r[1], r[2], r[6])]}
     ar = M.START["allreduce"]
-    assert got[("allreduce", "flat", None)] == sorted(M.config(float(f"{ar * f:.4g}"), "") for f in (0.5, 1, 2))
+    assert got[("allreduce", "flat", None)] == sorted(M.config(float(f"{ar * f:.4g}"), "")
+                                                      for f in (0.5, 1, 2))
     assert all(c.endswith("-t4") for c in got[("localsgd", "flat", None)])
     assert {n for (m, _, n) in got if m == "pushsum-ov"} == set(M.FLAT)      # node lines wait for them
     assert len(todo) == (2 + len(M.FLAT)) * 3 * len(M.TUNE_SEEDS)
@@ -115,7 +117,8 @@ def test_every_line_ends_with_its_reported_runs_and_node_allreduce_borrows_the_f
         flat = M.Search(plan, "allreduce", "flat", p, None)
         node = M.Search(plan, "allreduce", "node", p, None)
         assert node.chosen("v100x8-10gbe-resnet50") == flat.chosen("v100-10gbe-resnet50")
-        assert all(f"rep/allreduce-node-p{p}-{node.chosen(n)}-s{s}" in w.recs for n in M.NODE for s in M.SEEDS)
+        assert all(f"rep/allreduce-node-p{p}-{node.chosen(n)}-s{s}" in w.recs
+                   for n in M.NODE for s in M.SEEDS)
     # push-sum: every seed under none and stragglers, each network, at its own choice
     for n in M.FLAT:
         c = M.Search(plan, "pushsum-ov", "flat", 8, n).chosen()
