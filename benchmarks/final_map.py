@@ -23,21 +23,21 @@ overlapped push-sum (SGP's form; asynchronous: it runs under each network, and u
 early-target study).  EASGD and A-SGD are left out (budget: 60 machine-hours).
 
 **The same search for every method** (``Search``), on the tune split with ``TUNE_SEEDS``:
-1. the grid: the starting rate x 1/2, 1, 2 with the method's first setting (local SGD: tau 4;
-   ``SETTINGS``).  The starting rate is the neighbouring p's choice (the searches run from p = 32
-   down), at p = 32 the pilot's choices (all-reduce, push-sum) and, for local SGD, twice its
-   early-target choice (the factor by which both pilot methods' final-quality rates exceeded theirs);
-2. the edge rule per setting: while the choice's rate is the highest (lowest) of its setting's, one
-   more rate twice (half) as large, at most ``EDGE_MORE`` a setting;
+1. the grid: the starting configuration's rate x 1/2, 1, 2 with its setting.  It is the
+   neighbouring p's choice (the searches run from p = 32 down); at p = 32 the pilot's rates
+   (all-reduce, push-sum) and, for local SGD, twice its early-target rate (the factor by which both
+   pilot methods' final-quality rates exceeded theirs) with tau 4 (``SETTINGS``);
+2. the edge rule within the choice's setting: while the choice's rate is the highest (lowest) of
+   its setting's, one more rate twice (half) as large, at most ``EDGE_MORE`` a setting;
 3. the settings step (a method with more than one setting): the choice's rate with each other
-   setting, whose own edge rule then applies.
-Synchronous methods are searched by their mean final error: the least over both at a p is the
-tuning quality F*; a method's choice is then its configuration whose seeds' mean curve is first to
-F* + ``DELTA`` under each network (condition ``TUNE_CONDITION``), else its least final error.
-Push-sum is searched by that time to quality (its search waits for the synchronous ones at its p).
-All-reduce as node agents sums the same gradients in another order: it takes the one-GPU-a-node
-search's choice (ranked by time to quality, which for a method whose step costs the same at every
-rate is ranked by samples, under any clock).
+   setting; a setting that then wins gets its own grid and edge rule.
+A synchronous line is searched first by its mean final error: the least over both methods at a p is
+the tuning quality F*.  Its choice under each network (condition ``TUNE_CONDITION``) is then its
+configuration whose seeds' mean curve is first to F* + ``DELTA`` there, else its least final
+error, and the edge rule applies to those choices too.  Push-sum is searched by that time to quality
+from the start (its search waits for F* at its p).  All-reduce as node agents sums the same
+gradients in another order: it takes its choice from the one-GPU-a-node search, timed under the
+network of the same hardware against the node agents' F*.
 
 **Reported runs** (``SEEDS``, the main split): every choice, each seed, paired across methods.
 Per cell: F* = the least synchronous mean final error; per method its mean final error, the time
@@ -48,13 +48,17 @@ pick (its faster method) and F* redone in each of the seeds' bootstrap resamples
 every method), a family whose mean curve misses the quality in a resample last there; its 95%
 interval below 0: synchronous first; above 0: asynchronous first; else a tie.  A push-sum that misses
 the quality is still reported: its whole schedule's time against the time the synchronous pick
-takes to push-sum's own final error, and how much worse it ends.  No run is stopped early.
+takes to push-sum's own final error, and how much worse it ends.  No run is stopped early.  A
+cell waits for every method it holds; a diverged seed is carried at chance (error 0.9) after it
+stopped.  Planning: ``final_study.epoch_cost`` (the synchronous runs' re-timings, 9 or 6 replays
+without arithmetic, are not counted).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -111,7 +115,10 @@ def config(rate: float, setting: str) -> str:
 
 
 def parse(cfg: str) -> tuple[float, str]:
-    head, _, setting = cfg.partition("-")
+    """(rate, setting) of a configuration's name (a rate may print with an exponent: L3.4e-05)."""
+    head, _, setting = cfg.rpartition("-")
+    if setting not in SETTING_FLAGS or not head:
+        head, setting = cfg, ""
     return float(head[1:]), setting
 
 
@@ -132,11 +139,12 @@ def flags(method: str, cfg: str, ag: str) -> list[str]:
 # ----------------------------------------------------------------------------------- reading runs
 def curve_of(rec: dict, network: str, condition: str) -> list[dict] | None:
     """A record's validation curve (seconds, error) under (network, condition): a re-timing of a
-    synchronous run, a push-sum run's own (None: not run there)."""
+    synchronous run, a push-sum run's own (None: not run there).  A diverged synchronous run that
+    could not be re-timed: an empty curve (``padded`` carries it at chance)."""
     if rec["method"] in SYNC:
         times = rec.get("retimed", {}).get(f"{network}/{condition}")
         if times is None:
-            return None
+            return [] if rec.get("diverged") else None
         return [dict(c, seconds=t) for c, t in zip(rec["curve"], times)]
     if (rec["network"], rec["condition"]) != (network, condition):
         return None
@@ -178,10 +186,22 @@ class Search:
         c = before.chosen()
         return None if c is None else parse(c)
 
-    def score(self, cfg: str, network: str | None = None) -> tuple | None:
-        """Synchronous lines: (mean final error,); push-sum (or a synchronous choice under
-        ``network``): (0, seconds of the mean curve to F* + DELTA) or (1, mean final error).  None
-        while a run (or F*) is missing."""
+    def judgements(self) -> list[tuple[str, str]]:
+        """The (network, agents whose F*) under which this line's configurations are chosen: a
+        push-sum line its own; a synchronous line every network of its kind, and one-GPU-a-node
+        all-reduce at a node p also the node networks' (node agents' all-reduce takes its choice
+        from this search, timed under the one-GPU-a-node network of the same hardware)."""
+        if self.network is not None:
+            return [(self.network, self.ag)]
+        out = [(n, self.ag) for n in networks_of(self.ag)]
+        if self.method == "allreduce" and self.ag == "flat" and self.p in NODE_P:
+            out += [(NODE_OF[n], "node") for n in NODE]
+        return out
+
+    def score(self, cfg: str, network: str | None = None, qag: str | None = None) -> tuple | None:
+        """A synchronous line's own score: (mean final error,); push-sum's, or any line's under
+        ``network`` (F* of ``qag``'s agents): (0, seconds of the mean curve to F* + DELTA) or (1,
+        mean final error).  None while a run (or F*) is missing."""
         got = self.runs(cfg)
         if got is None:
             return None
@@ -190,64 +210,97 @@ class Search:
             return (fe,)
         if any(g["diverged"] for g in got):         # (a diverged seed's curve ends early)
             return (1, fe)
-        f = self.plan.fstar_tune(self.ag, self.p)
+        f = self.plan.fstar_tune(qag or self.ag, self.p)
         if f is None:
             return None
-        net = network or self.network
-        curves = [curve_of(g, net, TUNE_CONDITION) for g in got]
+        curves = [curve_of(g, network or self.network, TUNE_CONDITION) for g in got]
         t = None if None in curves else F.interpolate(mean_curve(curves), f + DELTA)
         return (0, t) if t is not None else (1, fe)
 
+    @staticmethod
+    def edge(cfg: str, cfgs: list[str], more: dict) -> list[str]:
+        """The edge rule within ``cfg``'s setting: a rate past the edge it sits on (at most
+        EDGE_MORE a setting; ``more`` counts them); a setting tried at one rate gets its grid."""
+        r, st = parse(cfg)
+        rates = [parse(c)[0] for c in cfgs if parse(c)[1] == st]
+        if len(rates) == 1:
+            return [config(float(f"{r * f:.4g}"), st) for f in (0.5, 2.0)]
+        for hit, f in ((r == max(rates), 2.0), (r == min(rates), 0.5)):
+            if hit and more[st] < EDGE_MORE:
+                more[st] += 1
+                return [config(float(f"{r * f:.4g}"), st)]
+        return []
+
+    def first(self) -> tuple[list[str], bool, dict]:
+        """The search by the line's own score (a synchronous line's by final error: its least is
+        F*'s candidate): the grid, the edge rule, the settings step.  (configurations, over, the
+        edge steps taken per setting); kept by the plan."""
+        k = (self.method, self.ag, self.p, self.network)
+        if k not in self.plan.firsts:
+            self.plan.firsts[k] = self._first()
+        return self.plan.firsts[k]
+
+    def _first(self) -> tuple[list[str], bool, dict]:
+        more = {st: 0 for st in SETTINGS[self.method]}
+        if self.method == "allreduce" and self.ag == "node":
+            return [], True, more
+        s = self.start()
+        if s is None:
+            return [], False, more
+        rate, first = s
+        cfgs = [config(float(f"{rate * f:.4g}"), first) for f in (0.5, 1.0, 2.0)]
+        settings_done = len(SETTINGS[self.method]) == 1
+        while True:
+            scores = {c: self.score(c) for c in cfgs}
+            if None in scores.values():
+                return cfgs, False, more
+            best = min(cfgs, key=scores.get)
+            nxt = self.edge(best, cfgs, more)
+            if not nxt and not settings_done:
+                r, st = parse(best)
+                nxt, settings_done = [config(r, o) for o in SETTINGS[self.method] if o != st], True
+            nxt = [c for c in nxt if c not in cfgs]
+            if not nxt:
+                return cfgs, True, more
+            cfgs += nxt
+
     def grid(self) -> tuple[list[str], bool]:
-        """(the configurations so far, whether the search is over): the grid, the edge rule per
-        setting, the settings step (module docstring).  Kept by the plan (its records do not
-        change)."""
+        """(the configurations so far, whether the search is over): ``first``, then, for a
+        synchronous line, the edge rule on its choice by time to quality under each judgement
+        (``judgements``), as push-sum's search applies it to its own.  Kept by the plan."""
         k = (self.method, self.ag, self.p, self.network)
         if k not in self.plan.grids:
             self.plan.grids[k] = self._grid()
         return self.plan.grids[k]
 
     def _grid(self) -> tuple[list[str], bool]:
-        if self.method == "allreduce" and self.ag == "node":
-            return [], True
-        s = self.start()
-        if s is None:
-            return [], False
-        rate, first = s
-        cfgs = [config(float(f"{rate * f:.4g}"), first) for f in (0.5, 1.0, 2.0)]
-        more = {st: 0 for st in SETTINGS[self.method]}
-        settings_done = len(SETTINGS[self.method]) == 1
+        cfgs, over, more = self.first()
+        cfgs, more = list(cfgs), dict(more)
+        if not over or self.method not in SYNC or not cfgs:
+            return cfgs, over
         while True:
-            scores = {c: self.score(c) for c in cfgs}
-            if None in scores.values():
-                return cfgs, False
-            best = min(cfgs, key=scores.get)
-            r, st = parse(best)
-            rates = [parse(c)[0] for c in cfgs if parse(c)[1] == st]
             nxt = []
-            if len(rates) == 1:               # a setting tried at one rate: its grid around it
-                nxt = [config(float(f"{r * f:.4g}"), st) for f in (0.5, 2.0)]
-            elif more[st] < EDGE_MORE and r == max(rates):
-                nxt, more[st] = [config(float(f"{r * 2:.4g}"), st)], more[st] + 1
-            elif more[st] < EDGE_MORE and r == min(rates):
-                nxt, more[st] = [config(float(f"{r / 2:.4g}"), st)], more[st] + 1
-            elif not settings_done:
-                nxt, settings_done = [config(r, o) for o in SETTINGS[self.method] if o != st], True
+            for net, qag in self.judgements():
+                scores = {c: self.score(c, net, qag) for c in cfgs}
+                if None in scores.values():
+                    return cfgs, False
+                nxt += [c for c in self.edge(min(cfgs, key=scores.get), cfgs, more) if c not in nxt]
             nxt = [c for c in nxt if c not in cfgs]
             if not nxt:
                 return cfgs, True
             cfgs += nxt
 
     def best_error(self) -> float | None:
-        """The least mean final error of the search once it is over."""
-        cfgs, over = self.grid()
+        """The least mean final error of ``first`` once it is over (F*'s candidate)."""
+        cfgs, over, _ = self.first()
         if not over or not cfgs:
             return None
         return min(float(np.mean([g["final_error"] for g in self.runs(c)])) for c in cfgs)
 
     def chosen(self, network: str | None = None) -> str | None:
-        """The configuration chosen (under ``network``: a synchronous line's choice by time to
-        quality there); None before the search (and F*) is over.  Kept by the plan."""
+        """The configuration chosen: by the line's own score, or under ``network`` (a synchronous
+        line's choice by time to quality there); None before the search (and F*) is over.  Kept by
+        the plan."""
         k = (self.method, self.ag, self.p, self.network, network)
         if k not in self.plan.choice:
             self.plan.choice[k] = self._chosen(network)
@@ -255,13 +308,17 @@ class Search:
 
     def _chosen(self, network: str | None) -> str | None:
         if self.method == "allreduce" and self.ag == "node":
-            return Search(self.plan, "allreduce", "flat", self.p, None).chosen(NODE_OF[network or NODE[0]])
+            flat = Search(self.plan, "allreduce", "flat", self.p, None)
+            return flat.choose(NODE_OF[network or NODE[0]], "node")
+        return self.choose(network, self.ag)
+
+    def choose(self, network: str | None, qag: str) -> str | None:
         cfgs, over = self.grid()
         if not over:
             return None
         if self.method in SYNC and network is None:
             return min(cfgs, key=self.score)
-        scores = {c: self.score(c, network) for c in cfgs}
+        scores = {c: self.score(c, network, qag) for c in cfgs}
         return None if None in scores.values() else min(cfgs, key=scores.get)
 
 
@@ -271,6 +328,7 @@ class Plan:
     def __init__(self, recs: dict | None = None):
         self.recs = records() if recs is None else recs
         self.grids: dict[tuple, tuple[list[str], bool]] = {}
+        self.firsts: dict[tuple, tuple[list[str], bool, dict]] = {}
         self.choice: dict[tuple, str | None] = {}
 
     def fstar_tune(self, ag: str, p: int) -> float | None:
@@ -310,29 +368,42 @@ class Plan:
 
 
 # ------------------------------------------------------------------------------------ the cells
-def reported(recs: dict, plan: Plan, ag: str, p: int, network: str, condition: str) -> dict:
-    """method -> (its reported configuration, {seed: curve} under (network, condition)) for the
-    methods with every seed in."""
+def expected(condition: str) -> tuple[str, ...]:
+    """The methods a cell holds under ``condition`` (push-sum runs under ASYNC_CONDITIONS only)."""
+    return (*SYNC, *(ASYNC if condition in ASYNC_CONDITIONS else ()))
+
+
+def reported(recs: dict, plan: Plan, ag: str, p: int, network: str, condition: str) -> dict | None:
+    """method -> (its reported configuration, {seed: curve} under (network, condition)) for every
+    method the cell holds; None while one of them lacks a choice or a seed."""
     out = {}
-    for m in (*SYNC, *ASYNC):
+    for m in expected(condition):
         s = Search(plan, m, ag, p, network if m in ASYNC else None)
         c = s.chosen(network)
-        if c is None or (m in ASYNC and condition not in ASYNC_CONDITIONS):
-            continue
+        if c is None:
+            return None
         keys = {seed: run_key("rep", m, ag, p, c, seed, network if m in ASYNC else None,
                               condition if m in ASYNC else None) for seed in SEEDS}
         if any(k not in recs for k in keys.values()):
-            continue
+            return None
         curves = {seed: curve_of(recs[k], network, condition) for seed, k in keys.items()}
-        if None not in curves.values():
-            out[m] = (c, curves)
+        if None in curves.values():
+            return None
+        out[m] = (c, curves)
     return out
 
 
-def padded(curves: list[list[dict]]) -> np.ndarray:
+def finite(x: float) -> float | str:
+    """``x``, or "inf" / "-inf" (JSON has no infinities)."""
+    return float(x) if np.isfinite(x) else ("inf" if x > 0 else "-inf")
+
+
+def padded(curves: list[list[dict]]) -> np.ndarray | None:
     """Seeds x validations x (seconds, error); a diverged seed's curve, which ends early, carried on
-    at error 0.9 (chance) at the other seeds' mean seconds."""
+    at error 0.9 (chance) at the other seeds' mean seconds.  None: every seed diverged at once."""
     n = max(len(c) for c in curves)
+    if n == 0:
+        return None
     full = [c for c in curves if len(c) == n]
     out = []
     for c in curves:
@@ -366,6 +437,19 @@ def times(curves: np.ndarray, quality: float) -> float:
     return float(first_times(curves.mean(axis=0), quality))
 
 
+def family_diffs(rows: dict, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per resample (a row of seed indices in ``idx``): the synchronous family's time to quality
+    less the asynchronous family's, F* and both picks made again from that resample's means; and
+    the asynchronous pick's time (inf where it misses)."""
+    sync, asyn = [m for m in rows if m in SYNC], [m for m in rows if m in ASYNC]
+    means = {m: rows[m][idx].mean(axis=1) for m in rows}                # resamples x validations x 2
+    fs = np.min([means[m][:, -1, 1] for m in sync], axis=0)
+    ts = {m: first_times(means[m], fs + DELTA) for m in rows}
+    a, s = np.min([ts[m] for m in asyn], axis=0), np.min([ts[m] for m in sync], axis=0)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isinf(a) & np.isinf(s), 0.0, s - a), a
+
+
 def call(rows: dict) -> dict:
     """The family call over the seeds' bootstrap (``claims.resamples``, the same seeds for every
     method): per resample, F* (the least synchronous mean final error), each method's mean-curve
@@ -379,28 +463,30 @@ def call(rows: dict) -> dict:
         return dict(outcome="neither" if not sync else "not run")
     n = len(SEEDS)
     idx = np.vstack([np.arange(n)[None, :], claims.resamples(n)])      # the observed, then the resamples
-    means = {m: rows[m][idx].mean(axis=1) for m in rows}                # resamples x validations x 2
-    fs = np.min([means[m][:, -1, 1] for m in sync], axis=0)
-    ts = {m: first_times(means[m], fs + DELTA) for m in rows}
-    a, s = np.min([ts[m] for m in asyn], axis=0), np.min([ts[m] for m in sync], axis=0)
-    with np.errstate(invalid="ignore"):
-        diffs = np.where(np.isinf(a) & np.isinf(s), 0.0, s - a)
+    diffs, a = family_diffs(rows, idx)
     boot = np.sort(diffs[1:])
     q = claims.tail(n)
     lo, hi = boot[int(np.floor(q * len(boot)))], boot[int(np.ceil((1 - q) * len(boot))) - 1]
     outcome = "sync" if hi < 0 else "async" if lo > 0 else "tie"
-    return dict(outcome=outcome, diff=float(diffs[0]), lo=float(lo), hi=float(hi), seeds=n)
+    return dict(outcome=outcome, diff=finite(diffs[0]), lo=finite(lo), hi=finite(hi), seeds=n,
+                async_misses=float(np.isinf(a[1:]).mean()))
 
 
 def cell(recs: dict, plan: Plan, network: str, condition: str, p: int) -> dict | None:
     """One cell: F*, per method its configuration, final error (mean, each seed), mean-curve times
     to quality, to the early target and to its end; the family call; where push-sum misses the
-    quality, its end against the synchronous pick's time to push-sum's final error."""
+    quality, its end against the synchronous pick's time to push-sum's final error.  None while
+    a run of it is missing; a method whose every seed diverged at once is listed as such."""
     ag = agents(network)
     got = reported(recs, plan, ag, p, network, condition)
-    if not any(m in got for m in SYNC):
+    if got is None:
         return None
     arr = {m: padded([curves[s] for s in SEEDS]) for m, (_, curves) in got.items()}
+    diverged = sorted(m for m, a in arr.items() if a is None)
+    arr = {m: a for m, a in arr.items() if a is not None}
+    if not any(m in arr for m in SYNC):
+        return dict(network=network, condition=condition, p=p, agents=ag, noise_units=8 * p / B_NOISE,
+                    fstar=None, methods={}, diverged=diverged, call=dict(outcome="neither"))
     fs = min(float(arr[m][:, -1, 1].mean()) for m in SYNC if m in arr)
     methods = {}
     for m, a in arr.items():
@@ -411,9 +497,9 @@ def cell(recs: dict, plan: Plan, network: str, condition: str, p: int) -> dict |
                           to_target=None if not np.isfinite(t40) else t40,
                           end=float(a[:, -1, 0].mean()))
     out = dict(network=network, condition=condition, p=p, agents=ag, noise_units=8 * p / B_NOISE, fstar=fs,
-               methods=methods, call=call(arr))
+               methods=methods, diverged=diverged, call=call(arr))
     sync = [m for m in SYNC if m in methods]
-    pick = min(sync, key=lambda m: methods[m]["to_quality"])
+    pick = min(sync, key=lambda m: (methods[m]["to_quality"] is None, methods[m]["to_quality"] or 0.0))
     out["sync_pick"] = pick
     for m in ASYNC:
         v = methods.get(m)
@@ -472,8 +558,12 @@ def execute(run: tuple, sha: str, wt: Path, dirs: dict, scratch: Path) -> dict:
     rec = dict(key=rkey, kind=kind, method=method, agents=ag, workers=p, config=cfg, seed=seed,
                network=network, condition=condition, epochs=E, argv=got["argv"], diverged=got["diverged"],
                final_error=curve[-1]["error"] if curve and not got["diverged"] else 0.9, curve=curve)
-    if method in SYNC and not got["diverged"]:
-        rec["retimed"] = driver.retime(run_dir, wt, got["env"], networks_of(ag), CONDITIONS)
+    if method in SYNC:
+        try:                      # (a diverged run's tape may end where it stopped: re-timed if it can be)
+            rec["retimed"] = driver.retime(run_dir, wt, got["env"], networks_of(ag), CONDITIONS)
+        except subprocess.CalledProcessError:
+            if not got["diverged"]:
+                raise
     rec.update(commit=sha, real_seconds=time.perf_counter() - got["t0"])
     store.write(RESULTS, rkey, rec)
     shutil.rmtree(run_dir, ignore_errors=True)

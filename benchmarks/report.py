@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def f(x, spec=".2f", none="—"):
-    return none if x is None else format(x, spec)
+    return none if x is None else x if isinstance(x, str) else format(x, spec)
 
 
 def agg(a, scale=1.0, spec=".1f"):
@@ -803,7 +803,7 @@ def final_map(d):
             "| s to 40% | s to its end | call [interval] |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
         k = c["call"]
-        iv = "" if "lo" not in k else f" [{k['lo']:+.3g}, {k['hi']:+.3g}]"
+        iv = "" if "lo" not in k else f" [{f(k['lo'], '+.3g')}, {f(k['hi'], '+.3g')}]"
         for m, v in c["methods"].items():
             out.append(f"| {c['network']} | {c['condition']} | {c['p']} | {100 * c['fstar']:.2f}% | {m} "
                        f"({v['config']}) | {100 * v['final_error']:.2f} | {f(v['to_quality'], '.0f')} | "
