@@ -124,10 +124,10 @@ def parse(cfg: str) -> tuple[float, str]:
 
 def run_key(kind: str, method: str, ag: str, p: int, cfg: str, seed: int, network: str | None = None,
             condition: str | None = None) -> str:
-    """A record's key: tune|rep / method-agents-p-config-seed, and the network and condition of a
+    """A record's key: tune|rep / method-agents-p-E-config-seed, and the network and condition of a
     run whose arithmetic depends on the clock (push-sum)."""
     where = "" if network is None else f"-{network}-{condition}"
-    return f"{kind}/{method}-{ag}-p{p}-{cfg}-s{seed}{where}"
+    return f"{kind}/{method}-{ag}-p{p}-E{E}-{cfg}-s{seed}{where}"
 
 
 def flags(method: str, cfg: str, ag: str) -> list[str]:
@@ -533,8 +533,10 @@ def pinned() -> str | None:
 
 
 def records() -> dict[str, dict]:
+    """The records of the pinned commit at this budget E."""
     pin = pinned()
-    return {k: r for k, r in store.records(RESULTS).items() if r.get("commit") == pin}
+    return {k: r for k, r in store.records(RESULTS).items()
+            if r.get("commit") == pin and r.get("epochs") == E}
 
 
 def run_cost(run: tuple) -> float:

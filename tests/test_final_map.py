@@ -123,7 +123,7 @@ def test_every_line_ends_with_its_reported_runs_and_node_allreduce_borrows_the_f
         flat = M.Search(plan, "allreduce", "flat", p, None)
         node = M.Search(plan, "allreduce", "node", p, None)
         assert node.chosen("v100x8-10gbe-resnet50") == flat.chosen("v100-10gbe-resnet50")
-        assert all(f"rep/allreduce-node-p{p}-{node.chosen(n)}-s{s}" in w.recs
+        assert all(f"rep/allreduce-node-p{p}-E{M.E}-{node.chosen(n)}-s{s}" in w.recs
                    for n in M.NODE for s in M.SEEDS)
     # push-sum: every seed under none and stragglers, each network, at its own choice
     for n in M.FLAT:
