@@ -55,7 +55,6 @@ without arithmetic, are not counted).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -614,23 +613,8 @@ def status() -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("pin", "run", "status", "report"))
-    ap.add_argument("commit", nargs="?", default="HEAD")
-    ap.add_argument("--minutes", type=float, default=55.0)
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--data", type=Path, default=ROOT / "data" / "glyphs")
-    ap.add_argument("--scratch", type=Path, default=ROOT / "runs" / "final-map")
-    a = ap.parse_args(argv)
-    if a.what == "pin":
-        return driver.pin(a.commit, RESULTS, pinned(), "final_map")
-    if a.what == "run":
-        return piece(a.minutes, a.jobs, a.data, a.scratch)
-    if a.what == "report":
-        OUT.write_text(json.dumps(summary(), indent=1) + "\n")
-        print(f"wrote {OUT.relative_to(ROOT)}")
-        return 0
-    return status()
+    return driver.study_main(argv, __doc__, "final_map", RESULTS, pinned, piece, summary, OUT, status,
+                             "final-map")
 
 
 if __name__ == "__main__":

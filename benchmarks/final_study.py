@@ -53,7 +53,6 @@ commit them as you go); a piece stopped anywhere resumes where the records end.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import shutil
@@ -538,24 +537,8 @@ def summary() -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("pin", "run", "status", "report"))
-    ap.add_argument("commit", nargs="?", default="HEAD")
-    ap.add_argument("--minutes", type=float, default=55.0)
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--data", type=Path, default=ROOT / "data" / "glyphs")
-    ap.add_argument("--scratch", type=Path, default=ROOT / "runs" / "final")
-    a = ap.parse_args(argv)
-    if a.what == "pin":
-        return driver.pin(a.commit, RESULTS, pinned(), "final_study")
-    if a.what == "run":
-        return piece(a.minutes, a.jobs, a.data, a.scratch)
-    if a.what == "report":
-        path = ROOT / "results" / "final-study.json"
-        path.write_text(json.dumps(summary(), indent=1) + "\n")
-        print(f"wrote {path.relative_to(ROOT)}")
-        return 0
-    return status()
+    return driver.study_main(argv, __doc__, "final_study", RESULTS, pinned, piece, summary,
+                             ROOT / "results" / "final-study.json", status, "final")
 
 
 if __name__ == "__main__":

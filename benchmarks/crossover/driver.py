@@ -4,6 +4,8 @@ and pinning the commit.  Every finished run is a record in ``store``; nothing el
 piece stopped anywhere resumes where the records end."""
 from __future__ import annotations
 
+import argparse
+
 import collections
 import json
 import math
@@ -304,3 +306,27 @@ def pin(sha: str, results: Path | None = None, pinned: str | None = None, label:
     (results / S.PIN.name).write_text(json.dumps({"commit": full}) + "\n")
     print(f"pinned {full}")
     return 0
+
+
+def study_main(argv, doc: str, label: str, results: Path, pinned, piece, summary, out: Path, status,
+               scratch: str) -> int:
+    """The command line a study built on this driver shares (``final_study.py``, ``final_map.py``):
+    ``pin [COMMIT]``, ``run [--minutes M] [--jobs J]`` (a resumable piece), ``status``, ``report``
+    (``summary()`` written to ``out``)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("what", choices=("pin", "run", "status", "report"))
+    ap.add_argument("commit", nargs="?", default="HEAD")
+    ap.add_argument("--minutes", type=float, default=55.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--data", type=Path, default=S.ROOT / "data" / "glyphs")
+    ap.add_argument("--scratch", type=Path, default=S.ROOT / "runs" / scratch)
+    a = ap.parse_args(argv)
+    if a.what == "pin":
+        return pin(a.commit, results, pinned(), label)
+    if a.what == "run":
+        return piece(a.minutes, a.jobs, a.data, a.scratch)
+    if a.what == "report":
+        out.write_text(json.dumps(summary(), indent=1) + "\n")
+        print(f"wrote {out.relative_to(S.ROOT)}")
+        return 0
+    return status()
