@@ -5,7 +5,7 @@ VENV   ?= .venv
 RANKS  ?= 4
 PY     := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast test-netcluster test-openmpi test-openmpi-quick bench experiments clean
+.PHONY: install demo test slurm-ready test-fast test-netcluster test-openmpi test-openmpi-quick bench experiments clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,13 +25,20 @@ demo: install
 # machine (measured on 2 cores: 1.78 cores busy; three workers on a fresh clone: pytest 652 s against
 # 621 s with two, 2026-12-06); the tests that start a Slurm cluster or emulated
 # nodes keep to one worker each (tests/conftest.py).  TEST_WORKERS=0: one at a time.  Both venvs
-# install first, side by side (from a fresh clone 38 s against 69 s one after the other, 2026-12-06).
+# install first, side by side (from a fresh clone 38 s against 69 s one after the other, 2026-12-06),
+# and beside them Slurm for tests/test_slurm.py (`slurm-ready`: apt, as root, when it is missing;
+# inside the tests its install held one worker for about 50 s on a fresh machine, 2026-12-07).
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 test:
-	$(MAKE) --no-print-directory -j2 install $(OMPI_LITE)/.installed
+	$(MAKE) --no-print-directory -j3 install $(OMPI_LITE)/.installed slurm-ready
 	$(PY) -m pytest $(PYTEST_PARALLEL)
 	$(MAKE) --no-print-directory test-openmpi-quick
+
+# Installs Slurm and munge with apt when they are missing and this is root (tests/slurm_cluster.py);
+# never fails: without them test_slurm.py skips with the reason this prints.
+slurm-ready:
+	-@$(PYTHON) tests/slurm_cluster.py
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"

@@ -166,3 +166,8 @@ class Cluster:
                     p.kill()
                     p.wait(5)
         self.procs.clear()
+
+
+if __name__ == "__main__":          # `make slurm-ready` (make test runs it beside the installs)
+    why = ensure_installed()
+    print(f"slurm for tests/test_slurm.py: {why or 'installed'}")
