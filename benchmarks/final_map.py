@@ -12,6 +12,11 @@ method: under a common warm-up and schedule a fixed rate is a linear-scaled one 
 the crossover study's two rules are one search here.  Each finished run is a record under
 ``results/final-map/`` (commit them as you go); a piece stopped anywhere resumes where they end.
 
+**The budget E = 8** (``final_study``'s guard): the pilot's verdict (all-reduce first to the
+quality, push-sum missing it) is the same at 8, 16 and 32 epochs, and the study at 16 would not fit
+the 60 machine-hours.  Push-sum's deficit there shrinks with the budget (16.8, 7.1, 4.5 points):
+the map decides which family is first; its gaps overstate those of longer schedules.
+
 **Cells.** p in ``P`` on the three networks of one GPU a node (``FLAT``), and p in ``NODE_P`` on the
 two of eight GPUs a node (``NODE``), run as node agents (``--hierarchy node``: a node's GPUs reduce
 inside the node, the node is the agent; at p = 8 those networks are one node, with no exchange
