@@ -685,6 +685,29 @@ def anchors(d):
         for x in d["differences"]:
             out.append(f"| {x['key']} | {x['against']} | {1000 * x['published']:.0f} | "
                        f"{1000 * x['predicted']:.0f} | {1000 * (x['predicted'] - x['published']):+.0f} |")
+    acc = d.get("accuracy") or []
+    if acc:
+        delta = 100 * d.get("delta", 0.01)
+        out += ["", f"Accuracy after a fixed budget: the published difference in top-1 error against the "
+                f"proxy's for the same pair (final_study.py's runs; full schedules of E epochs), and the "
+                f"verdict: within {delta:.0f} point of the reference (the quality), and so first to it.", "",
+                "| row | source | method | against | published: points, verdict | proxy: points at E = 8 / "
+                "16 / 32 | proxy's verdict (longest E) | same verdict |", "|---|---|---|---|---|---|---|---|"]
+        for r in acc:
+            pub = (f"{100 * r['published_gap']:+.2f}, " + ("reaches the quality" if r["published_reaches"]
+                                                           else "misses it")
+                   + (", first" if r["published_first"] else ""))
+            if r["proxy_gaps"] is None:
+                prox, verdict, same = "—", r["proxy_said"], "—"
+            else:
+                gaps = r["proxy_gaps"]
+                prox = " / ".join("—" if gaps.get(e) is None else f"{100 * gaps[e]:+.2f}"
+                                  for e in ("8", "16", "32"))
+                verdict = (f"E = {r['proxy_budget']}: " + ("reaches" if r["proxy_reaches"] else "misses")
+                           + f" ({100 * r['miss_points']:+.2f} points from the published)")
+                same = "yes" if r["agrees"] else "**no**"
+            out.append(f"| {r['key']} | {r['source']} | {r['method']} | {r['reference']} | {pub} | {prox} | "
+                       f"{verdict} | {same} |")
     return "\n".join(out)
 
 

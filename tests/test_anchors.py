@@ -72,3 +72,24 @@ def test_the_differences_between_methods_cancel_the_compute():
     (d,) = A.differences(rows)
     assert d["key"] == "sgp" and d["against"] == "ar"
     assert d["published"] == pytest.approx(0.12) and d["predicted"] == pytest.approx(0.02)
+
+
+def test_accuracy_rows_put_the_published_gap_beside_the_proxys_at_each_budget():
+    """The verdict compared: within a point of the reference (and quicker: first to the quality),
+    at the proxy's longest budget; rows without proxy runs say so and judge nothing."""
+    ep = {m: {str(e): {"mean": v} for e, v in zip((8, 16, 32), vals)}
+          for m, vals in (("allreduce", (0.20, 0.16, 0.135)), ("single", (0.19, 0.155, 0.13)))}
+    ver = lambda e, ps, ar: dict(epochs=e, methods={"pushsum-ov": dict(final_error=ps),  # noqa: E731
+                                                     "allreduce": dict(final_error=ar)})
+    final = {"epochs": ep, "pilot": {"check": {"short": ver(8, 0.30, 0.17), "budget": ver(16, 0.20, 0.14),
+                                                "check": ver(32, 0.13, 0.125)}}}
+    rows = {r["key"]: r for r in A.accuracy(final)}
+    g = rows["goyal-accuracy"]
+    assert g["published_gap"] == pytest.approx(0.0014) and g["published_reaches"] and g["published_first"]
+    assert g["proxy_gaps"] == pytest.approx({"8": 0.01, "16": 0.005, "32": 0.005})
+    assert g["proxy_budget"] == 32 and g["proxy_reaches"] and g["agrees"]
+    o = rows["slowmo-osgp-accuracy"]
+    assert o["published_gap"] == pytest.approx(0.0104) and not o["published_reaches"]
+    assert o["proxy_gap"] == pytest.approx(0.005) and o["proxy_reaches"] and o["agrees"] is False
+    assert rows["slowmo-sgp-accuracy"]["agrees"] is None and rows["slowmo-sgp-accuracy"]["published_first"]
+    assert all(r["proxy_gaps"] is None for r in A.accuracy(None))
