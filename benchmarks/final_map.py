@@ -587,27 +587,47 @@ def piece(minutes: float, jobs: int, data: Path, scratch: Path) -> int:
     return status()
 
 
+def least_left(plan: Plan, s: Search) -> int:
+    """The fewest runs ``s`` still needs: its grid's missing tuning runs (a grid not begun: 3
+    rates, and local SGD's settings step), and its reported runs at one choice (the choices made,
+    where they are)."""
+    cfgs, over = s.grid()
+    untried = 0 if over else len(set(SETTINGS[s.method]) - {parse(c)[1] for c in cfgs})
+    tune = (len(cfgs) or 3) + untried - (0 if cfgs else 1)
+    if s.method == "allreduce" and s.ag == "node":
+        tune = 0
+    done = sum(s.key(c, seed) in plan.recs for c in cfgs for seed in TUNE_SEEDS)
+    choices = plan.choices(s) or {None}
+    conds = ASYNC_CONDITIONS if s.network else (None,)
+    rep = sum(c is None or run_key("rep", s.method, s.ag, s.p, c, seed, s.network, cond) not in plan.recs
+              for c in choices for cond in conds for seed in SEEDS)
+    return max(tune * len(TUNE_SEEDS) - done, 0) + rep
+
+
 def summary(recs: dict | None = None) -> dict:
     recs = records() if recs is None else recs
     plan = Plan(recs)
     todo = plan.todo()
-    tuning = {}
+    tuning, left = {}, 0
     for s in plan.lines():
         cfgs, over = s.grid()
         tuning[f"{s.method}/{s.ag}/p{s.p}" + (f"/{s.network}" if s.network else "")] = dict(
             configs={c: None if s.runs(c) is None else [g["final_error"] for g in s.runs(c)] for c in cfgs},
             over=over, chosen=sorted(plan.choices(s)))
+        left += least_left(plan, s)
     hours = sum(r.get("real_seconds", 0.0) for r in recs.values()) / 3600
     return dict(experiment="final-map", commit=pinned(), E=E, delta=DELTA, seeds=list(SEEDS),
                 tune_seeds=list(TUNE_SEEDS), b_noise=B_NOISE, runs=len(recs), machine_hours=hours,
-                ready=len(todo), ready_hours=len(todo) * F.epoch_cost(E) / 3600, tuning=tuning,
-                cells=cells(recs))
+                ready=len(todo), ready_hours=len(todo) * F.epoch_cost(E) / 3600, least_left=left,
+                least_left_hours=left * F.epoch_cost(E) / 3600, tuning=tuning, cells=cells(recs))
 
 
 def status() -> int:
     d = summary()
     print(f"final map at E = {d['E']}: {d['runs']} runs, {d['machine_hours']:.2f} machine-hours; ready now "
-          f"{d['ready']} runs (about {d['ready_hours']:.1f} machine-hours)")
+          f"{d['ready']} runs (about {d['ready_hours']:.1f} machine-hours); at least {d['least_left']} runs "
+          f"left (about {d['least_left_hours']:.1f} machine-hours at {1000 * F.STEP_COST_S:.0f} ms a "
+          "worker-step)")
     for name, t in d["tuning"].items():
         print(f"  {name}: {len(t['configs'])} configurations, "
               f"{'over, chosen ' + ', '.join(t['chosen']) if t['over'] else 'open'}")

@@ -132,6 +132,11 @@ def test_every_line_ends_with_its_reported_runs_and_node_allreduce_borrows_the_f
             assert all(M.run_key("rep", "pushsum-ov", "flat", 8, c, s, n, cond) in w.recs for s in M.SEEDS)
         assert not any(k.endswith(f"{n}-typical") for k in w.recs)
     d = M.summary(w.recs)
+    assert d["least_left"] == 0
+    # before any run: 3 rates x 2 seeds a line (local SGD one more setting), all-reduce as node agents
+    # none; 5 reported seeds a synchronous line, 5 under each of 2 conditions a push-sum line
+    assert M.summary({})["least_left"] == (3 * (6 + 5) + 3 * (8 + 5) + 2 * (8 + 5) + 2 * 5
+                                           + (9 + 4) * (6 + 10))
     assert len(d["cells"]) == len(M.FLAT) * 3 * len(M.P) + len(M.NODE) * 3 * len(M.NODE_P)
     assert d["ready"] == 0 and all(t["over"] for t in d["tuning"].values())
 
