@@ -156,10 +156,8 @@ def curve_of(rec: dict, network: str, condition: str) -> list[dict] | None:
 
 
 def mean_curve(curves: list[list[dict]]) -> list[dict]:
-    """The curves averaged validation by validation (``final_study.mean_curve``, in plain floats)."""
-    k, n = len(curves), min(len(c) for c in curves)
-    return [dict(seconds=sum(c[i]["seconds"] for c in curves) / k,
-                 error=sum(c[i]["error"] for c in curves) / k) for i in range(n)]
+    """The curves averaged validation by validation (``final_study.mean_curve``)."""
+    return F.mean_curve([dict(curve=c) for c in curves])
 
 
 class Search:

@@ -120,9 +120,9 @@ def interpolate(curve: list[dict], target: float) -> float | None:
 def mean_curve(got: list[dict]) -> list[dict]:
     """The seeds' curves averaged validation by validation (the same schedule: the same
     validations; seconds and error both averaged), as far as the shortest goes."""
-    n = min(len(g["curve"]) for g in got)
-    return [dict(seconds=float(np.mean([g["curve"][i]["seconds"] for g in got])),
-                 error=float(np.mean([g["curve"][i]["error"] for g in got]))) for i in range(n)]
+    k, n = len(got), min(len(g["curve"]) for g in got)
+    return [dict(seconds=sum(g["curve"][i]["seconds"] for g in got) / k,
+                 error=sum(g["curve"][i]["error"] for g in got) / k) for i in range(n)]
 
 
 def fstar(recs: dict, epochs: int) -> float | None:
