@@ -60,7 +60,6 @@ without arithmetic, are not counted).
 """
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -528,10 +527,7 @@ def cells(recs: dict) -> list[dict]:
 
 # ------------------------------------------------------------------------------------- running
 def pinned() -> str | None:
-    try:
-        return json.loads((RESULTS / "pin.json").read_text())["commit"]
-    except (OSError, ValueError, KeyError):
-        return None
+    return store.pinned(RESULTS)
 
 
 def records() -> dict[str, dict]:

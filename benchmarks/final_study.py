@@ -54,7 +54,6 @@ commit them as you go); a piece stopped anywhere resumes where the records end.
 from __future__ import annotations
 
 import itertools
-import json
 import shutil
 import sys
 import time
@@ -66,7 +65,6 @@ from crossover import driver, store
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "final"
-PIN = RESULTS / "pin.json"
 DELTA = 0.01                 # the study's tolerance on final error: 1 point of top-1 error
 EPOCHS = (4, 8, 16, 32, 64)
 SEEDS = (100, 101)
@@ -188,10 +186,7 @@ def pilot_table(recs: dict, epochs: int, grids: dict, quality: float | None) -> 
 
 
 def pinned() -> str | None:
-    try:
-        return json.loads(PIN.read_text())["commit"]
-    except (OSError, ValueError, KeyError):
-        return None
+    return store.pinned(RESULTS)
 
 
 def records() -> dict[str, dict]:

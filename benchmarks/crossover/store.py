@@ -104,3 +104,11 @@ def pack(root: Path) -> dict[str, int]:
             f.parent.rmdir()
         counts[kind] = len(recs)
     return counts
+
+
+def pinned(results: Path) -> str | None:
+    """The commit pinned in ``results``/pin.json (a study's runs all execute it), None before one is."""
+    try:
+        return json.loads((results / "pin.json").read_text())["commit"]
+    except (OSError, ValueError, KeyError):
+        return None

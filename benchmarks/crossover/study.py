@@ -45,7 +45,6 @@ the error it reached, as *stopped at the cap*, not as a miss: ``stopped``).
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -152,10 +151,7 @@ def flags(method: str, config: str, p: int) -> list[str]:
 
 def pinned() -> str | None:
     """The pinned commit (``RESULTS/pin.json``), None before one is pinned."""
-    try:
-        return json.loads((RESULTS / PIN.name).read_text())["commit"]
-    except (OSError, ValueError, KeyError):
-        return None
+    return store.pinned(RESULTS)
 
 
 def commit() -> str:
