@@ -3,6 +3,7 @@ measurement of these methods on a real cluster, the cluster as a profile, the pu
 the virtual cluster's prediction for it and their ratio.
 
     python benchmarks/anchors.py [--only KEY ...] [--steps 24] [--json results/anchors.json]
+    python benchmarks/anchors.py --accuracy-only    # the accuracy rows again, from final-study.json
     python benchmarks/report.py --update docs/results.md      # the table (block "anchors")
 
 A prediction is a clock-only virtual run (``virtual/clockonly.py``: the methods' own code, every
