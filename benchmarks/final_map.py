@@ -60,6 +60,7 @@ without arithmetic, are not counted).
 """
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -74,6 +75,7 @@ from crossover import claims, driver, store
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "final-map"
 OUT = ROOT / "results" / "final-map.json"
+PLAN_FILE = ROOT / "src" / "scalesgd" / "virtual" / "study" / "final.json"      # what ``plan`` reads
 
 E = 8
 DELTA = F.DELTA
@@ -399,17 +401,18 @@ def finite(x: float) -> float | str:
     return float(x) if np.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
-def padded(curves: list[list[dict]]) -> np.ndarray | None:
-    """Seeds x validations x (seconds, error); a diverged seed's curve, which ends early, carried on
-    at error 0.9 (chance) at the other seeds' mean seconds.  None: every seed diverged at once."""
+def padded(curves: list[list[dict]], x: str = "seconds") -> np.ndarray | None:
+    """Seeds x validations x (``x``: seconds or samples, error); a diverged seed's curve, which ends
+    early, carried on at error 0.9 (chance) at the other seeds' mean ``x``.  None: every seed
+    diverged at once."""
     n = max(len(c) for c in curves)
     if n == 0:
         return None
     full = [c for c in curves if len(c) == n]
     out = []
     for c in curves:
-        rows = [(v["seconds"], v["error"]) for v in c]
-        rows += [(float(np.mean([f[i]["seconds"] for f in full])), 0.9) for i in range(len(c), n)]
+        rows = [(v[x], v["error"]) for v in c]
+        rows += [(float(np.mean([f[i][x] for f in full])), 0.9) for i in range(len(c), n)]
         out.append(rows)
     return np.array(out, dtype=float)
 
@@ -525,6 +528,52 @@ def cells(recs: dict) -> list[dict]:
     return out
 
 
+def run_flags(method: str, cfg: str, ag: str) -> str:
+    """A reported configuration's flags as a user runs them: the method's, its rate rule and
+    setting, the hierarchy, the schedule (not the budget: ``--epochs`` is the user's)."""
+    return " ".join([*flags(method, cfg, ag), "--schedule", "cosine", "--warmup-epochs", f"{WARMUP:g}"])
+
+
+def study_file(d: dict, recs: dict) -> dict:
+    """What ``scalesgd plan`` reads for time to final quality (``PLAN_FILE``): per complete cell of
+    ``summary()`` ``d``, F*, the quality F* + DELTA, the family call, and per method its settings and
+    each seed's validation errors by global samples (a diverged seed carried at chance, as ``cell``
+    carries it), which plan times on a user's clock."""
+    plan = Plan(recs)
+    cells = {}
+    for c in d["cells"]:
+        got = reported(recs, plan, c["agents"], c["p"], c["network"], c["condition"])
+        methods = {}
+        for m, (cfg, curves) in got.items():
+            arr = padded([curves[s] for s in SEEDS], x="samples")
+            if arr is None:
+                continue
+            methods[m] = dict(config=cfg, flags=run_flags(m, cfg, c["agents"]),
+                              final_error=c["methods"][m]["final_error"],
+                              seeds={str(s): dict(final_error=float(a[-1, 1]),
+                                                  curve=[[int(x), float(e)] for x, e in a])
+                                     for s, a in zip(SEEDS, arr)})
+        cells[f"{c['network']}/{c['condition']}/p{c['p']}"] = dict(
+            agents=c["agents"], fstar=c["fstar"], quality=None if c["fstar"] is None else c["fstar"] + DELTA,
+            call=c["call"]["outcome"], sync_pick=c.get("sync_pick"), diverged=c["diverged"], complete=True,
+            missing=[], methods=methods)
+    return dict(source="benchmarks/final_map.py report", metric="final", commits=[d["commit"]], E=E,
+                delta=DELTA, target_error=TARGET,
+                task=dict(job=(ROOT / "jobs" / "glyphs.toml").read_text(), train=51_200, val=5_000,
+                          classes=10, eval_every=max(0.25, E / 16), name="the glyphs (jobs/glyphs.toml)",
+                          schedule=f"cosine over {E} epochs after a {WARMUP:g}-epoch warm-up"),
+                workers=sorted({*P, *NODE_P}), p=dict(flat=sorted(P), node=sorted(NODE_P)),
+                networks=[*FLAT, *NODE], agents={n: agents(n) for n in (*FLAT, *NODE)},
+                conditions=list(CONDITIONS), complete=d["least_left"] == 0, noise_scale=dict(b_noise=B_NOISE),
+                cells=cells)
+
+
+def ship(d: dict) -> None:
+    """``report`` also writes ``PLAN_FILE`` from the same records."""
+    PLAN_FILE.write_text(json.dumps(study_file(d, records())) + "\n")
+    print(f"wrote {PLAN_FILE.relative_to(ROOT)} ({len(d['cells'])} cells)")
+
+
 # ------------------------------------------------------------------------------------- running
 def pinned() -> str | None:
     return store.pinned(RESULTS)
@@ -633,7 +682,7 @@ def status() -> int:
 
 def main(argv=None) -> int:
     return driver.study_main(argv, __doc__, "final_map", RESULTS, pinned, piece, summary, OUT, status,
-                             "final-map")
+                             "final-map", also=ship)
 
 
 if __name__ == "__main__":

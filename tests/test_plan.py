@@ -366,7 +366,7 @@ def test_plan_times_node_agents_on_a_profile_of_several_gpus_a_node(made, tmp_pa
 def test_plan_times_to_another_target_read_from_the_same_runs(made):
     """--target ERR at or above the study's own: every time is read from the same validations
     (all-reduce's re-timed, the asynchronous methods' samples to ERR on their clock), no tie is
-    marked; below the study's target, or 'final' before the final-quality study ships: refused."""
+    marked; below the study's target, or 'final' (the map's file, not this one): refused."""
     st, prof = made["study"], P.load("v100-10gbe-resnet50")
     own = L.predict(st, prof, 2, "typical")
     assert L.predict(st, prof, 2, "typical", target=str(st["target_error"]))["rows"] == own["rows"]
@@ -393,7 +393,8 @@ def test_plan_times_to_another_target_read_from_the_same_runs(made):
     assert rows["gossip-pull"]["mean_seconds"] == pytest.approx(L.at(pts, x), rel=1e-12)
     # the study's own samples are this reading at its own target
     assert L.samples_to(g["curve"], st["target_error"]) == g["samples"]
-    for spec, needle in (("final", "final-quality study"), (st["target_error"] / 2, "stop at its target"),
+    for spec, needle in (("final", "read from the map by time to final quality"),
+                         (st["target_error"] / 2, "stop at its target"),
                          ("1.5", "between 0 and 1"), ("x", "'final' or a top-1 error")):
         with pytest.raises(ConfigError, match=needle):
             L.predict(st, prof, 2, "typical", target=spec)

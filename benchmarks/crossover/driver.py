@@ -309,10 +309,10 @@ def pin(sha: str, results: Path | None = None, pinned: str | None = None, label:
 
 
 def study_main(argv, doc: str, label: str, results: Path, pinned, piece, summary, out: Path, status,
-               scratch: str) -> int:
+               scratch: str, also=None) -> int:
     """The command line a study built on this driver shares (``final_study.py``, ``final_map.py``):
     ``pin [COMMIT]``, ``run [--minutes M] [--jobs J]`` (a resumable piece), ``status``, ``report``
-    (``summary()`` written to ``out``)."""
+    (``summary()`` written to ``out``, then given to ``also`` where there is one)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("what", choices=("pin", "run", "status", "report"))
     ap.add_argument("commit", nargs="?", default="HEAD")
@@ -326,7 +326,10 @@ def study_main(argv, doc: str, label: str, results: Path, pinned, piece, summary
     if a.what == "run":
         return piece(a.minutes, a.jobs, a.data, a.scratch)
     if a.what == "report":
-        out.write_text(json.dumps(summary(), indent=1) + "\n")
+        d = summary()
+        out.write_text(json.dumps(d, indent=1) + "\n")
         print(f"wrote {out.relative_to(S.ROOT)}")
+        if also is not None:
+            also(d)
         return 0
     return status()

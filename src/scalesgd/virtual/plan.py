@@ -1,5 +1,6 @@
-"""``python -m scalesgd plan --profile my-cluster.json --workers 64``: which method to use, from the
-crossover study.
+"""``python -m scalesgd plan --profile my-cluster.json --workers 64``: which method to use.  By
+default by time to final quality, from the map of that name (``planfinal.py``); with ``--target
+ERR`` (this module) by time to a target error, from the crossover study, as below; ``rank`` picks.
 
 The study (``benchmarks/crossover/``) tuned every method the same way and timed each to
 a target error at p = 1..128 under three networks (the papers' era, a current InfiniBand cluster,
@@ -40,7 +41,6 @@ checks join the JSON (key ``checks``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
@@ -48,77 +48,10 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError, UserError
-from ..io.files import reserve_dir, stamped
-from ..netmodel import transfer_seconds
 from . import profile as P
-from . import variability as V
-from .studyfile import STUDY, at, clock, load_study, samples_to, task_config, task_job, to_target
-
-SYNC = {"allreduce", "localsgd", "single"}
-
-
-def balance(prof: P.Profile, study: dict, cfg=None, agents: str = "rank") -> dict:
-    """One step's compute (seconds) and the ratio of one gradient's transfer to it, for the study's
-    task (``cfg``: its Config, read once by the caller) timed as ``prof`` times it, per *agent*:
-
-    * ``agents="rank"`` (the study's flat methods, one agent a rank): the ``ranks_per_node`` ranks of
-      a node share its link, so each gets a share of it; a profile of 8 GPUs a node on 10 GbE is an
-      eighth of the link per rank, not all of it;
-    * ``agents="node"`` (``--hierarchy node``: a node's ranks sum their gradients inside the node and
-      the node is the agent): the whole link per agent, plus the node's own sum (reduce and
-      broadcast, twice one gradient over ``intra_gbps``)."""
-    if prof.measured or prof.step_seconds is not None:
-        raise ConfigError(f"--profile {prof.name}: plan times the study's own small task on your cluster, so "
-                          "it needs your GPUs' images_per_second on a reference model (and stands_for: your "
-                          "model), not " + ("a measured step" if prof.measured else
-                                            "step_seconds (one step of the job a profile runs with: here the "
-                                            "study's task, not yours)"))
-    cfg = cfg or task_config(study)
-    classes = study["task"]["classes"]
-    step = P.Compute(prof, cfg, classes, condition=V.load("none")).seconds
-    nbytes = 4 * P.model_params(cfg.model.model, classes, cfg.model.width) * P.byte_scale(prof, cfg, classes)
-    per_node = max(1, int(prof.ranks_per_node))
-    lat = prof.latency_us * 1e-6
-    if agents == "node":
-        comm = transfer_seconds(nbytes, prof.link_gbps * 1e9 / 8, lat)
-        if per_node > 1:
-            comm += 2 * transfer_seconds(nbytes, prof.intra_gbps * 1e9 / 8, 0.0)
-    else:
-        comm = transfer_seconds(nbytes, prof.link_gbps * 1e9 / 8 / per_node, lat)   # bytes/s a rank gets
-    return dict(step_seconds=step, comm_seconds=comm, ratio=comm / step)
-
-
-def nearest_p(ps, workers: int) -> int:
-    """The p of ``ps`` nearest to ``workers`` in log2 (the smaller on a tie; p = 1 only if alone)."""
-    ps = [p for p in ps if p > 1] or list(ps)
-    return min(ps, key=lambda p: (abs(math.log2(p) - math.log2(workers)), p))
-
-
-def condition_name(prof: P.Profile, spec: str | None) -> tuple[str, str | None]:
-    """(the studied condition to use, a note when it is not the user's own)."""
-    name = spec if spec is not None else prof.variability
-    if isinstance(name, str) and name in ("none", "typical", "stragglers"):
-        return name, None
-    return "typical", f"your condition ({name}) is not one the study ran: its times are under 'typical'"
-
-
-def flag_value(flags: str, flag: str) -> str | None:
-    """The value given to ``flag`` in the command-line string ``flags`` (None: not given)."""
-    f = flags.split()
-    return f[f.index(flag) + 1] if flag in f else None
-
-
-def describe(method: str, config: str, flags: str) -> str:
-    """The settings in words: the rate rule and the method's own."""
-    rule, rate = config[0], config[1:].split("-")[0]
-    words = {"F": f"fixed rate {rate}", "W": f"rate {rate} / p (A-SGD's own rule)",
-             "L": f"linear scaling: {rate} per 8 images of global batch, 0.5-epoch warm-up"}[rule]
-    knobs = [f"{label} {flag_value(flags, flag)}"
-             for flag, label in (("--tau", "tau"), ("--beta", "beta"), ("--servers", "servers K"),
-                                 ("--n-sync", "n_sync"), ("--slowmo-beta", "SlowMo beta"),
-                                 ("--gossip-graph", "graph"), ("--hierarchy", "hierarchy"))
-             if flag_value(flags, flag) is not None]
-    return ", ".join([words, *knobs])
+from .planfinal import FINAL, check_final, is_final, predict_final, show_final
+from .studyfile import (STUDY, SYNC, at, balance, clock, condition_name, describe, flag_value, load_study,
+                        nearest_p, samples_to, task_config, to_target, virtual_check)
 
 
 def method_rows(study: dict, cell: dict, p: int, prof: P.Profile, yours, target: float, net: str,
@@ -173,15 +106,15 @@ def method_rows(study: dict, cell: dict, p: int, prof: P.Profile, yours, target:
 
 def target_of(study: dict, spec) -> float:
     """The error ``--target`` asks for (None: the study's own).  The study's runs end at its target
-    (a validation at or below it), so a lower error is not in them; ``final`` is the final-quality
-    study's metric, which has not shipped yet."""
+    (a validation at or below it), so a lower error is not in them (time to final quality is
+    ``planfinal``'s, from the map's file)."""
     own = study["target_error"]
     if spec is None:
         return own
     if str(spec) == "final":
-        raise ConfigError("--target final: time to final quality needs the final-quality study "
-                          "(benchmarks/final_study.py), whose results have not shipped yet; "
-                          f"--target {own:g} (the study's own) or a higher error until they do")
+        raise ConfigError("--target final: time to final quality is read from the map by time to final "
+                          f"quality's file, not the crossover study's; --target {own:g} or a higher "
+                          "error here")
     try:
         t = float(spec)
     except ValueError:
@@ -356,73 +289,82 @@ def check(study: dict, res: dict, prof_spec: str, data: Path, top: int = 2,
     itself and the condition the prediction's clocks used (``condition``, as given to ``predict``:
     None is the profile's own), at the prediction's p, one seed each, to the target or 12 epochs,
     on the study's task; measured against predicted.  Each run gets a new directory under runs/."""
-    from ..launch import EXIT_STOPPED  # noqa: PLC0415
-    from .run import main as vmain  # noqa: PLC0415
-    if not (data / "manifest.json").exists():
-        raise ConfigError(f"--data {data}: no data set there (the study's glyphs: "
-                          "python benchmarks/glyphs.py "
-                          f"{data.parent}, then --data {data.parent}/main)")
     out = []
-    with task_job(study) as (_, job):
-        for r in [x for x in res["rows"] if x["mean_seconds"] is not None][:top]:
-            # reserved: a check of the same method within the second, here or in another
-            # plan --run, gets a directory of its own
-            run_dir = reserve_dir(stamped(f"plan-{r['method']}-p{res['p']}"))
-            argv = ["--config", str(job), "--data", str(data), *r["flags"].split(),
-                    "--workers", str(res["p"]),
-                    "--profile", prof_spec, *(["--condition", condition] if condition is not None else []),
-                    "--epochs", "12", "--eval-every", str(study["task"]["eval_every"]),
-                    "--stop-at-error", str(res["target_error"]), "--threads", "1", "--run-dir", str(run_dir)]
-            with contextlib.redirect_stdout(sys.stderr):      # its progress: stdout is the plan's
-                rc = vmain(argv)
-            if rc == EXIT_STOPPED:            # Ctrl-C: the run checkpointed; not a failure
-                stopped = UserError(f"--run: the virtual check of {r['method']} was stopped; its checkpoint "
-                                    f"is in {run_dir} (python -m scalesgd.virtual --resume {run_dir} "
-                                    "continues it)")
-                stopped.exit_code = EXIT_STOPPED
-                raise stopped
-            if rc != 0:
-                raise UserError(f"--run: the virtual check of {r['method']} failed")
-            s = json.loads((run_dir / "summary.json").read_text())
-            hit = s.get("stopped_at_error")
-            out.append(dict(method=r["method"], predicted=r["mean_seconds"],
-                            measured=s["train_seconds"] if hit else None,
-                            error=1 - s["val_top1_accuracy"], run_dir=str(run_dir)))
+    for r in [x for x in res["rows"] if x["mean_seconds"] is not None][:top]:
+        run_dir = virtual_check(study, r, res["p"], prof_spec, data, condition, "12",
+                                ["--stop-at-error", str(res["target_error"])])
+        s = json.loads((run_dir / "summary.json").read_text())
+        hit = s.get("stopped_at_error")
+        out.append(dict(method=r["method"], predicted=r["mean_seconds"],
+                        measured=s["train_seconds"] if hit else None,
+                        error=1 - s["val_top1_accuracy"], run_dir=str(run_dir)))
     return out
+
+
+def rank(a, prof: P.Profile, say) -> tuple[dict, dict, bool]:
+    """(the study read, the prediction, whether it is by time to final quality) for the command
+    line ``a``.  ``--target final`` (the default) reads the map by time to final quality; an error
+    reads the crossover study; a ``--study`` file's own metric is the default for it.  Where the
+    shipped map has no cell for the user's network and condition yet and no target was given, the
+    crossover study's early target, said."""
+    if a.study is not None:
+        study = load_study(a.study)
+        final = is_final(study) if a.target is None else a.target == "final"
+        if final and not is_final(study):
+            raise ConfigError(f"--study {a.study}: an early-target study (time to {study['target_error']:g} "
+                              "error); --target final needs the map's file (metric 'final')")
+        if not final and is_final(study):
+            raise ConfigError(f"--study {a.study}: the map by time to final quality holds no times to an "
+                              "error of your choosing; --target final, or the crossover study's file")
+    elif a.target in (None, "final"):
+        study, final = load_study(FINAL), True
+    else:
+        study, final = load_study(STUDY), False
+    if not final:
+        return study, predict(study, prof, a.workers, a.condition, say=say, target=a.target), False
+    res = predict_final(study, prof, a.workers, a.condition, say=say)
+    if not isinstance(res, str):
+        return study, res, True
+    if a.target is not None or a.study is not None:
+        raise ConfigError(f"--target final: {res}; --target 0.4 (the crossover study's early target)")
+    study = load_study(STUDY)
+    got = predict(study, prof, a.workers, a.condition, say=say)
+    got["notes"].insert(0, f"{res}: the ranking is by time to the crossover study's early target")
+    return study, got, False
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scalesgd plan", description=(
-        "Rank the training methods for your cluster by predicted time to target, from the crossover "
-        "study (docs/virtual.md#plan-which-method-for-my-cluster)."))
+        "Rank the training methods for your cluster by predicted time to final quality (or to a "
+        "target error), from the project's studies (docs/virtual.md#plan-which-method-for-my-cluster)."))
     ap.add_argument("--profile", required=True, help="your cluster: a shipped profile name or a JSON "
                     "file (docs/virtual.md#profiles)")
     ap.add_argument("--workers", type=int, required=True, help="GPUs (workers) you will train on")
     ap.add_argument("--condition", help="none, typical or stragglers, or a condition's JSON file "
                     "(default: the profile's variability)")
-    ap.add_argument("--study", type=Path, default=STUDY,
-                    help="the study's results (default: the shipped ones)")
+    ap.add_argument("--study", type=Path, help="the study's results (default: the shipped ones: the map "
+                    "by time to final quality for --target final, the crossover study for an error)")
     ap.add_argument("--run", action="store_true", help="then check the two fastest in the virtual "
-                    "cluster under your profile and condition, at the study's p (one seed each, at most 12 "
-                    "epochs, minutes; run directories runs/<time>-plan-<method>-p<p>)")
+                    "cluster under your profile and condition, at the study's p (one seed each: the map's "
+                    "whole schedule, or to the target error within 12 epochs; minutes; run directories "
+                    "runs/<time>-plan-<method>-p<p>)")
     ap.add_argument("--data", type=Path, default=Path("data/glyphs/main"), help="--run: the glyph data set "
                     "(default data/glyphs/main: python benchmarks/glyphs.py data/glyphs)")
-    ap.add_argument("--target", help="the top-1 error to time to (default: the study's own, 0.4; a "
-                    "higher one is read from the same runs); 'final', time to final quality, needs the "
-                    "final-quality study, which has not shipped yet")
+    ap.add_argument("--target", help="'final' (the default): time to within 1 point of the best synchronous "
+                    "final error after a full schedule, from the map by time to final quality; or a top-1 "
+                    "error, 0.4 (the crossover study's own) or higher, read from its runs")
     ap.add_argument("--json", action="store_true", help="print the prediction as JSON")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="scalesgd: %(message)s", stream=sys.stderr)
     try:
         prof = P.load(a.profile)
-        study = load_study(a.study)
-        res = predict(study, prof, a.workers, a.condition,
-                      say=lambda msg: print(f"scalesgd: {msg}", file=sys.stderr, flush=True), target=a.target)
+        study, res, final = rank(a, prof, lambda msg: print(f"scalesgd: {msg}", file=sys.stderr, flush=True))
         if not a.json:
-            print(show(res, prof), flush=True)
+            print((show_final if final else show)(res, prof), flush=True)
         try:
             if a.run:
-                res["checks"] = check(study, res, a.profile, a.data, condition=a.condition)
+                res["checks"] = (check_final if final else check)(study, res, a.profile, a.data,
+                                                                   condition=a.condition)
                 for c in res["checks"] if not a.json else ():
                     m = "missed" if c["measured"] is None else f"{c['measured']:.4g} s"
                     print(f"  check: {c['method']}: predicted {c['predicted']:.4g} s, measured {m} "
