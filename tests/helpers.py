@@ -20,6 +20,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # a ResNet-20 at a quarter width on 16x16 crops, one epoch, a metrics line per step: seconds per run
 TINY = ["--width", "0.25", "--image-size", "16", "--scale", "16,20", "--batch-size", "8",
         "--epochs", "1", "--log-every", "1"]
+# TINY's model and data as a job file (a study file's task: plan's tests)
+TINY_JOB = """[model]
+width = 0.25
+[data]
+image_size = 16
+scale = [16.0, 20.0]
+batch_size = 8
+[train]
+log_every = 1
+"""
 
 
 @functools.cache

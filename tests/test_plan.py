@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from helpers import ROOT, TINY, run_cli
+from helpers import ROOT, TINY, TINY_JOB, run_cli
 from synth import make_dataset
 
 from scalesgd.errors import ConfigError
@@ -18,15 +18,6 @@ from scalesgd.virtual import profile as P
 from scalesgd.virtual import run as VR
 
 NETS = ["titanx-fdr-resnet18", "a100-ib100-resnet50", "v100-10gbe-resnet50"]
-JOB = """[model]
-width = 0.25
-[data]
-image_size = 16
-scale = [16.0, 20.0]
-batch_size = 8
-[train]
-log_every = 1
-"""
 METHODS = {"allreduce": "--method allreduce --lr 0.1",
            "gossip-pull": "--method gossip --gossip pull --lr 0.1",
            "easgd": "--method easgd --lr 0.1 --tau 2 --servers 2"}
@@ -73,7 +64,7 @@ def made(tmp_path_factory):
                                                     methods=methods)
     study = dict(workers=[1, 2], networks=NETS, conditions=["none", "typical", "stragglers"],
                  target_error=target, complete=True, cells=cells,
-                 task=dict(job=JOB, train=96, val=16, classes=4, eval_every=0.25, name="a tiny task"))
+                 task=dict(job=TINY_JOB, train=96, val=16, classes=4, eval_every=0.25, name="a tiny task"))
     path = tmp / "study.json"
     path.write_text(json.dumps(study))
     return dict(path=path, study=study, runs=runs, data=data, tmp=tmp, target=target, to=to)

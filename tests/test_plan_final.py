@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from helpers import ROOT, TINY, run_cli
+from helpers import ROOT, TINY, TINY_JOB, run_cli
 from synth import make_dataset
 
 from scalesgd.errors import ConfigError
@@ -26,15 +26,6 @@ METHODS = {"allreduce": "--method allreduce --lr 0.1",
            "localsgd": "--method localsgd --lr 0.1 --tau 2",
            "pushsum-ov": "--method gossip --gossip push --gossip-overlap --lr 0.1"}
 SEEDS = (0, 1)
-TINY_JOB = """[model]
-width = 0.25
-[data]
-image_size = 16
-scale = [16.0, 20.0]
-batch_size = 8
-[train]
-log_every = 1
-"""
 
 
 def curve_of(run_dir):
