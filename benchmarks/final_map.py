@@ -539,15 +539,18 @@ def study_file(d: dict, recs: dict) -> dict:
     """What ``scalesgd plan`` reads for time to final quality (``PLAN_FILE``): per complete cell of
     ``summary()`` ``d``, F*, the quality F* + DELTA, the family call, and per method its settings and
     each seed's validation errors by global samples (a diverged seed carried at chance, as ``cell``
-    carries it), which plan times on a user's clock."""
+    carries it), which plan times on a user's clock.  A cell without a synchronous result (every
+    seed diverged) is left out; so is one whose records changed since ``d`` was read."""
     plan = Plan(recs)
     cells = {}
     for c in d["cells"]:
         got = reported(recs, plan, c["agents"], c["p"], c["network"], c["condition"])
+        if c["fstar"] is None or got is None:
+            continue
         methods = {}
         for m, (cfg, curves) in got.items():
             arr = padded([curves[s] for s in SEEDS], x="samples")
-            if arr is None:
+            if arr is None or m not in c["methods"]:
                 continue
             methods[m] = dict(config=cfg, flags=run_flags(m, cfg, c["agents"]),
                               final_error=c["methods"][m]["final_error"],
@@ -555,7 +558,7 @@ def study_file(d: dict, recs: dict) -> dict:
                                                   curve=[[int(x), float(e)] for x, e in a])
                                      for s, a in zip(SEEDS, arr)})
         cells[f"{c['network']}/{c['condition']}/p{c['p']}"] = dict(
-            agents=c["agents"], fstar=c["fstar"], quality=None if c["fstar"] is None else c["fstar"] + DELTA,
+            agents=c["agents"], fstar=c["fstar"], quality=c["fstar"] + DELTA,
             call=c["call"]["outcome"], sync_pick=c.get("sync_pick"), diverged=c["diverged"], complete=True,
             missing=[], methods=methods)
     return dict(source="benchmarks/final_map.py report", metric="final", commits=[d["commit"]], E=E,
@@ -571,8 +574,9 @@ def study_file(d: dict, recs: dict) -> dict:
 
 def ship(d: dict) -> None:
     """``report`` also writes ``PLAN_FILE`` from the same records."""
-    PLAN_FILE.write_text(json.dumps(study_file(d, records())) + "\n")
-    print(f"wrote {PLAN_FILE.relative_to(ROOT)} ({len(d['cells'])} cells)")
+    f = study_file(d, records())
+    PLAN_FILE.write_text(json.dumps(f) + "\n")
+    print(f"wrote {PLAN_FILE.relative_to(ROOT)} ({len(f['cells'])} cells)")
 
 
 # ------------------------------------------------------------------------------------- running

@@ -273,3 +273,43 @@ def test_a_cell_waits_for_every_method_it_holds():
     got = {(c["network"], c["condition"], c["p"]) for c in M.cells(recs)}
     assert ("titanx-fdr-resnet18", "stragglers", 16) not in got
     assert ("titanx-fdr-resnet18", "none", 16) in got and ("titanx-fdr-resnet18", "typical", 16) in got
+
+
+def test_plan_reads_the_shipped_cells_as_the_map_does(monkeypatch):
+    """The study file ``report`` ships (``study_file``) read by ``plan`` (virtual/planfinal.py) on a
+    clock equal to the map's: F*, each method's time to the quality and to its end, and a missing
+    push-sum's gap and its end against the synchronous pick, all as the map's own cell has them."""
+    from scalesgd.virtual import planfinal as PF
+    from scalesgd.virtual import profile as PR
+    w = finished(0.05, 0.5)
+    d = M.summary(w.recs)
+    f = M.study_file(d, w.recs)
+    net, cond = "v100-10gbe-resnet50", "stragglers"
+    cell = next(c for c in d["cells"] if (c["network"], c["condition"], c["p"]) == (net, cond, 32))
+    assert f["cells"][f"{net}/{cond}/p32"]["fstar"] == cell["fstar"]
+
+    def clock(study, flags, p, prof, yours, seed, end):        # the World's clock on that network
+        m = {"allreduce": "allreduce", "localsgd": "localsgd", "gossip": "pushsum-ov"}[flags.split()[1]]
+        return [(i, i * w.step(m, net, cond)) for i in range(1, V + 1)]
+    monkeypatch.setattr(PF, "clock", clock)
+    res = PF.predict_final(f, PR.load(net), 32, cond)
+    assert res["fstar"] == cell["fstar"] and res["quality"] == cell["fstar"] + M.DELTA
+    rows = {r["method"]: r for r in res["rows"]}
+    assert set(rows) == set(cell["methods"])
+    for m, v in cell["methods"].items():
+        assert rows[m]["to_quality"] == pytest.approx(v["to_quality"]) if v["to_quality"] is not None \
+            else rows[m]["to_quality"] is None
+        assert rows[m]["end"] == pytest.approx(v["end"]) and rows[m]["final_error"] == v["final_error"]
+    ps = cell["methods"]["pushsum-ov"]
+    assert ps["to_quality"] is None and rows["pushsum-ov"]["vs"]["method"] == cell["sync_pick"]
+    assert rows["pushsum-ov"]["gap"] == pytest.approx(ps["error_gap"])
+    assert rows["pushsum-ov"]["vs"]["ratio"] == pytest.approx(ps["end_ratio"])
+    # under 'typical', which the map ran without push-sum: its statistics are those of 'none', said
+    monkeypatch.setattr(PF, "clock", lambda *a: [(i, float(i)) for i in range(1, V + 1)])
+    typ = PF.predict_final(f, PR.load(net), 32, "typical")
+    assert "pushsum-ov" in {r["method"] for r in typ["rows"]}
+    assert any("ran under none and stragglers only: its statistics under typical are those of none" in n
+               for n in typ["notes"])
+    # a cell with no synchronous result is not shipped
+    gone = dict(d, cells=[dict(c, fstar=None) if c is cell else c for c in d["cells"]])
+    assert f"{net}/{cond}/p32" not in M.study_file(gone, w.recs)["cells"]

@@ -183,7 +183,7 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
     rows = method_rows(study, cell, p, prof, yours, target, net, cond, False, say)
     node = None
     rpn = int(prof.ranks_per_node)
-    if rpn > 1 and p >= 2 * rpn:
+    if rpn > 1 and p >= 2 * rpn and p % rpn == 0:
         # node agents (--hierarchy node): the node's ranks sum inside the node, the node is the agent
         agent = balance(prof, study, cfg, agents="node")
         nnet = nearest(agent["ratio"])
@@ -198,11 +198,12 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
                      f"node, so the node agents' statistics are its flat runs at p = {p} on {nnet}, the "
                      "network nearest to a node agent's balance (exact for all-reduce only)")
     elif rpn > 1:
-        notes.append(f"your profile puts {rpn} ranks on a node: at p = {p} there are fewer than two nodes, "
-                     "so only flat agents are timed; the study ran one rank a node")
+        notes.append(f"your profile puts {rpn} ranks on a node: at p = {p} there are "
+                     + ("fewer than two nodes" if p < 2 * rpn else "no whole nodes")
+                     + ", so only flat agents are timed; the study ran one rank a node")
     rows.sort(key=lambda x: (x["mean_seconds"] is None, x["mean_seconds"] or 0, x["final_error"],
                              x["agents"]))
-    return dict(workers=workers, p=p, network=net, condition=cond, cell=key, studied_p=have,
+    return dict(metric="target", workers=workers, p=p, network=net, condition=cond, cell=key, studied_p=have,
                 ratio=mine["ratio"], network_ratio=nets[net]["ratio"], notes=notes, rows=rows,
                 node_agents=node, ranks_per_node=rpn,
                 complete=study.get("complete", False), target_error=target,
@@ -326,11 +327,12 @@ def rank(a, prof: P.Profile, say) -> tuple[dict, dict, bool]:
     if not isinstance(res, str):
         return study, res, True
     if a.target is not None or a.study is not None:
-        raise ConfigError(f"--target final: {res}; --target 0.4 (the crossover study's early target)")
+        raise ConfigError(f"--target final: {res}; the crossover study's early target instead: "
+                          "--target 0.4 without --study (or with the crossover study's file)")
     study = load_study(STUDY)
     got = predict(study, prof, a.workers, a.condition, say=say)
     got["notes"].insert(0, f"{res}: the ranking is by time to the crossover study's early target")
-    return study, got, False
+    return study, dict(got, metric="target", fallback=res), False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,13 +9,18 @@ target's study (``plan.py``), with these differences:
 
 * **cells**: the one-GPU-a-node networks' cells are flat agents; the eight-GPUs-a-node networks'
   cells were run as node agents (``--hierarchy node``).  The flat rows come from the flat network
-  nearest to the user's balance at the bandwidth each rank gets; on a profile of several ranks a
-  node, the node rows from the node network nearest to a node agent's balance (the whole link,
-  and the node's own sum);
+  nearest to the user's balance at the bandwidth each rank gets, at the map's p nearest to the
+  user's workers; on a profile of several ranks a node, the node rows from the node network nearest
+  to a node agent's balance (the whole link, and the node's own sum), at the same p (the same GPUs
+  and global batch, in the user's nodes: where the map has no node agents there, or p is not at
+  least two whole nodes of the user's, none, said).  Push-sum ran under ``none`` and
+  ``stragglers`` only: under ``typical`` (and any condition the map did not run) its statistics are
+  those of ``none``, said;
 * **the quality**: one for every row shown, F* + δ with F* the least synchronous mean final error
   among them (the errors are the map's: they do not depend on the clock);
 * **time**: each method's seeds on the user's clock (clock-only runs: every seed of a synchronous
-  method, exact; one seed of push-sum, whose statistics are the map's on the nearest network), and
+  method, exact, except local SGD as node agents in nodes of another size than the map's 8; one
+  seed of push-sum, whose statistics are the map's on the nearest network), and
   then, as the map reads its cells, the seeds' mean curve's first time at the quality (linear
   between validations).  Also each method's mean final error and the time of its whole schedule;
 * **a method that misses the quality** is ranked after those that reach it, with its final error,
@@ -81,11 +86,29 @@ def choose_p(study: dict, net: str, cond: str, workers: int, notes: list, what: 
     return p
 
 
-def timed(study: dict, cell: dict, p: int, prof: P.Profile, yours, net: str, cond: str, say) -> list[dict]:
-    """Each method of ``cell`` on ``prof``'s clock: per seed (validation samples, seconds, error)."""
+def cell_rows(study: dict, net: str, cond: str, p: int) -> tuple[dict, str | None]:
+    """The map's methods at ``net`` / ``cond`` / ``p``: the cell's own, and push-sum's from ``none``
+    where the cell has none (the map ran it under ``none`` and ``stragglers`` only; ``typical`` made
+    the same family call as ``none`` in the early-target study); with a note where it did."""
+    methods = dict(study["cells"][f"{net}/{cond}/p{p}"]["methods"])
+    other = study["cells"].get(f"{net}/none/p{p}", {}).get("methods", {})
+    borrowed = {m: r for m, r in other.items() if m not in SYNC and m not in methods}
+    methods.update(borrowed)
+    note = (f"{', '.join(sorted(borrowed))} ran under none and stragglers only: its statistics under {cond} "
+            f"are those of none on {net} (its clock is yours)" if borrowed else None)
+    return methods, note
+
+
+def timed(study: dict, methods: dict, agents: str, p: int, prof: P.Profile, yours, net: str, cond: str,
+          say) -> list[dict]:
+    """Each of ``methods`` (one cell's) on ``prof``'s clock: per seed (validation samples, seconds,
+    error).  A synchronous method's seeds are its own on your clock, exactly, except local SGD as node
+    agents in nodes of another size than the map's (more or fewer replicas: its statistics are the
+    map's); all-reduce as node agents sums the same gradients in any grouping."""
     out = []
-    node = cell["agents"] == "node"
-    for m, r in cell["methods"].items():
+    node = agents == "node"
+    same = not node or int(prof.ranks_per_node) == P.load(net).ranks_per_node
+    for m, r in methods.items():
         sync = m in SYNC
         say(f"timing {m}{' as node agents' if node else ''} on {prof.name} "
             f"({'each seed' if sync else 'one seed'}, clock only)")
@@ -99,7 +122,8 @@ def timed(study: dict, cell: dict, p: int, prof: P.Profile, yours, net: str, con
         else:                             # the map's statistics on your clock (one seed's)
             pts = clock(study, r["flags"], p, prof, yours, int(next(iter(seeds))), end)
             runs = [[(x, at(pts, x), e) for x, e in v["curve"]] for v in seeds.values()]
-        timing = ("exact (re-timed)" if sync else f"statistics of {net} / {cond}") + \
+        exact = sync and (m == "allreduce" or same)
+        timing = ("exact (re-timed)" if exact else f"statistics of {net} / {cond}") + \
             (", node agents" if node else "")
         out.append(dict(method=m, agents="node" if node else "rank", config=r["config"], flags=r["flags"],
                         settings=describe(m, r["config"], r["flags"]), seeds=len(seeds), runs=runs,
@@ -111,7 +135,7 @@ def predict_final(study: dict, prof: P.Profile, workers: int, condition: str | N
                   say=lambda msg: None) -> dict | str:
     """The ranking by time to final quality for ``workers`` workers on ``prof`` (the module
     docstring); where the map cannot give one, why (one worker: no method to choose; no cell for
-    the user's network and condition yet)."""
+    the user's network and condition yet; no synchronous result in it)."""
     if workers < 1:
         raise ConfigError(f"--workers: at least 1, got {workers}")
     cond, cond_note = condition_name(prof, condition)
@@ -133,32 +157,40 @@ def predict_final(study: dict, prof: P.Profile, workers: int, condition: str | N
     if p is None:
         return (f"the map by time to final quality has no results for your network ({net}, the nearest) "
                 f"and condition ({cond}) yet")
-    rows = timed(study, study["cells"][f"{net}/{cond}/p{p}"], p, prof, yours, net, cond, say)
+    methods, borrowed = cell_rows(study, net, cond, p)
+    rows = timed(study, methods, "flat", p, prof, yours, net, cond, say)
     node = None
     rpn = int(prof.ranks_per_node)
-    if rpn > 1 and nodes and workers >= 2 * rpn:
+    if rpn > 1 and nodes:
+        # node agents at the flat rows' p, in your nodes: the same GPUs and global batch in one ranking
         agent = balance(prof, study, cfg, agents="node")
         nnet = nearest(nodes, agent["ratio"])
-        np_ = choose_p(study, nnet, cond, workers, notes, "node agents")
         size = P.load(nnet).ranks_per_node
-        node = dict(network=nnet, ratio=agent["ratio"], network_ratio=nodes[nnet]["ratio"],
-                    nodes=workers // rpn, p=np_, missing=np_ is None, node_size=size)
-        if np_ is not None and np_ < 2 * rpn:
-            notes.append(f"your profile puts {rpn} ranks on a node: the map's node agents on {nnet} at "
-                         f"p = {np_} are fewer than two of your nodes, so only flat agents are timed")
-            node = None
-        elif np_ is not None:
-            # the map's p GPUs on your clock (the same global batch: all-reduce exact), in your nodes
-            rows += timed(study, study["cells"][f"{nnet}/{cond}/p{np_}"], np_, prof, yours, nnet, cond, say)
+        have = cells_at(study, nnet, cond)
+        there = f" (it has p = {', '.join(map(str, have))})" if have else " yet"
+        why = (f"p = {p} is fewer than two of your nodes" if p < 2 * rpn else
+               f"p = {p} is not a whole number of your nodes of {rpn}" if p % rpn else
+               f"the map has no node agents at p = {p} on {nnet} under {cond}{there}" if p not in have
+               else None)
+        if why:
+            notes.append(f"your profile puts {rpn} ranks on a node, but {why}: only flat agents are timed")
+        else:
+            node = dict(network=nnet, ratio=agent["ratio"], network_ratio=nodes[nnet]["ratio"],
+                        nodes=p // rpn, your_nodes=workers // rpn, p=p, node_size=size)
+            nmethods, nborrowed = cell_rows(study, nnet, cond, p)
+            rows += timed(study, nmethods, "node", p, prof, yours, nnet, cond, say)
+            borrowed = borrowed or nborrowed
             notes.append(f"your profile puts {rpn} ranks on a node: every method is timed both flat (one "
                          "agent a rank, the node's link shared) and as node agents (--hierarchy node: "
-                         f"{workers // rpn} agents); the node agents' statistics are the map's on {nnet} at "
-                         f"p = {np_} ({np_ // size} nodes of {size}), timed as {np_ // rpn} of your nodes")
-    elif rpn > 1:
-        notes.append(f"your profile puts {rpn} ranks on a node: with fewer than two nodes only flat agents "
-                     "are timed")
+                         f"{p // rpn} of your nodes at p = {p}); the node agents' statistics are the map's "
+                         f"on {nnet} at p = {p} ({p // size} nodes of {size})"
+                         + ("" if size == rpn else f": exact for all-reduce only, your nodes holding {rpn}"))
+    if borrowed:
+        notes.append(borrowed)
     if cond_note:
         notes.append(cond_note + " (push-sum's statistics; every clock is your condition's)")
+    if not any(r["method"] in SYNC for r in rows):
+        return f"the map's cell {net}/{cond}/p{p} has no synchronous result (every seed diverged)"
     fstar = min(r["final_error"] for r in rows if r["method"] in SYNC)
     quality = fstar + study["delta"]
     for r in rows:
@@ -182,8 +214,9 @@ def predict_final(study: dict, prof: P.Profile, workers: int, condition: str | N
     for r in rows:
         del r["mean"]
     rows.sort(key=lambda x: (x["to_quality"] is None, x["to_quality"] or 0.0, x["final_error"], x["agents"]))
-    return dict(metric="final", workers=workers, p=p, network=net, condition=cond, ratio=mine["ratio"],
-                network_ratio=flat[net]["ratio"], notes=notes, rows=rows, node_agents=node,
+    return dict(metric="final", fallback=None, workers=workers, p=p, network=net, condition=cond,
+                ratio=mine["ratio"], network_ratio=flat[net]["ratio"], notes=notes, rows=rows,
+                node_agents=node,
                 ranks_per_node=rpn, fstar=fstar, quality=quality, delta=study["delta"], E=study["E"],
                 schedule=study["task"].get("schedule"), complete=study.get("complete", False),
                 task=study["task"].get("name", "the study's task"))
@@ -204,10 +237,10 @@ def show_final(res: dict, prof: P.Profile) -> str:
                "are that network's)")
     node = res.get("node_agents")
     if node:
-        out.append(f"  as node agents ({node['nodes']} nodes of {res['ranks_per_node']}): nearest mapped "
-                   f"network {node['network']} (communication / compute {node['network_ratio']:.3g}; a "
-                   f"node agent's {node['ratio']:.3g}: the whole link, and the node's own sum)"
-                   + ("; the map has no node-agent results there yet" if node["missing"] else ""))
+        out.append(f"  as node agents (at p = {node['p']}: {node['nodes']} of your nodes of "
+                   f"{res['ranks_per_node']}; you have {node['your_nodes']}): nearest mapped network "
+                   f"{node['network']} (communication / compute {node['network_ratio']:.3g}; a node agent's "
+                   f"{node['ratio']:.3g}: the whole link, and the node's own sum)")
     for n in res["notes"]:
         out.append(f"  note: {n}")
     out.append(f"  note: the map's budget is its proxy's {res['E']} epochs, not your schedule: its gaps "

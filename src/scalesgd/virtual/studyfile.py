@@ -91,7 +91,7 @@ def load_study(path: Path = STUDY) -> dict:
     try:
         study = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise ConfigError(f"{path}: the crossover study's results cannot be read "
+        raise ConfigError(f"{path}: the study's results cannot be read "
                           f"({exc.strerror or exc})") from exc
     except ValueError as exc:
         raise ConfigError(f"{path}: not a study file ({exc})") from exc
