@@ -3,7 +3,7 @@ measurement of these methods on a real cluster, the cluster as a profile, the pu
 the virtual cluster's prediction for it and their ratio.
 
     python benchmarks/anchors.py [--only KEY ...] [--steps 24] [--json results/anchors.json]
-    python benchmarks/anchors.py --accuracy-only    # the accuracy rows again, from final-study.json
+    python benchmarks/anchors.py --accuracy-only    # the accuracy rows again (final-study, final-map)
     python benchmarks/report.py --update docs/results.md      # the table (block "anchors")
 
 A prediction is a clock-only virtual run (``virtual/clockonly.py``: the methods' own code, every
@@ -17,7 +17,8 @@ are stated as assumptions where the source gives none (``CLUSTERS``: each profil
 **Accuracy after a fixed budget** (``ACCURACY``): a published difference in top-1 error between two
 methods trained for the same epochs on one cluster, beside the difference the glyph proxy gives
 for the same pair after full schedules of 8, 16 and 32 epochs (``final_study.py``'s runs, read
-from ``results/final-study.json``: no run here).  The verdict compared is the study's: is the method
+from ``results/final-study.json``), or of the map's 8 (local SGD: ``final_map.py``'s cell at p = 32
+on the 10 GbE profile, ``results/final-map.json``, once complete); no run here.  The verdict compared is the study's: is the method
 within δ = 1 point of the reference (it reaches the quality), and so which is first to it.  The
 proxy is a 20k-parameter network on 16-pixel glyphs with 8 images a worker, not ResNet-50 on
 ImageNet: a row that misses says how many points the statistics miss by.
@@ -193,6 +194,8 @@ SLOWMO_T1 = ("Wang et al. 2020, SlowMo (ICLR), Table 1, ImageNet rows (the OpenR
 # Published accuracy differences: (key, source, the method and its reference, published top-1 error
 # of each in %, the proxy's pair: ("epochs", method, reference) of final_study's budget runs or
 # ("pilot", method, reference) of its pilot at p = 32 on the 10 GbE profile; None: not run yet)
+# final_map.py's cell for the DGX-1s on 10 GbE as 32 agents (the synchronous errors: any condition's)
+MAP_CELL = "v100-10gbe-resnet50/typical/p32"
 ACCURACY = [
     dict(key="goyal-accuracy", cluster="p100x8-50gbe",
          source="Goyal et al. 2017, Table 1: ResNet-50, 90 epochs, top-1 error (mean of 5 runs)",
@@ -216,25 +219,43 @@ ACCURACY = [
          published_time_ratio=0.304 / 0.420, note="Table 2(a): 304 against 420 ms an iteration"),
     dict(key="slowmo-localsgd-accuracy", cluster="dgx1-v100-10gbe", source=SLOWMO_T1,
          method="local SGD, tau = 12", error=100 - 69.94, reference="all-reduce (AR-SGD)",
-         reference_error=100 - 76.00, proxy=None,
-         proxy_said="not run yet: final_map.py's local SGD at p = 32 (tau 4 or 16 with SlowMo)",
+         reference_error=100 - 76.00, proxy=("map", "localsgd", "allreduce", MAP_CELL),
+         proxy_said="local SGD against all-reduce in final_map.py's cell at p = 32 on the 10 GbE profile "
+                    "(each at its own search's choice, 5 seeds; E = 8)",
          published_time_ratio=0.294 / 0.420, note="Table 2(a): 294 against 420 ms an iteration"),
 ]
 
 
-def accuracy(final: dict | None) -> list[dict]:
-    """``ACCURACY`` beside the proxy's differences (``final``: results/final-study.json): per row
-    the published difference in points and whether the method reaches the quality (within DELTA of
-    the reference), and first to it (also quicker); the proxy's difference at each budget and its
-    verdicts; ``agrees``: the same verdict at the longest budget (the nearest to the papers' 90
-    epochs), None where the proxy has no such runs."""
+def map_gap(fmap: dict | None, cell: str, m: str, ref: str) -> dict[str, float]:
+    """{E: ``m``'s mean final error less ``ref``'s} in final_map.py's ``cell`` (network/condition/p)
+    of ``fmap`` (results/final-map.json); empty while the cell is not complete."""
+    net, cond, p = cell.split("/")
+    for c in (fmap or {}).get("cells", []):
+        here = (c["network"], c["condition"], f"p{c['p']}") == (net, cond, p)
+        if here and {m, ref} <= set(c["methods"]):
+            return {str(fmap["E"]): c["methods"][m]["final_error"] - c["methods"][ref]["final_error"]}
+    return {}
+
+
+def accuracy(final: dict | None, fmap: dict | None = None) -> list[dict]:
+    """``ACCURACY`` beside the proxy's differences (``final``: results/final-study.json; ``fmap``:
+    results/final-map.json, for a row read from one of its cells): per row the published difference
+    in points and whether the method reaches the quality (within DELTA of the reference), and first
+    to it (also quicker); the proxy's difference at each budget and its verdicts; ``agrees``: the
+    same verdict at the longest budget (the nearest to the papers' 90 epochs), None where the proxy
+    has no such runs."""
     out = []
     for row in ACCURACY:
         gap = (row["error"] - row["reference_error"]) / 100
         reaches = gap <= DELTA
         got = dict(row, published_gap=gap, published_reaches=reaches,
                    published_first=reaches and row["published_time_ratio"] < 1, proxy_gaps=None, agrees=None)
-        if final is not None and row["proxy"] is not None:
+        gaps = {}
+        if row["proxy"] is not None and row["proxy"][0] == "map":
+            gaps = map_gap(fmap, row["proxy"][3], row["proxy"][1], row["proxy"][2])
+            if not gaps:
+                got["proxy_said"] += ": the cell is not complete yet"
+        elif final is not None and row["proxy"] is not None:
             kind, m, ref = row["proxy"]
             if kind == "epochs":
                 gaps = {e: final["epochs"][m][e]["mean"] - final["epochs"][ref][e]["mean"]
@@ -243,12 +264,12 @@ def accuracy(final: dict | None) -> list[dict]:
                 ck = final["pilot"]["check"]
                 gaps = {str(v["epochs"]): v["methods"][m]["final_error"] - v["methods"][ref]["final_error"]
                         for v in (ck.get("short"), ck.get("budget"), ck.get("check")) if v}
-            if gaps:
-                longest = max(gaps, key=int)
-                got.update(proxy_gaps=gaps, proxy_budget=int(longest), proxy_gap=gaps[longest],
-                           proxy_reaches=gaps[longest] <= DELTA,
-                           agrees=(gaps[longest] <= DELTA) == reaches,
-                           miss_points=gaps[longest] - gap)
+        if gaps:
+            longest = max(gaps, key=int)
+            got.update(proxy_gaps=gaps, proxy_budget=int(longest), proxy_gap=gaps[longest],
+                       proxy_reaches=gaps[longest] <= DELTA,
+                       agrees=(gaps[longest] <= DELTA) == reaches,
+                       miss_points=gaps[longest] - gap)
         out.append(got)
     return out
 
@@ -312,13 +333,16 @@ def main(argv=None) -> int:
                     "periods of local SGD's tau = 12)")
     ap.add_argument("--json", type=Path, default=ROOT / "results" / "anchors.json")
     ap.add_argument("--accuracy-only", action="store_true", help="recompute the accuracy rows from "
-                    "results/final-study.json and keep the throughput rows of --json as they are")
+                    "results/final-study.json and results/final-map.json, and keep the throughput rows of "
+                    "--json as they are")
     a = ap.parse_args(argv)
     final_path = ROOT / "results" / "final-study.json"
     final = json.loads(final_path.read_text()) if final_path.exists() else None
+    map_path = ROOT / "results" / "final-map.json"
+    fmap = json.loads(map_path.read_text()) if map_path.exists() else None
     if a.accuracy_only:
         res = json.loads(a.json.read_text())
-        res["accuracy"] = accuracy(final)
+        res["accuracy"] = accuracy(final, fmap)
         a.json.write_text(json.dumps(res, indent=1) + "\n")
         return 0
     unknown = set(a.only or ()) - {r["key"] for r in ROWS}
@@ -340,7 +364,7 @@ def main(argv=None) -> int:
                   + ("" if row["comparable"] else " (not comparable)"), flush=True)
     res = {"experiment": "anchors", "commit": git_commit(), "goal": GOAL, "steps": a.steps,
            "clusters": CLUSTERS, "rows": out, "differences": differences(out), "delta": DELTA,
-           "accuracy": accuracy(final)}
+           "accuracy": accuracy(final, fmap)}
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(res, indent=1) + "\n")
     return 0

@@ -93,3 +93,11 @@ def test_accuracy_rows_put_the_published_gap_beside_the_proxys_at_each_budget():
     assert o["proxy_gap"] == pytest.approx(0.005) and o["proxy_reaches"] and o["agrees"] is False
     assert rows["slowmo-sgp-accuracy"]["agrees"] is None and rows["slowmo-sgp-accuracy"]["published_first"]
     assert all(r["proxy_gaps"] is None for r in A.accuracy(None))
+    # local SGD's row reads final_map.py's cell once it is complete (its E the budget), else nothing
+    assert rows["slowmo-localsgd-accuracy"]["agrees"] is None
+    cell = dict(network="v100-10gbe-resnet50", condition="typical", p=32,
+                methods={"allreduce": dict(final_error=0.17), "localsgd": dict(final_error=0.25)})
+    ls = {r["key"]: r for r in A.accuracy(final, dict(E=8, cells=[cell]))}["slowmo-localsgd-accuracy"]
+    assert ls["proxy_gaps"] == pytest.approx({"8": 0.08}) and ls["proxy_budget"] == 8
+    assert not ls["published_reaches"] and not ls["proxy_reaches"] and ls["agrees"]
+    assert A.accuracy(final, dict(E=8, cells=[dict(cell, p=16)]))[3]["proxy_gaps"] is None
