@@ -834,10 +834,28 @@ def final_map(d):
     return "\n".join(out)
 
 
+def rejudge(d):
+    """P1 and P3 judged again with no cap and A-SGD's rate searched per n_sync (rejudge.py)."""
+    out = ["| claim | network | condition | evidence | verdict |", "|---|---|---|---|---|"]
+    for r in d["rows"]:
+        out.append(f"| {r['claim']} | {r.get('network', '—')} | {r.get('condition', '—')} | "
+                   f"{r.get('evidence', '—')} | **{r['verdict']}** |")
+    out += ["", "A-SGD's searches (configuration: mean seconds or samples to 40%, mean final error; "
+            "— while a seed is still to run; ∞: a seed missed the target):", ""]
+    for name, t in d["tuning"].items():
+        cfgs = ", ".join(f"{c} ({'—' if v is None else ('∞' if v[0] is None else f'{v[0]:.4g}')}"
+                         + ("" if v is None else f", {100 * v[1]:.1f}%") + ")"
+                         for c, v in t["configs"].items())
+        out.append(f"- {name}: {cfgs}; " + (f"chosen **{t['chosen']}**" if t["over"] else "open"))
+    out += ["", f"{d['runs']} runs, {d['machine_hours']:.2f} machine-hours (commit "
+            f"{(d['commit'] or 'unpinned')[:7]}){'' if d['complete'] else '; in progress'}."]
+    return "\n".join(out)
+
+
 TABLES = {"sync": sync, "methods": methods, "stragglers": stragglers, "lr": lr, "consensus": consensus,
           "easgd": easgd, "asgd": asgd, "extensions": extensions, "virtual": virtual, "anchors": anchors,
           "final": final_study,          # results/final-study.json
-          "final-map": final_map}
+          "final-map": final_map, "rejudge": rejudge}
 NET_TABLES = {"methods": methods_net}          # a sweep on emulated nodes (--net): with the time split
 
 
