@@ -106,21 +106,27 @@ class Search:
         return None if None in got else got
 
     def grid(self) -> tuple[list[str], bool]:
+        """The edge rule per setting: while a setting's best configuration has the highest (lowest)
+        rate of that setting's, one more rate twice (half) as large, at most EDGE_MORE a setting."""
         cfgs = list(self.start)
-        more = {}
+        more: dict[str, int] = {}
         while True:
-            scores = {c: self.runs(c) for c in cfgs}
-            if None in scores.values():
+            runs = {c: self.runs(c) for c in cfgs}
+            if None in runs.values():
                 return cfgs, False
-            scores = {c: score(r, self.by) for c, r in scores.items()}
-            best = min(cfgs, key=scores.get)
-            rule, rate, kn = X.parse(best)
-            same = sorted(X.parse(c)[1] for c in cfgs if X.parse(c)[2] == kn)
-            step = 2.0 if rate == same[-1] else 0.5 if rate == same[0] else None
-            if step is None or more.get(kn, 0) >= EDGE_MORE:
+            scores = {c: score(r, self.by) for c, r in runs.items()}
+            nxt = []
+            for kn in dict.fromkeys(X.parse(c)[2] for c in cfgs):
+                mine = [c for c in cfgs if X.parse(c)[2] == kn]
+                rule, rate, _ = X.parse(min(mine, key=scores.get))
+                same = sorted(X.parse(c)[1] for c in mine)
+                step = 2.0 if rate == same[-1] else 0.5 if rate == same[0] else None
+                if step is not None and more.get(kn, 0) < EDGE_MORE:
+                    more[kn] = more.get(kn, 0) + 1
+                    nxt.append(X.cname(rule, float(f"{rate * step:.4g}"), kn))
+            if not nxt:
                 return cfgs, True
-            more[kn] = more.get(kn, 0) + 1
-            cfgs.append(X.cname(rule, float(f"{rate * step:.4g}"), kn))
+            cfgs += nxt
 
     def chosen(self) -> str | None:
         cfgs, over = self.grid()
@@ -163,6 +169,9 @@ def single_seconds(recs: dict, network: str, condition: str) -> list[float] | No
         r = recs.get(key("rep", "single", 1, SINGLE, s, AUTHORS[0], AUTHORS[1]))
         if r is None:
             return None
+        if "retimed" not in r:                 # diverged: no time to the target
+            out.append(None)
+            continue
         t = r["retimed"][f"{network}/{condition}"]
         curve = [dict(c, seconds=x) for c, x in zip(r["curve"], t)]
         out.append(X.interpolate(curve, "seconds"))
@@ -180,11 +189,16 @@ def p1(recs: dict, network: str, condition: str, claim: str, config: str | None,
         return dict(row, verdict="not run", evidence="one worker missed the target in a seed")
     b = [r["seconds_to_target"] for r in many]
     if None in b:
-        k = sum(x is None for x in b)
-        return dict(row, verdict="disagrees", missed=k,
-                    evidence=f"8 clients missed the target at their horizon ({MAX_EPOCHS} epochs) in {k} "
-                             f"of {len(b)} seeds (ending at {np.mean([r['final_error'] for r in many]):.0%} "
-                             "error)")
+        gone = [r for r in many if r["seconds_to_target"] is None and r.get("diverged")]
+        missed = [r for r in many if r["seconds_to_target"] is None and not r.get("diverged")]
+        said = []
+        if missed:
+            said.append(f"missed the target at their horizon ({MAX_EPOCHS} epochs) in {len(missed)} of "
+                        f"{len(b)} seeds (ending at {np.mean([r['final_error'] for r in missed]):.0%} error)")
+        if gone:
+            said.append(f"diverged in {len(gone)} of {len(b)} seeds")
+        return dict(row, verdict="disagrees", missed=len(missed), diverged=len(gone),
+                    evidence="8 clients " + " and ".join(said))
     a, b = np.array(one), np.array(b)
     boots = a[claims.resamples(len(a), 1)].mean(1) / b[claims.resamples(len(b), 2)].mean(1)
     q = 100 * claims.tail(min(len(a), len(b)))
@@ -205,8 +219,10 @@ def p3(recs: dict, se: dict[str, Search]) -> dict:
                                       for sd in P3_SEEDS]
         if got is None or None in got:
             return dict(claim="P3", verdict="not run yet")
+        steps = [r["worker_steps"] for r in got if r.get("worker_steps") is not None]   # (diverged: none)
         per[ns] = dict(config=c, reached=sum(r["samples_to_target"] is not None for r in got),
-                       exchanges=float(np.mean([r["worker_steps"] / P3_P / ns for r in got])),
+                       exchanges=float(np.mean(steps)) / P3_P / ns if steps else 0.0,
+                       diverged=sum(bool(r.get("diverged")) for r in got),
                        final_error=float(np.mean([r["final_error"] for r in got])))
     if per[100]["exchanges"] < 50:
         v = "not comparable"
@@ -216,8 +232,9 @@ def p3(recs: dict, se: dict[str, Search]) -> dict:
         v = "disagrees"
     else:
         v = "partly agrees"
-    ev = "; ".join(f"n_sync {n} ({d['config']}): reached in {d['reached']} of {len(P3_SEEDS)} seeds, "
-                   f"{d['exchanges']:.0f} exchanges per client, final error {d['final_error']:.0%}"
+    ev = "; ".join(f"n_sync {n} ({d['config']}): reached in {d['reached']} of {len(P3_SEEDS)} seeds"
+                   + (f" ({d['diverged']} diverged)" if d["diverged"] else "")
+                   + f", {d['exchanges']:.0f} exchanges per client, final error {d['final_error']:.0%}"
                    for n, d in per.items())
     return dict(claim="P3", network=X.TUNE_NETWORK, condition=X.TUNE_CONDITION, verdict=v, evidence=ev,
                 per={str(n): d for n, d in per.items()})
@@ -235,7 +252,7 @@ def records() -> dict[str, dict]:
 
 def run_cost(run: tuple) -> float:
     kind, claim, p, *_ = run
-    epochs = P3_EPOCHS if claim.startswith("p3") else 3 if claim == "single" else MAX_EPOCHS / 2
+    epochs = P3_EPOCHS if claim.startswith("p3") else 3 if claim == "single" else MAX_EPOCHS
     return X.STEP_COST_S * 51_200 / 8 * epochs
 
 
@@ -255,9 +272,9 @@ def execute(run: tuple, sha: str, wt: Path, dirs: dict, scratch: Path) -> dict:
                                  P3_EPOCHS if p3 else MAX_EPOCHS), run_dir, got["argv"], got["diverged"],
                            got["why"])
     rec.update(key=rk, claim=claim)
-    if claim == "single" and not got["diverged"]:
-        rec["retimed"] = driver.retime(run_dir, wt, got["env"], (*P1_NETWORKS, AUTHORS[0]),
-                                       (P1_CONDITION, AUTHORS[1]))
+    if claim == "single" and not got["diverged"]:          # the pairs P1 reads, no more
+        rec["retimed"] = {**driver.retime(run_dir, wt, got["env"], P1_NETWORKS, (P1_CONDITION,)),
+                          **driver.retime(run_dir, wt, got["env"], AUTHORS[:1], AUTHORS[1:2])}
     rec.update(commit=sha, real_seconds=time.perf_counter() - got["t0"])
     store.write(RESULTS, rk, rec)
     shutil.rmtree(run_dir, ignore_errors=True)
