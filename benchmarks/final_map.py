@@ -356,9 +356,11 @@ class Plan:
         return set() if None in got else got
 
     def todo(self) -> list[tuple]:
-        """The runs ready now, the largest p first (its cells complete first), at a p tuning first
-        (it opens the next p), then reported runs, as (kind, method, agents, p, config, seed,
-        network or None, condition or None)."""
+        """The runs ready now, the largest p first (its cells complete first); at a p the
+        synchronous lines' tuning (it decides F* and opens the next p), then their reported runs
+        (the cells of a condition without push-sum are complete with them), then push-sum's tuning
+        and reported runs; as (kind, method, agents, p, config, seed, network or None, condition or
+        None)."""
         tune, rep = [], []
         for s in self.lines():
             cfgs, _ = s.grid()
@@ -368,7 +370,7 @@ class Plan:
             rep += [("rep", s.method, s.ag, s.p, c, seed, s.network, cond)
                     for c in sorted(self.choices(s)) for cond in conds for seed in SEEDS
                     if run_key("rep", s.method, s.ag, s.p, c, seed, s.network, cond) not in self.recs]
-        return sorted(tune + rep, key=lambda r: (-r[3], r[0] == "rep"))
+        return sorted(tune + rep, key=lambda r: (-r[3], r[1] in ASYNC, r[0] == "rep"))
 
 
 # ------------------------------------------------------------------------------------ the cells
