@@ -18,8 +18,9 @@ are stated as assumptions where the source gives none (``CLUSTERS``: each profil
 methods trained for the same epochs on one cluster, beside the difference the glyph proxy gives
 for the same pair after full schedules of 8, 16 and 32 epochs (``final_study.py``'s runs, read
 from ``results/final-study.json``), or of the map's 8 (local SGD: ``final_map.py``'s cell at p = 32
-on the 10 GbE profile, ``results/final-map.json``, once complete); no run here.  The verdict compared is the study's: is the method
-within δ = 1 point of the reference (it reaches the quality), and so which is first to it.  The
+on the 10 GbE profile, ``results/final-map.json``, once complete); no run here.  The verdict
+compared is the study's: is the method within δ = 1 point of the reference (it reaches the
+quality), and so which is first to it.  The
 proxy is a 20k-parameter network on 16-pixel glyphs with 8 images a worker, not ResNet-50 on
 ImageNet: a row that misses says how many points the statistics miss by.
 
