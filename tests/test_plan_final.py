@@ -272,3 +272,12 @@ def test_run_checks_the_fastest_over_the_whole_schedule(made, tmp_path, monkeypa
     assert s["workers"] == P16 and s["virtual"]["condition"]["name"] == "typical"
     seed0 = retimed(made, "flat", "allreduce", path, "typical")[0]
     assert got[0]["measured"] == F.first(seed0, res["quality"])
+
+
+def test_a_map_without_push_sum_there_yet_says_so(made, tmp_path):
+    """While the map runs, a 'typical' cell can be complete (its synchronous methods) before push-sum
+    has run under 'none' at that p: the rows are the synchronous ones, and a note says why."""
+    st = dict(made["study"], cells={k: v for k, v in made["study"]["cells"].items() if "/none/" not in k})
+    res = F.predict_final(st, P.load(str(mine(tmp_path))), 16, "typical")
+    assert {r["method"] for r in res["rows"]} == {"allreduce", "localsgd"}
+    assert any(f"push-sum has no results on {FLAT} at p = 16 yet" in n for n in res["notes"])

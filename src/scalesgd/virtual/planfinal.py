@@ -96,6 +96,9 @@ def cell_rows(study: dict, net: str, cond: str, p: int) -> tuple[dict, str | Non
     methods.update(borrowed)
     note = (f"{', '.join(sorted(borrowed))} ran under none and stragglers only: its statistics under {cond} "
             f"are those of none on {net} (its clock is yours)" if borrowed else None)
+    if all(m in SYNC for m in methods):
+        note = (f"push-sum has no results on {net} at p = {p} yet (the map ran it under none and stragglers "
+                "only, and is still running): the synchronous methods alone")
     return methods, note
 
 
