@@ -802,7 +802,9 @@ def final_map(d):
 
     def said(c):
         k = c["call"]
-        if k["outcome"] in ("not run", "neither"):
+        if k["outcome"] == "not run":      # (typical: push-sum ran under none and stragglers only)
+            return f"{c.get('sync_pick', '?')} first of the synchronous (no push-sum here)"
+        if k["outcome"] == "neither":
             return k["outcome"]
         ps_ = c["methods"].get("pushsum-ov", {})
         word = {"sync": "**sync**", "async": "**async**", "tie": "tie"}[k["outcome"]]
