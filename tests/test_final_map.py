@@ -293,7 +293,8 @@ def test_plan_reads_the_shipped_cells_as_the_map_does(monkeypatch):
     def clock(study, flags, p, prof, yours, seed, end):        # the World's clock on that network
         m = {"allreduce": "allreduce", "localsgd": "localsgd", "gossip": "pushsum-ov"}[flags.split()[1]]
         return [(i, i * w.step(m, net, cond)) for i in range(1, V + 1)]
-    monkeypatch.setattr(PF, "clock", clock)
+    monkeypatch.setattr(PF, "clocks", lambda study, prof, yours, jobs, procs: [
+        clock(study, flags, p, prof, yours, seed, end) for flags, p, seed, end in jobs])
     res = PF.predict_final(f, PR.load(net), 32, cond)
     assert res["fstar"] == cell["fstar"] and res["quality"] == cell["fstar"] + M.DELTA
     rows = {r["method"]: r for r in res["rows"]}
@@ -307,7 +308,8 @@ def test_plan_reads_the_shipped_cells_as_the_map_does(monkeypatch):
     assert rows["pushsum-ov"]["gap"] == pytest.approx(ps["error_gap"])
     assert rows["pushsum-ov"]["vs"]["ratio"] == pytest.approx(ps["end_ratio"])
     # under 'typical', which the map ran without push-sum: its statistics are those of 'none', said
-    monkeypatch.setattr(PF, "clock", lambda *a: [(i, float(i)) for i in range(1, V + 1)])
+    monkeypatch.setattr(PF, "clocks", lambda study, prof, yours, jobs, procs: [
+        [(i, float(i)) for i in range(1, V + 1)] for _ in jobs])
     typ = PF.predict_final(f, PR.load(net), 32, "typical")
     assert "pushsum-ov" in {r["method"] for r in typ["rows"]}
     assert any("ran under none and stragglers only: its statistics under typical are those of none" in n

@@ -16,6 +16,7 @@ from scalesgd.io import files
 from scalesgd.virtual import plan as L
 from scalesgd.virtual import profile as P
 from scalesgd.virtual import run as VR
+from scalesgd.virtual import studyfile as SF
 
 NETS = ["titanx-fdr-resnet18", "a100-ib100-resnet50", "v100-10gbe-resnet50"]
 METHODS = {"allreduce": "--method allreduce --lr 0.1",
@@ -76,13 +77,13 @@ def test_a_clock_only_run_has_the_real_runs_clock_bit_for_bit(made):
     st = made["study"]
     for s in (0, 1):
         real = made["runs"]["allreduce"][s]
-        pts = L.clock(st, METHODS["allreduce"], 2, P.load("v100-10gbe-resnet50"), P.condition_of(
+        pts = SF.clock(st, METHODS["allreduce"], 2, P.load("v100-10gbe-resnet50"), P.condition_of(
             P.load("v100-10gbe-resnet50"), "typical"), s, real[-1][0])
         assert pts == [(x, t) for x, t, _ in real]
     # ... and pull gossip's and sharded EASGD's (their timing does not depend on the values either)
     for m in ("gossip-pull", "easgd"):
         real = made["runs"][m][0]
-        pts = L.clock(st, METHODS[m], 2, P.load("v100-10gbe-resnet50"), P.condition_of(
+        pts = SF.clock(st, METHODS[m], 2, P.load("v100-10gbe-resnet50"), P.condition_of(
             P.load("v100-10gbe-resnet50"), "typical"), 0, real[-1][0])
         assert pts == [(x, t) for x, t, _ in real], m
 
@@ -317,14 +318,14 @@ def test_plan_times_node_agents_on_a_profile_of_several_gpus_a_node(made, tmp_pa
     yours = P.condition_of(prof, "typical")
     truth = []
     for sd, v in st["cells"]["v100-10gbe-resnet50/typical/p4"]["methods"]["allreduce"]["seeds"].items():
-        pts = L.clock(st, METHODS["allreduce"] + " --hierarchy node", 4, prof, yours, int(sd),
+        pts = SF.clock(st, METHODS["allreduce"] + " --hierarchy node", 4, prof, yours, int(sd),
                       v["curve"][-1][0])
         truth.append(L.to_target(v["curve"], pts, st["target_error"]))
     assert ar["mean_seconds"] == pytest.approx(sum(truth) / len(truth), rel=1e-12)
     g, gflat = rows["gossip-pull", "node"], rows["gossip-pull", "rank"]
     seeds = st["cells"]["v100-10gbe-resnet50/typical/p4"]["methods"]["gossip-pull"]["seeds"]
     need = [v["samples"] for v in seeds.values()]
-    pts = L.clock(st, METHODS["gossip-pull"] + " --hierarchy node", 4, prof, yours, int(next(iter(seeds))),
+    pts = SF.clock(st, METHODS["gossip-pull"] + " --hierarchy node", 4, prof, yours, int(next(iter(seeds))),
                   max(need))
     assert g["mean_seconds"] == pytest.approx(sum(L.at(pts, x) for x in need) / len(need), rel=1e-12)
     assert g["mean_seconds"] != pytest.approx(gflat["mean_seconds"], rel=1e-3)
@@ -352,6 +353,11 @@ def test_plan_times_node_agents_on_a_profile_of_several_gpus_a_node(made, tmp_pa
     alone = L.predict(made["study"], dataclasses.replace(prof, ranks_per_node=2), 2, "typical")
     assert alone["node_agents"] is None and {r["agents"] for r in alone["rows"]} == {"rank"}
     assert any("fewer than two nodes" in n for n in alone["notes"])
+    # two nodes or more, but not whole ones (p = 5 on nodes of 2): flat only, said, no crash
+    st5 = dict(st, workers=[1, 2, 5], cells={"v100-10gbe-resnet50/typical/p5": dict(methods={})})
+    odd = L.predict(st5, prof, 5, "typical")
+    assert odd["p"] == 5 and odd["node_agents"] is None and odd["rows"] == []
+    assert any("at p = 5 there are no whole nodes" in n for n in odd["notes"])
 
 
 def test_plan_times_to_another_target_read_from_the_same_runs(made):
@@ -372,7 +378,7 @@ def test_plan_times_to_another_target_read_from_the_same_runs(made):
     yours = P.condition_of(prof, "typical")
     truth = []
     for sd, v in cell["allreduce"]["seeds"].items():
-        pts = L.clock(st, METHODS["allreduce"], 2, prof, yours, int(sd), v["curve"][-1][0])
+        pts = SF.clock(st, METHODS["allreduce"], 2, prof, yours, int(sd), v["curve"][-1][0])
         truth.append(L.to_target(v["curve"], pts, higher))
     assert rows["allreduce"]["mean_seconds"] == pytest.approx(sum(truth) / 2, rel=1e-12)
     before = {r["method"]: r for r in own["rows"]}
@@ -380,7 +386,7 @@ def test_plan_times_to_another_target_read_from_the_same_runs(made):
     g = cell["gossip-pull"]["seeds"]["0"]
     x = L.samples_to(g["curve"], higher)
     assert x is not None and x <= g["curve"][-1][0]
-    pts = L.clock(st, METHODS["gossip-pull"], 2, prof, yours, 0, x)
+    pts = SF.clock(st, METHODS["gossip-pull"], 2, prof, yours, 0, x)
     assert rows["gossip-pull"]["mean_seconds"] == pytest.approx(L.at(pts, x), rel=1e-12)
     # the study's own samples are this reading at its own target
     assert L.samples_to(g["curve"], st["target_error"]) == g["samples"]

@@ -16,6 +16,7 @@ from scalesgd.virtual import plan as L
 from scalesgd.virtual import planfinal as F
 from scalesgd.virtual import profile as P
 from scalesgd.virtual import run as VR
+from scalesgd.virtual import studyfile as SF
 
 pytestmark = pytest.mark.xdist_group("planfinal")
 
@@ -130,7 +131,7 @@ def test_all_reduce_is_timed_exactly_to_final_quality_on_the_users_profile(made,
     assert any("pushsum-ov ran under none and stragglers only: its statistics under typical are those of "
                f"none on {FLAT}" in n for n in res["notes"])
     # push-sum's time: its seeds' samples on one seed's clock-only run under the user's profile
-    pts = F.clock(made["study"], push["flags"], P16, prof, P.condition_of(prof, "typical"), 0,
+    pts = SF.clock(made["study"], push["flags"], P16, prof, P.condition_of(prof, "typical"), 0,
                   made["runs"]["flat", "pushsum-ov"][0][-1][0])
     mean = F.mean_curve([[(F.at(pts, x), e) for x, _, e in c]
                          for c in made["runs"]["flat", "pushsum-ov"].values()])
@@ -240,6 +241,21 @@ def test_plan_final_from_the_command_line_and_its_errors(made, tmp_path, capsys)
                    "--study", str(made["path"])]) == 2
     assert "and condition (stragglers) yet; the crossover study's early target instead: --target 0.4 " \
         "without --study" in capsys.readouterr().err
+
+
+def test_clock_only_runs_in_processes_of_their_own_are_those_run_here(made):
+    """``plan --jobs``: the clock-only runs spread over processes give each seed's clock, in order,
+    exactly as one after another in this process; --jobs below 1 is refused."""
+    study, prof = made["study"], P.load(FLAT)
+    cond = P.condition_of(prof, "typical")
+    flags = study["cells"][f"{FLAT}/typical/p{P16}"]["methods"]["allreduce"]["flags"]
+    jobs = [(flags, P16, s, 512) for s in SEEDS]
+    here = SF.clocks(study, prof, cond, jobs, procs=1)
+    assert SF.clocks(study, prof, cond, jobs, procs=2) == here
+    assert here[0] != here[1] and [x for x, _ in here[0]] == [128.0, 256.0, 384.0, 512.0]
+    with pytest.raises(SystemExit) as e:
+        L.main(["--profile", FLAT, "--workers", "16", "--jobs", "0"])
+    assert e.value.code == 2
 
 
 def test_the_shipped_files_plan_by_default(tmp_path):

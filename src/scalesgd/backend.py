@@ -93,10 +93,15 @@ def to_numpy(a) -> np.ndarray:
     return a.get()
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the system has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def blas_threads_for(local_size: int, cores: int | None = None) -> int:
     """Threads per rank so that ranks-per-node x threads does not exceed the node's cores."""
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        cores = usable_cores()
     return max(1, (cores or 1) // max(1, local_size))
 
 

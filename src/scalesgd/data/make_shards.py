@@ -28,6 +28,7 @@ from typing import Callable, TextIO
 import h5py
 import numpy as np
 
+from ..backend import usable_cores
 from ..io.progress import eta_seconds, format_duration
 from .shards import (FORMAT, FORMAT_VERSION, SPLITS, ShardError, ShardSet, file_sha256, read_manifest,
                      shard_name, write_manifest, write_shard)
@@ -250,7 +251,7 @@ def _run_jobs(out: Path, jobs: dict, did: str, num_classes: int, args) -> dict:
     # forkserver, not fork: forking a process that already runs threads (BLAS, DALI, h5py) can
     # deadlock the child on a lock some thread held (seen when called from inside a test run)
     ctx = multiprocessing.get_context("forkserver")
-    with ProcessPoolExecutor(max_workers=args.workers or _cores(), mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=args.workers or usable_cores(), mp_context=ctx) as pool:
         futs = {pool.submit(build_shard, *a): (a[1], a[2], n) for a, n in todo}
         for fut in as_completed(futs):
             split, i, n = futs[fut]
@@ -265,10 +266,6 @@ def _merge(reports: list[dict]) -> dict:
     out = {c: sum(r[c] for r in reports) for c in COUNTERS}
     out["skipped"] = [s for r in reports for s in r["skipped"]]
     return out
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class BuildProgress:

@@ -50,37 +50,45 @@ from pathlib import Path
 from ..errors import ConfigError, UserError
 from . import profile as P
 from .planfinal import FINAL, check_final, is_final, predict_final, show_final
-from .studyfile import (STUDY, SYNC, at, balance, clock, condition_name, describe, flag_value, load_study,
+from .studyfile import (STUDY, SYNC, at, balance, clocks, condition_name, describe, flag_value, load_study,
                         nearest_p, samples_to, task_config, to_target, virtual_check)
 
 
 def method_rows(study: dict, cell: dict, p: int, prof: P.Profile, yours, target: float, net: str,
-                cond: str, node: bool, say) -> list[dict]:
+                cond: str, node: bool, say, procs: int | None = None) -> list[dict]:
     """Each method of ``cell`` timed on ``prof``'s clock at ``p`` (see the module docstring); with
     ``node``, as node agents (``--hierarchy node`` added to its flags), on the statistics of the
     study's flat runs: exact for all-reduce (the two-level sum adds the same gradients), the study's
-    nearest for the others (a node's ranks averaging every step train unlike ``p`` flat agents)."""
-    rows = []
-    for m, r in (cell or {}).get("methods", {}).items():
+    nearest for the others (a node's ranks averaging every step train unlike ``p`` flat agents).  The
+    clock-only runs go ``procs`` at a time (``studyfile.clocks``)."""
+    methods = (cell or {}).get("methods", {})
+    own = target == study["target_error"]
+    jobs, need = [], {}
+    for m, r in methods.items():
         seeds = r["seeds"]
         sync = m in SYNC
         flags = r["flags"] + (" --hierarchy node" if node else "")
         say(f"timing {m}{' as node agents' if node else ''} on {prof.name} "
             f"({'each seed' if sync else 'one seed'}, clock only)")
-        times = []
         if sync:                          # the study's errors on your profile's clock
-            for sd, v in seeds.items():
-                pts = clock(study, flags, p, prof, yours, int(sd), max(x for x, _ in v["curve"]))
-                times.append(to_target(v["curve"], pts, target))
+            jobs += [(flags, p, int(sd), max(x for x, _ in v["curve"])) for sd, v in seeds.items()]
         else:                             # the nearest studied statistics on your profile's clock
-            own = target == study["target_error"]
-            samples = [v["samples"] if own else samples_to(v["curve"], target) for v in seeds.values()]
-            need = [x for x in samples if x is not None]
-            if need:
-                pts = clock(study, flags, p, prof, yours, int(next(iter(seeds))), max(need))
-                times = [None if x is None else at(pts, x) for x in samples]
-            else:
-                times = [None] * len(seeds)
+            need[m] = [v["samples"] if own else samples_to(v["curve"], target) for v in seeds.values()]
+            got = [x for x in need[m] if x is not None]
+            jobs += [(flags, p, int(next(iter(seeds))), max(got))] if got else []
+    clocked = iter(clocks(study, prof, yours, jobs, procs))
+    rows = []
+    for m, r in methods.items():
+        seeds = r["seeds"]
+        sync = m in SYNC
+        flags = r["flags"] + (" --hierarchy node" if node else "")
+        if sync:
+            times = [to_target(v["curve"], next(clocked), target) for v in seeds.values()]
+        elif any(x is not None for x in need[m]):
+            pts = next(clocked)
+            times = [None if x is None else at(pts, x) for x in need[m]]
+        else:
+            times = [None] * len(seeds)
         got = [t for t in times if t is not None]
         reached = len(got) == len(seeds)
         # why the seeds that did not reach the target ended (a study file without it: None)
@@ -128,7 +136,7 @@ def target_of(study: dict, spec) -> float:
 
 
 def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = None,
-            say=lambda msg: None, target=None) -> dict:
+            say=lambda msg: None, target=None, procs: int | None = None) -> dict:
     """The ranked prediction for ``workers`` workers on ``prof`` (see the module docstring), by
     time to ``target`` (``target_of``: None is the study's own)."""
     if workers < 1:
@@ -180,7 +188,7 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
         notes.append(f"time to {goal:.0%} error, not the study's own target ({study['target_error']:.0%}): "
                      "read from the same runs' validations (each method's settings and the ties are the "
                      "study's at its own target: none is marked here)")
-    rows = method_rows(study, cell, p, prof, yours, target, net, cond, False, say)
+    rows = method_rows(study, cell, p, prof, yours, target, net, cond, False, say, procs)
     node = None
     rpn = int(prof.ranks_per_node)
     if rpn > 1 and p >= 2 * rpn and p % rpn == 0:
@@ -191,7 +199,7 @@ def predict(study: dict, prof: P.Profile, workers: int, condition: str | None = 
         ncell = study["cells"].get(nkey)
         node = dict(network=nnet, cell=nkey, ratio=agent["ratio"], network_ratio=nets[nnet]["ratio"],
                     nodes=p // rpn, missing=ncell is None)
-        rows += method_rows(study, ncell, p, prof, yours, target, nnet, cond, True, say)
+        rows += method_rows(study, ncell, p, prof, yours, target, nnet, cond, True, say, procs)
         notes.append(f"your profile puts {rpn} ranks on a node: every method is timed both flat (one agent "
                      f"a rank, the node's link shared) and as node agents (--hierarchy node: {p // rpn} "
                      f"agents, each node's ranks summing inside it), on your clock; the study ran one rank a "
@@ -322,15 +330,16 @@ def rank(a, prof: P.Profile, say) -> tuple[dict, dict, bool]:
     else:
         study, final = load_study(STUDY), False
     if not final:
-        return study, predict(study, prof, a.workers, a.condition, say=say, target=a.target), False
-    res = predict_final(study, prof, a.workers, a.condition, say=say)
+        got = predict(study, prof, a.workers, a.condition, say=say, target=a.target, procs=a.jobs)
+        return study, got, False
+    res = predict_final(study, prof, a.workers, a.condition, say=say, procs=a.jobs)
     if not isinstance(res, str):
         return study, res, True
     if a.target is not None or a.study is not None:
         raise ConfigError(f"--target final: {res}; the crossover study's early target instead: "
                           "--target 0.4 without --study (or with the crossover study's file)")
     study = load_study(STUDY)
-    got = predict(study, prof, a.workers, a.condition, say=say)
+    got = predict(study, prof, a.workers, a.condition, say=say, procs=a.jobs)
     got["notes"].insert(0, f"{res}: the ranking is by time to the crossover study's early target")
     return study, dict(got, metric="target", fallback=res), False
 
@@ -355,8 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", help="'final' (the default): time to within 1 point of the best synchronous "
                     "final error after a full schedule, from the map by time to final quality; or a top-1 "
                     "error, 0.4 (the crossover study's own) or higher, read from its runs")
+    ap.add_argument("--jobs", type=int, help="clock-only runs at a time, each a process of its own "
+                    "(default: this machine's cores; 1: one after another in this process)")
     ap.add_argument("--json", action="store_true", help="print the prediction as JSON")
     a = ap.parse_args(argv)
+    if a.jobs is not None and a.jobs < 1:
+        ap.error(f"--jobs: at least 1, got {a.jobs}")
     logging.basicConfig(level=logging.INFO, format="scalesgd: %(message)s", stream=sys.stderr)
     try:
         prof = P.load(a.profile)

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from . import profile as P
-from .studyfile import (SYNC, at, balance, clock, condition_name, describe, nearest_p, task_config, to_target,
-                        virtual_check)
+from .studyfile import (SYNC, at, balance, clocks, condition_name, describe, nearest_p, task_config,
+                        to_target, virtual_check)
 
 FINAL = Path(__file__).parent / "study" / "final.json"
 
@@ -103,27 +103,34 @@ def cell_rows(study: dict, net: str, cond: str, p: int) -> tuple[dict, str | Non
 
 
 def timed(study: dict, methods: dict, agents: str, p: int, prof: P.Profile, yours, net: str, cond: str,
-          say) -> list[dict]:
+          say, procs: int | None = None) -> list[dict]:
     """Each of ``methods`` (one cell's) on ``prof``'s clock: per seed (validation samples, seconds,
     error).  A synchronous method's seeds are its own on your clock, exactly, except local SGD as node
     agents in nodes of another size than the map's (more or fewer replicas: its statistics are the
-    map's); all-reduce as node agents sums the same gradients in any grouping."""
-    out = []
+    map's); all-reduce as node agents sums the same gradients in any grouping.  The clock-only runs
+    go ``procs`` at a time (``clocks``)."""
     node = agents == "node"
     same = not node or int(prof.ranks_per_node) == P.load(net).ranks_per_node
+    jobs = []
     for m, r in methods.items():
         sync = m in SYNC
         say(f"timing {m}{' as node agents' if node else ''} on {prof.name} "
             f"({'each seed' if sync else 'one seed'}, clock only)")
         seeds = r["seeds"]
         end = max(x for v in seeds.values() for x, _ in v["curve"])
+        jobs += [(r["flags"], p, int(sd), end) for sd in (seeds if sync else list(seeds)[:1])]
+    got = iter(clocks(study, prof, yours, jobs, procs))
+    out = []
+    for m, r in methods.items():
+        sync = m in SYNC
+        seeds = r["seeds"]
         if sync:                          # the map's errors on your clock, each seed's own
             runs = []
-            for sd, v in seeds.items():
-                pts = dict(clock(study, r["flags"], p, prof, yours, int(sd), end))
+            for v in seeds.values():
+                pts = dict(next(got))
                 runs.append([(x, pts[x], e) for x, e in v["curve"]])
         else:                             # the map's statistics on your clock (one seed's)
-            pts = clock(study, r["flags"], p, prof, yours, int(next(iter(seeds))), end)
+            pts = next(got)
             runs = [[(x, at(pts, x), e) for x, e in v["curve"]] for v in seeds.values()]
         exact = sync and (m == "allreduce" or same)
         timing = ("exact (re-timed)" if exact else f"statistics of {net} / {cond}") + \
@@ -135,7 +142,7 @@ def timed(study: dict, methods: dict, agents: str, p: int, prof: P.Profile, your
 
 
 def predict_final(study: dict, prof: P.Profile, workers: int, condition: str | None = None,
-                  say=lambda msg: None) -> dict | str:
+                  say=lambda msg: None, procs: int | None = None) -> dict | str:
     """The ranking by time to final quality for ``workers`` workers on ``prof`` (the module
     docstring); where the map cannot give one, why (one worker: no method to choose; no cell for
     the user's network and condition yet; no synchronous result in it)."""
@@ -161,7 +168,7 @@ def predict_final(study: dict, prof: P.Profile, workers: int, condition: str | N
         return (f"the map by time to final quality has no results for your network ({net}, the nearest) "
                 f"and condition ({cond}) yet")
     methods, borrowed = cell_rows(study, net, cond, p)
-    rows = timed(study, methods, "flat", p, prof, yours, net, cond, say)
+    rows = timed(study, methods, "flat", p, prof, yours, net, cond, say, procs)
     node = None
     rpn = int(prof.ranks_per_node)
     if rpn > 1 and nodes:
@@ -181,7 +188,7 @@ def predict_final(study: dict, prof: P.Profile, workers: int, condition: str | N
             node = dict(network=nnet, ratio=agent["ratio"], network_ratio=nodes[nnet]["ratio"],
                         nodes=p // rpn, your_nodes=workers // rpn, p=p, node_size=size)
             nmethods, nborrowed = cell_rows(study, nnet, cond, p)
-            rows += timed(study, nmethods, "node", p, prof, yours, nnet, cond, say)
+            rows += timed(study, nmethods, "node", p, prof, yours, nnet, cond, say, procs)
             borrowed = borrowed or nborrowed
             notes.append(f"your profile puts {rpn} ranks on a node: every method is timed both flat (one "
                          "agent a rank, the node's link shared) and as node agents (--hierarchy node: "

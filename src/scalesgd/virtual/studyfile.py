@@ -8,10 +8,13 @@ import contextlib
 import json
 import logging
 import math
+import multiprocessing
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from ..backend import usable_cores
 from ..errors import ConfigError, UserError
 from ..io.files import reserve_dir, stamped
 from ..netmodel import transfer_seconds
@@ -151,6 +154,23 @@ def clock(study: dict, flags: str, workers: int, prof: P.Profile, condition, see
         finally:
             log.setLevel(level)
     return [(h["global_samples"], h["train_seconds"]) for h in s["history"]]
+
+
+def _clock(args: tuple) -> list[tuple[float, float]]:
+    return clock(*args)
+
+
+def clocks(study: dict, prof: P.Profile, condition, jobs: list[tuple[str, int, int, float]],
+           procs: int | None = None) -> list[list[tuple[float, float]]]:
+    """``clock`` for each (flags, workers, seed, samples) of ``jobs``, in order, up to ``procs`` at a
+    time in processes of their own (default: this machine's cores; 1: here, one after another).  A
+    clock-only run is single-threaded Python, so they scale with the cores."""
+    procs = min(len(jobs), procs or usable_cores())
+    args = [(study, flags, workers, prof, condition, seed, samples) for flags, workers, seed, samples in jobs]
+    if procs <= 1:
+        return [_clock(a) for a in args]
+    with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("forkserver")) as pool:
+        return list(pool.map(_clock, args))
 
 
 def at(points: list[tuple[float, float]], samples: float) -> float:
