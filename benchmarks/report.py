@@ -826,13 +826,15 @@ def final_map(d):
             f"{d['machine_hours']:.2f} machine-hours (commit {(d['commit'] or 'unpinned')[:7]}).", "",
             "| network | condition | p | F* | method (configuration) | final error % (mean) | s to quality "
             "| s to 40% | s to its end | call [interval] |", "|---|---|---|---|---|---|---|---|---|---|"]
+    def word(outcome):                     # no family call without push-sum in the cell
+        return "— (no push-sum)" if outcome == "not run" else outcome
     for c in cells:
         k = c["call"]
         iv = "" if "lo" not in k else f" [{f(k['lo'], '+.3g')}, {f(k['hi'], '+.3g')}]"
         for m, v in c["methods"].items():
             out.append(f"| {c['network']} | {c['condition']} | {c['p']} | {100 * c['fstar']:.2f}% | {m} "
                        f"({v['config']}) | {100 * v['final_error']:.2f} | {f(v['to_quality'], '.0f')} | "
-                       f"{f(v['to_target'], '.0f')} | {v['end']:.0f} | {k['outcome']}{iv} |")
+                       f"{f(v['to_target'], '.0f')} | {v['end']:.0f} | {word(k['outcome'])}{iv} |")
     return "\n".join(out)
 
 
