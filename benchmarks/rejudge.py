@@ -27,7 +27,8 @@ Here every run goes to the target or its whole horizon, never to a cap, on the c
   disagrees when the 8 clients miss the target at their horizon in a seed.
 * **P3**: 4 clients on the crossover study's tuning network and condition, ``P3_EPOCHS`` whole
   epochs (no stop: the exchanges and the final error count), n_sync 1, 10 and 100 each with its own
-  rate: A-SGD's rule (rate / p) at 0.2, 0.1 and 0.05 and the edge rule, scored by mean samples to
+  rate: A-SGD's rule (rate / p) at 0.2, 0.1 and 0.05 and the edge rule (where every rate ended at
+  chance, half the lowest: ``Search.grid``), scored by mean samples to
   target (else mean final error) on ``TUNE_SEEDS``; then ``P3_SEEDS`` at each choice.  The call, as
   the crossover study's: comparable when n_sync 100 made >= 50 exchanges a client; agrees when it
   reached the target in every seed, disagrees when in none while n_sync 1 did.
@@ -65,6 +66,7 @@ TUNE_SEEDS = X.TUNE_SEEDS
 SEEDS = (0, 1, 2, 3, 4)
 P3_SEEDS = X.NSYNC_SEEDS
 EDGE_MORE = X.EDGE_MORE
+CHANCE = 0.9                    # top-1 error of a guess among the glyphs' 10 classes
 PAINE = claims.PAINE
 
 
@@ -107,7 +109,10 @@ class Search:
 
     def grid(self) -> tuple[list[str], bool]:
         """The edge rule per setting: while a setting's best configuration has the highest (lowest)
-        rate of that setting's, one more rate twice (half) as large, at most EDGE_MORE a setting."""
+        rate of that setting's, one more rate twice (half) as large, at most EDGE_MORE a setting.
+        Where even the best ended at chance (every rate of the setting learned nothing, so which is
+        "best" is noise), half the lowest rate instead: a run that learns nothing in a few epochs
+        took too large a step (too small a one still learns, slowly)."""
         cfgs = list(self.start)
         more: dict[str, int] = {}
         while True:
@@ -118,9 +123,12 @@ class Search:
             nxt = []
             for kn in dict.fromkeys(X.parse(c)[2] for c in cfgs):
                 mine = [c for c in cfgs if X.parse(c)[2] == kn]
-                rule, rate, _ = X.parse(min(mine, key=scores.get))
+                best = min(mine, key=scores.get)
+                rule, rate, _ = X.parse(best)
                 same = sorted(X.parse(c)[1] for c in mine)
                 step = 2.0 if rate == same[-1] else 0.5 if rate == same[0] else None
+                if scores[best][1] >= CHANCE - 0.01:     # nothing learned at any rate: no direction
+                    rate, step = same[0], 0.5            # in their noise; a smaller step, the cure
                 if step is not None and more.get(kn, 0) < EDGE_MORE:
                     more[kn] = more.get(kn, 0) + 1
                     nxt.append(X.cname(rule, float(f"{rate * step:.4g}"), kn))
