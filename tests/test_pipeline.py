@@ -62,6 +62,38 @@ def test_start_step_yields_the_same_batches_without_reading_the_skipped(shards, 
     assert np.array_equal(np.concatenate(nxt), shards.labels[fresh.indices(4)])
 
 
+@pytest.mark.parametrize("ten_crop", [False, True])
+def test_an_evaluation_loader_keeps_its_pipeline_and_its_batches(shards, monkeypatch, ten_crop):
+    """Evaluated again and again (every boundary calls ``epoch(0)``), a validation loader builds its
+    pipeline once and delivers the same batches each time, bit for bit those of a fresh loader; a
+    loader whose epochs differ (training, or a validation loader with flips) builds again."""
+    builds = []
+    real = Loader._build
+    monkeypatch.setattr(Loader, "_build", lambda self, *a: builds.append(self) or real(self, *a))
+    val = Loader(shards, batch_size=8, image_size=32, train=False, val_resize=36, ten_crop=ten_crop,
+                 rank=1, world=2)
+    assert val.same_every_epoch
+    first = [(x.copy(), y.copy()) for x, y in val.epoch(0)]
+    for e in (0, 0, 5):
+        again = [(x.copy(), y.copy()) for x, y in val.epoch(e)]
+        assert len(again) == len(first) > 1
+        assert all(np.array_equal(x, x0) and np.array_equal(y, y0) for (x, y), (x0, y0) in zip(again, first))
+    assert builds.count(val) == 1
+    part = val.epoch(0)                                     # stopped mid-epoch: built again
+    next(part)
+    assert [y.tolist() for _, y in val.epoch(0)] == [y.tolist() for _, y in first] and builds.count(val) == 2
+    fresh = Loader(shards, batch_size=8, image_size=32, train=False, val_resize=36, ten_crop=ten_crop,
+                   rank=1, world=2)
+    assert all(np.array_equal(x, x0) for (x, _), (x0, _) in zip(fresh.epoch(0), first))
+    flips = Loader(shards, batch_size=8, image_size=32, train=False, flip=True)
+    train = Loader(shards, batch_size=8, image_size=32, train=True, scale=(36, 60))
+    for ld in (flips, train):
+        assert not ld.same_every_epoch
+        for _ in range(2):
+            list(ld.epoch(0))
+        assert builds.count(ld) == 2
+
+
 def test_lighting_is_a_per_sample_channel_offset(shards):
     common = dict(batch_size=8, image_size=32, train=True, scale=(36, 60), flip=True, seed=2)
     x0, _ = next(iter(Loader(shards, **common).epoch(0)))
