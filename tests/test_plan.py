@@ -27,6 +27,13 @@ METHODS = {"allreduce": "--method allreduce --lr 0.1",
 pytestmark = pytest.mark.xdist_group("plan")
 
 
+@pytest.fixture(autouse=True)
+def clocks_here(monkeypatch):
+    """The clock-only runs one after another in the test's process (``plan --jobs``' pool has its own
+    test in test_plan_final.py): beside the suite's other worker, a pool only adds its start-up."""
+    monkeypatch.setattr(SF, "usable_cores", lambda: 1)
+
+
 def vrun(data, run_dir, flags, *more):
     assert VR.main([*flags.split(), "--data", str(data), *TINY, "--workers", "2", "--epochs", "2",
                     "--eval-every", "0.25", "--threads", "1", "--run-dir", str(run_dir), *more]) == 0
@@ -194,7 +201,7 @@ def test_a_method_stopped_at_the_cap_is_not_called_missed(made):
 
 def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):
     out = run_cli(["plan", "--profile", "v100-10gbe-resnet50", "--workers", "2", "--study", str(made["path"]),
-                   "--condition", "typical"], tmp_path, module="scalesgd")
+                   "--condition", "typical", "--jobs", "1"], tmp_path, module="scalesgd")
     assert out.returncode == 0, out.stderr
     assert "nearest studied network: v100-10gbe-resnet50" in out.stdout and "timing allreduce" in out.stderr
     steps = tmp_path / "steps.json"      # one step of the job a profile runs with: here the study's task
@@ -235,8 +242,8 @@ def test_the_shipped_study_file_plans_for_a_users_profile(tmp_path):
                                 "stands_for": {"model": "resnet50", "image_size": 224, "batch_size": 32},
                                 "link_gbps": 20, "latency_us": 10, "ranks_per_node": 1, "intra_gbps": 100,
                                 "mem_gbps": 700}))
-    out = run_cli(["plan", "--profile", str(mine), "--workers", "1"], tmp_path, module="scalesgd",
-                  timeout=600)
+    out = run_cli(["plan", "--profile", str(mine), "--workers", "1", "--jobs", "1"], tmp_path,
+                  module="scalesgd", timeout=600)
     assert out.returncode == 0, out.stderr
     assert "plan: 1 worker on my-cluster" in out.stdout and "nearest studied network" in out.stdout
     st = L.load_study()

@@ -20,6 +20,13 @@ from scalesgd.virtual import studyfile as SF
 
 pytestmark = pytest.mark.xdist_group("planfinal")
 
+
+@pytest.fixture(autouse=True)
+def clocks_here(monkeypatch):
+    """The clock-only runs one after another in the test's process (``plan --jobs``' pool has its own
+    test in test_plan_final.py): beside the suite's other worker, a pool only adds its start-up."""
+    monkeypatch.setattr(SF, "usable_cores", lambda: 1)
+
 FLAT = "v100-10gbe-resnet50"
 NODE = "v100x8-10gbe-resnet50"
 SCHEDULE = "--schedule cosine --warmup-epochs 0.5"
@@ -264,7 +271,8 @@ def test_the_shipped_files_plan_by_default(tmp_path):
     shipped = json.loads(F.FINAL.read_text())
     assert shipped["metric"] == "final" and set(shipped["agents"].values()) == {"flat", "node"}
     assert set(shipped["p"]) == {"flat", "node"} and shipped["E"] >= 8
-    r = run_cli(["plan", "--profile", "titanx-fdr-resnet18", "--workers", "1", "--condition", "typical"],
+    r = run_cli(["plan", "--profile", "titanx-fdr-resnet18", "--workers", "1", "--condition", "typical",
+                 "--jobs", "1"],
                 tmp_path, module="scalesgd", timeout=600)
     assert r.returncode == 0, r.stderr
     assert "note: the map by time to final quality has no runs of one worker (nothing to choose between): " \
