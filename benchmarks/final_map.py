@@ -358,9 +358,10 @@ class Plan:
     def todo(self) -> list[tuple]:
         """The runs ready now, the largest p first (its cells complete first); at a p the
         synchronous lines' tuning (it decides F* and opens the next p), then their reported runs
-        (the cells of a condition without push-sum are complete with them), then push-sum's tuning
-        and reported runs; as (kind, method, agents, p, config, seed, network or None, condition or
-        None)."""
+        (the cells of a condition without push-sum are complete with them), then push-sum's
+        reported runs where its search is over, a cell's seeds one after another (each completes a
+        cell), then its tuning elsewhere; as (kind, method, agents, p, config, seed, network or
+        None, condition or None)."""
         tune, rep = [], []
         for s in self.lines():
             cfgs, _ = s.grid()
@@ -370,7 +371,7 @@ class Plan:
             rep += [("rep", s.method, s.ag, s.p, c, seed, s.network, cond)
                     for c in sorted(self.choices(s)) for cond in conds for seed in SEEDS
                     if run_key("rep", s.method, s.ag, s.p, c, seed, s.network, cond) not in self.recs]
-        return sorted(tune + rep, key=lambda r: (-r[3], r[1] in ASYNC, r[0] == "rep"))
+        return sorted(tune + rep, key=lambda r: (-r[3], r[1] in ASYNC, (r[0] == "rep") != (r[1] in ASYNC)))
 
 
 # ------------------------------------------------------------------------------------ the cells

@@ -93,6 +93,26 @@ def test_the_first_runs_are_the_p32_grids_around_the_pilots_rates():
     assert all(r[7] == M.TUNE_CONDITION for r in todo if r[1] == "pushsum-ov")
 
 
+def test_push_sums_cells_complete_one_at_a_time_before_its_other_searches_run():
+    """At a p whose synchronous lines are done: push-sum's reported runs where its search is over
+    come before its tuning elsewhere (the node agents'), a cell's five seeds one after another."""
+    w = finished(0.05, 0.5)
+    recs = {k: r for k, r in w.recs.items()
+            if not (r["workers"] == 32 and r["method"] == "pushsum-ov"
+                    and (r["key"].startswith("rep") or r["agents"] == "node"))}
+    todo = [r for r in M.Plan(recs).todo() if r[3] == 32]
+    assert {r[1] for r in todo} == {"pushsum-ov"}
+    kinds = [r[0] for r in todo]
+    assert kinds == sorted(kinds, key=lambda k: k == "tune") and "tune" in kinds
+    assert {r[2] for r in todo if r[0] == "rep"} == {"flat"}
+    assert {r[2] for r in todo if r[0] == "tune"} == {"node"}
+    reps = [r for r in todo if r[0] == "rep"]
+    assert len(reps) == len(M.FLAT) * len(M.ASYNC_CONDITIONS) * len(M.SEEDS)
+    for i in range(0, len(reps), len(M.SEEDS)):
+        cell = reps[i:i + len(M.SEEDS)]
+        assert len({(r[4], r[6], r[7]) for r in cell}) == 1 and [r[5] for r in cell] == list(M.SEEDS)
+
+
 def test_the_search_extends_past_edges_per_setting_then_tries_the_other_setting():
     w = finished(0.05, 0.5)
     plan = M.Plan(w.recs)
