@@ -114,14 +114,15 @@ class Probe:
             return None
         return exe
 
-    def run(self, iters: int | None = None) -> float | None:
-        """One-way latency in ns over ``iters`` round trips (the probe's default 2,000,000), or None."""
+    def run(self, iters: int | None = None, timeout: float = PROBE_TIMEOUT_S) -> float | None:
+        """One-way latency in ns over ``iters`` round trips (the probe's default 2,000,000), or None
+        (no probe, or over ``timeout`` seconds)."""
         if self.exe is None:
             return None
         cmd = [str(self.exe)] + ([str(iters)] if iters else [])
         try:
             out = subprocess.run(cmd, check=True, capture_output=True, text=True,
-                                 timeout=PROBE_TIMEOUT_S).stdout
+                                 timeout=timeout).stdout
             return float(out.split()[-2])            # "c2c one-way 31.2 ns"
         except (OSError, subprocess.SubprocessError, ValueError, IndexError):
             return None
