@@ -203,6 +203,14 @@ def test_a_users_cluster_of_eight_gpus_a_node_gets_node_agents_and_the_extrapola
     text = F.show_final(res, prof)
     assert "as node agents (at p = 16: 2 of your nodes of 8; you have 32)" in text
     assert "method (agents)" in text
+    # a row that misses is put against the first synchronous row, named with its agents (both forms
+    # of a method are rows here)
+    first, other = res["rows"][0], res["rows"][1]
+    missed = dict(other, to_quality=None, gap=0.1, vs=dict(method=first["method"], agents=first["agents"],
+                                                            seconds=1.0, ratio=1.99))
+    shown = F.show_final(dict(res, rows=[first, missed]), prof)
+    assert f"misses: +10.0 points; 1.99x the time {first['method']} ({first['agents']}) takes to that error" \
+        in shown
     best = dict(res["rows"][0], agents="node", flags=node[0]["flags"], to_quality=1.0)
     first = F.show_final(dict(res, rows=[best]), prof)
     assert "use: mpirun -n 256 python -m scalesgd " + node[0]["flags"] in first

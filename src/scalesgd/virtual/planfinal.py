@@ -265,8 +265,8 @@ def show_final(res: dict, prof: P.Profile) -> str:
             rank = str(i)
         else:
             v = r.get("vs") or {}
-            cmp = (f"; {v['ratio']:.2f}x the time {v['method']} takes to that error" if v.get("ratio")
-                   else "")
+            them = f"{v['method']} ({v['agents']})" if node and v else v.get("method")
+            cmp = f"; {v['ratio']:.2f}x the time {them} takes to that error" if v.get("ratio") else ""
             t = f"misses: {r['gap'] * 100:+.1f} points{cmp}" if "gap" in r else "misses"
             rank = "-"
         who = f"{r['method']} ({r['agents']})" if node else r["method"]
