@@ -239,6 +239,11 @@ def test_the_report_shows_the_map_and_every_cell(monkeypatch):
     assert f"| p = 8 ({64 / M.B_NOISE:.2f} B_noise) |" in text
     row = next(x for x in text.splitlines() if x.startswith("| v100-10gbe-resnet50 | none |"))
     assert row.count("**sync**; push-sum misses (+5.0 pts, its end") == 3
+    # where push-sum misses in every resample the interval is said in words, not [-inf, -inf]
+    assert "| sync (push-sum misses it in every resample) |" in text and "inf" not in text
+    assert report.call_interval(dict(lo="-inf", hi=12.5, async_misses=0.25)) == \
+        " [−∞, +12.5]; push-sum misses it in 25% of resamples"
+    assert report.call_interval(dict(lo=-3.0, hi=-1.0, async_misses=0.0)) == " [-3, -1]"
     # under typical no push-sum runs: the map names the synchronous pick and says why
     first = "localsgd first of the synchronous (no push-sum here)"
     assert f"| a100x8-ib100-resnet50 | typical | — | {first} | {first} |" in text
