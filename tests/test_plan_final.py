@@ -313,3 +313,34 @@ def test_a_map_without_push_sum_there_yet_says_so(made, tmp_path):
     res = F.predict_final(st, P.load(str(mine(tmp_path))), 16, "typical")
     assert {r["method"] for r in res["rows"]} == {"allreduce", "localsgd"}
     assert any(f"push-sum has no results on {FLAT} at p = 16 yet" in n for n in res["notes"])
+
+
+def test_how_sure_the_first_place_is_comes_from_resampling_the_seeds():
+    """``first_share``: F*, the mean curves and their times redone in every resample of the paired
+    seeds.  A method quicker and better in every seed is first in every resample; one whose mean
+    final error sits on the quality, some seeds above and some below, only in some; one that reaches
+    no quality is never first."""
+    def run(end_error, step=1.0):                 # 4 validations, the error falling to end_error
+        return [(k * 100, k * step, 0.6 - k * (0.6 - end_error) / 4) for k in range(1, 5)]
+    fast = dict(method="localsgd", runs=[run(0.170 + 0.002 * s, step=0.5) for s in range(5)])
+    slow = dict(method="allreduce", runs=[run(0.171 + 0.002 * s) for s in range(5)])
+    assert F.first_share([fast, slow], 0.01) == 1.0
+    # on the edge: local SGD's mean final error equal to F* + 1 point, its seeds 2 points either side
+    edge = dict(method="localsgd", runs=[run(e, step=0.5) for e in (0.165, 0.205, 0.165, 0.205, 0.185)])
+    ar = dict(method="allreduce", runs=[run(0.175) for _ in range(5)])
+    share = F.first_share([edge, ar], 0.01)
+    assert 0.2 < share < 0.8
+    assert F.first_share([edge, ar], 0.01, seed=1) != share            # the resamples are drawn
+    never = dict(method="pushsum-ov", runs=[run(0.4, step=0.1) for _ in range(5)])
+    assert F.first_share([never, ar], 0.01) == 0.0 and F.first_share([ar], 0.01) is None
+
+
+def test_the_answer_says_how_sure_its_first_place_is(made, tmp_path):
+    prof = P.load(str(mine(tmp_path)))
+    res = F.predict_final(made["study"], prof, 16, "typical")
+    assert 0.0 <= res["first_share"] <= 1.0 and res["resamples"] == F.RESAMPLES
+    text = F.show_final(res, prof)
+    first = res["rows"][0]["method"]
+    assert f"  sure: {first} is first in {res['first_share']:.0%} of {F.RESAMPLES} resamples" in text
+    unsure = F.show_final(dict(res, first_share=0.51), prof)
+    assert "is first in 51% of" in unsure and "not told apart from the next by the map's seeds" in unsure

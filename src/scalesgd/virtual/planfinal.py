@@ -25,7 +25,9 @@ target's study (``plan.py``), with these differences:
   between validations).  Also each method's mean final error and the time of its whole schedule;
 * **a method that misses the quality** is ranked after those that reach it, with its final error,
   the time of its whole schedule and how that compares with the fastest synchronous method's time
-  to the same error ("1.8x faster, 2 points worse" is an answer a user can choose).
+  to the same error ("1.8x faster, 2 points worse" is an answer a user can choose);
+* **how sure**: the share of resamples of the map's paired seeds in which the first row stays first
+  (``first_share``: F* and every time redone in each), said under the ranking.
 
 The map's budget is its proxy's 8 epochs, not a user's schedule: its gaps between methods overstate
 longer schedules' (docs/results.md, section 14), which every answer says.
@@ -60,6 +62,34 @@ def first(curve: list[tuple[float, float]], quality: float) -> float | None:
     before and the first at or below it (``studyfile.to_target``, the map's ``first_times``)."""
     return to_target([[i, e] for i, (_, e) in enumerate(curve)], [(i, x) for i, (x, _) in enumerate(curve)],
                      quality)
+
+
+RESAMPLES = 1000                     # of the map's seeds, for how sure the first place is
+
+
+def first_share(rows: list[dict], delta: float, resamples: int = RESAMPLES, seed: int = 0) -> float | None:
+    """How sure the ranking's first place is: the share of resamples of the seeds (with replacement,
+    the same seed indices for every row: the map's seeds are paired) in which the row first by the
+    seeds' means, ``rows[0]``, is still first, F* (the least synchronous mean final error), every
+    mean curve and its time to F* + ``delta`` redone in each.  ``rows``: each with ``method`` and
+    ``runs`` (per seed, validations as (samples, seconds, error)), in the ranking's order; None when
+    the first row reaches no quality or there is no other row."""
+    import numpy as np  # noqa: PLC0415
+    if len(rows) < 2:
+        return None
+    n = min(len(r["runs"]) for r in rows)
+    curves = [[[(s, e) for _, s, e in run] for run in r["runs"][:n]] for r in rows]
+    rng = np.random.default_rng(seed)
+    kept = 0
+    for _ in range(resamples):
+        idx = rng.integers(0, n, n)
+        means = [mean_curve([c[i] for i in idx]) for c in curves]
+        quality = min(m[-1][1] for m, r in zip(means, rows) if r["method"] in SYNC) + delta
+        ts = [first(m, quality) for m in means]
+        best = min((t, k) for k, t in enumerate(ts) if t is not None)[1] if any(
+            t is not None for t in ts) else None
+        kept += best == 0
+    return kept / resamples
 
 
 def cells_at(study: dict, net: str, cond: str) -> list[int]:
@@ -211,7 +241,6 @@ def predict_final(study: dict, prof: P.Profile, workers: int, condition: str | N
         got = [t for t in per if t is not None]
         r["lo"], r["hi"] = (min(got), max(got)) if got else (None, None)
         r["end"] = mean[-1][0]
-        del r["runs"]
         r["mean"] = mean
     sync = [r for r in rows if r["method"] in SYNC and r["to_quality"] is not None]
     best_sync = min(sync, key=lambda r: r["to_quality"], default=None)
@@ -221,13 +250,15 @@ def predict_final(study: dict, prof: P.Profile, workers: int, condition: str | N
             r["gap"] = r["final_error"] - best_sync["final_error"]
             r["vs"] = dict(method=best_sync["method"], agents=best_sync["agents"], seconds=t,
                            ratio=None if not t else r["end"] / t)
-    for r in rows:
-        del r["mean"]
     rows.sort(key=lambda x: (x["to_quality"] is None, x["to_quality"] or 0.0, x["final_error"], x["agents"]))
+    sure = first_share(rows, study["delta"]) if rows[0]["to_quality"] is not None else None
+    for r in rows:
+        del r["mean"], r["runs"]
     return dict(metric="final", fallback=None, workers=workers, p=p, network=net, condition=cond,
                 ratio=mine["ratio"], network_ratio=flat[net]["ratio"], notes=notes, rows=rows,
                 node_agents=node,
                 ranks_per_node=rpn, fstar=fstar, quality=quality, delta=study["delta"], E=study["E"],
+                first_share=sure, resamples=RESAMPLES,
                 schedule=study["task"].get("schedule"), complete=study.get("complete", False),
                 task=study["task"].get("name", "the study's task"))
 
@@ -278,6 +309,13 @@ def show_final(res: dict, prof: P.Profile) -> str:
         out.append(f"  {row[0]:{wide[0]}s} {row[1]:{wide[1]}s} {row[2]:>{wide[2]}s} {row[3]:>{wide[3]}s} "
                    f"{row[4]:>{wide[4]}s}  {row[5]}")
     best = res["rows"][0]
+    if res.get("first_share") is not None:
+        name = f"{best['method']} ({best['agents']})" if node else best["method"]
+        share = res["first_share"]
+        out.append(f"  sure: {name} is first in {share:.0%} of {res['resamples']} resamples of the map's "
+                   f"seeds (F* and every time redone in each)"
+                   + ("" if share >= 0.95 else ": the first place is not told apart from the next by the "
+                      "map's seeds"))
     if best["to_quality"] is not None:
         who = f"{res['workers']} workers"
         if best["agents"] == "node":
