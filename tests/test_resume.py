@@ -28,6 +28,7 @@ from synth import make_dataset
 from helpers import ROOT, TINY, final_arrays, launch, rank_pids, run_cli
 
 from scalesgd.io import checkpoint as ckpt
+from scalesgd.virtual import run as VR
 
 pytestmark = [needs_mpi, pytest.mark.mpi]
 
@@ -77,13 +78,19 @@ def resume(run_dir, tmp_path, *extra, virtual=False):
 
 
 def run_virtual(args, tmp_path, timeout=120, launcher=(), faults=""):
-    """``python -m scalesgd.virtual ARGS`` with RANKS ranks (``--workers``: the ranks less the
-    servers), from the repository root; ``faults``: SCALESGD_INJECT_FAULT."""
+    """The virtual cluster's ARGS with RANKS ranks (``--workers``: the ranks less the servers), one
+    BLAS thread: in this process (its ``main``, the same code as ``python -m scalesgd.virtual``
+    without a new process's start-up, most of a tiny run's cost), or, with ``faults``
+    (SCALESGD_INJECT_FAULT: a worker dies, and the process with it), as that command from the
+    repository root.  Returns the (Completed)Process."""
     servers = 0 if "--resume" in args else 2 if "--servers" in args else int(
         any(m in args for m in ("easgd", "asgd")))
     workers = [] if "--resume" in args else ["--workers", str(RANKS - servers)]
-    return run_cli([*args, *workers], tmp_path, timeout, module="scalesgd.virtual",
-                   env={"SCALESGD_INJECT_FAULT": faults})
+    if faults:
+        return run_cli([*args, *workers], tmp_path, timeout, module="scalesgd.virtual",
+                       env={"SCALESGD_INJECT_FAULT": faults})
+    rc = VR.main([*args, *workers, "--threads", "1"])
+    return subprocess.CompletedProcess(args, rc, "", "(in the test's process: its log is the test's output)")
 
 
 def assert_same_state(a: Path, b: Path):

@@ -14,6 +14,7 @@ import pytest
 from helpers import ROOT, TINY, demo_data, final_arrays, launch, one_line_error, run_cli
 from synth import make_dataset
 
+from scalesgd.virtual import run as VR
 from scalesgd.virtual.transport import tree_sum
 from scalesgd.virtual.world import Aborted, Deadlock, World
 
@@ -27,6 +28,13 @@ def virtual(args, tmp_path, timeout=300):
 def ok(p):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return p
+
+
+def replay_here(run, replay):
+    """``--replay RUN --run-dir REPLAY`` in this process, one BLAS thread (the real runs' own): the
+    same code as the command (``virtual()``, whose messages the tests below read), without a new
+    process's start-up."""
+    assert VR.main(["--replay", str(run), "--run-dir", str(replay), "--threads", "1"]) == 0
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +72,7 @@ def test_replay_of_a_real_run_is_bit_identical(case, dtype, data, tmp_path):
     if case != "allreduce":            # the order MPI decided was recorded
         assert any((run / "trace" / f"rank-{r}.jsonl").read_text() for r in range(RANKS))
     replay = tmp_path / "replay"
-    ok(virtual(["--replay", str(run), "--run-dir", str(replay)], tmp_path))
+    replay_here(run, replay)
     summary = json.loads((replay / "summary.json").read_text())
     assert summary["virtual"]["timeline"] == "replay"
     assert summary["virtual"]["replay_first_difference"] is None
@@ -95,7 +103,7 @@ def test_push_sum_replay_is_bit_identical(dtype, overlap, data, tmp_path):
               if '"drain"' in line]
     assert drains and all(sorted(d["order"]) == sorted(s for s, c in d["got"] for _ in range(c))
                           for d in drains)
-    ok(virtual(["--replay", str(run), "--run-dir", str(replay)], tmp_path))
+    replay_here(run, replay)
     summary = json.loads((replay / "summary.json").read_text())
     assert summary["virtual"]["replay_first_difference"] is None
     real, again = final_arrays(run), final_arrays(replay)
@@ -117,7 +125,7 @@ def test_a_stopped_and_resumed_pull_gossip_run_replays_exactly(data, tmp_path):
     ok(run_cli(args, tmp_path, launcher=launch(RANKS)))
     ok(run_cli([*args, "--resume", str(run), "--epochs", "2"], tmp_path, launcher=launch(RANKS)))
     replay = tmp_path / "replay"
-    ok(virtual(["--replay", str(run), "--run-dir", str(replay)], tmp_path))
+    replay_here(run, replay)
     assert json.loads((replay / "summary.json").read_text())["virtual"]["replay_first_difference"] is None
     real, again = final_arrays(run), final_arrays(replay)
     for name in real:
@@ -164,7 +172,7 @@ def test_a_diverging_replay_names_the_first_exchange(data, tmp_path):
     cfg["schedule"]["lr"] = 0.0123                    # the replay computes something else
     (run / "config.json").write_text(json.dumps(cfg))
     replay = tmp_path / "replay"
-    ok(virtual(["--replay", str(run), "--run-dir", str(replay)], tmp_path))
+    replay_here(run, replay)
     diff = json.loads((replay / "summary.json").read_text())["virtual"]["replay_first_difference"]
     # the server's first push is still the initial model (identical); the first one computed
     # from a step differs, and the difference names its rank, event and exchange
