@@ -73,7 +73,7 @@ def first_share(rows: list[dict], delta: float, resamples: int = RESAMPLES, seed
     seeds' means, ``rows[0]``, is still first, F* (the least synchronous mean final error), every
     mean curve and its time to F* + ``delta`` redone in each.  ``rows``: each with ``method`` and
     ``runs`` (per seed, validations as (samples, seconds, error)), in the ranking's order; None when
-    the first row reaches no quality or there is no other row."""
+    there is no other row (``predict_final`` asks only where the first row reaches the quality)."""
     import numpy as np  # noqa: PLC0415
     if len(rows) < 2:
         return None
