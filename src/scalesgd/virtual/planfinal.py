@@ -85,10 +85,8 @@ def first_share(rows: list[dict], delta: float, resamples: int = RESAMPLES, seed
         idx = rng.integers(0, n, n)
         means = [mean_curve([c[i] for i in idx]) for c in curves]
         quality = min(m[-1][1] for m, r in zip(means, rows) if r["method"] in SYNC) + delta
-        ts = [first(m, quality) for m in means]
-        best = min((t, k) for k, t in enumerate(ts) if t is not None)[1] if any(
-            t is not None for t in ts) else None
-        kept += best == 0
+        reached = [(t, k) for k, m in enumerate(means) if (t := first(m, quality)) is not None]
+        kept += bool(reached) and min(reached)[1] == 0
     return kept / resamples
 
 
