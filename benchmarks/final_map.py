@@ -44,6 +44,16 @@ from the start (its search waits for F* at its p).  All-reduce as node agents su
 gradients in another order: it takes its choice from the one-GPU-a-node search, timed under the
 network of the same hardware against the node agents' F*.
 
+**Push-sum's twins.** Push-sum's numbers follow its event order (which messages each drain
+folds, the sample counter's order), and nothing else the clock decides: a replay redoes a run from
+that order alone (``io/trace.py``).  Before a push-sum run, a clock-only run of it
+(``crossover/clock_trace.py``, about 25 s at p = 32) gives its order's digest and its clock; a
+record of the same configuration, seed and split on another network or condition with that
+order (its *twin*) gives the run's errors, at the clock-only run's times (``retimed_from``).  Under
+``none`` titanx-fdr and a100-ib100 have one order (every push lands before its target's next drain;
+on 10 GbE a drain later).  Every real push-sum run records its trace's digest and whether its
+clock-only run had the same order and the same times (``clock_same``): a twin must have both.
+
 **Reported runs** (``SEEDS``, the main split): every choice, each seed, paired across methods.
 Per cell: F* = the least synchronous mean final error; per method its mean final error, the time
 its seeds' mean curve takes to F* + ``DELTA`` (δ = 1 point: about the spread of two seeds' final
@@ -70,7 +80,7 @@ from pathlib import Path
 import numpy as np
 
 import final_study as F
-from crossover import claims, driver, store
+from crossover import claims, clock_trace, driver, store
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "final-map"
@@ -600,16 +610,24 @@ def run_cost(run: tuple) -> float:
 
 def execute(run: tuple, sha: str, wt: Path, dirs: dict, scratch: Path) -> dict:
     """One run of the pinned tree; a synchronous one re-timed under every network of its kind and
-    every condition; writes its record."""
+    every condition, a push-sum one re-timed from its twin where it has one (``twin``); writes its
+    record."""
     kind, method, ag, p, cfg, seed, network, condition = run
     rkey = run_key(kind, method, ag, p, cfg, seed, network, condition)
     net = network or networks_of(ag)[0]
     run_dir = scratch / rkey
-    got = driver.glyph_run(wt, rkey, run_dir, [
-        "--data", str(dirs["tune" if kind == "tune" else "sweep"]), *flags(method, cfg, ag),
-        "--schedule", "cosine", "--warmup-epochs", str(WARMUP), "--seed", str(seed), "--workers", str(p),
-        "--epochs", str(E), "--eval-every", f"{max(0.25, E / 16):g}", "--profile", net,
-        "--condition", condition or TUNE_CONDITION])
+    args = ["--data", str(dirs["tune" if kind == "tune" else "sweep"]), *flags(method, cfg, ag),
+            "--schedule", "cosine", "--warmup-epochs", str(WARMUP), "--seed", str(seed), "--workers", str(p),
+            "--epochs", str(E), "--eval-every", f"{max(0.25, E / 16):g}", "--profile", net,
+            "--condition", condition or TUNE_CONDITION]
+    clock = driver.clock_trace(wt, scratch / f"{rkey}-clock", args) if method in ASYNC else None
+    donor = twin(records(), run, clock["trace"]) if clock else None
+    if donor is not None:
+        rec = retimed(run, donor, clock)
+        rec.update(argv=driver.shown_argv(wt, driver.glyph_argv(wt, run_dir, args)[0]), commit=sha)
+        store.write(RESULTS, rkey, rec)
+        return rec
+    got = driver.glyph_run(wt, rkey, run_dir, args)
     curve = [dict(samples=v["global_samples"], seconds=v["train_seconds"], error=1 - v["val_top1_accuracy"])
              for v in driver.vals(run_dir)]
     rec = dict(key=rkey, kind=kind, method=method, agents=ag, workers=p, config=cfg, seed=seed,
@@ -621,10 +639,41 @@ def execute(run: tuple, sha: str, wt: Path, dirs: dict, scratch: Path) -> dict:
         except subprocess.CalledProcessError:
             if not got["diverged"]:
                 raise
-    rec.update(commit=sha, real_seconds=time.perf_counter() - got["t0"])
+    else:                         # (its event order, and whether the clock-only run had its order and clock)
+        rec.update(trace=clock_trace.trace_digest(run_dir), clock_trace=clock["trace"],
+                   clock_seconds=clock["seconds"],
+                   clock_same=[[c["samples"], c["seconds"]] for c in curve] == clock["history"][:len(curve)])
+    rec.update(commit=sha, real_seconds=time.perf_counter() - got["t0"] + (clock["seconds"] if clock else 0))
     store.write(RESULTS, rkey, rec)
     shutil.rmtree(run_dir, ignore_errors=True)
     return rec
+
+
+def twin(recs: dict, run: tuple, trace: str) -> dict | None:
+    """A push-sum run's *twin*: a record of the same configuration, seed and split (another network or
+    condition) whose run had the event order ``trace`` (its trace's digest), and whose clock-only run
+    had that order and clock too.  A replay redoes a run from its order alone, so the twin's
+    numbers are this run's: only the clock differs (under ``none`` the runs on titanx-fdr and
+    a100-ib100 have one order: every push lands before its target's next drain)."""
+    for r in recs.values():
+        same = (r["kind"], r["method"], r["agents"], r["workers"], r["config"], r["seed"]) == run[:6]
+        if same and r.get("trace") == trace == r.get("clock_trace") and r.get("clock_same", True):
+            return r
+    return None
+
+
+def retimed(run: tuple, donor: dict, clock: dict) -> dict:
+    """The record of ``run`` from its twin ``donor``: the twin's errors at the clock-only run's times
+    (the same validations: their sample counts must agree)."""
+    kind, method, ag, p, cfg, seed, network, condition = run
+    hist = clock["history"][:len(donor["curve"])]
+    if [c["samples"] for c in donor["curve"]] != [h[0] for h in hist]:
+        raise RuntimeError(f"{donor['key']}: its validations are not the clock-only run's")
+    curve = [dict(samples=s, seconds=t, error=c["error"]) for (s, t), c in zip(hist, donor["curve"])]
+    return dict(key=run_key(*run), kind=kind, method=method, agents=ag, workers=p, config=cfg, seed=seed,
+                network=network, condition=condition, epochs=E, diverged=donor["diverged"],
+                final_error=donor["final_error"], curve=curve, retimed_from=donor["key"],
+                trace=clock["trace"], clock_trace=clock["trace"], real_seconds=clock["seconds"])
 
 
 def piece(minutes: float, jobs: int, data: Path, scratch: Path) -> int:

@@ -342,3 +342,57 @@ def test_plan_reads_the_shipped_cells_as_the_map_does(monkeypatch):
     # a cell with no synchronous result is not shipped
     gone = dict(d, cells=[dict(c, fstar=None) if c is cell else c for c in d["cells"]])
     assert f"{net}/{cond}/p32" not in M.study_file(gone, w.recs)["cells"]
+
+
+def test_pushsum_runs_share_an_event_order_where_each_push_lands_before_the_next_drain(tmp_path):
+    """Clock-only runs (``crossover/clock_trace.py``, in this process) of one push-sum configuration:
+    under ``none`` the fast networks (titanx-fdr, a100-ib100) have one event order on different
+    clocks; on 10 GbE a push lands a drain later, another order."""
+    import contextlib
+    import io
+    import json
+    from crossover import clock_trace
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps(dict(num_classes=10, splits=dict(
+        train=dict(count=1024), val=dict(count=200)))))
+    got = {}
+    for net in ("titanx-fdr-resnet18", "a100-ib100-resnet50", "v100-10gbe-resnet50"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            clock_trace.main(["--config", str(M.ROOT / "jobs" / "glyphs.toml"), "--data", str(data),
+                              *M.flags("pushsum-ov", "L0.04", "flat"), "--seed", "0", "--workers", "4",
+                              "--epochs", "2", "--eval-every", "1", "--profile", net, "--condition", "none",
+                              "--run-dir", str(tmp_path / net)])
+        got[net] = json.loads(out.getvalue())
+        assert [s for s, _ in got[net]["history"]] == [1024, 2048]
+    fast, ib, slow = got.values()
+    assert fast["trace"] == ib["trace"] != slow["trace"]
+    assert fast["history"][-1][1] > 1.5 * ib["history"][-1][1]
+    assert clock_trace.trace_digest(tmp_path / "v100-10gbe-resnet50") == slow["trace"]
+
+
+def test_a_pushsum_run_takes_its_twins_errors_on_its_own_clock():
+    """``twin``: a record of the same configuration, seed and split whose run had this event order
+    and whose clock-only run had it too; ``retimed``: its errors at this run's clock."""
+    run = ("rep", "pushsum-ov", "flat", 16, "L0.04204", 3, "a100-ib100-resnet50", "none")
+    donor = dict(key=M.run_key("rep", "pushsum-ov", "flat", 16, "L0.04204", 3, "titanx-fdr-resnet18", "none"),
+                 kind="rep", method="pushsum-ov", agents="flat", workers=16, config="L0.04204", seed=3,
+                 network="titanx-fdr-resnet18", condition="none", diverged=False, final_error=0.3,
+                 curve=[dict(samples=10, seconds=30.0, error=0.6), dict(samples=20, seconds=60.0, error=0.3)],
+                 trace="abc", clock_trace="abc", clock_same=True)
+    recs = {donor["key"]: donor}
+    assert M.twin(recs, run, "abc") is donor
+    assert M.twin(recs, run, "abd") is None                                 # another order
+    assert M.twin(recs, (*run[:5], 4, *run[6:]), "abc") is None             # another seed
+    assert M.twin(recs, ("tune", *run[1:]), "abc") is None                  # another split
+    for bad in (dict(clock_trace="abd"), dict(clock_same=False)):          # its clock-only run differed
+        assert M.twin({donor["key"]: {**donor, **bad}}, run, "abc") is None
+    rec = M.retimed(run, donor, dict(history=[[10, 11.0], [20, 22.0]], trace="abc", seconds=25.0))
+    got = [(c["samples"], c["seconds"], c["error"]) for c in rec["curve"]]
+    assert got == [(10, 11.0, 0.6), (20, 22.0, 0.3)]
+    assert rec["key"] == M.run_key(*run) and rec["retimed_from"] == donor["key"]
+    assert rec["final_error"] == 0.3 and rec["real_seconds"] == 25.0
+    assert M.twin({rec["key"]: rec}, ("rep", *run[1:6], "titanx-fdr-resnet18", "none"), "abc") is rec
+    with pytest.raises(RuntimeError, match="validations"):
+        M.retimed(run, donor, dict(history=[[10, 11.0], [21, 22.0]], trace="abc", seconds=1.0))

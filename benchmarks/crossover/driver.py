@@ -58,19 +58,43 @@ def glyph_run(wt: Path, name: str, run_dir: Path, args: list[str]) -> dict:
     first).  A failure other than a divergence raises with the command and its stderr.  Returns
     ``diverged``, ``why`` (the divergence's last line), ``argv`` (as recorded: no local paths),
     ``env`` (for a re-timing) and the clock's start ``t0``."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "scalesgd.virtual", "--config", str(wt / "jobs" / "glyphs.toml"), *args,
-            "--threads", "1", "--run-dir", str(run_dir)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(wt / "src"))
+    argv, env = glyph_argv(wt, run_dir, args)
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, cwd=wt, capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, "-m", "scalesgd.virtual", *argv], cwd=wt, capture_output=True,
+                          text=True, env=env)
     diverged = proc.returncode != 0 and "the training loss became" in proc.stderr
     if proc.returncode and not diverged:
         raise RuntimeError(f"{name}: {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
-    shown = [a.replace(str(wt) + "/", "").replace(str(S.ROOT) + "/", "") for a in argv[2:]]
     return dict(diverged=diverged, why=proc.stderr.strip().splitlines()[-1:] if diverged else [],
-                argv=shown, env=env, t0=t0)
+                argv=shown_argv(wt, argv), env=env, t0=t0)
+
+
+def glyph_argv(wt: Path, run_dir: Path, args: list[str]) -> tuple[list[str], dict]:
+    """(the virtual cluster's arguments, the environment) of a glyph run of the pinned tree; makes
+    ``run_dir`` empty."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["--config", str(wt / "jobs" / "glyphs.toml"), *args, "--threads", "1", "--run-dir", str(run_dir)]
+    return argv, dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(wt / "src"))
+
+
+def shown_argv(wt: Path, argv: list[str]) -> list[str]:
+    """A run's arguments as recorded (``scalesgd.virtual`` and its arguments): no local paths."""
+    return ["scalesgd.virtual"] + [a.replace(str(wt) + "/", "").replace(str(S.ROOT) + "/", "") for a in argv]
+
+
+def clock_trace(wt: Path, run_dir: Path, args: list[str]) -> dict:
+    """The glyph run ``args`` as a clock-only run of the pinned tree (``clock_trace.py``):
+    ``history`` [[samples, seconds]] at its validations, ``trace`` its event order's digest,
+    ``seconds`` of this machine it took; ``run_dir`` removed after."""
+    argv, env = glyph_argv(wt, run_dir, args)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("clock_trace.py")), *argv], cwd=wt,
+                          capture_output=True, text=True, env=env)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if proc.returncode:
+        raise RuntimeError(f"clock-only run {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]), seconds=time.perf_counter() - t0)
 
 
 def execute(run: S.Run, sha: str, wt: Path, dirs: dict[str, Path], scratch: Path) -> dict:
