@@ -61,9 +61,10 @@ def demo_data(tmp_path) -> str:
 def one_cpu() -> list[str]:
     """The argv prefix (``taskset -c CPU``) that runs a command on one CPU under pytest-xdist: this
     worker's own (worker k: the k-th allowed CPU, round robin), as ``srun --cpus-per-task=1`` binds
-    a task.  The program sizes its BLAS and DALI threads by its CPUs (``backend.blas_threads_for``):
-    left with both cores beside the other worker's jobs, a one-process run spun two BLAS threads on
-    a shared core, about 3x the CPU time for the same run.  The ranks of an mpiexec job the command
+    a task.  The program sizes its BLAS and DALI threads by its CPUs (``backend.blas_threads_for``;
+    the OMP_NUM_THREADS=1 that ``run_cli`` sets caps them at one): left with both cores beside the
+    other worker's jobs, a one-process run spun two BLAS threads on a shared core, about 3x the CPU
+    time for the same run.  The ranks of an mpiexec job the command
     starts share that CPU (the MPICH progress throttle of conftest.py keeps their waits short; the
     program's own yield counts os.cpu_count(), not the mask).  Empty when the tests run one at a
     time, without taskset, or with SCALESGD_TEST_PIN=0 (to compare)."""

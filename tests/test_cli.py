@@ -85,6 +85,27 @@ def test_short_training_run_writes_results(tmp_path, tiny_data):
     assert "step 6 epoch 1.00/1 ETA" in p.stdout and "validation top-1" in p.stdout
 
 
+def test_a_thread_count_the_environment_sets_caps_the_blas_threads(tmp_path, tiny_data):
+    """cores / ranks on the node, never more than OMP_NUM_THREADS (OPENBLAS_NUM_THREADS,
+    MKL_NUM_THREADS: the least; OMP's first level); threadpoolctl would raise OpenBLAS above it.  A
+    plain process on every core this test may use, with OMP_NUM_THREADS=1: one thread, said."""
+    from scalesgd.backend import blas_threads_for, thread_cap
+    assert blas_threads_for(2, cores=8, env={}) == 4
+    assert blas_threads_for(2, cores=8, env={"OMP_NUM_THREADS": "1"}) == 1
+    assert blas_threads_for(1, cores=8, env={"OMP_NUM_THREADS": "3,2", "MKL_NUM_THREADS": "6"}) == 3
+    assert blas_threads_for(1, cores=2, env={"OPENBLAS_NUM_THREADS": "16"}) == 2
+    assert thread_cap({"OMP_NUM_THREADS": "", "MKL_NUM_THREADS": "x"}) is None
+    assert thread_cap({"OMP_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "2"}) == (2, "OPENBLAS_NUM_THREADS")
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    p = subprocess.run([sys.executable, "-m", "src.main", "--data", str(tiny_data), "--run-dir", str(run_dir),
+                        *TINY], cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                       timeout=180, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["blas_threads"] == 1
+    assert "; 1 BLAS thread(s) (at most OMP_NUM_THREADS=1)" in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("args,needles", [
     (["--model", "resnet19"], ["model.model", "resnet19"]),
     (["--lr", "fast"], ["schedule.lr", "fast"]),

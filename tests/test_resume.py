@@ -27,6 +27,7 @@ from mpirun import needs_mpi
 from synth import make_dataset
 from helpers import ROOT, TINY, final_arrays, launch, rank_pids, run_cli
 
+from scalesgd.backend import blas_threads_for
 from scalesgd.io import checkpoint as ckpt
 from scalesgd.virtual import run as VR
 
@@ -234,7 +235,7 @@ def test_allreduce_resumes_on_fewer_and_more_ranks(tmp_path, data):
         assert "not bitwise: the data order depends on the rank count" in p.stderr, p.stderr
     s = json.loads((run_dir / "summary.json").read_text())
     assert (s["ranks"], s["allocations"]) == (6, 3)
-    threads = {max(1, len(os.sched_getaffinity(0)) // p) for p in (4, 2, 6)}   # (cli: cores / ranks)
+    threads = {blas_threads_for(p, env={"OMP_NUM_THREADS": "1"}) for p in (4, 2, 6)}   # (run_cli's cap)
     if len(threads) == 1:                   # every allocation's BLAS threads: what a replay needs
         assert s["blas_threads"] == threads.pop(), s
     else:

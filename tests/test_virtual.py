@@ -14,6 +14,7 @@ import pytest
 from helpers import ROOT, TINY, demo_data, final_arrays, launch, one_line_error, run_cli
 from synth import make_dataset
 
+from scalesgd.backend import blas_threads_for
 from scalesgd.virtual import run as VR
 from scalesgd.virtual.transport import tree_sum
 from scalesgd.virtual.world import Aborted, Deadlock, World
@@ -85,7 +86,7 @@ def test_replay_of_a_real_run_is_bit_identical(case, dtype, data, tmp_path):
     real_summary = json.loads((run / "summary.json").read_text())
     assert real_summary["history"][-1]["val_top1_accuracy"] == summary["history"][-1]["val_top1_accuracy"]
     # the ranks' BLAS threads (cli: the cores over the ranks), which a replay's GEMMs need
-    assert real_summary["blas_threads"] == max(1, len(os.sched_getaffinity(0)) // RANKS)
+    assert real_summary["blas_threads"] == blas_threads_for(RANKS, env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.mpi

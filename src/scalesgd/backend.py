@@ -98,11 +98,31 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def blas_threads_for(local_size: int, cores: int | None = None) -> int:
-    """Threads per rank so that ranks-per-node x threads does not exceed the node's cores."""
+# The variables by which a user or a site caps a process's BLAS/OpenMP threads
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def thread_cap(env=None) -> tuple[int, str] | None:
+    """The fewest threads one of ``THREAD_VARS`` asks for (OMP_NUM_THREADS's first level where it
+    lists several), and that variable; None where none is set to a whole number >= 1."""
+    env = os.environ if env is None else env
+    caps = []
+    for var in THREAD_VARS:
+        v = str(env.get(var, "")).split(",")[0].strip()
+        if v.isdigit() and int(v) >= 1:
+            caps.append((int(v), var))
+    return min(caps, default=None)
+
+
+def blas_threads_for(local_size: int, cores: int | None = None, env=None) -> int:
+    """Threads per rank so that ranks-per-node x threads does not exceed the node's cores, and
+    never more than ``thread_cap`` (an OMP_NUM_THREADS=1 the user set is kept: threadpoolctl would
+    otherwise raise OpenBLAS above it)."""
     if cores is None:
         cores = usable_cores()
-    return max(1, (cores or 1) // max(1, local_size))
+    n = max(1, (cores or 1) // max(1, local_size))
+    cap = thread_cap(env)
+    return n if cap is None else min(n, cap[0])
 
 
 def set_blas_threads(n: int) -> None:

@@ -182,8 +182,10 @@ def run(cfg: C.Config, topo, stop: StopRelay | None = None) -> dict:
     if stop is not None:
         stop.attach(control.signals)
     if topo.is_root:
-        logging.info("run directory %s; model %s, %s parameters; device %s; %d BLAS thread(s)",
-                     run_dir, cfg.model.model, f"{setup.model.num_params:,}", backend.name, threads)
+        cap = backend_mod.thread_cap()
+        logging.info("run directory %s; model %s, %s parameters; device %s; %d BLAS thread(s)%s",
+                     run_dir, cfg.model.model, f"{setup.model.num_params:,}", backend.name, threads,
+                     f" (at most {cap[1]}={cap[0]})" if cap is not None else "")
     if resume is not None and topo.is_root:
         logging.info("resuming from %s", resume)
     try:

@@ -44,9 +44,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                    "and --threads may be given with it), then compare its events and final checkpoint "
                    "with the run's")
     g.add_argument("--threads", type=int, help="BLAS threads of the process (default: every core "
-                   "it may use, and with --replay the real run's ranks' count, summary.json's "
-                   "blas_threads; 1 when several virtual runs share a machine: OpenBLAS threads "
-                   "spin between calls, and two runs of 2 threads on 2 cores run ~8x slower)")
+                   "it may use, at most an OMP_NUM_THREADS set; with --replay the real run's ranks' "
+                   "count, summary.json's blas_threads; 1 when several virtual runs share a machine: "
+                   "OpenBLAS threads spin between calls, and two runs of 2 threads on 2 cores run ~8x "
+                   "slower)")
     g.add_argument("--list-profiles", action="store_true", help="list the shipped profiles and exit")
 
 
