@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from scalesgd.data import ShardSet
-from scalesgd.data import pipeline
+from scalesgd.data import pipeline, source
 from scalesgd.data.pipeline import Loader
 from scalesgd.data.shards import sample_id
 from scalesgd.data.validate import header_size
@@ -120,7 +120,7 @@ def test_bad_sample_found_only_by_the_decoder_is_replaced(tmp_path, monkeypatch)
     the pipeline at the failed step and replaces it; the epoch has all its batches."""
     root = make_dataset(tmp_path, n=40, bad=23)
     shards = ShardSet.open(root, "train")
-    monkeypatch.setattr(pipeline._Ledger, "check", lambda self, g, d: header_size(d) or (16, 16))
+    monkeypatch.setattr(source.Ledger, "check", lambda self, g, d: header_size(d) or (16, 16))
     ld = Loader(shards, batch_size=8, image_size=16, train=True, scale=(16, 20), seed=3)
     ys = [y.copy() for _, y in ld.epoch(0)]
     assert len(ys) == 5 and ld.bad_samples == [(str(root / "train-00001-of-00002.h5"), 3)]
@@ -130,7 +130,7 @@ def test_bad_sample_found_only_by_the_decoder_is_replaced(tmp_path, monkeypatch)
 
 def _header_only(monkeypatch):
     """Switch the strict first decode off: the Loader then checks headers only, as it did before."""
-    monkeypatch.setattr(pipeline._Ledger, "check", lambda self, g, d: header_size(d))
+    monkeypatch.setattr(source.Ledger, "check", lambda self, g, d: header_size(d))
 
 
 def test_corrupt_jpeg_that_dali_decodes_is_skipped(tmp_path, monkeypatch):
@@ -167,8 +167,8 @@ def test_each_sample_is_decoded_strictly_once_and_checks_merge(tmp_path, monkeyp
     root = make_dataset(tmp_path, n=48, garbage=[7])
     shards = ShardSet.open(root, "train")
     strict = []
-    real = pipeline.decode_problem
-    monkeypatch.setattr(pipeline, "decode_problem", lambda d: strict.append(1) or real(d))
+    real = source.decode_problem
+    monkeypatch.setattr(source, "decode_problem", lambda d: strict.append(1) or real(d))
     common = dict(batch_size=8, image_size=16, train=True, scale=(16, 20), world=2, seed=1)
     a = Loader(shards, rank=0, **common)
     for epoch in range(3):
