@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from scalesgd.data import ShardSet
-from scalesgd.data import pipeline, source
+from scalesgd.data import source
 from scalesgd.data.pipeline import Loader
 from scalesgd.data.shards import sample_id
 from scalesgd.data.validate import header_size
