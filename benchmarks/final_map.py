@@ -716,15 +716,20 @@ def summary(recs: dict | None = None) -> dict:
             over=over, chosen=sorted(plan.choices(s)))
         left += least_left(plan, s)
     hours = sum(r.get("real_seconds", 0.0) for r in recs.values()) / 3600
+    twins = [r for r in recs.values() if r.get("retimed_from") in recs]
+    saved = sum(recs[r["retimed_from"]]["real_seconds"] - r["real_seconds"] for r in twins) / 3600
     return dict(experiment="final-map", commit=pinned(), E=E, delta=DELTA, seeds=list(SEEDS),
                 tune_seeds=list(TUNE_SEEDS), b_noise=B_NOISE, runs=len(recs), machine_hours=hours,
+                twins=dict(runs=len(twins), machine_hours_saved=saved),
                 ready=len(todo), ready_hours=len(todo) * F.epoch_cost(E) / 3600, least_left=left,
                 least_left_hours=left * F.epoch_cost(E) / 3600, tuning=tuning, cells=cells(recs))
 
 
 def status() -> int:
     d = summary()
-    print(f"final map at E = {d['E']}: {d['runs']} runs, {d['machine_hours']:.2f} machine-hours; ready now "
+    print(f"final map at E = {d['E']}: {d['runs']} runs ({d['twins']['runs']} re-timed from a twin, "
+          f"{d['twins']['machine_hours_saved']:.2f} machine-hours saved), {d['machine_hours']:.2f} "
+          f"machine-hours; ready now "
           f"{d['ready']} runs (about {d['ready_hours']:.1f} machine-hours); at least {d['least_left']} runs "
           f"left (about {d['least_left_hours']:.1f} machine-hours at {1000 * F.STEP_COST_S:.0f} ms a "
           "worker-step)")

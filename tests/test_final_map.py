@@ -394,5 +394,8 @@ def test_a_pushsum_run_takes_its_twins_errors_on_its_own_clock():
     assert rec["key"] == M.run_key(*run) and rec["retimed_from"] == donor["key"]
     assert rec["final_error"] == 0.3 and rec["real_seconds"] == 25.0
     assert M.twin({rec["key"]: rec}, ("rep", *run[1:6], "titanx-fdr-resnet18", "none"), "abc") is rec
+    w = finished(0.05, 0.5)                                                 # status counts it and its saving
+    d = M.summary({**w.recs, donor["key"]: {**donor, "real_seconds": 505.0}, rec["key"]: rec})
+    assert d["twins"] == dict(runs=1, machine_hours_saved=pytest.approx(480.0 / 3600))
     with pytest.raises(RuntimeError, match="validations"):
         M.retimed(run, donor, dict(history=[[10, 11.0], [21, 22.0]], trace="abc", seconds=1.0))
