@@ -58,7 +58,7 @@ def glyph_run(wt: Path, name: str, run_dir: Path, args: list[str]) -> dict:
     first).  A failure other than a divergence raises with the command and its stderr.  Returns
     ``diverged``, ``why`` (the divergence's last line), ``argv`` (as recorded: no local paths),
     ``env`` (for a re-timing) and the clock's start ``t0``."""
-    argv, env = glyph_argv(wt, run_dir, args)
+    argv, env = glyph_argv(wt, _emptied(run_dir), args)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "scalesgd.virtual", *argv], cwd=wt, capture_output=True,
                           text=True, env=env)
@@ -70,12 +70,15 @@ def glyph_run(wt: Path, name: str, run_dir: Path, args: list[str]) -> dict:
 
 
 def glyph_argv(wt: Path, run_dir: Path, args: list[str]) -> tuple[list[str], dict]:
-    """(the virtual cluster's arguments, the environment) of a glyph run of the pinned tree; makes
-    ``run_dir`` empty."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    """(the virtual cluster's arguments, the environment) of a glyph run of the pinned tree."""
     argv = ["--config", str(wt / "jobs" / "glyphs.toml"), *args, "--threads", "1", "--run-dir", str(run_dir)]
     return argv, dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(wt / "src"))
+
+
+def _emptied(run_dir: Path) -> Path:
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    return run_dir
 
 
 def shown_argv(wt: Path, argv: list[str]) -> list[str]:
@@ -87,7 +90,7 @@ def clock_trace(wt: Path, run_dir: Path, args: list[str]) -> dict:
     """The glyph run ``args`` as a clock-only run of the pinned tree (``clock_trace.py``):
     ``history`` [[samples, seconds]] at its validations, ``trace`` its event order's digest,
     ``seconds`` of this machine it took; ``run_dir`` removed after."""
-    argv, env = glyph_argv(wt, run_dir, args)
+    argv, env = glyph_argv(wt, _emptied(run_dir), args)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("clock_trace.py")), *argv], cwd=wt,
                           capture_output=True, text=True, env=env)
