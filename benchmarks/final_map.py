@@ -66,7 +66,8 @@ the quality is still reported: its whole schedule's time against the time the sy
 takes to push-sum's own final error, and how much worse it ends.  No run is stopped early.  A
 cell waits for every method it holds; a diverged seed is carried at chance (error 0.9) after it
 stopped.  Planning: ``final_study.epoch_cost`` (the synchronous runs' re-timings, 9 or 6 replays
-without arithmetic, are not counted).
+without arithmetic, are not counted); a likely twin (a record of it on a network that has shared
+its event order, ``order_peers``) at a clock-only run's cost.
 """
 from __future__ import annotations
 
@@ -604,7 +605,36 @@ def records() -> dict[str, dict]:
             if r.get("commit") == pin and r.get("epochs") == E}
 
 
-def run_cost(run: tuple) -> float:
+# A likely twin's cost: its clock-only run (16-24 s at p = 32 beside another run, 24 records) with room
+TWIN_COST_S = 60.0
+
+
+def order_peers(recs: dict) -> set[frozenset]:
+    """The pairs of networks whose push-sum runs of one configuration, seed, split and condition have
+    had one event order in the records (under ``none``: titanx-fdr and a100-ib100)."""
+    seen: dict[tuple, dict[str, str]] = {}
+    for r in recs.values():
+        if r["method"] in ASYNC and r.get("trace") and r.get("clock_same", True):
+            ident = (r["kind"], r["method"], r["agents"], r["workers"], r["config"], r["seed"], r["condition"])
+            seen.setdefault(ident, {})[r["network"]] = r["trace"]
+    return {frozenset((a, b)) for by in seen.values() for a in by for b in by if a < b and by[a] == by[b]}
+
+
+def likely_twin(run: tuple, recs: dict, peers: set[frozenset]) -> bool:
+    """Whether a push-sum run will likely find its twin: a record of it on a network that has shared
+    its event order with the run's (``order_peers``).  Only its cost and the projection use this:
+    whether it is one is decided by its clock-only run (``twin``)."""
+    kind, method, ag, p, cfg, seed, network, condition = run
+    return method in ASYNC and any(
+        (r["kind"], r["method"], r["agents"], r["workers"], r["config"], r["seed"], r["condition"])
+        == (kind, method, ag, p, cfg, seed, condition) and frozenset((r["network"], network)) in peers
+        and r.get("clock_same", True) for r in recs.values())
+
+
+def run_cost(run: tuple, recs: dict | None = None, peers: set | None = None) -> float:
+    """Seconds ``run`` is planned to take: a likely twin's clock-only run, else a whole run."""
+    if recs is not None and likely_twin(run, recs, order_peers(recs) if peers is None else peers):
+        return TWIN_COST_S
     return F.epoch_cost(E)
 
 
@@ -680,8 +710,14 @@ def piece(minutes: float, jobs: int, data: Path, scratch: Path) -> int:
     sha = pinned() or sys.exit("final_map: no pinned commit yet: python benchmarks/final_map.py pin")
     wt = driver.tree(sha)
     dirs = driver.data_dirs(data)
-    driver.run_pool(jobs, minutes, lambda: Plan().todo(), lambda r: execute(r, sha, wt, dirs, scratch),
-                    run_cost, lambda r: run_key(*r),
+    now: dict = {}
+
+    def ready() -> list[tuple]:
+        plan = Plan()
+        now.update(recs=plan.recs, peers=order_peers(plan.recs))
+        return plan.todo()
+    driver.run_pool(jobs, minutes, ready, lambda r: execute(r, sha, wt, dirs, scratch),
+                    lambda r: run_cost(r, now["recs"], now["peers"]), lambda r: run_key(*r),
                     lambda r, rec: f"{rec['key']}: final error {rec['final_error']:.4f}, "
                                    f"{rec['real_seconds']:.0f} s real")
     return status()
@@ -718,11 +754,15 @@ def summary(recs: dict | None = None) -> dict:
     hours = sum(r.get("real_seconds", 0.0) for r in recs.values()) / 3600
     twins = [r for r in recs.values() if r.get("retimed_from") in recs]
     saved = sum(recs[r["retimed_from"]]["real_seconds"] - r["real_seconds"] for r in twins) / 3600
+    peers = order_peers(recs)
+    likely = sum(likely_twin(r, recs, peers) for r in todo)
+    ready_s = sum(run_cost(r, recs, peers) for r in todo)
     return dict(experiment="final-map", commit=pinned(), E=E, delta=DELTA, seeds=list(SEEDS),
                 tune_seeds=list(TUNE_SEEDS), b_noise=B_NOISE, runs=len(recs), machine_hours=hours,
-                twins=dict(runs=len(twins), machine_hours_saved=saved),
-                ready=len(todo), ready_hours=len(todo) * F.epoch_cost(E) / 3600, least_left=left,
-                least_left_hours=left * F.epoch_cost(E) / 3600, tuning=tuning, cells=cells(recs))
+                twins=dict(runs=len(twins), machine_hours_saved=saved, likely_ready=likely),
+                ready=len(todo), ready_hours=ready_s / 3600, least_left=left,
+                least_left_hours=(left * F.epoch_cost(E) - likely * (F.epoch_cost(E) - TWIN_COST_S)) / 3600,
+                tuning=tuning, cells=cells(recs))
 
 
 def status() -> int:
@@ -730,9 +770,10 @@ def status() -> int:
     print(f"final map at E = {d['E']}: {d['runs']} runs ({d['twins']['runs']} re-timed from a twin, "
           f"{d['twins']['machine_hours_saved']:.2f} machine-hours saved), {d['machine_hours']:.2f} "
           f"machine-hours; ready now "
-          f"{d['ready']} runs (about {d['ready_hours']:.1f} machine-hours); at least {d['least_left']} runs "
-          f"left (about {d['least_left_hours']:.1f} machine-hours at {1000 * F.STEP_COST_S:.0f} ms a "
-          "worker-step)")
+          f"{d['ready']} runs, {d['twins']['likely_ready']} of them likely twins (about "
+          f"{d['ready_hours']:.1f} machine-hours); at least {d['least_left']} runs left (about "
+          f"{d['least_left_hours']:.1f} machine-hours at {1000 * F.STEP_COST_S:.0f} ms a worker-step, "
+          "a twin not yet ready counted as a whole run)")
     for name, t in d["tuning"].items():
         print(f"  {name}: {len(t['configs'])} configurations, "
               f"{'over, chosen ' + ', '.join(t['chosen']) if t['over'] else 'open'}")

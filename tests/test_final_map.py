@@ -396,6 +396,26 @@ def test_a_pushsum_run_takes_its_twins_errors_on_its_own_clock():
     assert M.twin({rec["key"]: rec}, ("rep", *run[1:6], "titanx-fdr-resnet18", "none"), "abc") is rec
     w = finished(0.05, 0.5)                                                 # status counts it and its saving
     d = M.summary({**w.recs, donor["key"]: {**donor, "real_seconds": 505.0}, rec["key"]: rec})
-    assert d["twins"] == dict(runs=1, machine_hours_saved=pytest.approx(480.0 / 3600))
+    assert d["twins"]["runs"] == 1 and d["twins"]["machine_hours_saved"] == pytest.approx(480.0 / 3600)
     with pytest.raises(RuntimeError, match="validations"):
         M.retimed(run, donor, dict(history=[[10, 11.0], [21, 22.0]], trace="abc", seconds=1.0))
+
+
+def test_a_run_whose_networks_shared_an_event_order_is_planned_at_a_clock_only_runs_cost():
+    """``order_peers``: networks whose records of one run had one order; a push-sum run with a record
+    on such a network is a likely twin, planned at ``TWIN_COST_S``; every other run at a whole run's."""
+    base = dict(kind="tune", method="pushsum-ov", agents="flat", workers=16, config="L0.04204",
+                condition="none", clock_same=True)
+    recs = {"a0": dict(base, seed=100, network="titanx-fdr-resnet18", trace="x"),
+            "b0": dict(base, seed=100, network="a100-ib100-resnet50", trace="x"),
+            "c0": dict(base, seed=100, network="v100-10gbe-resnet50", trace="y"),
+            "a1": dict(base, seed=101, network="titanx-fdr-resnet18", trace="z")}
+    assert M.order_peers(recs) == {frozenset(("titanx-fdr-resnet18", "a100-ib100-resnet50"))}
+    run = ("tune", "pushsum-ov", "flat", 16, "L0.04204", 101, "a100-ib100-resnet50", "none")
+    assert M.likely_twin(run, recs, M.order_peers(recs)) and M.run_cost(run, recs) == M.TWIN_COST_S
+    for other in ((*run[:6], "v100-10gbe-resnet50", "none"),      # a network of another order
+                  (*run[:5], 102, *run[6:]),                        # no record of its seed
+                  (*run[:7], "stragglers")):                        # nor of its condition
+        assert not M.likely_twin(other, recs, M.order_peers(recs)) and M.run_cost(other, recs) > 100
+    assert not M.likely_twin(run, {**recs, "a1": {**recs["a1"], "clock_same": False}}, M.order_peers(recs))
+    assert M.run_cost(run) == M.run_cost(("rep", "allreduce", "flat", 16, "L0.07", 0, None, None), recs)
