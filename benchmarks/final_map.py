@@ -615,8 +615,8 @@ def order_peers(recs: dict) -> set[frozenset]:
     seen: dict[tuple, dict[str, str]] = {}
     for r in recs.values():
         if r["method"] in ASYNC and r.get("trace") and r.get("clock_same", True):
-            ident = (r["kind"], r["method"], r["agents"], r["workers"], r["config"], r["seed"], r["condition"])
-            seen.setdefault(ident, {})[r["network"]] = r["trace"]
+            ident = (r["kind"], r["method"], r["agents"], r["workers"], r["config"], r["seed"])
+            seen.setdefault((*ident, r["condition"]), {})[r["network"]] = r["trace"]
     return {frozenset((a, b)) for by in seen.values() for a in by for b in by if a < b and by[a] == by[b]}
 
 
