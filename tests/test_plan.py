@@ -234,7 +234,8 @@ def test_plan_from_the_command_line_and_its_errors(made, tmp_path, capsys):
 
 
 def test_the_shipped_study_file_plans_for_a_users_profile(tmp_path):
-    """What a fresh clone has: the shipped results, a profile file of the user's own."""
+    """What a fresh clone has: the shipped results, a profile file of the user's own, the default
+    target."""
     mine = tmp_path / "my-cluster.json"
     mine.write_text(json.dumps({"name": "my-cluster", "description": "A40s on 25 GbE",
                                 "images_per_second": 500,
@@ -246,6 +247,11 @@ def test_the_shipped_study_file_plans_for_a_users_profile(tmp_path):
                   module="scalesgd", timeout=600)
     assert out.returncode == 0, out.stderr
     assert "plan: 1 worker on my-cluster" in out.stdout and "nearest studied network" in out.stdout
+    # the map by time to final quality is the default (test_plan_final.py checks the shipped file);
+    # for one worker, which it never ran, the crossover study's early target, said
+    assert "note: the map by time to final quality has no runs of one worker (nothing to choose between): " \
+        "the ranking is by time to the crossover study's early target" in out.stdout
+    assert "time to 40% top-1 error" in out.stdout
     st = L.load_study()
     assert set(st["networks"]) == set(NETS) and st["target_error"] == 0.4 and "job" in st["task"]
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from helpers import ROOT, TINY, TINY_JOB, run_cli
+from helpers import ROOT, TINY, TINY_JOB
 from synth import make_dataset
 
 from scalesgd.errors import ConfigError
@@ -273,19 +273,12 @@ def test_clock_only_runs_in_processes_of_their_own_are_those_run_here(made):
     assert e.value.code == 2
 
 
-def test_the_shipped_files_plan_by_default(tmp_path):
-    """A fresh clone's plan: the map by time to final quality is the default; for one worker, which
-    it never ran, the crossover study's early target (said, and in the JSON)."""
+def test_the_shipped_map_file_is_the_final_quality_one():
+    """A fresh clone's map by time to final quality, which ``plan`` reads by default (its run from
+    the command line for a user's profile: test_plan.py, test_the_shipped_study_file_plans_...)."""
     shipped = json.loads(F.FINAL.read_text())
     assert shipped["metric"] == "final" and set(shipped["agents"].values()) == {"flat", "node"}
     assert set(shipped["p"]) == {"flat", "node"} and shipped["E"] >= 8
-    r = run_cli(["plan", "--profile", "titanx-fdr-resnet18", "--workers", "1", "--condition", "typical",
-                 "--jobs", "1"],
-                tmp_path, module="scalesgd", timeout=600)
-    assert r.returncode == 0, r.stderr
-    assert "note: the map by time to final quality has no runs of one worker (nothing to choose between): " \
-        "the ranking is by time to the crossover study's early target" in r.stdout
-    assert "time to 40% top-1 error" in r.stdout
 
 
 def test_run_checks_the_fastest_over_the_whole_schedule(made, tmp_path, monkeypatch):
