@@ -5,7 +5,7 @@ VENV   ?= .venv
 RANKS  ?= 4
 PY     := $(VENV)/bin/python
 
-.PHONY: install demo test test-main test-openmpi-quick-held slurm-ready test-fast test-netcluster test-openmpi test-openmpi-quick bench experiments clean
+.PHONY: install demo test slurm-ready test-fast test-netcluster test-openmpi test-openmpi-quick bench experiments clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ METHOD ?= allreduce
 demo: install
 	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m src.main --config jobs/digits-$(METHOD).toml
 
-# The whole suite, slow end-to-end training included, and the quick Open MPI check.  Two pytest
+# The whole suite, slow end-to-end training included, then the quick Open MPI check.  Two pytest
 # workers (pytest-xdist): a test's mpiexec job keeps about one core busy, so two at a time use the
 # machine (measured on 2 cores: 1.78 cores busy; three workers on a fresh clone: pytest 652 s against
 # 621 s with two, 2026-12-06); the tests that start a Slurm cluster or emulated
@@ -28,26 +28,12 @@ demo: install
 # install first, side by side (from a fresh clone 38 s against 69 s one after the other, 2026-12-06),
 # and beside them Slurm for tests/test_slurm.py (`slurm-ready`: apt, as root, when it is missing;
 # inside the tests its install held one worker for about 50 s on a fresh machine, 2026-12-07).
-# The Open MPI quick run goes beside the main pytest (make -j2), its output held in $(OMPI_QUICK_LOG)
-# and shown after pytest's: its ULFM tests wait for failure detection, which leaves a core idle, as
-# do the main suite's own waits (its Slurm and emulated-node tests).  TEST_WORKERS=0: one after the other.
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
-OMPI_QUICK_LOG ?= .test-openmpi-quick.log
 test:
 	$(MAKE) --no-print-directory -j3 install $(OMPI_LITE)/.installed slurm-ready
-	@$(MAKE) --no-print-directory $(if $(filter 0,$(TEST_WORKERS)),-j1,-j2) --keep-going \
-	    test-main test-openmpi-quick-held; rc=$$?; \
-	echo "------------------ the Open MPI quick run ($(OMPI_QUICK_LOG)) ------------------"; \
-	cat $(OMPI_QUICK_LOG); exit $$rc
-
-test-main: install
 	$(PY) -m pytest $(PYTEST_PARALLEL)
-
-test-openmpi-quick-held:
-	@echo "make test: the Open MPI quick run goes beside pytest, its output in $(OMPI_QUICK_LOG)"
-	@$(MAKE) --no-print-directory test-openmpi-quick > $(OMPI_QUICK_LOG) 2>&1 || \
-	    (echo "make test: the Open MPI quick run failed (its output follows pytest's)"; exit 1)
+	$(MAKE) --no-print-directory test-openmpi-quick
 
 # Installs Slurm and munge with apt when they are missing and this is root (tests/slurm_cluster.py);
 # never fails: without them test_slurm.py skips with the reason this prints.
@@ -122,4 +108,4 @@ experiments: install
 	$(PY) benchmarks/report.py --update docs/results.md
 
 clean:
-	rm -rf $(VENV) $(OMPI_VENV) $(OMPI_LITE) build src/*.egg-info .pytest_cache $(OMPI_QUICK_LOG)
+	rm -rf $(VENV) $(OMPI_VENV) $(OMPI_LITE) build src/*.egg-info .pytest_cache

@@ -1,8 +1,6 @@
 import compileall
-import fcntl
 import os
 import sys
-import tempfile
 
 import pytest
 
@@ -40,23 +38,6 @@ def pytest_itemcollected(item):
     be a segment another test planted).  Marked as each test is collected."""
     if item.path.name == "test_shm.py" or any(item.get_closest_marker(m) for m in ("slurm", "netcluster")):
         item.add_marker(pytest.mark.xdist_group("machine"))
-
-
-# ... and one at a time across pytest sessions too: `make test` runs the Open MPI quick run (its
-# survival tests on emulated nodes) beside the main suite.  A lock file all sessions share, held by
-# each such test from its first function fixture to its end (a test's own clusters start inside it).
-MACHINE_LOCK = os.path.join(tempfile.gettempdir(), f"scalesgd-tests-machine-{os.getuid()}.lock")
-
-
-@pytest.fixture(autouse=True)
-def _machine_shared_one_at_a_time(request):
-    marked = any(m.args[:1] == ("machine",) for m in request.node.iter_markers("xdist_group"))
-    if not marked:
-        yield
-        return
-    with open(MACHINE_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 # SCALESGD_TEST_CPU=FILE: each test's wall seconds and CPU seconds (the pytest process's own and
