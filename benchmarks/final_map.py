@@ -609,14 +609,18 @@ def records() -> dict[str, dict]:
 TWIN_COST_S = 60.0
 
 
+def ident(r: dict) -> tuple:
+    """A record's run but for its network and condition: (kind, method, agents, p, config, seed)."""
+    return r["kind"], r["method"], r["agents"], r["workers"], r["config"], r["seed"]
+
+
 def order_peers(recs: dict) -> set[frozenset]:
     """The pairs of networks whose push-sum runs of one configuration, seed, split and condition have
     had one event order in the records (under ``none``: titanx-fdr and a100-ib100)."""
     seen: dict[tuple, dict[str, str]] = {}
     for r in recs.values():
         if r["method"] in ASYNC and r.get("trace") and r.get("clock_same", True):
-            ident = (r["kind"], r["method"], r["agents"], r["workers"], r["config"], r["seed"])
-            seen.setdefault((*ident, r["condition"]), {})[r["network"]] = r["trace"]
+            seen.setdefault((*ident(r), r["condition"]), {})[r["network"]] = r["trace"]
     return {frozenset((a, b)) for by in seen.values() for a in by for b in by if a < b and by[a] == by[b]}
 
 
@@ -624,10 +628,9 @@ def likely_twin(run: tuple, recs: dict, peers: set[frozenset]) -> bool:
     """Whether a push-sum run will likely find its twin: a record of it on a network that has shared
     its event order with the run's (``order_peers``).  Only its cost and the projection use this:
     whether it is one is decided by its clock-only run (``twin``)."""
-    kind, method, ag, p, cfg, seed, network, condition = run
-    return method in ASYNC and any(
-        (r["kind"], r["method"], r["agents"], r["workers"], r["config"], r["seed"], r["condition"])
-        == (kind, method, ag, p, cfg, seed, condition) and frozenset((r["network"], network)) in peers
+    network, condition = run[6:]
+    return run[1] in ASYNC and any(
+        ident(r) == run[:6] and r["condition"] == condition and frozenset((r["network"], network)) in peers
         and r.get("clock_same", True) for r in recs.values())
 
 
@@ -686,8 +689,8 @@ def twin(recs: dict, run: tuple, trace: str) -> dict | None:
     numbers are this run's: only the clock differs (under ``none`` the runs on titanx-fdr and
     a100-ib100 have one order: every push lands before its target's next drain)."""
     for r in recs.values():
-        same = (r["kind"], r["method"], r["agents"], r["workers"], r["config"], r["seed"]) == run[:6]
-        if same and r.get("trace") == trace == r.get("clock_trace") and r.get("clock_same", True):
+        same_order = r.get("trace") == trace == r.get("clock_trace") and r.get("clock_same", True)
+        if ident(r) == run[:6] and same_order:
             return r
     return None
 
